@@ -1,0 +1,29 @@
+# Two entry points for a fresh clone: `make demo` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/swarm demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,38 @@
+"""swarm: a Ray-like actor runtime over a swarm of volunteer machines.
+
+Exceptions (all in :mod:`swarm.errors`)::
+
+    SwarmError                 base of everything this package raises on purpose
+    +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
+    +-- ConsentRefused         the user (or a missing terminal) declined to join
+    +-- LocalError             something failed on this machine
+    +-- RemoteError            a peer answered with an error or broke the protocol
+        +-- ProtocolError      malformed or oversized frame; the link is closed
+        +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
+
+Local and remote errors stay apart so that callers can tell "my input is wrong"
+from "a peer misbehaved" (the latter is retried elsewhere and counts against the peer).
+"""
+
+from swarm.errors import (
+    ConfigError,
+    ConsentRefused,
+    LocalError,
+    ProtocolError,
+    RemoteError,
+    SwarmError,
+    VerificationError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "ConsentRefused",
+    "LocalError",
+    "ProtocolError",
+    "RemoteError",
+    "SwarmError",
+    "VerificationError",
+    "__version__",
+]

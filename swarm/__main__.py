@@ -1,0 +1,7 @@
+"""`python -m swarm` is the `swarm` command."""
+
+import sys
+
+from swarm.cli import main
+
+sys.exit(main())

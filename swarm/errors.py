@@ -1,0 +1,29 @@
+"""The swarm package's exception tree; documented in :mod:`swarm`'s docstring."""
+
+
+class SwarmError(Exception):
+    """Base of every error swarm raises on purpose."""
+
+
+class ConfigError(SwarmError, ValueError):
+    """A bad option, URI or data dir: the caller's input, found before any I/O."""
+
+
+class ConsentRefused(SwarmError):
+    """The user declined to join, or no terminal was there to ask (use --yes)."""
+
+
+class LocalError(SwarmError):
+    """Something failed on this machine (no backend, no key plugged in, disk)."""
+
+
+class RemoteError(SwarmError):
+    """A peer answered with an error or broke the protocol."""
+
+
+class ProtocolError(RemoteError):
+    """A malformed, oversized or out-of-order frame; the link that sent it is closed."""
+
+
+class VerificationError(RemoteError):
+    """A peer's result failed verification; the work is redone elsewhere."""

@@ -1,0 +1,41 @@
+"""Shared test helpers: run the `swarm` command as a real subprocess from this tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes that import this tree (not an installed copy)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("JOURNAL_STREAM", None)
+    env.update(extra)
+    return env
+
+
+def swarm_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "swarm", *args]
+
+
+def run_swarm(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+              input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `swarm ARGS...` to completion with a bounded timeout."""
+    return subprocess.run(
+        swarm_cmd(*args), capture_output=True, text=True, timeout=timeout,
+        env=env or subprocess_env(), input=input, stdin=None if input else subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A fresh SWARM_HOME for one test."""
+    d = tmp_path / "home"
+    return d
