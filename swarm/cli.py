@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -26,8 +27,24 @@ EXIT_REFUSED = 3  # consent declined, or not authorised to do this
 EXIT_UNAVAILABLE = 4  # something this machine lacks: no security key, no backend
 EXIT_INTERRUPTED = 130
 
-# Subcommands in the order `swarm --help` lists them; each is swarm.commands.<name>.
-COMMANDS: tuple[str, ...] = ("demo",)
+# Subcommands in the order `swarm --help` lists them; each is the module swarm.commands.<name>.
+# A name whose module is not built yet is left out of the parser.
+PLANNED: tuple[str, ...] = (
+    "demo",
+    "publish",
+    "join",
+    "submit",
+    "status",
+    "kick",
+    "block",
+    "unblock",
+    "owner",
+    "bench",
+    "dht",
+)
+COMMANDS: tuple[str, ...] = tuple(
+    name for name in PLANNED if importlib.util.find_spec(f"swarm.commands.{name}") is not None
+)
 
 EPILOG = f"""\
 exit codes:
