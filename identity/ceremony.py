@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -202,13 +203,13 @@ class OwnerProof:
 # -- the ceremonies ------------------------------------------------------------------------
 
 
-def _server(rp_id: str, origin: str) -> Fido2Server:
+def _server(rp_id: str, origin: str, algorithms: Sequence[int] = ALGORITHMS) -> Fido2Server:
     server = Fido2Server(PublicKeyCredentialRpEntity(name="swarm", id=rp_id),
                          attestation=AttestationConveyancePreference.DIRECT,
                          verify_origin=lambda o: o == origin)
     server.allowed_algorithms = [
         PublicKeyCredentialParameters(type=PublicKeyCredentialType.PUBLIC_KEY, alg=alg)
-        for alg in ALGORITHMS]
+        for alg in algorithms]
     return server
 
 
@@ -222,9 +223,16 @@ def _client(authenticator: Authenticator, origin: str) -> Fido2Client:
 
 
 def enrol(authenticator: Authenticator, *, rp_id: str = RP_ID, origin: str = ORIGIN,
-          user_name: str = "swarm owner") -> OwnerCredential:
-    """Make a new owner credential on ``authenticator`` (the user touches the key)."""
-    server = _server(rp_id, origin)
+          user_name: str = "swarm owner",
+          algorithms: Sequence[int] = ALGORITHMS) -> OwnerCredential:
+    """Make a new owner credential on ``authenticator`` (the user touches the key).
+
+    ``algorithms``: COSE algorithm ids to offer, preferred first (ES256, EdDSA).
+    """
+    if not algorithms or not set(algorithms) <= set(ALGORITHMS):
+        raise ValueError(f"owner keys use ES256 ({ES256.ALGORITHM}) or EdDSA "
+                         f"({EdDSA.ALGORITHM}), not {list(algorithms)}")
+    server = _server(rp_id, origin, algorithms)
     options, state = server.register_begin(
         PublicKeyCredentialUserEntity(id=hashlib.sha256(user_name.encode()).digest()[:16],
                                       name=user_name, display_name=user_name),
