@@ -149,6 +149,9 @@ def apply(ownership: Ownership, signed: Signed, *, now: float, rp_id: str = RP_I
     if stmt.counter <= ownership.counter:
         raise ReplayError(f"counter {stmt.counter} is not above {ownership.counter}: a "
                           "replayed or out-of-order statement")
+    if not isinstance(stmt, Charter | AdminDelegation | OwnershipTransfer | Revocation):
+        raise ChainError(f"{type(stmt).__name__} is not an ownership statement "
+                         "(check commands with verify_command)")
     proofs = _owner_proofs(signed)
     counts = dict(ownership.sign_counts)
 
@@ -211,8 +214,7 @@ def apply(ownership: Ownership, signed: Signed, *, now: float, rp_id: str = RP_I
             raise ChainError("cannot revoke the last owner key (transfer ownership instead)")
         counts.pop(stmt.target, None)
         return replace(ownership, owners=owners, counter=stmt.counter, sign_counts=counts)
-    raise ChainError(f"{type(stmt).__name__} is not an ownership statement "
-                     "(check commands with verify_command)")
+    raise AssertionError("unreachable: statement types are checked above")
 
 
 def verify_command(signed: Signed, ownership: Ownership, *, now: float,
