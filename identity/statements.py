@@ -185,6 +185,19 @@ class Statement:
     counter: int = _f(2, UINT)
     """Strictly increasing across the issuer's statements: replays are refused."""
 
+    def __post_init__(self) -> None:
+        """Refuse to build a statement that would not decode: same rules both ways."""
+        if type(self).TYPE not in STATEMENT_TYPES:
+            raise TypeError(f"{type(self).__name__} is not a concrete statement type")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            codec = f.metadata["codec"]
+            try:
+                codec.dec(codec.enc(value), f"{type(self).__name__}.{f.name}")
+            except (AttributeError, TypeError) as exc:
+                raise MalformedStatement(f"{type(self).__name__}.{f.name}: wrong type "
+                                         f"{type(value).__name__}") from exc
+
     def to_cbor(self) -> dict[int, Any]:
         m: dict[int, Any] = {0: self.TYPE}
         for f in fields(self):
