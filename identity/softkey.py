@@ -138,7 +138,7 @@ def _want(params: Mapping[int, Any], key: int, typ: type | tuple[type, ...],
             raise _Reject(ERR.MISSING_PARAMETER)
         return None
     value = params[key]
-    if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
+    if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
         raise _Reject(ERR.CBOR_UNEXPECTED_TYPE)
     return value
 
