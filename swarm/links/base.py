@@ -102,6 +102,7 @@ class _Channel:
         self._getters: list[asyncio.Future[None]] = []
         self._putters: list[asyncio.Future[None]] = []
         self._closed: LinkClosed | None = None
+        self.closed_event = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -126,6 +127,12 @@ class _Channel:
         self._items.append(item)
         self._wake(self._getters)
 
+    def put_nowait(self, item: Any) -> None:
+        """Append ignoring the bound (for producers bounded otherwise, e.g. by credit)."""
+        if self._closed is None:
+            self._items.append(item)
+            self._wake(self._getters)
+
     async def get(self) -> Any:
         """The next item; after close, the items left and then LinkClosed."""
         while not self._items:
@@ -139,6 +146,7 @@ class _Channel:
     def close(self, exc: LinkClosed) -> None:
         if self._closed is None:
             self._closed = exc
+        self.closed_event.set()
         self._wake(self._getters)
         self._wake(self._putters)
 
@@ -211,6 +219,8 @@ class FramedLink(PeerLink):
         self._pings: dict[int, tuple[float, asyncio.Future[float] | None]] = {}
         self._rtts: collections.deque[float] = collections.deque(maxlen=16)
         self._pong_pending = False
+        self._stalled = False
+        self._closing_locally = False
         self._closed: LinkClosed | None = None
         self._closed_event = asyncio.Event()
         self._close_callbacks: list[Callable[[PeerLink], None]] = []
@@ -306,6 +316,7 @@ class FramedLink(PeerLink):
         if self._closed is not None:
             await self._closed_event.wait()
             return
+        self._closing_locally = True
         await self._goodbye(reason)
         self._mark_closed(LinkClosed(f"closed locally: {reason}"))
         await self._shutdown()
@@ -403,6 +414,14 @@ class FramedLink(PeerLink):
             self._mark_closed(LinkClosed(f"closed by peer: {msg.reason}"))
             await self._shutdown()
             return False
+        elif len(self._queue) >= self.options.recv_queue:
+            # our own application is slow: while we wait for it, the peer's silence is ours
+            self._stalled = True
+            try:
+                await self._queue.put(msg)
+            finally:
+                self._stalled = False
+                self._last_rx = time.monotonic()
         else:
             await self._queue.put(msg)
         return True
@@ -421,7 +440,8 @@ class FramedLink(PeerLink):
         try:
             while True:
                 await asyncio.sleep(opts.keepalive_interval)
-                if time.monotonic() - self._last_rx > opts.keepalive_timeout:
+                silent = time.monotonic() - self._last_rx
+                if not self._stalled and silent > opts.keepalive_timeout:
                     self._abort(f"keepalive timeout: nothing heard for "
                                 f"{opts.keepalive_timeout:g} s")
                     return
