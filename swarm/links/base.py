@@ -63,6 +63,9 @@ class LinkOptions:
     """A frame whose first bytes arrived must be complete within this (stream links)."""
     recv_queue: int = 64
     """Decoded messages held for :meth:`PeerLink.recv`; when full, reading stops."""
+    window: int = 16 << 20
+    """Bytes a sender may have in flight unconsumed, on links whose transport has no
+    receive-side backpressure (WebRTC data channels)."""
     limits: wire.Limits = field(default_factory=wire.Limits)
     """What the decoder accepts from the peer."""
 

@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 Inbox = Callable[[PeerId, Address, bytes], Awaitable[None] | None]
 CONNECT_TIMEOUT = 15.0
-WINDOW = 16 << 20
 _HIGH_WATER = 4 << 20
 _LOW_WATER = 1 << 20
 
@@ -97,8 +96,9 @@ class WebRTCLink(FramedLink):
 
     def __init__(self, local: PeerId, remote: PeerId, pc: RTCPeerConnection,
                  channel: RTCDataChannel, frames: _Channel, tuned: bool,
-                 options: LinkOptions | None = None, window: int = WINDOW) -> None:
+                 options: LinkOptions | None = None) -> None:
         super().__init__(local, remote, options)
+        window = self.options.window
         self.pc = pc
         self.channel = channel
         self.tuned = tuned
@@ -302,9 +302,14 @@ class WebRTCEndpoint:
                     _apply_tuning(pc, tuning)
                 await pc.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
                 await self._opened(pc, opened, answer.fingerprint)
-        except BaseException:
+        except BaseException as exc:
             self._pcs.discard(pc)
             await pc.close()
+            if isinstance(exc, TimeoutError):
+                answered = answer_fut.done() and not answer_fut.cancelled()
+                step = "no connectivity" if answered else "no answer"
+                raise TimeoutError(f"WebRTC link to {peer.short()} at {addr[0]}:{addr[1]}: "
+                                   f"{step} within {self.connect_timeout:g} s") from None
             raise
         finally:
             self._answers.pop(session, None)
