@@ -31,11 +31,13 @@ from dht.items import (
     signature_buffer,
     verify_mutable,
 )
+from dht.node import DHTNode
 
 __all__ = [
     "Announcement",
     "BencodeError",
     "DHTError",
+    "DHTNode",
     "ItemError",
     "LookupFailed",
     "MessageRefused",

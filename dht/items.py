@@ -63,7 +63,8 @@ def verify_mutable(pubkey: bytes, signature: bytes, value: object, seq: int,
     return verify(bytes(pubkey), bytes(signature), buf)
 
 
-def _public_bytes(key: Signer) -> bytes:
+def public_bytes_of(key: Signer) -> bytes:
+    """The raw public key of a PeerKey or a cryptography Ed25519 private key."""
     if isinstance(key, Ed25519PrivateKey):
         return key.public_key().public_bytes(serialization.Encoding.Raw,
                                              serialization.PublicFormat.Raw)
@@ -126,7 +127,7 @@ class MutableItem:
         seq = check_seq(seq)
         encoded = encode_value(value)
         sig = key.sign(_buffer(encoded, seq, salt))
-        return cls(_public_bytes(key), salt, seq, bdecode(encoded), sig)
+        return cls(public_bytes_of(key), salt, seq, bdecode(encoded), sig)
 
     @classmethod
     def from_wire(cls, pubkey: object, salt: object, seq: object, encoded: object,
