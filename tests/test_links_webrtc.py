@@ -205,3 +205,29 @@ async def test_two_processes(make_peer, child_mode):
         assert await asyncio.wait_for(link.recv(), 20) == Flushed(9, 4, 2_000_000)
         with contextlib.suppress(Exception):
             await link.close()
+
+
+async def test_signaling_over_the_real_dht():
+    from dht.node import DHTNode
+
+    keys = [PeerKey.generate(), PeerKey.generate()]
+    nodes = [DHTNode(k) for k in keys]
+    endpoints = []
+    try:
+        ports = [await n.listen(0) for n in nodes]
+        await nodes[1].bootstrap([("127.0.0.1", ports[0])])
+        links: asyncio.Queue = asyncio.Queue()
+        endpoints = [webrtc.WebRTCEndpoint(k, webrtc.DHTSignaler(n), host_addresses=LOOPBACK,
+                                           on_link=links.put_nowait)
+                     for k, n in zip(keys, nodes, strict=True)]
+        link = await endpoints[0].connect(keys[1].peer_id, ("127.0.0.1", ports[1]))
+        other = await asyncio.wait_for(links.get(), 10)
+        assert other.remote == keys[0].peer_id and link.tuned
+        await link.send(Echo("via dht", []))
+        assert (await asyncio.wait_for(other.recv(), 10)).text == "via dht"
+        await link.close()
+    finally:
+        for e in endpoints:
+            await e.close()
+        for n in nodes:
+            await n.stop()
