@@ -125,3 +125,17 @@ def test_fuzz_a_bit_flip_never_changes_what_is_accepted(data):
     except (ProtocolError, AuthenticationError):
         return
     assert got == signal  # only unsigned framing (the outer msg id) may change unnoticed
+
+
+@pytest.mark.parametrize(("candidates", "local"), [
+    (["1 1 udp 2130706431 127.0.0.1 5000 typ host"], True),
+    (["1 1 udp 2130706431 192.168.1.4 5000 typ host", "2 1 udp 1 10.0.0.2 7 typ host"], True),
+    (["1 1 udp 2130706431 8.8.8.8 5000 typ host"], False),
+    (["1 1 udp 1 192.168.1.4 5000 typ srflx raddr 0.0.0.0 rport 0"], False),
+    (["1 1 udp 1 abcd.local 5000 typ host"], False),
+    ([], False),
+])
+def test_tuning_is_only_for_lan_local_paths(candidates, local):
+    from swarm.links.signaling import local_path_only
+    sdp = "v=0\r\n" + "".join(f"a=candidate:{c}\r\n" for c in candidates)
+    assert local_path_only(SDP.replace("127.0.0.1", "10.1.1.1"), sdp) is local

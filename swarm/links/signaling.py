@@ -10,6 +10,7 @@ network.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ MAX_SIGNAL = 4096
 """Largest signed signal in bytes (the DHT's datagram message limit)."""
 KINDS = ("offer", "answer")
 _FINGERPRINT = re.compile(r"^a=fingerprint:(\S+) (\S+)\s*$", re.MULTILINE)
+_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) \d+ typ (\S+)", re.MULTILINE)
 
 
 @wire.message("signal.body")
@@ -167,3 +169,22 @@ class Tuning:
         if not (1176 <= chunk <= 16_000 and chunk + 64 <= buf <= 1 << 17):
             return None
         return cls(chunk, buf)
+
+
+def local_path_only(*sdps: str) -> bool:
+    """Whether every ICE candidate in ``sdps`` is a host candidate on a loopback or private
+    address: the only paths where tuning's large UDP datagrams are known to be fine."""
+    for sdp in sdps:
+        candidates = _CANDIDATE.findall(sdp)
+        if not candidates:
+            return False
+        for address, kind in candidates:
+            if kind != "host":
+                return False
+            try:
+                ip = ipaddress.ip_address(address)
+            except ValueError:  # an mDNS name: we cannot tell where it is
+                return False
+            if not (ip.is_loopback or ip.is_private):
+                return False
+    return True

@@ -54,6 +54,7 @@ from swarm.links.signaling import (
     ReplayGuard,
     Signal,
     Tuning,
+    local_path_only,
     open_signal,
     sdp_fingerprint,
     seal,
@@ -204,6 +205,20 @@ def _apply_tuning(pc: RTCPeerConnection, tuning: Tuning) -> None:
                 pass
 
 
+def _aiortc_tunable() -> bool:
+    """Whether this aiortc still has the sizes that tuning replaces (else: stay standard)."""
+    sctp, dtls = rtcsctptransport.RTCSctpTransport, rtcdtlstransport.RTCDtlsTransport
+    ok = ("USERDATA_MAX_LENGTH" in sctp._send.__code__.co_names
+          and 1500 in dtls._recv_next.__code__.co_consts
+          and 1500 in dtls._write_ssl.__code__.co_consts)
+    if not ok:
+        log.warning("this aiortc version cannot be tuned; WebRTC links stay standard")
+    return ok
+
+
+_TUNABLE = _aiortc_tunable()
+
+
 def _ice_connection(pc: RTCPeerConnection):  # -> aioice.Connection
     return pc.sctp.transport.transport.iceGatherer._connection
 
@@ -257,7 +272,7 @@ class WebRTCEndpoint:
         self.ice_servers = [s if isinstance(s, RTCIceServer) else RTCIceServer(urls=s)
                             for s in ice_servers]
         self.host_addresses = list(host_addresses) if host_addresses is not None else None
-        self.tuning = Tuning() if tuned else None
+        self.tuning = Tuning() if tuned and _TUNABLE else None
         self.options = options
         self.connect_timeout = connect_timeout
         self.guard = ReplayGuard()
@@ -287,17 +302,18 @@ class WebRTCEndpoint:
         self._answers[session] = answer_fut
         try:
             async with asyncio.timeout(self.connect_timeout):
-                if self.host_addresses is not None:
-                    await _gather_on(pc, self.host_addresses)
+                await self._gather(pc)
                 await pc.setLocalDescription(await pc.createOffer())
-                offered = self.tuning.offer() if self.tuning else {}
-                offer = self._signal("offer", peer, session, pc.localDescription.sdp, offered)
+                sdp = pc.localDescription.sdp
+                offered = self.tuning.offer() if self._may_tune(sdp) else {}
+                offer = self._signal("offer", peer, session, sdp, offered)
                 await self.signaler.send(peer, addr, seal(self.key, offer))
                 answer = await answer_fut
                 if answer.sender != peer:
                     raise AuthenticationError(f"answer from {answer.sender.short()}, "
                                               f"expected {peer.short()}")
-                tuning = Tuning.accept(answer.tuning) if self.tuning else None
+                tuning = (Tuning.accept(answer.tuning)
+                          if offered and self._may_tune(answer.sdp) else None)
                 if tuning is not None:
                     _apply_tuning(pc, tuning)
                 await pc.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
@@ -359,11 +375,13 @@ class WebRTCEndpoint:
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     await pc.setRemoteDescription(RTCSessionDescription(offer.sdp, "offer"))
-                    tuning = Tuning.accept(offer.tuning) if self.tuning else None
+                    await self._gather(pc)
+                    own = [f"a=candidate:{c.to_sdp()}"
+                           for c in _ice_connection(pc).local_candidates]
+                    tuning = (Tuning.accept(offer.tuning)
+                              if self._may_tune(offer.sdp, "\n".join(own)) else None)
                     if tuning is not None:
                         _apply_tuning(pc, tuning)
-                    if self.host_addresses is not None:
-                        await _gather_on(pc, self.host_addresses)
                     await pc.setLocalDescription(await pc.createAnswer())
                     answer = self._signal("answer", offer.sender, offer.session,
                                           pc.localDescription.sdp,
@@ -390,6 +408,17 @@ class WebRTCEndpoint:
                 tuning: dict[str, int]) -> Signal:
         return Signal(kind, self.key.peer_id, to, session, secrets.token_bytes(16), time.time(),
                       sdp, sdp_fingerprint(sdp), tuning)
+
+    async def _gather(self, pc: RTCPeerConnection) -> None:
+        """Gather ICE candidates now (on ``host_addresses`` if set), before the SDP."""
+        if self.host_addresses is not None:
+            await _gather_on(pc, self.host_addresses)
+        else:
+            await _ice_connection(pc).gather_candidates()
+
+    def _may_tune(self, *sdps: str) -> bool:
+        """Tuning is offered/accepted only when wanted and every candidate is LAN-local."""
+        return self.tuning is not None and local_path_only(*sdps)
 
     def _allowed(self, peer: PeerId) -> bool:
         try:
