@@ -222,6 +222,7 @@ class FramedLink(PeerLink):
         self._pings: dict[int, tuple[float, asyncio.Future[float] | None]] = {}
         self._rtts: collections.deque[float] = collections.deque(maxlen=16)
         self._pong_pending = False
+        self._ping_pending = False
         self._stalled = False
         self._closing_locally = False
         self._closed: LinkClosed | None = None
@@ -316,7 +317,7 @@ class FramedLink(PeerLink):
         return self._closed
 
     async def close(self, reason: str = "closed") -> None:
-        if self._closed is not None:
+        if self._closed is not None or self._closing_locally:
             await self._closed_event.wait()
             return
         self._closing_locally = True
@@ -452,8 +453,19 @@ class FramedLink(PeerLink):
                     if fut is None:  # a keepalive ping whose pong never came
                         self._lost += 1
                         del self._pings[seq]
-                seq = next(self._ping_seq)
-                self._pings[seq] = (time.perf_counter(), None)
-                await self.send(Ping(seq))
+                if not self._ping_pending:  # a long send may hold the line: never block here
+                    self._ping_pending = True
+                    self._tasks.append(asyncio.get_running_loop().create_task(self._keepalive()))
         except LinkClosed:
             pass
+
+    async def _keepalive(self) -> None:
+        seq = next(self._ping_seq)
+        self._pings[seq] = (time.perf_counter(), None)
+        try:
+            await self.send(Ping(seq))
+        except LinkClosed:
+            pass
+        finally:
+            self._ping_pending = False
+            self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from identity.keys import PeerId, PeerKey
 from swarm import wire
-from swarm.errors import AuthenticationError, ProtocolError
+from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links.base import FramedLink, Goodbye, LinkOptions
 
 log = logging.getLogger(__name__)
@@ -234,10 +234,15 @@ async def listen(key: PeerKey, host: str = "127.0.0.1", port: int = 0, *,
             allowed = False
         if not allowed:
             log.info("TLS peer %s refused: not accepted (blocked)", remote.short())
-            await link._send_frames(wire.encode(Goodbye("refused: peer not accepted")))
+        first = Welcome(wire.PROTOCOL_VERSION) if allowed else Goodbye("refused: peer not accepted")
+        try:
+            await link._send_frames(wire.encode(first))
+        except (LinkClosed, ConnectionError) as exc:
+            log.info("TLS peer %s left during the handshake: %s", remote.short(), exc)
+            allowed = False
+        if not allowed:
             await link._close_transport()
             return
-        await link._send_frames(wire.encode(Welcome(wire.PROTOCOL_VERSION)))
         link._start()
         result = on_link(link)
         if inspect.isawaitable(result):

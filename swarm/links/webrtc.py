@@ -398,9 +398,13 @@ class WebRTCEndpoint:
                 return
             link = self._link(offer.sender, pc, channels[0], frames, tuning is not None)
             if self.on_link is not None:
-                result = self.on_link(link)
-                if inspect.isawaitable(result):
-                    await result
+                try:
+                    result = self.on_link(link)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("on_link callback failed; closing the link")
+                    await link.close("internal error")
 
     # -- shared --------------------------------------------------------------------------
 
