@@ -112,3 +112,15 @@ async def test_keepalives_flow_and_rtt_is_measured():
     await asyncio.wait_for(first_pong(), 5)
     assert a.stats().messages_received >= 1 and not a.closed
     await a.close()
+
+
+async def test_a_sender_blocked_on_a_dead_peer_is_freed_by_the_keepalive_timeout():
+    opts = LinkOptions(keepalive_interval=0.05, keepalive_timeout=0.3)
+    a, b = memory_pair(A, B, opts, max_frames=2)
+    for task in b._tasks:
+        task.cancel()  # b hangs: reads nothing, says nothing
+    sender = asyncio.create_task(a.send(Blob(0, np.zeros(2_000_000))))  # 16 MB: 62 frames
+    exc = await asyncio.wait_for(a.wait_closed(), 5)
+    assert "keepalive timeout" in exc.reason
+    with pytest.raises(LinkClosed):
+        await asyncio.wait_for(sender, 5)
