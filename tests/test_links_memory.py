@@ -124,3 +124,12 @@ async def test_a_sender_blocked_on_a_dead_peer_is_freed_by_the_keepalive_timeout
     assert "keepalive timeout" in exc.reason
     with pytest.raises(LinkClosed):
         await asyncio.wait_for(sender, 5)
+
+
+async def test_a_message_left_half_sent_closes_the_link_after_the_frame_timeout():
+    opts = LinkOptions(keepalive_interval=0.05, frame_timeout=0.3)
+    a, b = memory_pair(A, B, opts)
+    frames = wire.encode(Blob(1, np.zeros(100_000)), msg_id=999_999)  # header + 4 chunks
+    await a._send_frames(frames[:2])  # header and one chunk, then only keepalives
+    exc = await asyncio.wait_for(b.wait_closed(), 5)
+    assert isinstance(exc.error, ProtocolError) and "stalled mid-message" in exc.reason

@@ -229,7 +229,7 @@ class FramedLink(PeerLink):
         self._closed_event = asyncio.Event()
         self._close_callbacks: list[Callable[[PeerLink], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_rx = time.monotonic()
+        self._last_rx = self._last_progress = time.monotonic()
         self._bytes_sent = self._bytes_received = 0
         self._msgs_sent = self._msgs_received = 0
         self._lost = 0
@@ -387,7 +387,11 @@ class FramedLink(PeerLink):
                 frame = await self._read_frame()
                 self._last_rx = time.monotonic()
                 self._bytes_received += len(frame)
-                for msg in self._decoder.feed(frame):
+                pending = self._decoder.pending_messages
+                msgs = self._decoder.feed(frame)
+                if frame[1] == wire.KIND_CHUNK or self._decoder.pending_messages > pending:
+                    self._last_progress = self._last_rx  # a message being reassembled moved
+                for msg in msgs:
                     self._msgs_received += 1
                     if not await self._dispatch(msg):
                         return
@@ -425,7 +429,7 @@ class FramedLink(PeerLink):
                 await self._queue.put(msg)
             finally:
                 self._stalled = False
-                self._last_rx = time.monotonic()
+                self._last_rx = self._last_progress = time.monotonic()
         else:
             await self._queue.put(msg)
         return True
@@ -444,10 +448,16 @@ class FramedLink(PeerLink):
         try:
             while True:
                 await asyncio.sleep(opts.keepalive_interval)
-                silent = time.monotonic() - self._last_rx
-                if not self._stalled and silent > opts.keepalive_timeout:
+                now = time.monotonic()
+                if not self._stalled and now - self._last_rx > opts.keepalive_timeout:
                     self._abort(f"keepalive timeout: nothing heard for "
                                 f"{opts.keepalive_timeout:g} s")
+                    return
+                if (self._decoder.pending_messages and not self._stalled
+                        and now - self._last_progress > opts.frame_timeout):
+                    exc = ProtocolError(f"a message stayed incomplete for over "
+                                        f"{opts.frame_timeout:g} s (peer stalled mid-message)")
+                    self._abort(f"protocol error from peer: {exc}", exc)
                     return
                 for seq, (_, fut) in list(self._pings.items()):
                     if fut is None:  # a keepalive ping whose pong never came
