@@ -98,8 +98,10 @@ def peer_id_of(der: bytes | None) -> PeerId:
     return PeerId(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
 
+@lru_cache(maxsize=16)
 def make_context(key: PeerKey, server: bool) -> ssl.SSLContext:
-    """A TLS 1.3-only context presenting ``key``'s certificate and requiring the peer's."""
+    """A TLS 1.3-only context presenting ``key``'s certificate and requiring the peer's
+    (cached per key object: a context serves any number of connections)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False

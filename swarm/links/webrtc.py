@@ -485,7 +485,12 @@ class WebRTCEndpoint:
         link = WebRTCLink(self.key.peer_id, peer, pc, channel, frames, tuned, self.options)
         link.add_close_callback(lambda _: self._pcs.discard(pc))
         link._start()
-        if frames._closed is not None:  # closed between open and now
+        limit = getattr(pc.sctp, "_remote_max_message_size", wire.MAX_FRAME)
+        if limit < wire.MAX_FRAME:
+            exc = ProtocolError(f"the peer takes data-channel messages of at most {limit} "
+                                f"bytes; swarm frames need {wire.MAX_FRAME}")
+            link._abort(f"protocol error: {exc}", exc)
+        elif frames._closed is not None:  # closed between open and now
             link._abort(frames._closed.reason)
         return link
 
