@@ -162,6 +162,15 @@ async def test_a_bad_frame_closes_the_link(make_peer):
     await asyncio.wait_for(link.wait_closed(), 10)
 
 
+async def test_a_peer_granting_credit_it_was_never_owed_is_refused(make_peer):
+    a, b = await make_peer(), await make_peer()
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    link.channel.send(wire.encode(webrtc.Credit(1 << 30), msg_id=0)[0])
+    exc = await asyncio.wait_for(other.wait_closed(), 10)
+    assert isinstance(exc.error, ProtocolError) and "out of range" in exc.reason
+
+
 async def test_a_slow_receiver_stops_the_sender_at_the_credit_window(make_peer):
     opts = LinkOptions(window=1 << 20, recv_queue=1)
     a, b = await make_peer(options=opts), await make_peer(options=opts)

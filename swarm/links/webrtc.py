@@ -118,8 +118,9 @@ class WebRTCLink(FramedLink):
         self._consumed += len(frame)
         if self._consumed >= self._window // 4 and self.channel.readyState == "open":
             (grant,) = wire.encode(Credit(self._consumed), msg_id=0)
-            self.channel.send(grant)  # outside the send lock and the window: never blocks
-            self._consumed = 0
+            self.channel.send(grant)  # outside the send lock, never waits for credit ...
+            self._credit -= len(grant)  # ... but is debited like every frame, so the peer's
+            self._consumed = 0          # grant for it keeps the accounts exact
         return frame
 
     async def _write_frames(self, frames: list[bytes]) -> None:
@@ -140,7 +141,7 @@ class WebRTCLink(FramedLink):
 
     async def _dispatch(self, msg: wire.Message) -> bool:
         if isinstance(msg, Credit):
-            if msg.nbytes <= 0 or self._credit + msg.nbytes > 2 * self._window:
+            if msg.nbytes <= 0 or self._credit + msg.nbytes > self._window:
                 raise ProtocolError(f"credit of {msg.nbytes} bytes is out of range")
             self._credit += msg.nbytes
             self._credit_event.set()
