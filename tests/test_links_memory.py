@@ -6,6 +6,8 @@ import asyncio
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from identity.keys import PeerKey
 from swarm import wire
@@ -133,3 +135,24 @@ async def test_a_message_left_half_sent_closes_the_link_after_the_frame_timeout(
     await a._send_frames(frames[:2])  # header and one chunk, then only keepalives
     exc = await asyncio.wait_for(b.wait_closed(), 5)
     assert isinstance(exc.error, ProtocolError) and "stalled mid-message" in exc.reason
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 400_000), min_size=1, max_size=6))
+def test_any_sequence_of_messages_arrives_intact_and_in_order(sizes):
+    async def run():
+        a, b = memory_pair(A, B, max_frames=3)
+        sent = [Blob(i, np.arange(n, dtype=np.uint8)) for i, n in enumerate(sizes)]
+
+        async def send():
+            for msg in sent:
+                await a.send(msg)
+
+        task = asyncio.create_task(send())
+        for msg in sent:
+            got = await asyncio.wait_for(b.recv(), 5)
+            assert got.seq == msg.seq and np.array_equal(got.data, msg.data)
+        await task
+        await a.close()
+
+    asyncio.run(run())
