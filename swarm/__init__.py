@@ -9,14 +9,18 @@ Exceptions (all in :mod:`swarm.errors`)::
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
         +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
+        +-- AuthenticationError  a peer is not who it claims/was expected to be
+        +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
 
 Local and remote errors stay apart so that callers can tell "my input is wrong"
 from "a peer misbehaved" (the latter is retried elsewhere and counts against the peer).
 """
 
 from swarm.errors import (
+    AuthenticationError,
     ConfigError,
     ConsentRefused,
+    LinkClosed,
     LocalError,
     ProtocolError,
     RemoteError,
@@ -27,8 +31,10 @@ from swarm.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationError",
     "ConfigError",
     "ConsentRefused",
+    "LinkClosed",
     "LocalError",
     "ProtocolError",
     "RemoteError",
