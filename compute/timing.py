@@ -12,10 +12,12 @@ def matmul_flops(m: int, k: int, n: int) -> float:
     return 2.0 * m * k * n
 
 
-def best_seconds(fn: Callable[[], object], repeats: int, budget_s: float | None = None) -> float:
+def best_seconds(fn: Callable[[], object], repeats: int, budget_s: float | None = None, *,
+                 warmup: bool = True) -> float:
     """Fastest of ``repeats`` timed calls (after one untimed warm-up), stopping early once
     ``budget_s`` is spent. The minimum is the least noisy figure on a shared machine."""
-    fn()
+    if warmup:
+        fn()
     best = float("inf")
     start = time.perf_counter()
     for _ in range(max(1, repeats)):

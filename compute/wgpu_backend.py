@@ -5,6 +5,9 @@ matmul buffers are pooled and reused; several products (shards) go to the device
 submission. A caller's kernel is bound by buffer name and validated by wgpu/naga before it
 runs, which is how work runs on a remote peer without any Python code travelling.
 
+Use one device per process (``shared()``): with two, wgpu-native's GL backend (llvmpipe)
+was seen to abort when one device's poll thread ran while the other submitted work.
+
 Known limit: WGSL has no way to bound a kernel's run time. A kernel that loops forever
 blocks its caller (real GPUs reset it after the driver's watchdog; llvmpipe does not), so a
 runtime that accepts kernels from other peers should run them in a process it can kill.
