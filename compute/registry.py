@@ -84,24 +84,16 @@ def available_backends(*, threads: int | None = None) -> list[BackendStatus]:
     return out
 
 
-def throughput_gflops(backend: Backend, n: int = AUTO_SIZE, repeats: int = 3) -> float:
+def compare_gflops(backends: list[Backend], n: int = AUTO_SIZE) -> dict[str, float]:
+    """GFLOPS of each backend at ``n``: best of repeated products over at least 0.3 s each,
+    which outlasts a transient slowdown (or a burst of load from other processes)."""
     a, b = square_operands(n)
-    seconds = best_seconds(lambda: backend.matmul(a, b), repeats)
-    return matmul_flops(n, n, n) / seconds / 1e9
-
-
-def compare_gflops(backends: list[Backend], n: int = AUTO_SIZE, rounds: int = 5) -> dict[str, float]:
-    """GFLOPS of each backend at ``n``, timed in interleaved rounds (best of ``rounds``), so
-    a burst of load from other processes cannot penalise one backend only."""
-    a, b = square_operands(n)
-    best = {bk.name: float("inf") for bk in backends}
-    for bk in backends:
-        bk.matmul(a, b)  # warm-up: pipelines, buffers, thread pools
-    for _ in range(rounds):
-        for bk in backends:
-            best[bk.name] = min(best[bk.name], best_seconds(lambda bk=bk: bk.matmul(a, b), 1,
-                                                              warmup=False))
-    return {name: matmul_flops(n, n, n) / s / 1e9 for name, s in best.items()}
+    return {
+        bk.name: matmul_flops(n, n, n)
+        / best_seconds(lambda bk=bk: bk.matmul(a, b), 3, min_time_s=0.3, max_repeats=200)
+        / 1e9
+        for bk in backends
+    }
 
 
 def get_backend(name: str = "auto", *, threads: int | None = None) -> Backend:

@@ -52,7 +52,7 @@ def _wgpu():
     try:
         import wgpu
     except Exception as exc:  # not installed, or its native library fails to load
-        raise BackendUnavailable(f"wgpu: cannot load the wgpu package: {exc}") from exc
+        raise BackendUnavailable(f"wgpu: cannot load the wgpu package: {exc!r}") from exc
     return wgpu
 
 
