@@ -127,7 +127,7 @@ class ZerosOnDevice(wb.WgpuBackend):
         self.__dict__.update(real.__dict__)
         self._pipelines, self._pool = {}, {}
 
-    def _matmul_pipeline(self, kernel, f16):
+    def _matmul_pipeline(self, kernel, f16, tiles=None):
         module = self.device.create_shader_module(code=ZEROS_KERNEL)
         return self.device.create_compute_pipeline(
             layout="auto", compute={"module": module, "entry_point": "main"})
