@@ -152,7 +152,6 @@ def test_gpu_matmul_script_smoke_on_any_adapter():
     assert out["freivalds_ok"] and out["sizes"]["64"]["wgsl_best"]["tflops"] > 0
 
 
-@pytest.mark.slow
 def test_bench_compute_script_quick_json():
     res = _script("compute.py", "--quick", "--json", timeout=300)
     assert res.returncode == 0, res.stderr

@@ -42,6 +42,15 @@ def test_shapes(gpu, shape, kernel):
     assert_product(a, b, gpu.matmul(a, b, kernel=kernel))
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "naive"])
+def test_freivalds_accepts_both_kernels(gpu, kernel):
+    a, b = operands(300, 500, 200)
+    c = gpu.matmul(a, b, kernel=kernel)
+    assert compute.verify_matmul(a, b, c)
+    c[299, 199] += 0.05
+    assert not compute.verify_matmul(a, b, c)
+
+
 def test_empty_and_degenerate(gpu):
     assert gpu.matmul(np.ones((0, 3)), np.ones((3, 4))).shape == (0, 4)
     c = gpu.matmul(np.ones((2, 0)), np.ones((0, 5)))
