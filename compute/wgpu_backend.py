@@ -234,7 +234,7 @@ class WgpuBackend(Backend):
         block_n = 4 * self.tiles.block_n4 if kernel == "tiled" else 16
         col_step = n_pad
         while k_pad * col_step * elt > self.max_binding or -(-col_step // block_n) > self.max_groups:
-            col_step = _round_up(col_step // 2, quad)
+            col_step = max(quad, _round_up(col_step // 2, quad))
             if col_step <= quad and k_pad * col_step * elt > self.max_binding:
                 raise InvalidInput(f"K = {k} is too long for this device's buffers")
         row_bytes = max(k_pad * elt, col_step * 4)

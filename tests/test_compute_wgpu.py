@@ -85,8 +85,11 @@ def test_products_larger_than_a_binding_are_split(gpu, monkeypatch):
     jobs = gpu._jobs(0, a, b, "tiled", False)
     assert len(jobs) > 8 and all(j.a.nbytes <= 4096 and j.b.nbytes <= 4096 for j in jobs)
     assert_product(a, b, gpu.matmul(a, b))
+    assert_product(a, b, gpu.matmul(a, b, kernel="naive"))
     with pytest.raises(InvalidInput, match="too long"):
         gpu._jobs(0, *operands(1, 2048, 1), "tiled", False)
+    with pytest.raises(InvalidInput, match="too long"):
+        gpu._jobs(0, *operands(1, 2048, 1), "naive", False)
 
 
 def test_f16_needs_shader_f16(gpu):
