@@ -86,7 +86,7 @@ class DHTNode(Server):
     def __init__(self, key: PeerKey | None = None, data_dir: Path | None = None, *,
                  ksize: int = 20, alpha: int = 3,
                  validators: Validators | dict[bytes, Validator] | None = None,
-                 rpc_timeout: float = 5.0, item_ttl: float = ITEM_TTL,
+                 rpc_timeout: float = 5.0, slow_after: float | None = None, item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
                  max_per_topic: int = MAX_PER_TOPIC) -> None:
@@ -107,6 +107,7 @@ class DHTNode(Server):
                                max_per_topic=max_per_topic)
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
+        self.slow_after = slow_after if slow_after is not None else rpc_timeout / 4
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
         self.tokens = TokenIssuer(token_rotate, now=self.clock())
@@ -276,7 +277,8 @@ class DHTNode(Server):
         if seeds is None:
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
-                              own_id=self.node.id, skip=self._recently_failed())
+                              own_id=self.node.id, skip=self._recently_failed(),
+                              slow_after=self.slow_after)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
