@@ -6,9 +6,10 @@ callable (hivemind's traverse style): it keeps ``alpha`` queries in flight, alwa
 closest unqueried candidates, and ends when the k closest nodes that answered have all been
 asked. The caller then picks the best value by its own rule (highest valid seq).
 
-A query still unanswered after ``slow_after`` seconds stops counting against ``alpha`` and
-stops holding the lookup open (libtorrent's "short timeout"): after churn, dead contacts
-would otherwise cost one full RPC timeout per ``alpha`` of them. A late answer still counts.
+A query still unanswered after ``slow_after`` seconds stops counting against ``alpha``
+(libtorrent's "short timeout"), and after ``GRACE`` times that it stops holding the lookup
+open: after churn, dead contacts would otherwise cost one full RPC timeout per ``alpha`` of
+them. A late answer still counts if the lookup is still running.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kademlia.node import Node
 
 T = TypeVar("T")
 Query = Callable[[Node], Awaitable[tuple[list[Node], T] | None]]
+GRACE = 4  # a slow node that would rank in the top k is awaited this many slow_afters
 _detached: set[asyncio.Task] = set()  # slow queries left to finish (they evict dead nodes)
 
 
@@ -51,6 +53,7 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
     replies: dict[bytes, Any] = {}
     result: LookupResult[Any] = LookupResult([])
     pending: dict[asyncio.Task, tuple[Node, float]] = {}
+    grace = GRACE * slow_after
 
     def add(n: Node) -> None:
         if n.id != own_id and n.id not in known and n.id not in skip:
@@ -87,10 +90,20 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
                 state[n.id] = "pending"
                 result.rpcs += 1
                 pending[asyncio.ensure_future(query(n))] = (n, now)
-            if all(state[n.id] == "ok" for n in ranked) or not pending:
+            # Done when the k closest non-slow nodes all answered and no slow node that would
+            # rank among them is still within its grace period (a merely slow node usually
+            # answers within a few estimated RTTs; a dead one never does).
+            edge = ranked[-1].long_id ^ t if len(ranked) >= k else None
+            relevant = [started for n, started in pending.values()
+                        if state[n.id] == "slow" and now - started < grace
+                        and (edge is None or (n.long_id ^ t) < edge)]
+            if all(state[n.id] == "ok" for n in ranked) and not relevant:
                 break
-            fast = [started for n, started in pending.values() if state[n.id] == "pending"]
-            timeout = max(0.0, min(fast) + slow_after - now) if fast else None
+            if not pending:
+                break
+            deadlines = [started + slow_after for n, started in pending.values()
+                         if state[n.id] == "pending"] + [started + grace for started in relevant]
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
             done, _ = await asyncio.wait(pending, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
             for task in done:

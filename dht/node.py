@@ -86,7 +86,8 @@ class DHTNode(Server):
     def __init__(self, key: PeerKey | None = None, data_dir: Path | None = None, *,
                  ksize: int = 20, alpha: int = 3,
                  validators: Validators | dict[bytes, Validator] | None = None,
-                 rpc_timeout: float = 5.0, slow_after: float | None = None, item_ttl: float = ITEM_TTL,
+                 rpc_timeout: float = 5.0, slow_after: float | None = None,
+                 item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
                  max_per_topic: int = MAX_PER_TOPIC) -> None:
@@ -107,7 +108,7 @@ class DHTNode(Server):
                                max_per_topic=max_per_topic)
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
-        self.slow_after = slow_after if slow_after is not None else rpc_timeout / 4
+        self.slow_after = slow_after
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
         self.tokens = TokenIssuer(token_rotate, now=self.clock())
@@ -278,10 +279,17 @@ class DHTNode(Server):
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
                               own_id=self.node.id, skip=self._recently_failed(),
-                              slow_after=self.slow_after)
+                              slow_after=self._slow_after())
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    def _slow_after(self) -> float:
+        """A fixed ``slow_after``, else SRTT + 4 RTTVAR of this node's requests, kept
+        between 50 ms and a quarter of the RPC timeout."""
+        if self.slow_after is not None:
+            return self.slow_after
+        return self.protocol.rtt.slow_after(0.05, self.rpc_timeout / 4)
 
     def _recently_failed(self) -> set[bytes]:
         """Nodes that timed out in the last DEAD_FOR seconds: other nodes may still list
