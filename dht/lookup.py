@@ -24,7 +24,6 @@ from kademlia.node import Node
 T = TypeVar("T")
 Query = Callable[[Node], Awaitable[tuple[list[Node], T] | None]]
 GRACE = 4  # a slow node that would rank in the top k is awaited this many slow_afters
-_detached: set[asyncio.Task] = set()  # slow queries left to finish (they evict dead nodes)
 
 
 @dataclass
@@ -41,10 +40,13 @@ class LookupResult(Generic[T]):
 
 async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int, alpha: int,
                  own_id: bytes | None = None, skip: Container[bytes] = (),
-                 slow_after: float = 1.0) -> LookupResult[Any]:
+                 slow_after: float = 1.0,
+                 keep: Callable[[asyncio.Task], None] | None = None) -> LookupResult[Any]:
     """Run the lookup; ``query(node)`` returns (closer nodes, reply) or None on failure.
 
-    Nodes whose id is in ``skip`` (e.g. ones that just timed out) are never asked.
+    Nodes whose id is in ``skip`` (e.g. ones that just timed out) are never asked. Queries
+    still running at the end are handed to ``keep`` (so a dead node's timeout can still evict
+    it) or, without ``keep``, cancelled.
     """
     t = int.from_bytes(target, "big")
     clock = asyncio.get_running_loop().time
@@ -111,9 +113,8 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
         finished = True
     finally:
         for task in pending:
-            if finished:
-                _detached.add(task)
-                task.add_done_callback(_detached.discard)
+            if finished and keep is not None:
+                keep(task)
             else:
                 task.cancel()
     result.failed += [n for n, _ in pending.values()]

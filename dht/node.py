@@ -78,6 +78,12 @@ class Stats:
     """Requests those lookups sent."""
 
 
+def _not_here(name: str, instead: str):
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DHTError(f"{name} is kademlia's unsigned or pickle-based API; use {instead}")
+    return refuse
+
+
 class DHTNode(Server):
     """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
 
@@ -123,6 +129,16 @@ class DHTNode(Server):
         self._dead: dict[bytes, float] = {}
 
     clock = staticmethod(time.time)
+
+    # kademlia.Server's own API stores unsigned values, trusts the most common one and
+    # pickles its state: none of it is reachable through a DHTNode.
+    get = _not_here("get", "get_mutable or get_immutable")
+    set = _not_here("set", "put_mutable or put_immutable")
+    set_digest = _not_here("set_digest", "put_mutable or put_immutable")
+    save_state = _not_here("save_state", "data_dir (state is saved as JSON)")
+    save_state_regularly = _not_here("save_state_regularly", "data_dir")
+    load_state = staticmethod(_not_here("load_state", "DHTNode(data_dir=...)"))
+    refresh_table = _not_here("refresh_table", "maintain_once")
 
     def __repr__(self) -> str:
         return f"DHTNode({self.peer_id.short()} at {self._address})"
@@ -279,7 +295,7 @@ class DHTNode(Server):
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
                               own_id=self.node.id, skip=self._recently_failed(),
-                              slow_after=self._slow_after())
+                              slow_after=self._slow_after(), keep=self._spawn)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result

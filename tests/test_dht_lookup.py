@@ -8,7 +8,6 @@ import random
 
 from kademlia.node import Node
 
-from dht import lookup as lookup_module
 from dht.lookup import lookup
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
@@ -58,12 +57,14 @@ async def test_dead_nodes_do_not_hold_the_lookup_open():
     finished: list[Node] = []
     query = _query_for(nodes, dead, finished=finished, dead_delay=0.5)
     query.target = target
-    res = await lookup(target, nodes[:3], query, k=K, alpha=3, slow_after=0.01)
+    kept: list[asyncio.Task] = []
+    res = await lookup(target, nodes[:3], query, k=K, alpha=3, slow_after=0.01,
+                       keep=kept.append)
     assert finished == []  # returned before any dead query timed out
     alive = [n for n in nodes if n.id not in dead]
     assert [n.id for n, _ in res.responses] == [n.id for n in _closest(alive, target)]
-    await asyncio.gather(*lookup_module._detached)  # they finish on their own
-    assert len(finished) >= 1
+    await asyncio.gather(*kept)  # the dead ones' queries finish on their own
+    assert len(finished) == len(kept) >= 1
 
 
 async def test_everything_slow_still_gets_k_answers():

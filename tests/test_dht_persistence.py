@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dht import DHTNode
+from dht import DHTError, DHTNode
 from identity import PeerKey
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,3 +99,15 @@ async def test_a_lone_node_is_its_own_dht():
         assert await node.bootstrap() == 0
     finally:
         await node.stop()
+
+
+@pytest.mark.parametrize("name", ["get", "set", "set_digest", "save_state",
+                                  "save_state_regularly", "load_state", "refresh_table"])
+async def test_kademlias_unsafe_api_is_closed(name, tmp_path):
+    node = DHTNode()
+    with pytest.raises(DHTError):
+        result = getattr(node, name)(str(tmp_path / "state"), 1)
+        if asyncio.iscoroutine(result):
+            await result
+    await node.stop()
+    assert list(tmp_path.iterdir()) == []
