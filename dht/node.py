@@ -281,11 +281,6 @@ class DHTNode(Server):
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, self.data_dir / STATE_FILE)
 
-    @property
-    def saved_neighbours(self) -> list[tuple[str, int]]:
-        """Neighbours read from the data dir at start (used by :meth:`bootstrap`)."""
-        return list(self._saved_neighbours)
-
     # -- lookups ------------------------------------------------------------------------------
 
     async def _lookup(self, target: bytes, query, seeds: list[Node] | None = None
