@@ -16,6 +16,7 @@ from dht import (
     DHTNode,
     ItemError,
     MessageRefused,
+    MessageTooLarge,
     MutableItem,
     PeerUnreachable,
 )
@@ -252,7 +253,7 @@ async def test_message_round_trip(swarm):
     await a.send_message(b.address, payload)
     sender, addr, got = await asyncio.wait_for(inbox.get(), 5)
     assert (sender, addr, got) == (a.peer_id, a.address, payload)
-    with pytest.raises(ValueError):
+    with pytest.raises(MessageTooLarge):
         await a.send_message(b.address, payload + b"!")
 
 
