@@ -29,7 +29,14 @@ from kademlia.node import Node
 from dht import errors
 from dht.announce import MAX_TTL, Announcement, check_topic, topic_target
 from dht.bencode import Value, bdecode
-from dht.errors import DHTError, ItemError, LookupFailed, MessageRefused, PeerUnreachable
+from dht.errors import (
+    DHTError,
+    ItemError,
+    LookupFailed,
+    MessageRefused,
+    MessageTooLarge,
+    PeerUnreachable,
+)
 from dht.items import (
     MutableItem,
     Signer,
@@ -78,6 +85,12 @@ class Stats:
     """Requests those lookups sent."""
 
 
+def _not_here(name: str, instead: str):
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DHTError(f"{name} is kademlia's unsigned or pickle-based API; use {instead}")
+    return refuse
+
+
 class DHTNode(Server):
     """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
 
@@ -86,7 +99,8 @@ class DHTNode(Server):
     def __init__(self, key: PeerKey | None = None, data_dir: Path | None = None, *,
                  ksize: int = 20, alpha: int = 3,
                  validators: Validators | dict[bytes, Validator] | None = None,
-                 rpc_timeout: float = 5.0, item_ttl: float = ITEM_TTL,
+                 rpc_timeout: float = 5.0, slow_after: float | None = None,
+                 item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
                  max_per_topic: int = MAX_PER_TOPIC) -> None:
@@ -107,6 +121,7 @@ class DHTNode(Server):
                                max_per_topic=max_per_topic)
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
+        self.slow_after = slow_after
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
         self.tokens = TokenIssuer(token_rotate, now=self.clock())
@@ -121,6 +136,16 @@ class DHTNode(Server):
         self._dead: dict[bytes, float] = {}
 
     clock = staticmethod(time.time)
+
+    # kademlia.Server's own API stores unsigned values, trusts the most common one and
+    # pickles its state: none of it is reachable through a DHTNode.
+    get = _not_here("get", "get_mutable or get_immutable")
+    set = _not_here("set", "put_mutable or put_immutable")
+    set_digest = _not_here("set_digest", "put_mutable or put_immutable")
+    save_state = _not_here("save_state", "data_dir (state is saved as JSON)")
+    save_state_regularly = _not_here("save_state_regularly", "data_dir")
+    load_state = staticmethod(_not_here("load_state", "DHTNode(data_dir=...)"))
+    refresh_table = _not_here("refresh_table", "maintain_once")
 
     def __repr__(self) -> str:
         return f"DHTNode({self.peer_id.short()} at {self._address})"
@@ -263,11 +288,6 @@ class DHTNode(Server):
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, self.data_dir / STATE_FILE)
 
-    @property
-    def saved_neighbours(self) -> list[tuple[str, int]]:
-        """Neighbours read from the data dir at start (used by :meth:`bootstrap`)."""
-        return list(self._saved_neighbours)
-
     # -- lookups ------------------------------------------------------------------------------
 
     async def _lookup(self, target: bytes, query, seeds: list[Node] | None = None
@@ -276,10 +296,18 @@ class DHTNode(Server):
         if seeds is None:
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
-                              own_id=self.node.id, skip=self._recently_failed())
+                              own_id=self.node.id, skip=self._recently_failed(),
+                              slow_after=self._slow_after(), keep=self._spawn)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    def _slow_after(self) -> float:
+        """A fixed ``slow_after``, else SRTT + 4 RTTVAR of this node's requests, kept
+        between 50 ms and a quarter of the RPC timeout."""
+        if self.slow_after is not None:
+            return self.slow_after
+        return self.protocol.rtt.slow_after(0.05, self.rpc_timeout / 4)
 
     def _recently_failed(self) -> set[bytes]:
         """Nodes that timed out in the last DEAD_FOR seconds: other nodes may still list
@@ -570,12 +598,12 @@ class DHTNode(Server):
         """Send ``payload`` (<= 4 KiB) to the node at ``addr``, signed by this node's key.
 
         Raises :class:`PeerUnreachable` without a reply, :class:`MessageRefused` when the
-        peer refuses it.
+        peer refuses it, :class:`MessageTooLarge` (also a ValueError) for a bigger payload.
         """
         self._require_listening()
         payload = bytes(payload)
         if len(payload) > MAX_PAYLOAD:
-            raise ValueError(f"payload is {len(payload)} bytes; at most {MAX_PAYLOAD}")
+            raise MessageTooLarge(f"payload is {len(payload)} bytes; at most {MAX_PAYLOAD}")
         addr = (str(addr[0]), int(addr[1]))
         known = self.protocol.router.by_address(addr)
         for attempt in range(2):

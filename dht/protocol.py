@@ -10,6 +10,7 @@ stale values to new contacts; the routing table's nearest-k is exact.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import logging
@@ -28,6 +29,7 @@ from dht.errors import BencodeError, DHTError, ItemError
 from dht.items import MAX_VALUE, check_seq
 from dht.messages import Envelope
 from dht.routing import NearestRoutingTable
+from dht.rtt import RttEstimator
 from dht.wire import (
     PEERS_PAGE_BYTES,
     REQUESTS,
@@ -55,7 +57,7 @@ class DHTProtocol(KademliaProtocol):
         self._wait_timeout = dht.rpc_timeout
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
         self.dht = dht
-        self.rpcs_sent = 0
+        self.rtt = RttEstimator()
 
     def __getattr__(self, name: str) -> Any:
         # rpcudp turns any unknown attribute into a remote call; a typo must fail loudly.
@@ -69,13 +71,17 @@ class DHTProtocol(KademliaProtocol):
             raise ValueError(f"no request {name!r} with {len(args)} arguments")
         if self.transport is None or self.transport.is_closing():
             return False, None
-        self.rpcs_sent += 1
         try:
             send = RPCProtocol.__getattr__(self, name)
             future = send(tuple(address), self.source_node.id, *args)
         except MalformedMessage as exc:
             raise DHTError(f"request {name} is too large for one datagram") from exc
-        return await future
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        result = await future
+        if result[0]:
+            self.rtt.sample(clock() - started)
+        return result
 
     async def call(self, node: Node, name: str, *args: Any) -> Any | None:
         """A request to a routing contact: the reply, or None (and the contact is dropped)."""
@@ -260,5 +266,5 @@ class DHTProtocol(KademliaProtocol):
         self._welcome(sender, nodeid)
         env = Envelope.from_wire(envelope)
         peer = self.dht.replay.admit(env, self.source_node.id, self.dht.clock())
-        self.dht.deliver(peer, sender, env.payload)
+        self.dht.deliver(peer, (sender[0], sender[1]), env.payload)
         return {"ok": True}
