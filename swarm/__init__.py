@@ -5,10 +5,13 @@ Exceptions (all in :mod:`swarm.errors`)::
     SwarmError                 base of everything this package raises on purpose
     +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
     +-- ConsentRefused         the user (or a missing terminal) declined to join
+    +-- GetTimeoutError        get() ran out of time (also a TimeoutError)
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
         +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
+        +-- TaskError          a task failed on every attempt it was allowed
+        +-- ActorDiedError     an actor's host was lost beyond max_restarts
 
 Local and remote errors stay apart so that callers can tell "my input is wrong"
 from "a peer misbehaved" (the latter is retried elsewhere and counts against the peer).

@@ -27,3 +27,16 @@ class ProtocolError(RemoteError):
 
 class VerificationError(RemoteError):
     """A peer's result failed verification; the work is redone elsewhere."""
+
+
+class GetTimeoutError(SwarmError, TimeoutError):
+    """``get()`` ran out of time before every ref was ready (the work may still finish)."""
+
+
+class TaskError(RemoteError):
+    """A task failed for good: every allowed attempt raised on its worker."""
+
+
+class ActorDiedError(RemoteError):
+    """An actor's host was lost and ``max_restarts`` is used up (or a call was in flight and
+    ``max_task_retries`` did not allow retrying it)."""
