@@ -10,6 +10,8 @@ Exceptions (all in :mod:`swarm.errors`)::
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
         +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
+        +-- AuthenticationError  a peer is not who it claims/was expected to be
+        +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
         +-- TaskError          a task failed on every attempt it was allowed
         +-- ActorDiedError     an actor's host was lost beyond max_restarts
 
@@ -18,8 +20,10 @@ from "a peer misbehaved" (the latter is retried elsewhere and counts against the
 """
 
 from swarm.errors import (
+    AuthenticationError,
     ConfigError,
     ConsentRefused,
+    LinkClosed,
     LocalError,
     ProtocolError,
     RemoteError,
@@ -30,8 +34,10 @@ from swarm.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationError",
     "ConfigError",
     "ConsentRefused",
+    "LinkClosed",
     "LocalError",
     "ProtocolError",
     "RemoteError",
