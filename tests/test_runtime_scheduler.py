@@ -152,3 +152,21 @@ def test_new_worker_joins_mid_job_and_takes_work():
     s.step(0.0)
     s.add_worker("b")
     assert [a.peer for a in s.step(0.0)] == ["b"]
+
+
+def test_owners_give_the_first_queues():
+    s = JobScheduler(shards(3), ["a", "b"], RateBook(), owners=["b", "b", "a"], window=5)
+    got = sorted((a.peer, a.shard) for a in s.step(0.0))
+    assert got == [("a", 2), ("b", 0), ("b", 1)]
+
+
+def test_twins_never_run_on_the_same_peer():
+    s = JobScheduler(shards(4), ["a", "b"], RateBook(), twins=[2, 3, 0, 1], window=5)
+    run_to_end(s, {"a": 1.0, "b": 1.0})
+    assert s.done[0] != s.done[2] and s.done[1] != s.done[3]
+
+
+def test_twin_with_a_single_worker_runs_locally():
+    s = JobScheduler(shards(2), ["a"], RateBook(), twins=[1, 0], window=5)
+    run_to_end(s, {"a": 1.0, LOCAL: 1.0})
+    assert sorted(map(str, s.done.values())) == ["a", LOCAL]

@@ -158,8 +158,8 @@ class CallOrder:
             self.next_seq += 1
         return out
 
-    def skip_to(self, seq: int) -> None:
-        """A restarted actor starts at the caller's current seq (earlier calls are gone)."""
-        self.next_seq = max(self.next_seq, seq)
-        for s in [s for s in self._held if s < self.next_seq]:
-            del self._held[s]
+    def rewind(self, seq: int, released: dict[int, Any]) -> None:
+        """Call ``seq`` could not run yet (its inputs must be resent): take it and the calls
+        released after it back, so the resent ``seq`` runs first and order is kept."""
+        self.next_seq = seq
+        self._held.update({s: c for s, c in released.items() if s > seq})

@@ -19,6 +19,10 @@ more from this job. With no usable worker left, or for a shard that failed
 ``max_attempts`` times, the requester runs shards itself (:data:`LOCAL`, "solo mode"), so a
 job completes while the requester lives (invariant 3).
 
+``owners`` gives each shard's first worker (a plan already weighted by measured rates);
+without it shards are dealt in proportion to the rates. ``twins`` pairs shards that must
+run on different peers (``verify="replicate"``); a twin no worker may take runs locally.
+
 Rates (:class:`RateBook`) are *observed* flops per second of verified shards, an EWMA kept
 across jobs; a peer's own claim (its announced TFLOPS) is never used for weighting.
 """
@@ -133,6 +137,8 @@ class JobScheduler:
         rates: RateBook,
         *,
         holds: dict[Peer, set[Hashable]] | None = None,
+        owners: Sequence[Peer] | None = None,
+        twins: Sequence[int] | None = None,
         window: int = 2,
         straggler_factor: float = 3.0,
         straggler_min: float = 0.05,
@@ -152,12 +158,22 @@ class JobScheduler:
         self.done: dict[int, Peer] = {}
         self.attempts = [0] * len(shards)
         self._failed_on: dict[int, set[Peer]] = {}
+        self._twins = list(twins) if twins is not None else None
+        if self._twins is not None and sorted(self._twins) != list(range(len(shards))):
+            raise ValueError("twins must pair up shard indices")
         self._workers: dict[Peer, _Worker] = {}
         self._pool: deque[int] = deque()  # shards not queued on any worker
         self._local_only: deque[int] = deque()  # shards out of remote attempts
         for peer in workers:
             self._workers[peer] = _Worker(peer)
-        self._deal(range(len(shards)))
+        if owners is None:
+            self._deal(range(len(shards)))
+        else:
+            if len(owners) != len(shards):
+                raise ValueError("owners needs one peer per shard")
+            for i, peer in enumerate(owners):
+                w = self._workers.get(peer)
+                (w.queue if w is not None else self._pool).append(i)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -262,6 +278,14 @@ class JobScheduler:
             if i not in self.done and not self._running_elsewhere(i) and i not in self._pool:
                 self._pool.append(i)
 
+    def _avoid(self, shard: int, peer: Peer) -> bool:
+        """Whether ``peer`` must not run ``shard``: it ran or runs the shard's twin."""
+        if self._twins is None or peer == LOCAL:
+            return False
+        twin = self._twins[shard]
+        return self.done.get(twin) == peer or twin in getattr(self._workers.get(peer),
+                                                              "running", ())
+
     def _running_elsewhere(self, shard: int) -> bool:
         return any(shard in w.running for w in self._workers.values())
 
@@ -277,6 +301,11 @@ class JobScheduler:
         usable = self._usable()
         if not usable:
             return self._solo(now)
+        for shard in list(self._pool):
+            if all(self._avoid(shard, w.peer) for w in usable) and not any(
+                    shard in w.running for w in usable):
+                self._pool.remove(shard)
+                self._local_only.append(shard)
         if self._local_only:
             local = self._workers.setdefault(LOCAL, _Worker(LOCAL))
             if not local.running:
@@ -296,8 +325,12 @@ class JobScheduler:
     def _pick(self, w: _Worker, now: float) -> int | None:
         while w.queue:
             shard = w.queue.popleft()
-            if shard not in self.done and not self._running_elsewhere(shard):
-                return shard
+            if shard in self.done or self._running_elsewhere(shard):
+                continue
+            if self._avoid(shard, w.peer):
+                self._pool.append(shard)
+                continue
+            return shard
         shard = self._from_pool(w)
         if shard is not None:
             return shard
@@ -310,6 +343,8 @@ class JobScheduler:
 
     def _from_pool(self, w: _Worker) -> int | None:
         for shard in list(self._pool):
+            if self._avoid(shard, w.peer):
+                continue
             if w.peer not in self._failed_on.get(shard, ()) or self._only_worker(w):
                 self._pool.remove(shard)
                 if shard in self.done or self._running_elsewhere(shard):
@@ -326,11 +361,15 @@ class JobScheduler:
             return None
         victim = max(victims, key=lambda o: (len(o.queue), repr(o.peer)))
         held = self.holds.get(w.peer, set())
-        for shard in reversed(victim.queue):
+        allowed = [s for s in victim.queue if not self._avoid(s, w.peer)]
+        for shard in reversed(allowed):
             if held.intersection(self.shards[shard].inputs):
                 victim.queue.remove(shard)
                 return shard
-        return victim.queue.pop()
+        if allowed:
+            victim.queue.remove(allowed[-1])
+            return allowed[-1]
+        return None
 
     def _expected(self, peer: Peer, shard: int) -> float | None:
         rate = self.rates.rate(peer)
@@ -347,7 +386,8 @@ class JobScheduler:
             if o is w:
                 continue
             for shard, started in o.running.items():
-                if shard in w.running or w.peer in self._failed_on.get(shard, ()):
+                if (shard in w.running or w.peer in self._failed_on.get(shard, ())
+                        or self._avoid(shard, w.peer)):
                     continue
                 if sum(shard in x.running for x in self._workers.values()) > 1:
                     continue
