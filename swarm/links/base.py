@@ -236,8 +236,8 @@ class FramedLink(PeerLink):
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._reader(), name=f"link-read-{self.remote.short()}"),
-                       loop.create_task(self._keepalive(),
+        self._tasks = [loop.create_task(self._read_loop(), name=f"link-read-{self.remote.short()}"),
+                       loop.create_task(self._keepalive_loop(),
                                         name=f"link-keepalive-{self.remote.short()}")]
 
     # -- public API ----------------------------------------------------------------------
@@ -366,7 +366,7 @@ class FramedLink(PeerLink):
         except Exception as exc:  # closing a broken transport may fail; it is gone anyway
             log.debug("closing %s transport: %s", self.kind, exc)
 
-    async def _reader(self) -> None:
+    async def _read_loop(self) -> None:
         try:
             while True:
                 frame = await self._read_frame()
@@ -416,7 +416,7 @@ class FramedLink(PeerLink):
             self._pong_pending = False
             self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]
 
-    async def _keepalive(self) -> None:
+    async def _keepalive_loop(self) -> None:
         opts = self.options
         try:
             while True:
