@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,11 +140,14 @@ class Requester:
 
     # -- links ----------------------------------------------------------------------------
 
-    def attach(self, link: PeerLink) -> None:
-        """Use ``link`` to reach a worker (replaces an older link to the same peer)."""
+    def attach(self, link: PeerLink,
+               fallback: Callable[[PeerLink, Any], Awaitable[None]] | None = None) -> None:
+        """Use ``link`` to reach a worker (replaces an older link to the same peer).
+
+        Messages that are not task answers go to ``fallback(link, msg)`` (control plane)."""
         self.links[link.remote] = link
         self._draining.discard(link.remote)
-        task = asyncio.get_running_loop().create_task(self._read(link),
+        task = asyncio.get_running_loop().create_task(self._read(link, fallback),
                                                       name=f"requester-{link.remote.short()}")
         self._readers.add(task)
         task.add_done_callback(self._readers.discard)
@@ -155,7 +158,7 @@ class Requester:
         return sorted(p for p, link in self.links.items()
                       if not link.closed and p not in self._draining and self.accept_peer(p))
 
-    async def _read(self, link: PeerLink) -> None:
+    async def _read(self, link: PeerLink, fallback) -> None:
         peer = link.remote
         try:
             async for msg in link:
@@ -166,6 +169,8 @@ class Requester:
                 elif isinstance(msg, Draining):
                     self._draining.add(peer)
                     self._changed.set()
+                elif fallback is not None:
+                    await fallback(link, msg)
         finally:
             closed = LinkClosed(link.close_reason or "link closed") if link.closed else \
                 LinkClosed("link closed")
