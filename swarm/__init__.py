@@ -4,11 +4,14 @@ Exceptions (all in :mod:`swarm.errors`)::
 
     SwarmError                 base of everything this package raises on purpose
     +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
+    |   +-- URIError           a join URI that does not parse (names the wrong part)
     +-- ConsentRefused         the user (or a missing terminal) declined to join
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
         +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
+        +-- StaleTerm          a command from a term below the highest seen (fencing)
+        +-- NotCoordinator     a coordinator-only command reached a peer that is not it
 
 Local and remote errors stay apart so that callers can tell "my input is wrong"
 from "a peer misbehaved" (the latter is retried elsewhere and counts against the peer).
@@ -18,9 +21,12 @@ from swarm.errors import (
     ConfigError,
     ConsentRefused,
     LocalError,
+    NotCoordinator,
     ProtocolError,
     RemoteError,
+    StaleTerm,
     SwarmError,
+    URIError,
     VerificationError,
 )
 
@@ -30,9 +36,12 @@ __all__ = [
     "ConfigError",
     "ConsentRefused",
     "LocalError",
+    "NotCoordinator",
     "ProtocolError",
     "RemoteError",
+    "StaleTerm",
     "SwarmError",
+    "URIError",
     "VerificationError",
     "__version__",
 ]
