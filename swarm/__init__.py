@@ -6,10 +6,15 @@ Exceptions (all in :mod:`swarm.errors`)::
     +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
     |   +-- URIError           a join URI that does not parse (names the wrong part)
     +-- ConsentRefused         the user (or a missing terminal) declined to join
+    +-- GetTimeoutError        get() ran out of time (also a TimeoutError)
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
         +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
+        +-- AuthenticationError  a peer is not who it claims/was expected to be
+        +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
+        +-- TaskError          a task failed on every attempt it was allowed
+        +-- ActorDiedError     an actor's host was lost beyond max_restarts
         +-- StaleTerm          a command from a term below the highest seen (fencing)
         +-- NotCoordinator     a coordinator-only command reached a peer that is not it
 
@@ -18,8 +23,10 @@ from "a peer misbehaved" (the latter is retried elsewhere and counts against the
 """
 
 from swarm.errors import (
+    AuthenticationError,
     ConfigError,
     ConsentRefused,
+    LinkClosed,
     LocalError,
     NotCoordinator,
     ProtocolError,
@@ -33,8 +40,10 @@ from swarm.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationError",
     "ConfigError",
     "ConsentRefused",
+    "LinkClosed",
     "LocalError",
     "NotCoordinator",
     "ProtocolError",

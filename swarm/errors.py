@@ -39,3 +39,33 @@ class NotCoordinator(RemoteError):
 
 class VerificationError(RemoteError):
     """A peer's result failed verification; the work is redone elsewhere."""
+
+
+class AuthenticationError(RemoteError):
+    """A peer is not who it claims or was expected to be (wrong key, bad or replayed
+    signature, a DTLS fingerprint that does not match the signed one); the link is refused."""
+
+
+class LinkClosed(RemoteError, ConnectionError):
+    """The peer link is closed (by either side, a keepalive timeout or a protocol error).
+
+    ``reason`` says why in words; ``error`` is the exception that closed it, if any (a
+    ProtocolError or AuthenticationError counts against the peer)."""
+
+    def __init__(self, reason: str, error: BaseException | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+class GetTimeoutError(SwarmError, TimeoutError):
+    """``get()`` ran out of time before every ref was ready (the work may still finish)."""
+
+
+class TaskError(RemoteError):
+    """A task failed for good: every allowed attempt raised on its worker."""
+
+
+class ActorDiedError(RemoteError):
+    """An actor's host was lost and ``max_restarts`` is used up (or a call was in flight and
+    ``max_task_retries`` did not allow retrying it)."""

@@ -1,0 +1,85 @@
+"""Signed membership announcements: each peer writes only its own entry under a topic.
+
+An entry is signed by the announcing peer's key over the topic, its expiry and its record, so
+no node (and no other peer) can forge, extend or move it; a newer entry from the same peer
+replaces the older one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import dataclass
+
+from dht import errors
+from dht.errors import ItemError
+from dht.items import KEY_LEN, SIG_LEN, Signer
+from identity import PeerId, verify
+
+MAX_RECORD = 1024
+MAX_TOPIC = 64
+MAX_TTL = 2 * 3600.0  # a node keeps an entry at most this long, whatever it claims
+_DOMAIN = b"swarm-dht-announce\x00"
+
+
+def topic_target(topic: bytes) -> bytes:
+    """Where a topic lives in the DHT keyspace (domain-separated from BEP 44 targets)."""
+    return hashlib.sha1(_DOMAIN + bytes(topic)).digest()
+
+
+def announcement_buffer(topic: bytes, expires_at: float, record: bytes) -> bytes:
+    """The bytes an announcement's signature covers."""
+    return _DOMAIN + struct.pack(">B", len(topic)) + topic + struct.pack(">d", expires_at) + record
+
+
+def check_topic(topic: object) -> bytes:
+    if not isinstance(topic, bytes) or not 0 < len(topic) <= MAX_TOPIC:
+        raise ItemError(errors.PROTOCOL, f"topic must be 1..{MAX_TOPIC} bytes")
+    return topic
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """One peer's live entry under a topic."""
+
+    peer_id: PeerId
+    """The announcing peer (its Ed25519 public key), which signed the entry."""
+    record: bytes
+    """Opaque bytes the peer publishes about itself (callers put msgpack here)."""
+    expires_at: float
+    """Unix time after which the entry is dropped."""
+    signature: bytes
+    """Ed25519 signature of :func:`announcement_buffer`."""
+
+    @classmethod
+    def create(cls, key: Signer, peer_id: PeerId, topic: bytes, record: bytes,
+               expires_at: float) -> Announcement:
+        check_topic(topic)
+        if len(record) > MAX_RECORD:
+            raise ItemError(errors.VALUE_TOO_BIG,
+                            f"record is {len(record)} bytes; at most {MAX_RECORD}")
+        sig = key.sign(announcement_buffer(topic, float(expires_at), bytes(record)))
+        return cls(peer_id, bytes(record), float(expires_at), sig)
+
+    @classmethod
+    def from_wire(cls, topic: bytes, peer: object, record: object, expires_at: object,
+                  signature: object) -> Announcement:
+        """Build and check an entry that came from a peer; raises :class:`ItemError`."""
+        if not isinstance(peer, bytes) or len(peer) != KEY_LEN:
+            raise ItemError(errors.PROTOCOL, "peer must be a 32-byte public key")
+        if not isinstance(record, bytes) or len(record) > MAX_RECORD:
+            raise ItemError(errors.VALUE_TOO_BIG, f"record must be bytes, at most {MAX_RECORD}")
+        if (isinstance(expires_at, bool) or not isinstance(expires_at, int | float)
+                or not math.isfinite(expires_at)):
+            raise ItemError(errors.PROTOCOL, "expires_at must be a number")
+        if not isinstance(signature, bytes) or len(signature) != SIG_LEN:
+            raise ItemError(errors.BAD_SIGNATURE, "signature must be 64 bytes")
+        ann = cls(PeerId(peer), record, float(expires_at), signature)
+        ann.check(topic)
+        return ann
+
+    def check(self, topic: bytes) -> None:
+        if not verify(self.peer_id, self.signature,
+                      announcement_buffer(topic, self.expires_at, self.record)):
+            raise ItemError(errors.BAD_SIGNATURE, "announcement signature does not verify")

@@ -1,0 +1,628 @@
+"""DHTNode: a kademlia ``Server`` holding BEP 44 items, announcements and signed messages.
+
+The routing table, node model, UDP transport and RPC framing are kademlia's and rpcudp's;
+this subclass replaces the parts that are wrong for signed, versioned items (see
+:mod:`dht.protocol` and :mod:`dht.lookup`) and adds persistence without pickle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import ipaddress
+import json
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from kademlia.network import Server
+from kademlia.node import Node
+
+from dht import errors
+from dht.announce import MAX_TTL, Announcement, check_topic, topic_target
+from dht.bencode import Value, bdecode
+from dht.errors import DHTError, ItemError, LookupFailed, MessageRefused, PeerUnreachable
+from dht.items import (
+    MutableItem,
+    Signer,
+    check_salt,
+    encode_value,
+    mutable_target,
+    public_bytes_of,
+)
+from dht.lookup import LookupResult, lookup
+from dht.messages import MAX_PAYLOAD, Envelope, ReplayGuard
+from dht.protocol import DHTProtocol
+from dht.store import ITEM_TTL, MAX_ITEMS, MAX_PER_TOPIC, ItemStore, Published
+from dht.tokens import TokenIssuer
+from dht.validators import Validator, Validators
+from dht.wire import (
+    GetReply,
+    PeersReply,
+    announcement_from_wire,
+    announcement_to_wire,
+    is_node_id,
+    mutable_from_wire,
+    mutable_to_wire,
+    parse_nodes,
+    reply_error,
+)
+from identity import PeerId, PeerKey
+
+log = logging.getLogger(__name__)
+
+MessageCallback = Callable[[PeerId, tuple[str, int], bytes], Awaitable[None] | None]
+STATE_FILE = "node.json"
+ITEMS_FILE = "items.sqlite3"
+KEY_FILE = "node.key"
+MAX_PEER_PAGES = 64
+
+
+@dataclass
+class Stats:
+    """Counters for benchmarks and status output."""
+
+    lookups: int = 0
+    """Iterative lookups run."""
+    lookup_rpcs: int = 0
+    """Requests those lookups sent."""
+
+
+class DHTNode(Server):
+    """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
+
+    protocol_class = DHTProtocol
+
+    def __init__(self, key: PeerKey | None = None, data_dir: Path | None = None, *,
+                 ksize: int = 20, alpha: int = 3,
+                 validators: Validators | dict[bytes, Validator] | None = None,
+                 rpc_timeout: float = 5.0, item_ttl: float = ITEM_TTL,
+                 republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
+                 token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
+                 max_per_topic: int = MAX_PER_TOPIC) -> None:
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        if self.data_dir is not None:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if key is None:
+            key = (PeerKey.load_or_create(self.data_dir / KEY_FILE) if self.data_dir
+                   else PeerKey.generate())
+        self.key = key
+        node_id, self._saved_neighbours = self._load_state()
+        if node_id is None:
+            node_id = hashlib.sha1(b"swarm-dht-node\x00" + key.public_bytes).digest()
+        self.validators = (validators if isinstance(validators, Validators)
+                           else Validators(validators))
+        self.store = ItemStore(self.data_dir / ITEMS_FILE if self.data_dir else None,
+                               self.validators, item_ttl=item_ttl, max_items=max_items,
+                               max_per_topic=max_per_topic)
+        super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
+        self.rpc_timeout = rpc_timeout
+        self.republish_interval = republish_interval
+        self.maintenance_interval = maintenance_interval
+        self.tokens = TokenIssuer(token_rotate, now=self.clock())
+        self.replay = ReplayGuard()
+        self.stats = Stats()
+        self._callbacks: list[MessageCallback] = []
+        self._bootstrap_addrs: list[tuple[str, int]] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._maintenance: asyncio.Task | None = None
+        self._address: tuple[str, int] | None = None
+        self._stopped = False
+
+    clock = staticmethod(time.time)
+
+    def __repr__(self) -> str:
+        return f"DHTNode({self.peer_id.short()} at {self._address})"
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self.key.peer_id
+
+    @property
+    def node_id(self) -> bytes:
+        """The 20-byte Kademlia id."""
+        return self.node.id
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._address is None:
+            raise DHTError("not listening")
+        return self._address
+
+    def _create_protocol(self) -> DHTProtocol:
+        return DHTProtocol(self)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def listen(self, port: int = 0, host: str = "127.0.0.1") -> int:  # type: ignore[override]
+        """Bind the UDP socket; returns the real port (``port=0`` picks a free one)."""
+        if self.transport is not None:
+            raise DHTError("already listening")
+        loop = asyncio.get_running_loop()
+        self.transport, self.protocol = await loop.create_datagram_endpoint(
+            self._create_protocol, local_addr=(host, port))
+        sockname = self.transport.get_extra_info("sockname")
+        self._address = (sockname[0], sockname[1])
+        self._maintenance = asyncio.create_task(self._maintain())
+        return self._address[1]
+
+    async def bootstrap(self, addrs: Iterable[tuple[str, int]] = ()) -> int:  # type: ignore[override]
+        """Join through ``addrs`` and the neighbours saved in the data dir.
+
+        Returns the number of routing contacts. Raises :class:`LookupFailed` when ``addrs``
+        were given and none of them (nor a saved neighbour) answered.
+        """
+        self._require_listening()
+        addrs = [(str(h), int(p)) for h, p in addrs]
+        self._bootstrap_addrs = addrs
+        wanted = list(dict.fromkeys(addrs + self._saved_neighbours))
+        resolved = await asyncio.gather(*(self._resolve(a) for a in wanted))
+        targets = [a for a in dict.fromkeys(r for r in resolved if r) if a != self._address]
+        seeds = [n for n in await asyncio.gather(*(self._ping_addr(a) for a in targets)) if n]
+        if not seeds:
+            if addrs:
+                raise LookupFailed(f"no bootstrap node answered ({len(targets)} tried)")
+            return 0
+        await self._lookup(self.node.id, partial(self._q_find_node, target=self.node.id),
+                           seeds=seeds)
+        self._save_state()
+        return len(self.protocol.router.contacts())
+
+    async def stop(self) -> None:  # type: ignore[override]
+        """Save state, cancel background work and close the socket. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        tasks = list(self._tasks) + ([self._maintenance] if self._maintenance else [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.protocol is not None:
+            self._save_state()
+            self.protocol.stop()
+        if self.transport is not None:
+            self.transport.close()
+        self.store.close()
+
+    def _require_listening(self) -> None:
+        if self.protocol is None or self._stopped:
+            raise DHTError("the node is not listening (call listen() first)")
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %r", task.exception())
+
+    @staticmethod
+    async def _resolve(addr: tuple[str, int]) -> tuple[str, int] | None:
+        host, port = addr
+        try:
+            ipaddress.ip_address(host)
+            return host, port
+        except ValueError:
+            pass
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
+        except OSError as exc:
+            log.warning("cannot resolve %s: %s", host, exc)
+            return None
+        return (infos[0][4][0], port) if infos else None
+
+    async def _ping_addr(self, addr: tuple[str, int]) -> Node | None:
+        ok, data = await self.protocol.request(addr, "ping")
+        if not ok or not is_node_id(data) or data == self.node.id:
+            return None
+        node = Node(data, addr[0], addr[1])
+        self.protocol.welcome_if_new(node)
+        return node
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def _load_state(self) -> tuple[bytes | None, list[tuple[str, int]]]:
+        if self.data_dir is None or not (self.data_dir / STATE_FILE).exists():
+            return None, []
+        try:
+            state = json.loads((self.data_dir / STATE_FILE).read_text())
+            node_id = bytes.fromhex(state["node_id"])
+            neighbours = [(str(h), int(p)) for h, p in state.get("neighbours", [])]
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable %s: %s", self.data_dir / STATE_FILE, exc)
+            return None, []
+        return (node_id if is_node_id(node_id) else None), neighbours
+
+    def _save_state(self) -> None:
+        if self.data_dir is None or self.protocol is None:
+            return
+        neighbours = [[n.ip, n.port] for n in self.protocol.router.find_neighbors(self.node)]
+        if not neighbours:
+            neighbours = [list(a) for a in self._saved_neighbours]
+        state = {"node_id": self.node.id.hex(), "neighbours": neighbours}
+        tmp = self.data_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.data_dir / STATE_FILE)
+
+    @property
+    def saved_neighbours(self) -> list[tuple[str, int]]:
+        """Neighbours read from the data dir at start (used by :meth:`bootstrap`)."""
+        return list(self._saved_neighbours)
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    async def _lookup(self, target: bytes, query, seeds: list[Node] | None = None
+                      ) -> LookupResult:
+        self._require_listening()
+        if seeds is None:
+            seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
+        result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
+                              own_id=self.node.id)
+        self.stats.lookups += 1
+        self.stats.lookup_rpcs += result.rpcs
+        return result
+
+    async def _q_find_node(self, node: Node, target: bytes):
+        data = await self.protocol.call(node, "find_node", target)
+        if data is None:
+            return None
+        return parse_nodes(data), None
+
+    async def _q_get(self, node: Node, target: bytes):
+        data = await self.protocol.call(node, "get", target)
+        if data is None:
+            return None
+        if not isinstance(data, dict) or reply_error(data):
+            return [], GetReply(None, [])
+        token = data.get("token")
+        reply = GetReply(token if isinstance(token, bytes) and len(token) <= 32 else None,
+                         parse_nodes(data.get("nodes")))
+        if "m" in data:
+            try:
+                item = mutable_from_wire(data["m"])
+                if item.target != target:
+                    raise ItemError(errors.PROTOCOL, "item for another target")
+                self.validators.check(item)
+                reply.mutable = item
+            except ItemError as exc:
+                log.debug("dropping an invalid item from %s: %s", node, exc)
+        elif "i" in data:
+            value = data["i"]
+            if isinstance(value, bytes) and hashlib.sha1(value).digest() == target:
+                reply.immutable = value
+        return reply.nodes, reply
+
+    async def _q_peers(self, node: Node, topic: bytes, after: bytes = b""):
+        data = await self.protocol.call(node, "get_peers", topic, after)
+        if data is None:
+            return None
+        if not isinstance(data, dict) or reply_error(data):
+            return [], PeersReply(None, [])
+        token = data.get("token")
+        reply = PeersReply(token if isinstance(token, bytes) and len(token) <= 32 else None,
+                           parse_nodes(data.get("nodes")), more=data.get("more") is True)
+        raw = data.get("peers")
+        for entry in raw[:MAX_PER_TOPIC] if isinstance(raw, list | tuple) else []:
+            try:
+                reply.peers.append(announcement_from_wire(topic, entry))
+            except (ItemError, ValueError):
+                log.debug("dropping a forged or malformed announcement from %s", node)
+        return reply.nodes, reply
+
+    def _self_is_close(self, target: bytes, responses: list[tuple[Node, Any]]) -> bool:
+        """Whether this node belongs among the k closest to ``target`` that answered."""
+        if len(responses) < self.ksize:
+            return True
+        t = int.from_bytes(target, "big")
+        return (self.node.long_id ^ t) < (responses[-1][0].long_id ^ t)
+
+    async def _send_writes(self, writes: list[tuple[Node, str, tuple]]) -> tuple[int, list]:
+        """Send (node, request, args) writes; (number accepted, list of refusals)."""
+        async def one(node: Node, name: str, args: tuple) -> bool | ItemError | None:
+            data = await self.protocol.call(node, name, *args)
+            if data is None:
+                return None
+            err = reply_error(data)
+            if err is not None:
+                return err
+            return isinstance(data, dict) and data.get("ok") is True
+
+        results = await asyncio.gather(*(one(n, name, a) for n, name, a in writes))
+        refusals = [r for r in results if isinstance(r, ItemError)]
+        return sum(r is True for r in results), refusals
+
+    def _settle(self, accepted: int, refusals: list[ItemError], responders: int,
+                local: Callable[[], None] | None) -> None:
+        """Decide a write's outcome; store locally first when ``local`` is given."""
+        local_error: ItemError | None = None
+        if local is not None:
+            try:
+                local()
+                if not responders:
+                    return  # a lone node (or the only one left): its own store is the DHT
+            except ItemError as exc:
+                local_error = exc
+        if accepted:
+            return
+        if refusals:
+            code = Counter(r.code for r in refusals).most_common(1)[0][0]
+            raise next(r for r in refusals if r.code == code)
+        if local_error is not None:
+            raise local_error
+        raise LookupFailed("no node accepted the write")
+
+    # -- mutable items ------------------------------------------------------------------------
+
+    async def get_mutable(self, pubkey: bytes, salt: bytes = b"") -> MutableItem | None:
+        """The valid item with the highest seq among the k closest responders (and this
+        node), or None. Responders holding an older one (or none) are sent the newest."""
+        target = mutable_target(pubkey, check_salt(bytes(salt)))
+        res = await self._lookup(target, partial(self._q_get, target=target))
+        now = self.clock()
+        local = self.store.get_mutable(target, now)
+        found = [r.mutable for _, r in res.responses if r.mutable is not None]
+        if local is not None:
+            found.append(local)
+        if not found:
+            return None
+        best = max(found, key=lambda i: i.seq)
+        stale = [(n, "put", (r.token, "m", mutable_to_wire(best), None))
+                 for n, r in res.responses
+                 if r.token and (r.mutable is None or r.mutable.seq < best.seq)]
+        if stale:
+            self._spawn(self._send_writes(stale))
+        if (local is None or local.seq < best.seq) and self._self_is_close(target,
+                                                                           res.responses):
+            self._store_quietly(partial(self.store.put_mutable, best, None, now))
+        return best
+
+    async def put_mutable(self, private_key: PeerKey | Signer, value: object, salt: bytes = b"",
+                          seq: int | None = None, cas: int | None = None) -> MutableItem:
+        """Sign and store ``value``; ``seq=None`` means one more than the newest found.
+
+        Raises :class:`ItemError` (301 when ``cas`` is not the newest seq, 302 when ``seq``
+        is not higher than what nodes hold, 205/207 for size limits, or a validator's code)
+        or :class:`LookupFailed` when no node took it.
+        """
+        salt = check_salt(bytes(salt))
+        target = mutable_target(public_bytes_of(private_key), salt)
+        res = await self._lookup(target, partial(self._q_get, target=target))
+        now = self.clock()
+        found = [r.mutable for _, r in res.responses if r.mutable is not None]
+        local = self.store.get_mutable(target, now)
+        if local is not None:
+            found.append(local)
+        newest = max(found, key=lambda i: i.seq, default=None)
+        if cas is not None and newest is not None and newest.seq != cas:
+            raise ItemError(errors.CAS_MISMATCH,
+                            f"CAS mismatch: newest seq is {newest.seq}, not {cas}")
+        if seq is None:
+            seq = newest.seq + 1 if newest is not None else 1
+        item = MutableItem.create(private_key, value, seq, salt)
+        self.validators.check(item)
+        await self._write_mutable(item, cas, res, now)
+        self.store.remember_published(Published(target, item, None),
+                                      now + self.republish_interval)
+        return item
+
+    async def _write_mutable(self, item: MutableItem, cas: int | None, res: LookupResult,
+                             now: float) -> None:
+        writes = [(n, "put", (r.token, "m", mutable_to_wire(item), cas))
+                  for n, r in res.responses if r.token]
+        accepted, refusals = await self._send_writes(writes)
+        local = (partial(self.store.put_mutable, item, cas, now)
+                 if self._self_is_close(item.target, res.responses) else None)
+        self._settle(accepted, refusals, len(res.responses), local)
+
+    def _store_quietly(self, put: Callable[[], Any]) -> None:
+        try:
+            put()
+        except ItemError as exc:
+            log.debug("not keeping a copy: %s", exc)
+
+    # -- immutable items ----------------------------------------------------------------------
+
+    async def put_immutable(self, value: object) -> bytes:
+        """Store ``value`` (bencodable, <= 1000 bytes encoded) under its hash; the target."""
+        encoded = encode_value(value)
+        target = hashlib.sha1(encoded).digest()
+        res = await self._lookup(target, partial(self._q_get, target=target))
+        await self._write_immutable(target, encoded, res)
+        self.store.remember_published(Published(target, None, encoded),
+                                      self.clock() + self.republish_interval)
+        return target
+
+    async def _write_immutable(self, target: bytes, encoded: bytes, res: LookupResult) -> None:
+        writes = [(n, "put", (r.token, "i", encoded, None)) for n, r in res.responses if r.token]
+        accepted, refusals = await self._send_writes(writes)
+        now = self.clock()
+        local = (partial(self.store.put_immutable, encoded, now)
+                 if self._self_is_close(target, res.responses) else None)
+        self._settle(accepted, refusals, len(res.responses), local)
+
+    async def get_immutable(self, target: bytes) -> Value | None:
+        """The value stored under ``target`` (checked against the hash), or None."""
+        if not is_node_id(target):
+            raise ValueError("target must be 20 bytes")
+        local = self.store.get_immutable(target, self.clock())
+        if local is not None:
+            return bdecode(local)
+        res = await self._lookup(target, partial(self._q_get, target=target))
+        value = next((r.immutable for _, r in res.responses if r.immutable is not None), None)
+        if value is None:
+            return None
+        missing = [(n, "put", (r.token, "i", value, None)) for n, r in res.responses
+                   if r.token and r.immutable is None]
+        if missing:
+            self._spawn(self._send_writes(missing))
+        if self._self_is_close(target, res.responses):
+            self._store_quietly(partial(self.store.put_immutable, value, self.clock()))
+        return bdecode(value)
+
+    def unpublish(self, target: bytes) -> None:
+        """Stop re-putting an item this node published (it then expires from the DHT)."""
+        self.store.forget_published(target)
+
+    # -- announcements ------------------------------------------------------------------------
+
+    async def announce(self, topic: bytes, record: bytes, ttl: float = 600.0) -> Announcement:
+        """Publish this peer's own signed entry under ``topic`` for ``ttl`` seconds.
+
+        A later announcement replaces the earlier one (it must expire later). Re-announce
+        before ``ttl`` runs out to stay listed.
+        """
+        check_topic(topic)
+        if not 0 < ttl <= MAX_TTL:
+            raise ValueError(f"ttl must be in (0, {MAX_TTL}] seconds")
+        target = topic_target(topic)
+        res = await self._lookup(target, partial(self._q_peers, topic=topic))
+        now = self.clock()
+        ann = Announcement.create(self.key, self.peer_id, topic, bytes(record), now + ttl)
+        wire = announcement_to_wire(ann)
+        writes = [(n, "announce", (r.token, topic, wire)) for n, r in res.responses if r.token]
+        accepted, refusals = await self._send_writes(writes)
+        local = (partial(self.store.announce, topic, ann, now)
+                 if self._self_is_close(target, res.responses) else None)
+        self._settle(accepted, refusals, len(res.responses), local)
+        return ann
+
+    async def get_peers(self, topic: bytes) -> list[Announcement]:
+        """Every live, validly signed entry under ``topic`` (newest per peer), by peer id."""
+        check_topic(topic)
+        target = topic_target(topic)
+        res = await self._lookup(target, partial(self._q_peers, topic=topic))
+        best: dict[PeerId, Announcement] = {}
+        now = self.clock()
+
+        def merge(entries: Iterable[Announcement]) -> None:
+            for a in entries:
+                cur = best.get(a.peer_id)
+                if a.expires_at > now and (cur is None or a.expires_at > cur.expires_at):
+                    best[a.peer_id] = a
+
+        async def rest_of(node: Node, reply: PeersReply) -> None:
+            pages = 0
+            while reply.more and reply.peers and pages < MAX_PEER_PAGES:
+                answer = await self._q_peers(node, topic, reply.peers[-1].peer_id.raw)
+                if answer is None:
+                    return
+                reply = answer[1]
+                merge(reply.peers)
+                pages += 1
+
+        for _, reply in res.responses:
+            merge(reply.peers)
+        await asyncio.gather(*(rest_of(n, r) for n, r in res.responses if r.more))
+        merge(self.store.get_peers(topic, now))
+        return sorted(best.values(), key=lambda a: a.peer_id)
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def on_message(self, callback: MessageCallback) -> MessageCallback:
+        """Call ``callback(sender, addr, payload)`` (sync or async) for each message."""
+        self._callbacks.append(callback)
+        return callback
+
+    def deliver(self, sender: PeerId, addr: tuple[str, int], payload: bytes) -> None:
+        """Hand a verified message to the callbacks (the protocol calls this)."""
+        for callback in self._callbacks:
+            try:
+                result = callback(sender, addr, payload)
+                if inspect.isawaitable(result):
+                    self._spawn(result)
+            except Exception:
+                log.exception("message callback failed")
+
+    async def send_message(self, addr: tuple[str, int], payload: bytes) -> None:
+        """Send ``payload`` (<= 4 KiB) to the node at ``addr``, signed by this node's key.
+
+        Raises :class:`PeerUnreachable` without a reply, :class:`MessageRefused` when the
+        peer refuses it.
+        """
+        self._require_listening()
+        payload = bytes(payload)
+        if len(payload) > MAX_PAYLOAD:
+            raise ValueError(f"payload is {len(payload)} bytes; at most {MAX_PAYLOAD}")
+        addr = (str(addr[0]), int(addr[1]))
+        known = self.protocol.router.by_address(addr)
+        for attempt in range(2):
+            if known is None or attempt:
+                known = await self._ping_addr(addr)
+                if known is None:
+                    raise PeerUnreachable(f"no DHT node answered at {addr[0]}:{addr[1]}")
+            env = Envelope.seal(self.key, self.peer_id, known.id, payload, self.clock())
+            ok, data = await self.protocol.request(addr, "message", env.to_wire())
+            if not ok:
+                raise PeerUnreachable(f"no reply from {addr[0]}:{addr[1]}")
+            err = reply_error(data)
+            if err is None:
+                return
+            if err.code != errors.PROTOCOL or "another node" not in err.message:
+                raise MessageRefused(err.code, err.message)
+        raise MessageRefused(err.code, err.message)
+
+    # -- validators -----------------------------------------------------------------------------
+
+    def register_validator(self, salt_prefix: bytes, fn: Validator) -> None:
+        """Refuse (on store and on get) items whose salt starts with ``salt_prefix`` unless
+        ``fn(item)`` returns without raising :class:`ItemError`."""
+        self.validators.register(salt_prefix, fn)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(self.maintenance_interval)
+            try:
+                await self.maintain_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("DHT maintenance failed")
+
+    async def maintain_once(self) -> None:
+        """Expire items, re-put what this node published, refresh buckets, save state."""
+        now = self.clock()
+        self.store.expire(now)
+        for pub in self.store.due_published(now):
+            await self._republish(pub)
+        router = self.protocol.router
+        if not router.contacts():
+            if self._bootstrap_addrs or self._saved_neighbours:
+                try:
+                    await self.bootstrap(self._bootstrap_addrs)
+                except LookupFailed as exc:
+                    log.info("rejoin failed: %s", exc)
+        else:
+            for rid in self.protocol.get_refresh_ids():
+                await self._lookup(rid, partial(self._q_find_node, target=rid))
+        self._save_state()
+
+    async def _republish(self, pub: Published) -> None:
+        now = self.clock()
+        try:
+            res = await self._lookup(pub.target, partial(self._q_get, target=pub.target))
+            if pub.mutable is not None:
+                await self._write_mutable(pub.mutable, None, res, now)
+            else:
+                await self._write_immutable(pub.target, pub.immutable, res)
+        except ItemError as exc:
+            if exc.code in (errors.SEQ_TOO_LOW, errors.CAS_MISMATCH):
+                log.info("item %s was superseded; no longer re-putting it", pub.target.hex())
+                self.store.forget_published(pub.target)
+                return
+            log.warning("re-put of %s refused: %s", pub.target.hex(), exc)
+        except LookupFailed as exc:
+            log.info("re-put of %s failed: %s", pub.target.hex(), exc)
+        self.store.remember_published(pub, now + self.republish_interval)

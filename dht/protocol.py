@@ -1,0 +1,261 @@
+"""The UDP RPC protocol: kademlia's ``KademliaProtocol`` with its defects fixed.
+
+Fixed here (see LIBRARY-FACTS.md): every handler's error becomes an error *reply* (rpcudp
+sends nothing when a handler raises, so the caller waits and evicts an honest node); garbage
+datagrams and wrong argument counts are answered or dropped, never raised; unknown attribute
+names are AttributeErrors, not silent remote calls; ``store``/``find_value`` (unconditional
+overwrite, most-common value) are not served; ``welcome_if_new`` no longer pushes possibly
+stale values to new contacts; the routing table's nearest-k is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+import umsgpack
+from kademlia.node import Node
+from kademlia.protocol import KademliaProtocol
+from rpcudp.exceptions import MalformedMessage
+from rpcudp.protocol import RPCProtocol
+
+from dht import errors
+from dht.announce import check_topic, topic_target
+from dht.bencode import bdecode
+from dht.errors import BencodeError, DHTError, ItemError
+from dht.items import MAX_VALUE, check_seq
+from dht.messages import Envelope
+from dht.routing import NearestRoutingTable
+from dht.wire import (
+    PEERS_PAGE_BYTES,
+    REQUESTS,
+    announcement_from_wire,
+    announcement_to_wire,
+    error_reply,
+    is_node_id,
+    mutable_from_wire,
+    mutable_to_wire,
+    node_to_wire,
+)
+
+if TYPE_CHECKING:
+    from dht.node import DHTNode
+
+log = logging.getLogger(__name__)
+_NO_REPLY = object()
+
+
+class DHTProtocol(KademliaProtocol):
+    """One node's RPC endpoint. Handlers are ``rpc_<name>(addr, nodeid, *args)``."""
+
+    def __init__(self, dht: DHTNode) -> None:
+        KademliaProtocol.__init__(self, dht.node, dht.store, dht.ksize)
+        self._wait_timeout = dht.rpc_timeout
+        self.router = NearestRoutingTable(self, dht.ksize, dht.node)
+        self.dht = dht
+        self.rpcs_sent = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # rpcudp turns any unknown attribute into a remote call; a typo must fail loudly.
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    # -- outgoing ---------------------------------------------------------------------------
+
+    async def request(self, address: tuple[str, int], name: str, *args: Any) -> tuple[bool, Any]:
+        """Send one request; (True, reply) or (False, None) on timeout. No routing changes."""
+        if name not in REQUESTS or len(args) != REQUESTS[name]:
+            raise ValueError(f"no request {name!r} with {len(args)} arguments")
+        if self.transport is None or self.transport.is_closing():
+            return False, None
+        self.rpcs_sent += 1
+        try:
+            send = RPCProtocol.__getattr__(self, name)
+            future = send(tuple(address), self.source_node.id, *args)
+        except MalformedMessage as exc:
+            raise DHTError(f"request {name} is too large for one datagram") from exc
+        return await future
+
+    async def call(self, node: Node, name: str, *args: Any) -> Any | None:
+        """A request to a routing contact: the reply, or None (and the contact is dropped)."""
+        result = await self.request((node.ip, node.port), name, *args)
+        self.handle_call_response(result, node)
+        return result[1] if result[0] else None
+
+    # kademlia's own helpers (call_ping, bootstrap, bucket refresh) use these two names.
+    def ping(self, address: tuple[str, int], nodeid: bytes):
+        return self.request(address, "ping")
+
+    def find_node(self, address: tuple[str, int], nodeid: bytes, key: bytes):
+        return self.request(address, "find_node", key)
+
+    def welcome_if_new(self, node: Node) -> None:
+        """Add or refresh a contact. No values are pushed (kademlia's push can spread stale
+        values; replication here is the publisher's re-put and the get's write-back)."""
+        if node.id != self.source_node.id and is_node_id(node.id):
+            self.router.add_contact(node)
+
+    def stop(self) -> None:
+        for future, timer in self._outstanding.values():
+            timer.cancel()
+            if not future.done():
+                future.set_result((False, None))
+        self._outstanding.clear()
+
+    # -- incoming ---------------------------------------------------------------------------
+
+    async def _solve_datagram(self, datagram: bytes, address: tuple[str, int]) -> None:
+        if len(datagram) < 22:
+            return
+        try:
+            data = umsgpack.unpackb(datagram[21:])
+        except Exception:  # any garbage: drop it (umsgpack raises many types)
+            log.debug("undecodable datagram from %s", address)
+            return
+        if datagram[:1] == b"\x00":
+            await self._accept_request(datagram[1:21], data, address)
+        elif datagram[:1] == b"\x01":
+            self._accept_response(datagram[1:21], data, address)
+
+    def _accept_response(self, msg_id: bytes, data: Any, address: tuple[str, int]) -> None:
+        entry = self._outstanding.pop(msg_id, None)
+        if entry is None:
+            return
+        future, timer = entry
+        timer.cancel()
+        if not future.done():
+            future.set_result((True, data))
+
+    def _timeout(self, msg_id: bytes) -> None:
+        entry = self._outstanding.pop(msg_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result((False, None))
+
+    async def _accept_request(self, msg_id: bytes, data: Any, address: tuple[str, int]) -> None:
+        reply = await self.dispatch(data, address)
+        if reply is _NO_REPLY or self.transport is None or self.transport.is_closing():
+            return
+        self.transport.sendto(b"\x01" + msg_id + umsgpack.packb(reply), address)
+
+    async def dispatch(self, data: Any, address: tuple[str, int]) -> Any:
+        """Run one decoded request; always a reply (an error map for anything wrong)."""
+        if not (isinstance(data, list | tuple) and len(data) == 2 and isinstance(data[0], str)
+                and isinstance(data[1], list | tuple)):
+            return error_reply(errors.PROTOCOL, "malformed request")
+        name, args = data
+        if name not in REQUESTS:
+            return error_reply(204, f"method unknown: {name[:40]}")
+        if len(args) != REQUESTS[name] + 1:
+            return error_reply(errors.PROTOCOL, f"{name} takes {REQUESTS[name] + 1} arguments")
+        if not is_node_id(args[0]):
+            return error_reply(errors.PROTOCOL, "node id must be 20 bytes")
+        try:
+            result = getattr(self, f"rpc_{name}")(tuple(address), *args)
+            if inspect.isawaitable(result):
+                result = await result
+        except ItemError as exc:
+            return error_reply(exc.code, exc.message)
+        except Exception:
+            log.exception("handler %s failed on a request from %s", name, address)
+            return error_reply(errors.SERVER, "server error")
+        return result
+
+    def _welcome(self, sender: tuple[str, int], nodeid: bytes) -> Node:
+        source = Node(nodeid, sender[0], sender[1])
+        self.welcome_if_new(source)
+        return source
+
+    def _nodes_near(self, target: bytes, source: Node) -> list:
+        return [node_to_wire(n) for n in self.router.find_neighbors(Node(target),
+                                                                    exclude=source)]
+
+    @staticmethod
+    def _target(value: Any) -> bytes:
+        if not is_node_id(value):
+            raise ItemError(errors.PROTOCOL, "target must be 20 bytes")
+        return value
+
+    def rpc_ping(self, sender, nodeid):
+        self._welcome(sender, nodeid)
+        return self.source_node.id
+
+    def rpc_find_node(self, sender, nodeid, key):
+        source = self._welcome(sender, nodeid)
+        return self._nodes_near(self._target(key), source)
+
+    def rpc_get(self, sender, nodeid, target):
+        source = self._welcome(sender, nodeid)
+        target = self._target(target)
+        now = self.dht.clock()
+        reply: dict[str, Any] = {"token": self.dht.tokens.issue(sender, target, now),
+                                 "nodes": self._nodes_near(target, source)}
+        item = self.dht.store.get_mutable(target, now)
+        if item is not None:
+            reply["m"] = mutable_to_wire(item)
+        else:
+            value = self.dht.store.get_immutable(target, now)
+            if value is not None:
+                reply["i"] = value
+        return reply
+
+    def rpc_put(self, sender, nodeid, token, kind, item, cas):
+        self._welcome(sender, nodeid)
+        now = self.dht.clock()
+        if cas is not None:
+            check_seq(cas)
+        if kind == "m":
+            mutable = mutable_from_wire(item)
+            self._check_token(token, sender, mutable.target, now)
+            self.dht.store.put_mutable(mutable, cas, now)
+        elif kind == "i":
+            if not isinstance(item, bytes) or len(item) > MAX_VALUE:
+                raise ItemError(errors.VALUE_TOO_BIG, "immutable value must be <= 1000 bytes")
+            try:
+                bdecode(item)
+            except BencodeError as exc:
+                raise ItemError(errors.PROTOCOL, f"value is not canonical bencode: {exc}") from exc
+            self._check_token(token, sender, hashlib.sha1(item).digest(), now)
+            self.dht.store.put_immutable(item, now)
+        else:
+            raise ItemError(errors.PROTOCOL, "kind must be 'm' or 'i'")
+        return {"ok": True}
+
+    def _check_token(self, token, sender, target: bytes, now: float) -> None:
+        if not self.dht.tokens.check(token, sender, target, now):
+            raise ItemError(errors.PROTOCOL, "bad or expired write token")
+
+    def rpc_get_peers(self, sender, nodeid, topic, after):
+        source = self._welcome(sender, nodeid)
+        topic = check_topic(topic)
+        if not isinstance(after, bytes) or len(after) > 32:
+            raise ItemError(errors.PROTOCOL, "after must be at most 32 bytes")
+        now = self.dht.clock()
+        target = topic_target(topic)
+        entries = self.dht.store.get_peers(topic, now, after)
+        page: list = []
+        size = 0
+        for ann in entries:
+            cost = len(ann.record) + 128
+            if page and size + cost > PEERS_PAGE_BYTES:
+                break
+            page.append(announcement_to_wire(ann))
+            size += cost
+        return {"token": self.dht.tokens.issue(sender, target, now),
+                "nodes": self._nodes_near(target, source),
+                "peers": page, "more": len(page) < len(entries)}
+
+    def rpc_announce(self, sender, nodeid, token, topic, entry):
+        self._welcome(sender, nodeid)
+        topic = check_topic(topic)
+        now = self.dht.clock()
+        self._check_token(token, sender, topic_target(topic), now)
+        self.dht.store.announce(topic, announcement_from_wire(topic, entry), now)
+        return {"ok": True}
+
+    def rpc_message(self, sender, nodeid, envelope):
+        self._welcome(sender, nodeid)
+        env = Envelope.from_wire(envelope)
+        peer = self.dht.replay.admit(env, self.source_node.id, self.dht.clock())
+        self.dht.deliver(peer, sender, env.payload)
+        return {"ok": True}

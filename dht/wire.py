@@ -1,0 +1,125 @@
+"""The RPC wire: request names, reply shapes, and checks on everything a peer sends back.
+
+Requests ride on rpcudp (``b"\\x00" + id + msgpack([name, args])``). Every reply is a msgpack
+map; a refusal is ``{"error": [code, message]}`` with BEP 44 / BEP 5 numbers. Parsers here
+turn untrusted replies into typed values or None, never an exception.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from kademlia.node import Node
+
+from dht import errors
+from dht.announce import Announcement
+from dht.errors import ItemError
+from dht.items import MutableItem
+
+ID_LEN = 20
+MAX_REQUEST = 8192  # rpcudp refuses to send a request whose msgpack part is larger
+PEERS_PAGE_BYTES = 7000  # announcements per get_peers reply, so a reply stays one small datagram
+
+# name -> number of arguments after the sender's node id
+REQUESTS = {
+    "ping": 0,
+    "find_node": 1,  # target
+    "get": 1,  # target
+    "put": 4,  # token, kind ("m"/"i"), item, cas
+    "get_peers": 2,  # topic, after
+    "announce": 3,  # token, topic, entry
+    "message": 1,  # envelope
+}
+
+
+def error_reply(code: int, message: str) -> dict:
+    return {"error": [code, message[:200]]}
+
+
+def reply_error(reply: object) -> ItemError | None:
+    """The refusal carried by ``reply``, if it is one."""
+    if isinstance(reply, dict) and "error" in reply:
+        err = reply["error"]
+        if (isinstance(err, list | tuple) and len(err) == 2 and isinstance(err[0], int)
+                and isinstance(err[1], str)):
+            return ItemError(err[0], err[1])
+        return ItemError(errors.PROTOCOL, "malformed error reply")
+    return None
+
+
+def is_node_id(value: object) -> bool:
+    return isinstance(value, bytes) and len(value) == ID_LEN
+
+
+def node_to_wire(n: Node) -> list:
+    return [n.id, n.ip, n.port]
+
+
+def parse_nodes(value: object, limit: int = 64) -> list[Node]:
+    """Contacts from a reply; malformed entries are skipped."""
+    out: list[Node] = []
+    if not isinstance(value, list | tuple):
+        return out
+    for entry in value[:limit]:
+        if not isinstance(entry, list | tuple) or len(entry) != 3:
+            continue
+        nid, ip, port = entry
+        if not is_node_id(nid) or not isinstance(ip, str) or not isinstance(port, int):
+            continue
+        if not 0 < port < 65536:
+            continue
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            continue
+        out.append(Node(nid, ip, port))
+    return out
+
+
+def mutable_to_wire(item: MutableItem) -> list:
+    return [item.pubkey, item.salt, item.seq, item.encoded_value, item.signature]
+
+
+def mutable_from_wire(value: object) -> MutableItem:
+    if not isinstance(value, list | tuple) or len(value) != 5:
+        raise ItemError(errors.PROTOCOL, "mutable item must be a 5-element list")
+    return MutableItem.from_wire(*value)
+
+
+def announcement_to_wire(ann: Announcement) -> list:
+    return [ann.peer_id.raw, ann.record, ann.expires_at, ann.signature]
+
+
+def announcement_from_wire(topic: bytes, value: object) -> Announcement:
+    if not isinstance(value, list | tuple) or len(value) != 4:
+        raise ItemError(errors.PROTOCOL, "announcement must be a 4-element list")
+    return Announcement.from_wire(topic, *value)
+
+
+@dataclass
+class GetReply:
+    """A checked reply to ``get``."""
+
+    token: bytes | None
+    """Write token for this target from this node."""
+    nodes: list[Node]
+    """Closer contacts it offered."""
+    mutable: MutableItem | None = None
+    """Its mutable item, if it had a valid one (signature, target and validators checked)."""
+    immutable: bytes | None = None
+    """Its immutable value (bencoded), if it had one whose hash matches the target."""
+
+
+@dataclass
+class PeersReply:
+    """A checked page of ``get_peers``."""
+
+    token: bytes | None
+    """Write token for this topic from this node."""
+    nodes: list[Node]
+    """Closer contacts it offered."""
+    peers: list[Announcement] = field(default_factory=list)
+    """Valid entries on this page (forged ones are dropped)."""
+    more: bool = False
+    """Whether a next page exists (ask again with ``after`` = the last peer id)."""

@@ -1,0 +1,429 @@
+"""The requester side of the runtime: send shards to workers, verify, retry, merge.
+
+:class:`Requester` owns the outgoing half of every link to a worker. It keeps the
+requester's :class:`ObjectStore` (with where each object lives, so a cached input is never
+sent twice), the :class:`RateBook` of measured worker rates, and runs jobs: a
+:class:`~swarm.runtime.scheduler.JobScheduler` decides, this adapter sends, awaits,
+verifies and feeds the outcome back. Every remote result is verified before it is used (a
+``verify`` callback, Freivalds for matmul; or two replicas compared); a wrong one is
+redone, counted against the peer and reported through ``on_rejected``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from identity.keys import PeerId
+from swarm.errors import LinkClosed, TaskError
+from swarm.links.base import PeerLink
+from swarm.runtime.objects import ObjectId, ObjectStore
+from swarm.runtime.protocol import (
+    CancelTask,
+    Draining,
+    PutObject,
+    RunTask,
+    TaskArg,
+    TaskFailed,
+    TaskResult,
+)
+from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ShardTask
+
+log = logging.getLogger("swarm.runtime.requester")
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """One array input of a call."""
+
+    array: np.ndarray
+    """The array as it travels (transfer precision already applied)."""
+    oid: ObjectId | None = None
+    """Set for inputs worth caching on workers (weights): sent once per peer, then by id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One task: an installed actor method with its inputs."""
+
+    actor: str
+    """Actor class name."""
+    method: str
+    """Method name."""
+    args: tuple[Arg, ...]
+    """Array inputs."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Method parameters (msgpack-able)."""
+    cost: float = 1.0
+    """Work in flops, for rates."""
+
+
+@dataclass
+class PeerReport:
+    """One peer's share of a job."""
+
+    shards: int = 0
+    """Shard results received."""
+    bytes_out: int = 0
+    """Array bytes sent to it."""
+    bytes_in: int = 0
+    """Array bytes received from it."""
+    seconds: float = 0.0
+    """Sum of its shards' round-trip times."""
+    verified: int = 0
+    """Results that passed verification."""
+    rejected: int = 0
+    """Results that failed verification."""
+    failed: int = 0
+    """Attempts that ended in an error, a timeout or a lost link."""
+
+
+@dataclass
+class JobReport:
+    """What a job cost and who did it."""
+
+    shards: int
+    """Shards in the job."""
+    seconds: float = 0.0
+    """Wall time of the job."""
+    peers: dict[str, PeerReport] = field(default_factory=dict)
+    """Per peer (printable PeerId, or "local" for the requester)."""
+
+    def peer(self, key: Any) -> PeerReport:
+        return self.peers.setdefault(str(key), PeerReport())
+
+
+class TaskFailure(Exception):
+    """A worker answered TaskFailed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+class Requester:
+    """Sends calls over worker links; runs verified, scheduled jobs."""
+
+    def __init__(
+        self,
+        local: PeerId,
+        *,
+        rates: RateBook | None = None,
+        store_capacity: int = 8 << 30,
+        accept_peer: Callable[[PeerId], bool] = lambda peer: True,
+        on_rejected: Callable[[PeerId, str], None] | None = None,
+        window: int = 2,
+        task_timeout: float = 120.0,
+    ) -> None:
+        self.local = local
+        self.rates = rates or RateBook()
+        self.store = ObjectStore(store_capacity)
+        self.accept_peer = accept_peer
+        self.on_rejected = on_rejected
+        self.window = window
+        self.task_timeout = task_timeout
+        self.links: dict[PeerId, PeerLink] = {}
+        self._draining: set[PeerId] = set()
+        self._pending: dict[tuple[PeerId, int], asyncio.Future] = {}
+        self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._changed = asyncio.Event()
+        self._readers: set[asyncio.Task] = set()
+
+    # -- links ----------------------------------------------------------------------------
+
+    def attach(self, link: PeerLink) -> None:
+        """Use ``link`` to reach a worker (replaces an older link to the same peer)."""
+        self.links[link.remote] = link
+        self._draining.discard(link.remote)
+        task = asyncio.get_running_loop().create_task(self._read(link),
+                                                      name=f"requester-{link.remote.short()}")
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+        self._changed.set()
+
+    def workers(self) -> list[PeerId]:
+        """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
+        return sorted(p for p, link in self.links.items()
+                      if not link.closed and p not in self._draining and self.accept_peer(p))
+
+    async def _read(self, link: PeerLink) -> None:
+        peer = link.remote
+        try:
+            async for msg in link:
+                if isinstance(msg, TaskResult | TaskFailed):
+                    fut = self._pending.get((peer, msg.task))
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                elif isinstance(msg, Draining):
+                    self._draining.add(peer)
+                    self._changed.set()
+        finally:
+            closed = LinkClosed(link.close_reason or "link closed") if link.closed else \
+                LinkClosed("link closed")
+            for (p, _), fut in list(self._pending.items()):
+                if p == peer and not fut.done():
+                    fut.set_exception(closed)
+            if self.links.get(peer) is link:
+                del self.links[peer]
+                self.store.forget_peer(peer.raw)
+            self._changed.set()
+
+    async def close(self) -> None:
+        for link in list(self.links.values()):
+            await link.close("requester closing")
+        for task in list(self._readers):
+            task.cancel()
+
+    # -- one call -------------------------------------------------------------------------
+
+    async def _send_objects(self, peer: PeerId, link: PeerLink, args: Sequence[Arg],
+                            report: PeerReport | None) -> None:
+        for arg in args:
+            if arg.oid is None or peer.raw in self.store.holders(arg.oid):
+                continue
+            key = (peer, arg.oid)
+            inflight = self._puts.get(key)
+            if inflight is not None:
+                await asyncio.shield(inflight)
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            self._puts[key] = fut
+            try:
+                await link.send(PutObject(arg.oid.raw, arg.array))
+                self.store.add_holder(arg.oid, peer.raw)
+                if report is not None:
+                    report.bytes_out += arg.array.nbytes
+                fut.set_result(None)
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: waiters get it through shield
+                raise
+            finally:
+                del self._puts[key]
+
+    async def call(self, peer: PeerId, call: Call, *, instance: int = 0, seq: int = -1,
+                   report: PeerReport | None = None) -> tuple[list[np.ndarray], float]:
+        """Run ``call`` on ``peer``; returns (outputs, round-trip seconds).
+
+        Raises TaskFailure for a worker's refusal or error, LinkClosed when the link breaks.
+        """
+        params = msgpack.packb(call.params, use_bin_type=True) if call.params else b""
+        loop = asyncio.get_running_loop()
+        for attempt in range(3):
+            link = self.links.get(peer)
+            if link is None or link.closed:
+                raise LinkClosed(f"no link to {peer.short()}")
+            started = time.perf_counter()
+            await self._send_objects(peer, link, call.args, report)
+            tid = next(self._ids)
+            fut = loop.create_future()
+            self._pending[(peer, tid)] = fut
+            args = [TaskArg(oid=a.oid.raw) if a.oid is not None else TaskArg(array=a.array)
+                    for a in call.args]
+            try:
+                await link.send(RunTask(tid, call.actor, instance, seq, call.method, args,
+                                        params))
+                if report is not None:
+                    report.bytes_out += sum(a.array.nbytes for a in call.args if a.oid is None)
+                reply = await fut
+            except asyncio.CancelledError:
+                if not link.closed:
+                    loop.create_task(self._cancel(link, tid))
+                raise
+            finally:
+                self._pending.pop((peer, tid), None)
+            if isinstance(reply, TaskResult):
+                if report is not None:
+                    report.bytes_in += sum(o.nbytes for o in reply.outputs)
+                return list(reply.outputs), time.perf_counter() - started
+            if reply.kind == "missing" and attempt < 2:
+                for raw in reply.missing:
+                    if len(raw) == 32:
+                        self.store.remove_holder(ObjectId(raw), peer.raw)
+                continue
+            raise TaskFailure(reply.kind, reply.message)
+        raise TaskFailure("missing", "worker keeps losing the task's inputs")
+
+    @staticmethod
+    async def _cancel(link: PeerLink, tid: int) -> None:
+        try:
+            await link.send(CancelTask(tid))
+        except LinkClosed:
+            pass
+
+    # -- a job ------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        calls: Sequence[Call],
+        *,
+        local: Callable[[int], list[np.ndarray]],
+        verify: Callable[[int, list[np.ndarray]], bool] | None,
+        replicate: bool = False,
+        owners: Sequence[PeerId] | None = None,
+        timeout: float | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[list[list[np.ndarray]], JobReport]:
+        """Run every call somewhere, verified; returns outputs per call and a report.
+
+        ``local(i)`` computes call ``i`` on the requester (solo mode, tiebreaks).
+        ``verify(i, outputs)`` checks a remote result; with ``replicate`` each call runs on
+        two different peers and their outputs must agree (a disagreement is settled by
+        ``local``). Raises TimeoutError after ``timeout`` seconds, TaskError when a call is
+        refused as invalid by a worker.
+        """
+        n = len(calls)
+        loop = asyncio.get_running_loop()
+        report = JobReport(shards=n)
+        tasks = [ShardTask(i % n, c.cost, tuple(a.oid for a in c.args if a.oid is not None))
+                 for i, c in enumerate(list(calls) * (2 if replicate else 1))]
+        tasks = [ShardTask(i, t.cost, t.inputs) for i, t in enumerate(tasks)]
+        twins = [(i + n) % (2 * n) for i in range(2 * n)] if replicate else None
+        holds = {p: {a.oid for c in calls for a in c.args
+                     if a.oid is not None and p.raw in self.store.holders(a.oid)}
+                 for p in self.links}
+        if owners is not None and replicate:
+            owners = list(owners) + [None] * n  # type: ignore[list-item]
+        sched = JobScheduler(tasks, self.workers(), self.rates, holds=holds,
+                             owners=owners, twins=twins, window=self.window,
+                             task_timeout=self.task_timeout)
+        events: asyncio.Queue = asyncio.Queue()
+        running: dict[tuple[int, Any], asyncio.Task] = {}
+        results: dict[int, list[np.ndarray]] = {}
+        by_shard: dict[int, Any] = {}
+        known = set(sched.workers()) - {LOCAL}
+        started = time.perf_counter()
+        deadline = None if timeout is None else loop.time() + timeout
+
+        async def attempt(shard: int, peer: Any) -> None:
+            call = calls[shard % n]
+            t0 = time.perf_counter()
+            try:
+                if peer == LOCAL:
+                    outs = await asyncio.to_thread(local, shard % n)
+                else:
+                    outs, _ = await self.call(peer, call, report=report.peer(peer))
+                events.put_nowait(("ok", shard, peer, outs, time.perf_counter() - t0))
+            except TaskFailure as exc:
+                events.put_nowait(("fail", shard, peer, exc.kind, str(exc)))
+            except LinkClosed as exc:
+                events.put_nowait(("fail", shard, peer, "lost", str(exc)))
+
+        try:
+            while not sched.finished:
+                self._changed.clear()
+                now = loop.time()
+                current = set(self.workers())
+                for p in sorted(current - known):
+                    sched.add_worker(p)
+                for p in sorted(known - current):
+                    sched.lost(p)
+                known = current
+                for a in sched.step(now):
+                    running[(a.shard, a.peer)] = loop.create_task(attempt(a.shard, a.peer))
+                for key in [k for k, t in running.items() if t.done()]:
+                    task = running.pop(key)
+                    if not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # a local failure: nothing to retry
+                wake = [t for t in (sched.next_deadline(now), deadline) if t is not None]
+                wait_s = max(0.0, min(wake) - now) if wake else None
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(f"job did not finish within {timeout} s "
+                                       f"({len(sched.done)} of {len(tasks)} shards done)")
+                getter = loop.create_task(events.get())
+                changed = loop.create_task(self._changed.wait())
+                done, _ = await asyncio.wait({getter, changed}, timeout=wait_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if getter not in done:
+                    getter.cancel()
+                    continue
+                event = getter.result()
+                await self._handle(event, sched, calls, local, verify, replicate, results,
+                                   by_shard, running, report)
+                while not events.empty():
+                    await self._handle(events.get_nowait(), sched, calls, local, verify,
+                                       replicate, results, by_shard, running, report)
+                if progress is not None:
+                    progress(len(sched.done), len(tasks))
+        finally:
+            for task in running.values():
+                task.cancel()
+        report.seconds = time.perf_counter() - started
+        return [results[i] for i in range(n)], report
+
+    async def _handle(self, event, sched, calls, local, verify, replicate, results, by_shard,
+                      running, report) -> None:
+        kind, shard, peer = event[0], event[1], event[2]
+        n = len(calls)
+        pr = report.peer(peer)
+        if kind == "fail":
+            _, _, _, why, message = event
+            pr.failed += 1
+            if why == "invalid":
+                raise TaskError(f"worker {peer} refused the task: {message}")
+            log.info("shard %d on %s failed (%s): %s", shard, peer, why, message)
+            sched.errored(shard, peer)
+            return
+        _, _, _, outs, seconds = event
+        if shard in sched.done:
+            return  # a straggler's late copy
+        pr.shards += 1
+        pr.seconds += seconds
+        if peer != LOCAL and verify is not None and not replicate:
+            ok = await asyncio.to_thread(verify, shard % n, outs)
+            if not ok:
+                pr.rejected += 1
+                self._reject(peer, f"shard {shard % n} failed verification")
+                sched.rejected(shard, peer)
+                return
+            pr.verified += 1
+        for c in sched.verified(shard, peer, seconds):
+            task = running.pop((c.shard, c.peer), None)
+            if task is not None:
+                task.cancel()
+        if not replicate:
+            results[shard] = outs
+            return
+        i, twin = shard % n, shard + n if shard < n else shard - n
+        by_shard[shard] = (peer, outs)
+        if twin not in by_shard:
+            return
+        (p1, o1), (p2, o2) = by_shard[shard], by_shard[twin]
+        if _agree(o1, o2):
+            for p in (p1, p2):
+                if p != LOCAL:
+                    report.peer(p).verified += 1
+            results[i] = o1
+            return
+        truth = await asyncio.to_thread(local, i)
+        for p, o in ((p1, o1), (p2, o2)):
+            if p != LOCAL and not _agree(o, truth):
+                report.peer(p).rejected += 1
+                self.rates.reject(p)
+                self._reject(p, f"replica of call {i} disagreed with the requester's own run")
+        results[i] = truth
+
+    def _reject(self, peer: PeerId, reason: str) -> None:
+        log.warning("rejected a result from %s: %s", peer.short(), reason)
+        if self.on_rejected is not None:
+            try:
+                self.on_rejected(peer, reason)
+            except Exception:
+                log.exception("on_rejected hook failed")
+
+
+def _agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(x.shape == y.shape and np.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=False)
+               for x, y in zip(a, b, strict=True))

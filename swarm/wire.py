@@ -1,0 +1,533 @@
+"""The swarm wire protocol: typed messages as msgpack frames, arrays as raw chunks.
+
+Why this shape: links (TLS, WebRTC data channels, in-memory pairs) move *frames* of at most
+:data:`MAX_FRAME` bytes (256 KiB, which browsers accept as one data-channel message). A
+message becomes one header frame plus, for large arrays, chunk frames of raw bytes, so a
+tensor never passes through msgpack or pickle and is reassembled straight into its final
+buffer. The codec is sans-IO: :func:`encode` returns frames and :class:`Decoder` is fed
+frames, so it is tested and fuzzed without sockets.
+
+Frame layout (every frame starts with the protocol version and a kind byte)::
+
+    header: u8 version | u8 KIND_HEADER | msgpack [msg_id, type_name, {field: value}]
+    chunk:  u8 version | u8 KIND_CHUNK  | u32 msg_id | u16 array | u32 chunk | raw bytes
+
+Arrays inside the header are msgpack ext type :data:`EXT_ARRAY` holding
+``[index, dtype, shape, inline_bytes_or_nil]``; little-endian C order; the dtype must be in
+:data:`DTYPES`. Array ``i`` with no inline bytes arrives as chunks ``0..n-1`` of
+:data:`CHUNK_SIZE` bytes (the last one shorter), in any order, each exactly once.
+
+Schemas: ``@message("type-name")`` registers a frozen dataclass. Field types: ``int``,
+``float``, ``str``, ``bytes``, ``bool``, ``PeerId``, ``numpy.ndarray``, nested dataclasses,
+``list[T]``, ``dict[K, V]`` (K is str or int) and ``T | None``. On decode unknown fields are
+ignored (newer peers may add some), a missing field without a default or a mistyped one is a
+:class:`~swarm.errors.ProtocolError`.
+
+Transfer precision: :func:`cast_for_transfer` turns a float array into f32, f16 or bf16 for
+the wire (bf16 travels as raw uint16 under the dtype tag ``"bf16"``, numpy has no bfloat16);
+:func:`restore_precision` turns it back into float32 on arrival.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import struct
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+import numpy as np
+
+from identity.keys import PeerId
+from swarm.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 256 * 1024
+KIND_HEADER = 1
+KIND_CHUNK = 2
+EXT_ARRAY = 1
+_CHUNK_HEAD = struct.Struct("<BBIHI")
+CHUNK_SIZE = MAX_FRAME - _CHUNK_HEAD.size
+INLINE_MAX = 64 * 1024
+"""Arrays up to this many bytes ride inside the header frame (one frame for small messages)."""
+
+BF16 = np.dtype([("bf16", "<u2")])
+"""numpy stand-in for bfloat16: the upper 16 bits of a float32, tagged so it is not uint16."""
+
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                 "uint64", "float16", "float32", "float64", "complex64", "complex128")
+}
+DTYPES["bf16"] = BF16
+_DTYPE_NAMES = {dt: name for name, dt in DTYPES.items()}
+PRECISIONS = ("f32", "f16", "bf16")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a :class:`Decoder` accepts from a peer; everything beyond is a ProtocolError."""
+
+    max_frame: int = MAX_FRAME
+    """Largest frame in bytes (header or chunk)."""
+    max_array_bytes: int = 1 << 30
+    """Largest single array in bytes."""
+    max_message_bytes: int = 2 << 30
+    """Largest message (all its arrays together) in bytes."""
+    max_pending_bytes: int = 2 << 30
+    """Bytes held for messages whose chunks are still arriving."""
+    max_pending_messages: int = 8
+    """Messages whose chunks may be arriving at the same time."""
+    max_ndim: int = 16
+    """Most dimensions an array may have."""
+    max_arrays: int = 1024
+    """Most arrays in one message."""
+
+
+class Message:
+    """Base class of wire messages; subclasses are registered with :func:`message`."""
+
+    TYPE: ClassVar[str] = ""
+
+
+_REGISTRY: dict[str, type] = {}
+_SCHEMAS: dict[type, dict[str, tuple[Any, bool]]] = {}
+
+
+def message(type_name: str) -> Callable[[type], type]:
+    """Register a frozen dataclass (made one if it is not) as the wire type ``type_name``."""
+
+    def register(cls: type) -> type:
+        if not isinstance(type_name, str) or not type_name or len(type_name) > 64:
+            raise ValueError("a message type name is a non-empty str of at most 64 chars")
+        if type_name in _REGISTRY and _REGISTRY[type_name].__qualname__ != cls.__qualname__:
+            raise ValueError(f"message type {type_name!r} is already {_REGISTRY[type_name]}")
+        if not dataclasses.is_dataclass(cls):
+            cls = dataclass(frozen=True)(cls)
+        elif not cls.__dataclass_params__.frozen:
+            raise TypeError(f"{cls.__name__}: wire messages must be frozen dataclasses")
+        cls.TYPE = type_name
+        _schema(cls)
+        _REGISTRY[type_name] = cls
+        return cls
+
+    return register
+
+
+def message_types() -> dict[str, type]:
+    """The registered message types by wire name (a copy)."""
+    return dict(_REGISTRY)
+
+
+# -- schemas ---------------------------------------------------------------------------
+
+_SCALARS = (int, float, str, bytes, bool)
+
+
+def _schema(cls: type) -> dict[str, tuple[Any, bool]]:
+    """Field name -> (type, required) for a dataclass, checked once at registration."""
+    if cls in _SCHEMAS:
+        return _SCHEMAS[cls]
+    hints = typing.get_type_hints(cls)
+    schema = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        _check_type(tp, f"{cls.__name__}.{f.name}")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        schema[f.name] = (tp, required)
+    _SCHEMAS[cls] = schema
+    return schema
+
+
+def _check_type(tp: Any, where: str) -> None:
+    if tp in _SCALARS or tp is PeerId or tp is np.ndarray:
+        return
+    if dataclasses.is_dataclass(tp):
+        _schema(tp)
+        return
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list and len(args) == 1:
+        return _check_type(args[0], where)
+    if origin is dict and len(args) == 2 and args[0] in (str, int):
+        return _check_type(args[1], where)
+    if _optional_of(tp) is not None:
+        return _check_type(_optional_of(tp), where)
+    raise TypeError(f"{where}: type {tp!r} cannot travel on the wire")
+
+
+def _optional_of(tp: Any) -> Any:
+    """T for ``T | None`` / ``Optional[T]``, else None."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0]
+    return None
+
+
+# -- encoding --------------------------------------------------------------------------
+
+_ids = itertools.count(1)
+
+
+def encode(msg: Any, msg_id: int | None = None) -> list[bytes]:
+    """Frames for ``msg``: one header frame, then chunk frames for its large arrays.
+
+    Raises TypeError/ValueError for a local mistake (unregistered type, wrong field type,
+    a header over :data:`MAX_FRAME`, a dtype the wire does not carry).
+    """
+    cls = type(msg)
+    if _REGISTRY.get(getattr(cls, "TYPE", None)) is not cls:
+        raise TypeError(f"{cls.__name__} is not a registered wire message (use @wire.message)")
+    if msg_id is None:
+        msg_id = next(_ids) & 0xFFFFFFFF
+    arrays: list[memoryview] = []
+    budget = [INLINE_MAX]
+    body = _to_wire(msg, cls, arrays, budget, cls.__name__)
+    header = bytes((PROTOCOL_VERSION, KIND_HEADER)) + msgpack.packb(
+        [msg_id, cls.TYPE, body], use_bin_type=True)
+    if len(header) > MAX_FRAME:
+        raise ValueError(f"{cls.__name__}: header is {len(header)} bytes (> {MAX_FRAME}); "
+                         "send large payloads as ndarray fields")
+    frames = [header]
+    for index, data in enumerate(arrays):
+        if data is None:
+            continue
+        for chunk, start in enumerate(range(0, len(data), CHUNK_SIZE)):
+            frames.append(_CHUNK_HEAD.pack(PROTOCOL_VERSION, KIND_CHUNK, msg_id, index, chunk)
+                          + data[start:start + CHUNK_SIZE])
+    return frames
+
+
+def _to_wire(value: Any, tp: Any, arrays: list, budget: list[int], where: str) -> Any:
+    inner = _optional_of(tp)
+    if inner is not None:
+        return None if value is None else _to_wire(value, inner, arrays, budget, where)
+    if tp is bool or tp is str or tp is bytes:
+        if type(value) is not tp:
+            raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return value
+    if tp is int:
+        if type(value) is not int:
+            raise TypeError(f"{where}: expected int, got {type(value).__name__}")
+        return value
+    if tp is float:
+        if type(value) not in (float, int):
+            raise TypeError(f"{where}: expected float, got {type(value).__name__}")
+        return float(value)
+    if tp is PeerId:
+        if not isinstance(value, PeerId):
+            raise TypeError(f"{where}: expected PeerId, got {type(value).__name__}")
+        return value.raw
+    if tp is np.ndarray:
+        return _array_to_wire(value, arrays, budget, where)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, tp):
+            raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return {name: _to_wire(getattr(value, name), ftp, arrays, budget, f"{where}.{name}")
+                for name, (ftp, _) in _schema(tp).items()}
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise TypeError(f"{where}: expected list, got {type(value).__name__}")
+        return [_to_wire(v, args[0], arrays, budget, f"{where}[]") for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected dict, got {type(value).__name__}")
+        out = {}
+        for k, v in value.items():
+            if type(k) is not args[0]:
+                raise TypeError(f"{where}: key {k!r} is not {args[0].__name__}")
+            out[k] = _to_wire(v, args[1], arrays, budget, f"{where}[{k!r}]")
+        return out
+    raise TypeError(f"{where}: type {tp!r} cannot travel on the wire")
+
+
+def _array_to_wire(arr: Any, arrays: list, budget: list[int], where: str) -> msgpack.ExtType:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{where}: expected numpy.ndarray, got {type(arr).__name__}")
+    dt = arr.dtype if arr.dtype == BF16 else arr.dtype.newbyteorder("<")
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        raise TypeError(f"{where}: dtype {arr.dtype} does not travel on the wire "
+                        f"(allowed: {', '.join(DTYPES)})")
+    arr = np.ascontiguousarray(arr, dtype=dt)
+    data = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+    index = len(arrays)
+    if len(data) <= budget[0]:
+        budget[0] -= len(data)
+        arrays.append(None)
+        inline = bytes(data)
+    else:
+        arrays.append(data)
+        inline = None
+    meta = msgpack.packb([index, name, list(arr.shape), inline], use_bin_type=True)
+    return msgpack.ExtType(EXT_ARRAY, meta)
+
+
+# -- decoding --------------------------------------------------------------------------
+
+
+@dataclass
+class _ArrayRef:
+    """An array announced in a header, before its bytes arrived."""
+
+    index: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    inline: bytes | None
+    buffer: np.ndarray | None = None
+    chunks: int = 0
+    seen: set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclass
+class _Pending:
+    """A message whose header arrived and whose chunks are still coming."""
+
+    msg: Any
+    arrays: list[_ArrayRef]
+    missing: int
+    nbytes: int
+
+
+class Decoder:
+    """Sans-IO frame decoder: ``feed(frame) -> [messages completed by this frame]``.
+
+    Any violation raises :class:`~swarm.errors.ProtocolError`; the decoder is then broken
+    for good (the link closes), which keeps a half-read stream from being misparsed.
+    """
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._pending: dict[int, _Pending] = {}
+        self._pending_bytes = 0
+        self._error: ProtocolError | None = None
+
+    @property
+    def pending_messages(self) -> int:
+        """Messages whose chunks are still expected."""
+        return len(self._pending)
+
+    def feed(self, frame: bytes | bytearray | memoryview) -> list[Any]:
+        if self._error is not None:
+            raise ProtocolError(f"decoder already failed: {self._error}")
+        try:
+            return self._feed(frame)
+        except ProtocolError as exc:
+            self._error = exc
+            self._pending.clear()
+            raise
+
+    def _feed(self, frame: bytes | bytearray | memoryview) -> list[Any]:
+        if not isinstance(frame, bytes | bytearray | memoryview):
+            raise ProtocolError(f"a frame is bytes, not {type(frame).__name__}")
+        size = len(frame)
+        if size > self.limits.max_frame:
+            raise ProtocolError(f"frame of {size} bytes exceeds {self.limits.max_frame}")
+        if size < 2:
+            raise ProtocolError("frame too short")
+        if frame[0] != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {frame[0]} (we speak {PROTOCOL_VERSION})")
+        if frame[1] == KIND_HEADER:
+            return self._header(frame)
+        if frame[1] == KIND_CHUNK:
+            return self._chunk(frame)
+        raise ProtocolError(f"unknown frame kind {frame[1]}")
+
+    def _header(self, frame: bytes | bytearray | memoryview) -> list[Any]:
+        refs: list[_ArrayRef] = []
+        try:
+            decoded = msgpack.unpackb(
+                memoryview(frame)[2:], raw=False, use_list=True, strict_map_key=False,
+                ext_hook=lambda code, data: self._ext(code, data, refs), timestamp=0)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # msgpack raises many kinds; all mean "malformed"
+            raise ProtocolError(f"malformed header frame: {type(exc).__name__}: {exc}") from None
+        if not (isinstance(decoded, list) and len(decoded) == 3 and type(decoded[0]) is int
+                and isinstance(decoded[1], str) and isinstance(decoded[2], dict)):
+            raise ProtocolError("header is not [msg_id, type, {fields}]")
+        msg_id, type_name, body = decoded
+        cls = _REGISTRY.get(type_name)
+        if cls is None:
+            raise ProtocolError(f"unknown message type {type_name[:64]!r}")
+        if msg_id in self._pending:
+            raise ProtocolError(f"message id {msg_id} is already being received")
+        if [r.index for r in refs] != list(range(len(refs))):
+            raise ProtocolError("array indices in the header are not 0..n-1 in order")
+        total = sum(r.nbytes for r in refs)
+        if total > self.limits.max_message_bytes:
+            raise ProtocolError(f"message of {total} bytes exceeds "
+                                f"{self.limits.max_message_bytes}")
+        chunked = [r for r in refs if r.inline is None]
+        held = sum(r.nbytes for r in chunked)
+        if chunked:
+            if len(self._pending) >= self.limits.max_pending_messages:
+                raise ProtocolError("too many messages in flight")
+            if self._pending_bytes + held > self.limits.max_pending_bytes:
+                raise ProtocolError("too many bytes in flight")
+        for r in refs:
+            if r.inline is not None:
+                r.buffer = np.frombuffer(bytearray(r.inline), dtype=np.uint8)
+            else:
+                r.buffer = np.empty(r.nbytes, dtype=np.uint8)  # pages are committed on write
+                r.chunks = -(-r.nbytes // CHUNK_SIZE)
+        msg = _from_wire(body, cls, refs, cls.__name__)
+        missing = sum(r.chunks for r in chunked)
+        if missing == 0:
+            return [msg]
+        self._pending[msg_id] = _Pending(msg, refs, missing, held)
+        self._pending_bytes += held
+        return []
+
+    def _ext(self, code: int, data: bytes, refs: list[_ArrayRef]) -> _ArrayRef:
+        if code != EXT_ARRAY:
+            raise ProtocolError(f"unknown msgpack ext type {code}")
+        if len(refs) >= self.limits.max_arrays:
+            raise ProtocolError(f"more than {self.limits.max_arrays} arrays in one message")
+        try:
+            meta = msgpack.unpackb(data, raw=False, use_list=True)
+        except Exception as exc:
+            raise ProtocolError(f"malformed array header: {exc}") from None
+        if not (isinstance(meta, list) and len(meta) == 4 and type(meta[0]) is int
+                and isinstance(meta[1], str) and isinstance(meta[2], list)
+                and (meta[3] is None or isinstance(meta[3], bytes))):
+            raise ProtocolError("array header is not [index, dtype, shape, data|nil]")
+        index, dtype_name, shape, inline = meta
+        dtype = DTYPES.get(dtype_name)
+        if dtype is None:
+            raise ProtocolError(f"dtype {dtype_name[:32]!r} is not allowed on the wire")
+        if len(shape) > self.limits.max_ndim or not all(
+                type(d) is int and 0 <= d < 1 << 48 for d in shape):
+            raise ProtocolError(f"bad array shape {shape[:8]!r}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self.limits.max_array_bytes:
+            raise ProtocolError(f"array of {nbytes} bytes exceeds {self.limits.max_array_bytes}")
+        if inline is not None and len(inline) != nbytes:
+            raise ProtocolError(f"inline array has {len(inline)} bytes, shape says {nbytes}")
+        ref = _ArrayRef(index, dtype, tuple(shape), nbytes, inline)
+        refs.append(ref)
+        return ref
+
+    def _chunk(self, frame: bytes | bytearray | memoryview) -> list[Any]:
+        if len(frame) < _CHUNK_HEAD.size:
+            raise ProtocolError("chunk frame too short")
+        _, _, msg_id, index, chunk = _CHUNK_HEAD.unpack_from(frame)
+        pending = self._pending.get(msg_id)
+        if pending is None:
+            raise ProtocolError(f"chunk for message {msg_id}, which is not being received")
+        if index >= len(pending.arrays) or pending.arrays[index].inline is not None:
+            raise ProtocolError(f"chunk for array {index}, which message {msg_id} "
+                                "does not send in chunks")
+        ref = pending.arrays[index]
+        if chunk >= ref.chunks:
+            raise ProtocolError(f"chunk {chunk} out of range (array {index} has {ref.chunks})")
+        if chunk in ref.seen:
+            raise ProtocolError(f"chunk {chunk} of array {index} arrived twice")
+        start = chunk * CHUNK_SIZE
+        expect = min(CHUNK_SIZE, ref.nbytes - start)
+        data = memoryview(frame)[_CHUNK_HEAD.size:]
+        if len(data) != expect:
+            raise ProtocolError(f"chunk {chunk} of array {index} has {len(data)} bytes, "
+                                f"expected {expect}")
+        ref.buffer[start:start + expect] = data
+        ref.seen.add(chunk)
+        pending.missing -= 1
+        if pending.missing:
+            return []
+        del self._pending[msg_id]
+        self._pending_bytes -= pending.nbytes
+        return [pending.msg]
+
+
+def _from_wire(value: Any, tp: Any, refs: list[_ArrayRef], where: str) -> Any:
+    inner = _optional_of(tp)
+    if inner is not None:
+        return None if value is None else _from_wire(value, inner, refs, where)
+    if tp is int or tp is str or tp is bytes or tp is bool:
+        if type(value) is not tp:
+            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return value
+    if tp is float:
+        if type(value) not in (float, int):
+            raise ProtocolError(f"{where}: expected float, got {type(value).__name__}")
+        return float(value)
+    if tp is PeerId:
+        if type(value) is not bytes or len(value) != 32:
+            raise ProtocolError(f"{where}: expected a 32-byte PeerId")
+        return PeerId(value)
+    if tp is np.ndarray:
+        if not isinstance(value, _ArrayRef) or value.buffer is None:
+            raise ProtocolError(f"{where}: expected an array, got {type(value).__name__}")
+        # a view of the reassembly buffer: chunks arriving later fill it in place
+        return value.buffer.view(value.dtype).reshape(value.shape)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+        kwargs = {}
+        for name, (ftp, required) in _schema(tp).items():
+            if name in value:
+                kwargs[name] = _from_wire(value[name], ftp, refs, f"{where}.{name}")
+            elif required:
+                raise ProtocolError(f"{where}: missing field {name!r}")
+        try:
+            return tp(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"{where}: {exc}") from None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+        return [_from_wire(v, args[0], refs, f"{where}[]") for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+        out = {}
+        for k, v in value.items():
+            if type(k) is not args[0]:
+                raise ProtocolError(f"{where}: key {str(k)[:32]!r} is not {args[0].__name__}")
+            out[k] = _from_wire(v, args[1], refs, f"{where}[{str(k)[:32]!r}]")
+        return out
+    raise ProtocolError(f"{where}: type {tp!r} cannot travel on the wire")
+
+
+# -- transfer precision ----------------------------------------------------------------
+
+
+def cast_for_transfer(arr: np.ndarray, precision: str) -> np.ndarray:
+    """``arr`` as float32 ("f32"), float16 ("f16") or bfloat16 ("bf16", dtype :data:`BF16`).
+
+    bf16 keeps float32's range with 8 bits of mantissa (rounded to nearest even): the usual
+    choice for activations; f16 keeps more mantissa but overflows above 65504.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    f32 = np.ascontiguousarray(arr, dtype=np.float32)
+    if precision == "f32":
+        return f32
+    if precision == "f16":
+        return f32.astype(np.float16)
+    bits = f32.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded[np.isnan(f32)] = 0x7FC0  # rounding could carry a NaN into infinity
+    return rounded.view(BF16)
+
+
+def precision_of(arr: np.ndarray) -> str | None:
+    """The transfer precision an array is in ("f32", "f16", "bf16"), or None."""
+    return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
+            BF16: "bf16"}.get(arr.dtype)
+
+
+def restore_precision(arr: np.ndarray) -> np.ndarray:
+    """A transfer-precision array back as float32 (bf16 and f16 widen exactly)."""
+    if arr.dtype == BF16:
+        return (arr.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(arr, dtype=np.float32)

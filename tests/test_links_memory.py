@@ -1,0 +1,114 @@
+"""The shared link machinery, exercised through the in-memory pair."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from identity.keys import PeerKey
+from swarm import wire
+from swarm.errors import LinkClosed, ProtocolError
+from swarm.links import LinkOptions, memory_pair
+
+
+@wire.message("test.blob")
+class Blob(wire.Message):
+    """A message carrying one array."""
+
+    seq: int
+    data: np.ndarray
+
+
+A, B = PeerKey.generate(), PeerKey.generate()
+
+
+async def test_messages_and_arrays_cross_in_order():
+    a, b = memory_pair(A, B)
+    assert (a.local, a.remote, b.local, b.remote) == (A.peer_id, B.peer_id, B.peer_id, A.peer_id)
+    arrays = [np.random.default_rng(i).random((300, 300)) for i in range(3)]
+    for i, arr in enumerate(arrays):
+        await a.send(Blob(i, arr))
+    for i, arr in enumerate(arrays):
+        got = await asyncio.wait_for(b.recv(), 5)
+        assert got.seq == i and np.array_equal(got.data, arr)
+    st = a.stats()
+    assert st.kind == "memory" and st.messages_sent == 3 and st.bytes_sent > 3 * 720_000
+    await a.close()
+
+
+async def test_ping_measures_rtt_and_stats_report_it():
+    a, b = memory_pair(A, B)
+    rtt = await a.ping()
+    assert 0 < rtt < 1
+    assert a.stats().rtt_ms == pytest.approx(rtt * 1e3)
+    await a.close()
+
+
+async def test_slow_receiver_slows_the_sender():
+    opts = LinkOptions(recv_queue=2)
+    a, b = memory_pair(A, B, opts, max_frames=4)
+    sent = 0
+
+    async def sender():
+        nonlocal sent
+        for i in range(100):
+            await a.send(Blob(i, np.zeros(10)))
+            sent += 1
+
+    task = asyncio.create_task(sender())
+    for _ in range(50):  # let the sender run as far as it can
+        await asyncio.sleep(0)
+    assert sent <= 2 + 4 + 2, "the sender ran ahead of a receiver that reads nothing"
+    for i in range(100):
+        assert (await asyncio.wait_for(b.recv(), 5)).seq == i
+    await asyncio.wait_for(task, 5)
+    await a.close()
+
+
+async def test_close_says_goodbye_and_both_ends_report_it():
+    a, b = memory_pair(A, B)
+    await a.send(Blob(1, np.ones(3)))
+    await a.close("shutting down")
+    assert (await b.recv()).seq == 1  # what arrived before the close is still delivered
+    with pytest.raises(LinkClosed, match="closed by peer: shutting down"):
+        await asyncio.wait_for(b.recv(), 5)
+    assert b.closed and a.closed
+    with pytest.raises(LinkClosed):
+        await a.send(Blob(2, np.ones(3)))
+    closed = []
+    b.add_close_callback(closed.append)
+    assert closed == [b]
+
+
+async def test_protocol_error_closes_the_link_and_tells_the_peer():
+    a, b = memory_pair(A, B)
+    await a._send_frames([b"\x01\x01\xc1garbage"])  # a lying peer bypassing the encoder
+    exc = await asyncio.wait_for(b.wait_closed(), 5)
+    assert isinstance(exc.error, ProtocolError) and "malformed header" in exc.reason
+    reason = (await asyncio.wait_for(a.wait_closed(), 5)).reason
+    assert "closed by peer: protocol error" in reason
+
+
+async def test_keepalive_timeout_closes_a_silent_link():
+    opts = LinkOptions(keepalive_interval=0.05, keepalive_timeout=0.3)
+    a, b = memory_pair(A, B, opts)
+    b._tasks[1].cancel()  # b stops sending keepalives ...
+    b._tasks[0].cancel()  # ... and stops reading (so it never answers pings)
+    exc = await asyncio.wait_for(a.wait_closed(), 5)
+    assert "keepalive timeout" in exc.reason
+    assert a.stats().keepalives_lost >= 1
+
+
+async def test_keepalives_flow_and_rtt_is_measured():
+    opts = LinkOptions(keepalive_interval=0.02)
+    a, b = memory_pair(A, B, opts)
+
+    async def first_pong():
+        while a.stats().rtt_ms is None:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(first_pong(), 5)
+    assert a.stats().messages_received >= 1 and not a.closed
+    await a.close()
