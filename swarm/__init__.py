@@ -4,6 +4,7 @@ Exceptions (all in :mod:`swarm.errors`)::
 
     SwarmError                 base of everything this package raises on purpose
     +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
+    |   +-- URIError           a join URI that does not parse (names the wrong part)
     +-- ConsentRefused         the user (or a missing terminal) declined to join
     +-- GetTimeoutError        get() ran out of time (also a TimeoutError)
     +-- LocalError             something failed on this machine
@@ -14,6 +15,8 @@ Exceptions (all in :mod:`swarm.errors`)::
         +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
         +-- TaskError          a task failed on every attempt it was allowed
         +-- ActorDiedError     an actor's host was lost beyond max_restarts
+        +-- StaleTerm          a command from a term below the highest seen (fencing)
+        +-- NotCoordinator     a coordinator-only command reached a peer that is not it
 
 Local and remote errors stay apart so that callers can tell "my input is wrong"
 from "a peer misbehaved" (the latter is retried elsewhere and counts against the peer).
@@ -25,9 +28,12 @@ from swarm.errors import (
     ConsentRefused,
     LinkClosed,
     LocalError,
+    NotCoordinator,
     ProtocolError,
     RemoteError,
+    StaleTerm,
     SwarmError,
+    URIError,
     VerificationError,
 )
 
@@ -39,9 +45,12 @@ __all__ = [
     "ConsentRefused",
     "LinkClosed",
     "LocalError",
+    "NotCoordinator",
     "ProtocolError",
     "RemoteError",
+    "StaleTerm",
     "SwarmError",
+    "URIError",
     "VerificationError",
     "__version__",
 ]

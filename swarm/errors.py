@@ -9,6 +9,10 @@ class ConfigError(SwarmError, ValueError):
     """A bad option, URI or data dir: the caller's input, found before any I/O."""
 
 
+class URIError(ConfigError):
+    """A join URI that does not parse; the message names the part that is wrong."""
+
+
 class ConsentRefused(SwarmError):
     """The user declined to join, or no terminal was there to ask (use --yes)."""
 
@@ -23,6 +27,14 @@ class RemoteError(SwarmError):
 
 class ProtocolError(RemoteError):
     """A malformed, oversized or out-of-order frame; the link that sent it is closed."""
+
+
+class StaleTerm(RemoteError):
+    """A coordinator command from a term lower than the highest seen (fencing)."""
+
+
+class NotCoordinator(RemoteError):
+    """A command that only the coordinator may act on reached a peer that is not it."""
 
 
 class VerificationError(RemoteError):
