@@ -278,6 +278,8 @@ class ActorHandle:
         self._instance = instance
         self._seq = 0
         self._restarts = 0
+        self._placed = False
+        self._dead = False
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -299,17 +301,24 @@ class ActorHandle:
     async def _place(self) -> PeerId:
         req = self._client._node.requester
         workers = req.workers()
-        if self._peer is not None and self._peer in workers:
-            return self._peer
-        if self._peer is not None and self._restarts == 0 and self._seq_started():
-            raise ActorDiedError(f"actor {self.name} on {self._peer.short()} is gone")
+        with self._lock:
+            if self._dead:
+                raise ActorDiedError(f"actor {self.name} is dead (max_restarts="
+                                     f"{self.options['max_restarts']} used up)")
+            if self._peer is not None and self._peer in workers:
+                return self._peer
+            if self._peer is not None and not self._placed:
+                raise ActorDiedError(f"peer {self._peer.short()} is not a linked worker; "
+                                     "pick one of client.workers()")
+        if self._peer is not None:  # our host left the swarm
+            self._on_death(self._peer)
+            return await self._place()
         if not workers:
             raise ActorDiedError(f"no worker can host actor {self.name}")
-        self._peer = max(workers, key=lambda p: (req.rates.weight(p, workers), p))
-        return self._peer
-
-    def _seq_started(self) -> bool:
-        return self._seq > 0
+        with self._lock:
+            self._peer = max(workers, key=lambda p: (req.rates.weight(p, workers), p))
+            self._placed = True
+            return self._peer
 
     async def _invoke(self, method: str, arrays: list[Operand], params: dict[str, Any],
                       seq: tuple[int, int]) -> Any:
@@ -343,13 +352,13 @@ class ActorHandle:
         return outs[0] if len(outs) == 1 else outs
 
     def _on_death(self, peer: PeerId) -> None:
+        """The host of this actor is gone: restart elsewhere if max_restarts allows."""
         with self._lock:
             if self._peer != peer:
-                return
+                return  # already restarted by another call
             limit = self.options["max_restarts"]
             if limit != -1 and self._restarts >= limit:
-                self._peer = peer  # stays dead: _place raises
-                self._restarts = limit + 1 if limit != -1 else self._restarts
+                self._dead = True
                 return
             self._restarts += 1
             self._peer = None

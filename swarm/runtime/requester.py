@@ -137,6 +137,8 @@ class Requester:
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._readers: set[asyncio.Task] = set()
+        self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
+        """Observer called after each RunTask is sent (progress displays, tests)."""
 
     # -- links ----------------------------------------------------------------------------
 
@@ -235,8 +237,10 @@ class Requester:
             args = [TaskArg(oid=a.oid.raw) if a.oid is not None else TaskArg(array=a.array)
                     for a in call.args]
             try:
-                await link.send(RunTask(tid, call.actor, instance, seq, call.method, args,
-                                        params))
+                msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
+                await link.send(msg)
+                if self.on_task_sent is not None:
+                    self.on_task_sent(peer, msg)
                 if report is not None:
                     report.bytes_out += sum(a.array.nbytes for a in call.args if a.oid is None)
                 reply = await fut
