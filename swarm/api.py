@@ -36,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
-from swarm.errors import ActorDiedError, ConfigError, LinkClosed, VerificationError
+from swarm.errors import ActorDiedError, ConfigError, LinkClosed, RemoteError, VerificationError
 from swarm.membership import MemberRecord, swarm_id
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
@@ -209,7 +210,8 @@ class Client:
         fut = self._loop.submit(self._matmul(a, b, opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
 
-    async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any]) -> np.ndarray:
+    async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
+                      progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         a, _ = await self._resolve(a)
         b, b_oid = await self._resolve(b)
         method_spec("matmul", "matmul").check([a, b], {})
@@ -220,7 +222,8 @@ class Client:
         verify = opts["verify"]
         results, report = await req.run(
             job.calls, local=job.local, verify=job.verify if verify == "freivalds" else None,
-            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"])
+            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
+            progress=progress)
         self.last_report = report
         return job.merge(results)
 
@@ -435,7 +438,8 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
 
     base = Path(data_dir) if data_dir is not None else default_dir()
     temp = tempfile.mkdtemp(prefix="client-", dir=base)
-    config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers))
+    config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers),
+                        announce=False, dht_rpc_timeout=2.0)
     return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],
                          key=PeerKey.generate())
 
@@ -445,7 +449,10 @@ def _start_client(config: NodeConfig, min_workers: int, timeout: float,
     loop = _LoopThread()
     node = loop.run(_make_node(config, key))
     try:
-        loop.run(node.start(), timeout)
+        try:
+            loop.run(node.start(), timeout)
+        except DHTError as exc:
+            raise RemoteError(f"cannot join the swarm: {exc}") from None
         if min_workers:
             loop.run(node.wait_for_workers(min_workers, timeout))
     except BaseException:
@@ -528,7 +535,8 @@ def local(workers: int = 2, *, threads: int | None = None,
         shutil.rmtree(root, ignore_errors=True)
 
     loop = _LoopThread()
-    config = NodeConfig(root / "client", sid, roles=("requester",))
+    config = NodeConfig(root / "client", sid, roles=("requester",), announce=False,
+                        dht_rpc_timeout=1.0)
     try:
         node = loop.run(_make_node(config, None))
         loop.run(node.start(), timeout)
@@ -544,7 +552,7 @@ def local(workers: int = 2, *, threads: int | None = None,
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "swarm.node", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
-                 "--backend", "numpy", "--threads", str(threads)],
+                 "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1"],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
         ids = [_read_ready(p, timeout) for p in procs]
         if workers:

@@ -86,6 +86,10 @@ class NodeConfig:
     """Fault injection (``SWARM_CHAOS``)."""
     announce_ttl: float = 120.0
     """Membership announcement lifetime; re-announced at a third of it."""
+    announce: bool = True
+    """Announce a member record (a transient requester such as ``swarm submit`` does not)."""
+    dht_rpc_timeout: float = 5.0
+    """Seconds a DHT request waits for an answer (a dead node costs this per lookup)."""
 
 
 class Node:
@@ -99,7 +103,8 @@ class Node:
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.key = key or PeerKey.load_or_create(data / KEY_FILE)
         self.peer_id: PeerId = self.key.peer_id
-        self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0)
+        self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0,
+                           rpc_timeout=config.dht_rpc_timeout)
         self.accept_peer: Callable[[PeerId], bool] = lambda peer: True
         self._control: dict[type, ControlHandler] = {}
         self._liar_callbacks: list[Callable[[PeerId, str], None]] = []
@@ -168,8 +173,9 @@ class Node:
             links = ((cfg.host, self.server.port),)
         self.record = MemberRecord(self.peer_id, self.tflops, links, self.dht.address,
                                    __version__, tuple(cfg.roles), read_health())
-        await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
-        self._spawn(self._reannounce())
+        if cfg.announce:
+            await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
+            self._spawn(self._reannounce())
         log.info("node %s up: dht %s, links %s, roles %s", self.peer_id.short(),
                  self.dht.address, links, ",".join(cfg.roles))
 
@@ -310,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-port", type=int, default=0)
     p.add_argument("--backend", default="auto")
     p.add_argument("--threads", type=int, default=None, help="BLAS threads")
+    p.add_argument("--dht-timeout", type=float, default=5.0, help="DHT request timeout (s)")
     p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
@@ -340,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=data_dir(args.data_dir), swarm_id=args.swarm_id,
             roles=tuple(args.role or ["worker"]), host=args.host, dht_port=args.dht_port,
             link_port=args.link_port, bootstrap=tuple(args.bootstrap), backend=args.backend,
-            threads=args.threads, chaos=chaos)
+            threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout)
     except ConfigError as exc:
         print(f"swarm node: {exc}", file=sys.stderr)
         return 2
