@@ -117,6 +117,7 @@ class Client:
         self._loop = loop
         self._cleanup = list(cleanup)
         self._backend = None
+        self._verifier = jobs.BatchVerifier()
         self._refresher = loop.submit(self._refresh())
         self._instances = itertools.count(1)
         self.matmul = _Matmul(self)
@@ -218,7 +219,7 @@ class Client:
         req = self._node.requester
         job = jobs.matmul_job(a, b, workers=req.workers(), rates=req.rates,
                               precision=opts["precision"], backend=self._local_backend(),
-                              b_oid=b_oid)
+                              verifier=self._verifier, b_oid=b_oid)
         verify = opts["verify"]
         results, report = await req.run(
             job.calls, local=job.local, verify=job.verify if verify == "freivalds" else None,

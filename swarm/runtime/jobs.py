@@ -9,8 +9,9 @@ transfer-precision rounding), and merged with ``compute.merge_shards``.
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,56 @@ def for_transfer(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]
     return sent, seen
 
 
+class BatchVerifier:
+    """Freivalds checks of results that share a right operand, done together.
+
+    A check reads all of ``b`` (``b @ r``): for many small shards against one big weight that
+    read, not the shards, dominates. Results waiting while a check runs are stacked into the
+    next one (``verify_matmul`` checks row by row, so a stack passes only if every row does);
+    a failing stack is re-checked shard by shard to find the wrong one.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[Hashable, list[tuple[np.ndarray, np.ndarray, asyncio.Future]]] = {}
+        self._running: set[Hashable] = set()
+
+    async def check(self, key: Hashable, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> bool:
+        """Whether ``c == a @ b``; ``key`` names ``b`` (its content address)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queues.setdefault(key, []).append((a, c, fut))
+        if key not in self._running:
+            self._running.add(key)
+            loop.create_task(self._drain(key, b))
+        return await fut
+
+    async def _drain(self, key: Hashable, b: np.ndarray) -> None:
+        try:
+            while self._queues.get(key):
+                batch = self._queues.pop(key)
+                try:
+                    verdicts = await asyncio.to_thread(self._verify, b, batch)
+                except Exception as exc:  # bad inputs (not finite): every waiter learns why
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, _, fut), ok in zip(batch, verdicts, strict=True):
+                    if not fut.done():
+                        fut.set_result(ok)
+        finally:
+            self._running.discard(key)
+
+    @staticmethod
+    def _verify(b: np.ndarray, batch: list) -> list[bool]:
+        if len(batch) > 1 and all(c.shape == (a.shape[0], b.shape[1]) for a, c, _ in batch):
+            a_all = np.concatenate([a for a, _, _ in batch])
+            c_all = np.concatenate([c for _, c, _ in batch])
+            if compute.verify_matmul(a_all, b, c_all):
+                return [True] * len(batch)
+        return [compute.verify_matmul(a, b, c) for a, c, _ in batch]
+
+
 @dataclass
 class MatmulJob:
     """The calls of one sharded matmul, and how to check, redo and merge them."""
@@ -50,12 +101,16 @@ class MatmulJob:
     """First worker of each band (from the rate-weighted plan)."""
     backend: compute.Backend
     """The requester's own backend (solo mode, tiebreaks)."""
+    b_oid: ObjectId
+    """Content address of ``b`` as it travels (the verifier's batching key)."""
+    verifier: BatchVerifier
+    """Shared Freivalds batcher."""
 
-    def verify(self, i: int, outputs: list[np.ndarray]) -> bool:
-        if len(outputs) != 1:
+    async def verify(self, i: int, outputs: list[np.ndarray]) -> bool:
+        if len(outputs) != 1 or not isinstance(outputs[0], np.ndarray):
             return False
         r0, r1 = self.shards[i].rows
-        return compute.verify_matmul(self.a[r0:r1], self.b, outputs[0])
+        return await self.verifier.check(self.b_oid, self.a[r0:r1], self.b, outputs[0])
 
     def local(self, i: int) -> list[np.ndarray]:
         r0, r1 = self.shards[i].rows
@@ -67,7 +122,7 @@ class MatmulJob:
 
 
 def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates: RateBook,
-               precision: str, backend: compute.Backend,
+               precision: str, backend: compute.Backend, verifier: BatchVerifier,
                b_oid: ObjectId | None = None) -> MatmulJob:
     """Plan ``a @ b`` over ``workers`` (already validated operands)."""
     a_sent, a_seen = for_transfer(a, precision)
@@ -92,4 +147,4 @@ def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates
         calls.append(Call("matmul", "matmul",
                           (Arg(a_sent[r0:r1]), Arg(b_sent, b_oid)),
                           cost=2.0 * (r1 - r0) * k * n))
-    return MatmulJob(a_seen, b_seen, shards, calls, owners, backend)
+    return MatmulJob(a_seen, b_seen, shards, calls, owners, backend, b_oid, verifier)

@@ -276,7 +276,7 @@ class Requester:
         calls: Sequence[Call],
         *,
         local: Callable[[int], list[np.ndarray]],
-        verify: Callable[[int, list[np.ndarray]], bool] | None,
+        verify: Callable[[int, list[np.ndarray]], Awaitable[bool]] | None,
         replicate: bool = False,
         owners: Sequence[PeerId] | None = None,
         timeout: float | None = None,
@@ -285,7 +285,8 @@ class Requester:
         """Run every call somewhere, verified; returns outputs per call and a report.
 
         ``local(i)`` computes call ``i`` on the requester (solo mode, tiebreaks).
-        ``verify(i, outputs)`` checks a remote result; with ``replicate`` each call runs on
+        ``await verify(i, outputs)`` checks a remote result (the worker's slot is refilled
+        meanwhile); with ``replicate`` each call runs on
         two different peers and their outputs must agree (a disagreement is settled by
         ``local``). Raises TimeoutError after ``timeout`` seconds, TaskError when a call is
         refused as invalid by a worker.
@@ -307,6 +308,7 @@ class Requester:
                              task_timeout=self.task_timeout)
         events: asyncio.Queue = asyncio.Queue()
         running: dict[tuple[int, Any], asyncio.Task] = {}
+        checks: set[asyncio.Task] = set()
         results: dict[int, list[np.ndarray]] = {}
         by_shard: dict[int, Any] = {}
         known = set(sched.workers()) - {LOCAL}
@@ -358,23 +360,25 @@ class Requester:
                     continue
                 event = getter.result()
                 await self._handle(event, sched, calls, local, verify, replicate, results,
-                                   by_shard, running, report)
+                                   by_shard, running, checks, events, report)
                 while not events.empty():
                     await self._handle(events.get_nowait(), sched, calls, local, verify,
-                                       replicate, results, by_shard, running, report)
+                                       replicate, results, by_shard, running, checks, events, report)
                 if progress is not None:
                     progress(len(sched.done), len(tasks))
         finally:
-            for task in running.values():
+            for task in [*running.values(), *checks]:
                 task.cancel()
         report.seconds = time.perf_counter() - started
         return [results[i] for i in range(n)], report
 
     async def _handle(self, event, sched, calls, local, verify, replicate, results, by_shard,
-                      running, report) -> None:
+                      running, checks, events, report) -> None:
         kind, shard, peer = event[0], event[1], event[2]
         n = len(calls)
         pr = report.peer(peer)
+        if kind == "error":
+            raise event[3]  # verification itself failed (e.g. non-finite inputs): our fault
         if kind == "fail":
             _, _, _, why, message = event
             pr.failed += 1
@@ -383,13 +387,22 @@ class Requester:
             log.info("shard %d on %s failed (%s): %s", shard, peer, why, message)
             sched.errored(shard, peer)
             return
-        _, _, _, outs, seconds = event
-        if shard in sched.done:
-            return  # a straggler's late copy
-        pr.shards += 1
-        pr.seconds += seconds
-        if peer != LOCAL and verify is not None and not replicate:
-            ok = await asyncio.to_thread(verify, shard % n, outs)
+        if kind == "ok":
+            _, _, _, outs, seconds = event
+            if shard in sched.done:
+                return  # a straggler's late copy
+            pr.shards += 1
+            pr.seconds += seconds
+            if peer != LOCAL and verify is not None and not replicate:
+                sched.returned(shard, peer)
+                checks.add(asyncio.get_running_loop().create_task(
+                    self._check(verify, shard, n, peer, outs, seconds, events)))
+                return
+        else:  # "checked"
+            _, _, _, outs, seconds, ok = event
+            if shard in sched.done:
+                sched.verified(shard, peer, seconds)
+                return
             if not ok:
                 pr.rejected += 1
                 self._reject(peer, f"shard {shard % n} failed verification")
@@ -421,6 +434,16 @@ class Requester:
                 self.rates.reject(p)
                 self._reject(p, f"replica of call {i} disagreed with the requester's own run")
         results[i] = truth
+
+    @staticmethod
+    async def _check(verify, shard: int, n: int, peer: Any, outs: list[np.ndarray],
+                     seconds: float, events: asyncio.Queue) -> None:
+        try:
+            ok = await verify(shard % n, outs)
+        except Exception as exc:
+            events.put_nowait(("error", shard, peer, exc))
+            return
+        events.put_nowait(("checked", shard, peer, outs, seconds, ok))
 
     def _reject(self, peer: PeerId, reason: str) -> None:
         log.warning("rejected a result from %s: %s", peer.short(), reason)

@@ -1,0 +1,173 @@
+"""Runtime benchmark: swarm.local(workers=2) over TLS against numpy (and Ray, if installed).
+
+    python bench/runtime.py            # table
+    python bench/runtime.py --json     # machine-readable
+    python bench/runtime.py --quick    # smaller sizes, for a smoke run
+
+Rows (same matrices side by side in one run; medians of --repeats):
+
+- ``matmul n=4096 cold``: a fresh A and B each repeat, so B travels to both workers, every
+  shard is verified with Freivalds and merged: the whole cost of one job.
+- ``matmul n=4096 warm``: the same B again (already cached on the workers by content
+  address), a fresh A: only activations travel.
+- ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
+- ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
+- ``ray ...``: the same sharded matmul on a local Ray (``ray.put`` the weight, one task per
+  shard), only when ``import ray`` works (an optional extra, never a test dependency).
+
+On a shared 2-core machine every figure is noisy: compare the ratios in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import swarm  # noqa: E402
+
+
+def timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
+                workers: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    results = []
+    with swarm.local(workers=workers) as client:
+        # -- one big matmul, cold (fresh B) and warm (B cached) ------------------------------
+        pairs = [(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)]
+        numpy_s = timed(lambda: pairs[0][0] @ pairs[0][1], repeats)
+        it = iter(pairs)
+
+        def cold():
+            a, b = next(it)
+            c = client.matmul(a, b)
+            assert c.shape == (n, n)
+        client.matmul(rand(rng, 64, n), rand(rng, n, 64))  # links warm, rates measured
+        cold_s = timed(cold, repeats)
+        b_warm = pairs[-1][1]
+        warm_s = timed(lambda: client.matmul(rand(rng, n, n), b_warm), repeats)
+        flops = 2.0 * n ** 3
+        for name, secs in (("numpy a@b", numpy_s), ("swarm cold (B sent)", cold_s),
+                           ("swarm warm (B cached)", warm_s)):
+            med = statistics.median(secs)
+            results.append({"case": f"matmul n={n} f32", "runner": name, "median_s": med,
+                            "gflops": flops / med / 1e9,
+                            "vs_numpy": statistics.median(numpy_s) / med})
+        # -- inference: batch activations x one cached weight ---------------------------------
+        w = rand(rng, n, n)
+        xs = [rand(rng, rows, n) for _ in range(batch)]
+        numpy_inf = timed(lambda: [x @ w for x in xs], max(1, repeats // 2))
+        wref = client.put(w)
+        swarm.get(client.matmul.remote(xs[0], wref))  # W now cached on the workers
+
+        def inference():
+            outs = swarm.get([client.matmul.remote(x, wref) for x in xs])
+            assert len(outs) == batch
+        swarm_inf = timed(inference, max(1, repeats // 2))
+        flops = 2.0 * batch * rows * n * n
+        for name, secs in (("numpy loop", numpy_inf), ("swarm refs", swarm_inf)):
+            med = statistics.median(secs)
+            results.append({"case": f"{batch} x ({rows}x{n}) @ cached W", "runner": name,
+                            "median_s": med, "gflops": flops / med / 1e9,
+                            "vs_numpy": statistics.median(numpy_inf) / med})
+        # -- small-task overhead --------------------------------------------------------------
+        one = np.ones((1, 1), np.float32)
+        rt = timed(lambda: client.matmul(one, one), small_calls)
+        results.append({"case": "1x1 matmul round trip", "runner": "swarm (verified)",
+                        "median_s": statistics.median(rt), "gflops": None, "vs_numpy": None,
+                        "p90_s": sorted(rt)[int(0.9 * len(rt))]})
+    return results
+
+
+def bench_ray(n: int, repeats: int, workers: int) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        return [{"case": f"matmul n={n} f32", "runner": "ray", "skipped":
+                 "ray is not installed here (optional: pip install ray)"}]
+    rng = np.random.default_rng(0)
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        @ray.remote
+        def band(a_rows, b):
+            return a_rows @ b
+
+        def run(a, b):
+            b_ref = ray.put(b)
+            bands = np.array_split(a, workers * 2)
+            return np.vstack(ray.get([band.remote(x, b_ref) for x in bands]))
+
+        pairs = [(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)]
+        numpy_s = timed(lambda: pairs[0][0] @ pairs[0][1], repeats)
+        run(rand(rng, 64, n), rand(rng, n, 64))
+        it = iter(pairs)
+        ray_s = timed(lambda: run(*next(it)), repeats)
+    finally:
+        ray.shutdown()
+    med = statistics.median(ray_s)
+    return [{"case": f"matmul n={n} f32", "runner": "ray (put B, task per band)",
+             "median_s": med, "gflops": 2.0 * n ** 3 / med / 1e9,
+             "vs_numpy": statistics.median(numpy_s) / med}]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="n=1024, fewer repeats")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--only", choices=["swarm", "ray"], default=None)
+    args = p.parse_args()
+    n, batch, rows, calls = (1024, 16, 128, 50) if args.quick else (4096, 64, 256, 200)
+    results = []
+    if args.only != "ray":
+        results += bench_swarm(n, batch, rows, args.repeats, calls, args.workers)
+    if args.only != "swarm":
+        results += bench_ray(n, args.repeats, args.workers)
+    meta = {"cpus": os.cpu_count(), "load_1m": os.getloadavg()[0], "workers": args.workers,
+            "numpy": np.__version__}
+    if args.json:
+        print(json.dumps({"meta": meta, "results": results}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"swarm runtime vs numpy ({meta['cpus']} CPUs, load "
+                        f"{meta['load_1m']:.1f}, {args.workers} workers; medians)")
+    for col in ("case", "runner", "median", "GFLOPS", "x numpy"):
+        table.add_column(col, justify="left" if col in ("case", "runner") else "right")
+    for r in results:
+        if "skipped" in r:
+            table.add_row(r["case"], r["runner"], "-", "-", r["skipped"])
+            continue
+        med = r["median_s"]
+        table.add_row(r["case"], r["runner"],
+                      f"{med * 1e3:.2f} ms" if med < 0.1 else f"{med:.3f} s",
+                      f"{r['gflops']:.1f}" if r["gflops"] else "-",
+                      f"{r['vs_numpy']:.2f}" if r["vs_numpy"] else "-")
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
