@@ -117,7 +117,7 @@ class Client:
         self._loop = loop
         self._cleanup = list(cleanup)
         self._backend = None
-        self._verifier = jobs.BatchVerifier()
+        self._verifier = jobs.FreivaldsCache()
         self._refresher = loop.submit(self._refresh())
         self._instances = itertools.count(1)
         self.matmul = _Matmul(self)
