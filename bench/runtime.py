@@ -44,6 +44,15 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
+def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Time each fn once per round, rounds in a row, so load drift hits all of them alike."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            out[name] += timed(fn, 1)
+    return out
+
+
 def rand(rng, *shape):
     return rng.standard_normal(shape, dtype=np.float32)
 
@@ -54,42 +63,43 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
     results = []
     with swarm.local(workers=workers) as client:
         # -- one big matmul, cold (fresh B) and warm (B cached) ------------------------------
-        pairs = [(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)]
-        numpy_s = timed(lambda: pairs[0][0] @ pairs[0][1], repeats)
-        it = iter(pairs)
+        pairs = iter([(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)])
+        fixed_a, b_warm = rand(rng, n, n), rand(rng, n, n)
+        client.matmul(rand(rng, 64, n), b_warm)  # links warm, rates measured, B cached
 
         def cold():
-            a, b = next(it)
-            c = client.matmul(a, b)
-            assert c.shape == (n, n)
-        client.matmul(rand(rng, 64, n), rand(rng, n, 64))  # links warm, rates measured
-        cold_s = timed(cold, repeats)
-        b_warm = pairs[-1][1]
-        warm_s = timed(lambda: client.matmul(rand(rng, n, n), b_warm), repeats)
+            a, b = next(pairs)
+            assert client.matmul(a, b).shape == (n, n)
+
+        times = interleaved({"numpy a@b": lambda: fixed_a @ b_warm,
+                             "swarm cold (B sent)": cold,
+                             "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm)},
+                            repeats)
         flops = 2.0 * n ** 3
-        for name, secs in (("numpy a@b", numpy_s), ("swarm cold (B sent)", cold_s),
-                           ("swarm warm (B cached)", warm_s)):
+        base = statistics.median(times["numpy a@b"])
+        for name, secs in times.items():
             med = statistics.median(secs)
             results.append({"case": f"matmul n={n} f32", "runner": name, "median_s": med,
-                            "gflops": flops / med / 1e9,
-                            "vs_numpy": statistics.median(numpy_s) / med})
+                            "gflops": flops / med / 1e9, "vs_numpy": base / med})
         # -- inference: batch activations x one cached weight ---------------------------------
         w = rand(rng, n, n)
         xs = [rand(rng, rows, n) for _ in range(batch)]
-        numpy_inf = timed(lambda: [x @ w for x in xs], max(1, repeats // 2))
         wref = client.put(w)
         swarm.get(client.matmul.remote(xs[0], wref))  # W now cached on the workers
 
         def inference():
             outs = swarm.get([client.matmul.remote(x, wref) for x in xs])
             assert len(outs) == batch
-        swarm_inf = timed(inference, max(1, repeats // 2))
+
+        times = interleaved({"numpy loop": lambda: [x @ w for x in xs],
+                             "swarm refs": inference}, max(2, repeats // 2 + 1))
         flops = 2.0 * batch * rows * n * n
-        for name, secs in (("numpy loop", numpy_inf), ("swarm refs", swarm_inf)):
+        base = statistics.median(times["numpy loop"])
+        for name, secs in times.items():
             med = statistics.median(secs)
             results.append({"case": f"{batch} x ({rows}x{n}) @ cached W", "runner": name,
                             "median_s": med, "gflops": flops / med / 1e9,
-                            "vs_numpy": statistics.median(numpy_inf) / med})
+                            "vs_numpy": base / med})
         # -- small-task overhead --------------------------------------------------------------
         one = np.ones((1, 1), np.float32)
         rt = timed(lambda: client.matmul(one, one), small_calls)
@@ -117,17 +127,17 @@ def bench_ray(n: int, repeats: int, workers: int) -> list[dict]:
             bands = np.array_split(a, workers * 2)
             return np.vstack(ray.get([band.remote(x, b_ref) for x in bands]))
 
-        pairs = [(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)]
-        numpy_s = timed(lambda: pairs[0][0] @ pairs[0][1], repeats)
+        pairs = iter([(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)])
+        fixed_a, fixed_b = rand(rng, n, n), rand(rng, n, n)
         run(rand(rng, 64, n), rand(rng, n, 64))
-        it = iter(pairs)
-        ray_s = timed(lambda: run(*next(it)), repeats)
+        times = interleaved({"numpy a@b": lambda: fixed_a @ fixed_b,
+                             "ray (put B, task per band)": lambda: run(*next(pairs))}, repeats)
     finally:
         ray.shutdown()
-    med = statistics.median(ray_s)
+    med = statistics.median(times["ray (put B, task per band)"])
     return [{"case": f"matmul n={n} f32", "runner": "ray (put B, task per band)",
              "median_s": med, "gflops": 2.0 * n ** 3 / med / 1e9,
-             "vs_numpy": statistics.median(numpy_s) / med}]
+             "vs_numpy": statistics.median(times["numpy a@b"]) / med}]
 
 
 def main() -> int:
