@@ -13,7 +13,10 @@ Rows (same matrices side by side in one run; medians of --repeats):
 - ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
 - ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
 - ``ray ...``: the same sharded matmul on a local Ray (``ray.put`` the weight, one task per
-  shard), only when ``import ray`` works (an optional extra, never a test dependency).
+  shard), only when ``import ray`` works here or ``--ray-python`` names an interpreter that
+  has it (an optional extra, never a test dependency). Ray moves arrays through shared
+  memory on one machine and verifies nothing; swarm moves them over TLS and checks every
+  shard, so this row shows the price of that.
 
 On a shared 2-core machine every figure is noisy: compare the ratios in one run.
 """
@@ -147,12 +150,26 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", choices=["swarm", "ray"], default=None)
+    p.add_argument("--ray-python", metavar="PYTHON", default=None,
+                   help="run the Ray rows with this interpreter (a venv where ray is installed)")
     args = p.parse_args()
     n, batch, rows, calls = (1024, 16, 128, 50) if args.quick else (4096, 64, 256, 200)
     results = []
     if args.only != "ray":
         results += bench_swarm(n, batch, rows, args.repeats, calls, args.workers)
-    if args.only != "swarm":
+    if args.only != "swarm" and args.ray_python:
+        import subprocess
+
+        out = subprocess.run([args.ray_python, __file__, "--only", "ray", "--json",
+                              "--repeats", str(args.repeats), "--workers", str(args.workers)]
+                             + (["--quick"] if args.quick else []),
+                             capture_output=True, text=True, timeout=900)
+        try:
+            results += json.loads(out.stdout)["results"]
+        except (ValueError, KeyError):
+            results.append({"case": f"matmul n={n} f32", "runner": "ray",
+                            "skipped": f"ray run failed: {out.stderr.strip()[-200:]}"})
+    elif args.only != "swarm":
         results += bench_ray(n, args.repeats, args.workers)
     meta = {"cpus": os.cpu_count(), "load_1m": os.getloadavg()[0], "workers": args.workers,
             "numpy": np.__version__}

@@ -108,6 +108,41 @@ class _Matmul:
                                                           "matmul.remote()"))
 
 
+class _Kernel:
+    """``client.kernel(*arrays, wgsl=, inputs=, outputs=, dispatch=, verify="replicate")``.
+
+    Runs a caller's WGSL compute kernel on a worker's GPU backend (validated there by
+    wgpu/naga). There is no cheap check for arbitrary kernels, so ``verify="replicate"``
+    (the default) runs it on two different peers and compares; a disagreement is settled
+    by running it here (needs a local wgpu backend).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __call__(self, *arrays: np.ndarray, **kw: Any) -> Any:
+        timeout = kw.get("timeout")
+        return self.remote(*arrays, **kw).future().result(timeout)
+
+    def remote(self, *arrays: np.ndarray, verify: str = "replicate",
+               timeout: float | None = None, **params: Any) -> ObjectRef:
+        client = self._client
+        client._check_open()
+        opts = validate(TASK_OPTIONS, {"verify": verify, "timeout": timeout}, "kernel()")
+        if opts["verify"] == "freivalds":
+            raise ValueError("kernel(): Freivalds' check is for matmul; use verify='replicate' "
+                             "(two peers) or 'none'")
+        for i, x in enumerate(arrays):
+            if not isinstance(x, np.ndarray):
+                raise TypeError(f"kernel input {i} must be a numpy array, got "
+                                f"{type(x).__name__}")
+        method_spec("matmul", "kernel").check(list(arrays), params)
+        call = Call("matmul", "kernel", tuple(Arg(np.ascontiguousarray(x)) for x in arrays),
+                    dict(params), cost=float(sum(x.size for x in arrays)))
+        fut = client._loop.submit(client._kernel(call, opts))
+        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
+
+
 class Client:
     """A requester joined to a swarm. Use as a context manager or call :meth:`close`."""
 
@@ -121,6 +156,7 @@ class Client:
         self._refresher = loop.submit(self._refresh())
         self._instances = itertools.count(1)
         self.matmul = _Matmul(self)
+        self.kernel = _Kernel(self)
         self.last_report: JobReport | None = None
         """The report of the most recent finished job (per-peer shards, bytes, verdicts)."""
         self._closed = False
@@ -227,6 +263,22 @@ class Client:
             progress=progress)
         self.last_report = report
         return job.merge(results)
+
+    async def _kernel(self, call: Call, opts: dict[str, Any]) -> Any:
+        from swarm.runtime.actors import MatmulActor
+
+        def local(_: int) -> list[np.ndarray]:
+            import compute
+
+            actor = MatmulActor(compute.get_backend("wgpu"))
+            return actor.kernel(list(a.array for a in call.args), call.params)
+
+        results, report = await self._node.requester.run(
+            [call], local=local, verify=None, replicate=opts["verify"] == "replicate",
+            timeout=opts["timeout"])
+        self.last_report = report
+        outs = results[0]
+        return outs[0] if len(outs) == 1 else outs
 
     # -- actors ---------------------------------------------------------------------------
 
@@ -553,7 +605,8 @@ def local(workers: int = 2, *, threads: int | None = None,
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "swarm.node", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
-                 "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1"],
+                 "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
+                 "--bench-size", "256"],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
         ids = [_read_ready(p, timeout) for p in procs]
         if workers:

@@ -90,6 +90,11 @@ class NodeConfig:
     """Announce a member record (a transient requester such as ``swarm submit`` does not)."""
     dht_rpc_timeout: float = 5.0
     """Seconds a DHT request waits for an answer (a dead node costs this per lookup)."""
+    bench_sizes: tuple[int, ...] | None = None
+    """Matrix sizes of the start-up benchmark behind the announced TFLOPS (None: compute's
+    quick set, ~3 s)."""
+    bench_budget_s: float = 3.0
+    """Time budget of that benchmark."""
 
 
 class Node:
@@ -162,11 +167,13 @@ class Node:
         links: tuple[tuple[str, int], ...] = ()
         if "worker" in cfg.roles:
             import compute
-            from compute.registry import throughput_gflops
 
             backend = await asyncio.to_thread(compute.get_backend, cfg.backend,
                                               threads=cfg.threads)
-            self.tflops = await asyncio.to_thread(throughput_gflops, backend, 256, 2) / 1000
+            result = await asyncio.to_thread(
+                compute.benchmark, cfg.bench_sizes, cfg.bench_budget_s,
+                quick=cfg.bench_sizes is None, backends=[backend.name], threads=cfg.threads)
+            self.tflops = compute.measured_tflops(result)
             self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos)
             self.server = await tls.listen(self.key, cfg.host, cfg.link_port,
                                            on_link=self._serve, accept=self._accepts)
@@ -317,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto")
     p.add_argument("--threads", type=int, default=None, help="BLAS threads")
     p.add_argument("--dht-timeout", type=float, default=5.0, help="DHT request timeout (s)")
+    p.add_argument("--bench-size", type=int, action="append", default=None, metavar="N",
+                   help="start-up benchmark size (repeatable; default: compute's quick set)")
     p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
@@ -347,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=data_dir(args.data_dir), swarm_id=args.swarm_id,
             roles=tuple(args.role or ["worker"]), host=args.host, dht_port=args.dht_port,
             link_port=args.link_port, bootstrap=tuple(args.bootstrap), backend=args.backend,
-            threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout)
+            threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout,
+            bench_sizes=tuple(args.bench_size) if args.bench_size else None)
     except ConfigError as exc:
         print(f"swarm node: {exc}", file=sys.stderr)
         return 2
@@ -360,10 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         import uvloop
-
-        uvloop.run(run_node(config, ready))
     except ImportError:
         asyncio.run(run_node(config, ready))
+    else:
+        uvloop.run(run_node(config, ready))
     return 0
 
 
