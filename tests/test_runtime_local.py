@@ -253,3 +253,20 @@ def test_solo_mode_without_workers():
         a = np.ones((3, 4), np.float32)
         np.testing.assert_allclose(c.matmul(a, a.T), a @ a.T)
         assert set(c.last_report.peers) == {"local"}
+
+
+@pytest.mark.slow
+def test_graceful_stop_finishes_or_hands_back_its_shards():
+    with swarm.local(workers=2, threads=1, chaos=["delay=1000", None]) as c:
+        leaving = c.worker_ids[0]
+        got_shard = threading.Event()
+        c.node.requester.on_task_sent = lambda peer, msg: (
+            got_shard.set() if peer == leaving else None)
+        rng = np.random.default_rng(6)
+        a, b = rand(rng, 400, 200), rand(rng, 200, 300)
+        ref = c.matmul.remote(a, b)
+        assert got_shard.wait(30)
+        c.processes[0].send_signal(signal.SIGTERM)
+        np.testing.assert_allclose(swarm.get(ref, timeout=60), a @ b, rtol=1e-4, atol=1e-3)
+        assert c.processes[0].wait(30) == 0          # it left cleanly, not killed
+        assert c.last_report.peers[str(leaving)].rejected == 0
