@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,14 @@ import numpy as np
 
 from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
-from swarm.errors import ActorDiedError, ConfigError, LinkClosed, RemoteError, VerificationError
+from swarm.errors import (
+    ActorDiedError,
+    ConfigError,
+    LinkClosed,
+    LocalError,
+    RemoteError,
+    VerificationError,
+)
 from swarm.membership import MemberRecord, swarm_id
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
@@ -79,8 +87,11 @@ class _LoopThread:
             self.loop.close()
 
 
-def _check_operand(name: str, x: Any) -> None:
+def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
     if isinstance(x, ObjectRef):
+        if client is not None and x.owner is not client:
+            raise ValueError(f"{name} is an ObjectRef of another client; refs only work with "
+                             "the client that made them")
         return
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array or an ObjectRef, got "
@@ -218,11 +229,17 @@ class Client:
         copy = np.array(array, copy=True, order="C")
         oid = object_id(copy)
         self._loop.run(self._store(copy, oid))
-        return ObjectRef.ready(oid, copy, self)
+        ref = ObjectRef.ready(oid, copy, self)
+        weakref.finalize(ref, self._release, oid)  # evictable once the caller drops the ref
+        return ref
 
     async def _store(self, array: np.ndarray, oid: ObjectId) -> None:
         self._node.requester.store.put(array, oid)
         self._node.requester.store.pin(oid)
+
+    def _release(self, oid: ObjectId) -> None:
+        if not self._closed:
+            self._loop.loop.call_soon_threadsafe(self._node.requester.store.unpin, oid)
 
     async def _resolve(self, x: Operand) -> tuple[np.ndarray, ObjectId | None]:
         if isinstance(x, ObjectRef):
@@ -236,8 +253,8 @@ class Client:
 
     def _submit_matmul(self, a: Operand, b: Operand, opts: dict[str, Any]) -> ObjectRef:
         self._check_open()
-        _check_operand("a", a)
-        _check_operand("b", b)
+        _check_operand("a", a, self)
+        _check_operand("b", b, self)
         if not isinstance(a, ObjectRef) and not isinstance(b, ObjectRef):
             method_spec("matmul", "matmul").check([a, b], {})
         elif isinstance(a, np.ndarray):
@@ -258,7 +275,8 @@ class Client:
                               verifier=self._verifier, b_oid=b_oid)
         verify = opts["verify"]
         results, report = await req.run(
-            job.calls, local=job.local, verify=job.verify if verify == "freivalds" else None,
+            job.calls, local=job.local,
+            verify=job.verify if verify == "freivalds" else job.check_shape,
             replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
             progress=progress)
         self.last_report = report
@@ -437,7 +455,7 @@ class ActorMethod:
         h = self._handle
         h._client._check_open()
         for i, x in enumerate(arrays):
-            _check_operand(f"argument {i}", x)
+            _check_operand(f"argument {i}", x, h._client)
         spec = method_spec(h.name, self._method)
         if all(isinstance(x, np.ndarray) for x in arrays):
             spec.check(list(arrays), params)
@@ -634,6 +652,6 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> PeerId:
     reader.start()
     reader.join(timeout)
     if not result or not result[0]:
-        raise RuntimeError(f"worker process {proc.pid} did not start (exit code "
+        raise LocalError(f"worker process {proc.pid} did not start (exit code "
                            f"{proc.poll()}); run `python -m swarm.node -v ...` to see why")
     return PeerId.parse(json.loads(result[0])["peer_id"])

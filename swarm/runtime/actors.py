@@ -20,6 +20,8 @@ import numpy as np
 
 MAX_WGSL = 64 * 1024
 MAX_DIM = 1 << 16
+MAX_OUTPUT = 1 << 28
+"""Largest matmul result in elements (1 GiB of float32, the wire's largest array)."""
 ARRAY_DTYPES = ("float32", "float16", "float64", "int32", "uint32")
 
 
@@ -56,6 +58,9 @@ def check_matmul(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> Non
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul shapes do not chain: a is {a.shape}, b is {b.shape}; "
                          f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+    if a.shape[0] * b.shape[1] > MAX_OUTPUT:
+        raise ValueError(f"the result would be {a.shape[0]}x{b.shape[1]}; at most "
+                         f"{MAX_OUTPUT} elements (split the job)")
     if set(params) - {"precision"}:
         raise TypeError(f"matmul takes only precision=, got {sorted(params)}")
 
@@ -172,6 +177,11 @@ class CallOrder:
             out.append(self._held.pop(self.next_seq))
             self.next_seq += 1
         return out
+
+    @property
+    def held(self) -> int:
+        """Calls waiting for an earlier one."""
+        return len(self._held)
 
     def rewind(self, seq: int, released: dict[int, Any]) -> None:
         """Call ``seq`` could not run yet (its inputs must be resent): take it and the calls
