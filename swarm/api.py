@@ -624,7 +624,7 @@ def local(workers: int = 2, *, threads: int | None = None,
                 [sys.executable, "-m", "swarm.node", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
                  "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
-                 "--bench-size", "256"],
+                 "--bench-size", "256", "--exit-with-parent"],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
         ids = [_read_ready(p, timeout) for p in procs]
         if workers:

@@ -327,21 +327,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench-size", type=int, action="append", default=None, metavar="N",
                    help="start-up benchmark size (repeatable; default: compute's quick set)")
     p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the parent process exits (embedded local swarms)")
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
 
-async def run_node(config: NodeConfig, ready: Callable[[Node], None] | None = None) -> None:
-    """Start a node, report readiness, run until SIGTERM/SIGINT, stop gracefully."""
+async def run_node(config: NodeConfig, ready: Callable[[Node], None] | None = None,
+                   exit_with_parent: bool = False) -> None:
+    """Start a node, report readiness, run until SIGTERM/SIGINT, stop gracefully.
+
+    ``exit_with_parent``: also stop when the parent process is gone (``swarm.local``'s
+    workers must not outlive a client that was killed without cleaning up).
+    """
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent = os.getppid()
+
+    async def watch_parent() -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        log.warning("parent process %d is gone; stopping", parent)
+        stop.set()
+
+    watcher = loop.create_task(watch_parent()) if exit_with_parent else None
     await node.start()
     if ready is not None:
         ready(node)
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     await node.stop(graceful=True)
 
 
@@ -371,9 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(run_node(config, ready))
+        asyncio.run(run_node(config, ready, args.exit_with_parent))
     else:
-        uvloop.run(run_node(config, ready))
+        uvloop.run(run_node(config, ready, args.exit_with_parent))
     return 0
 
 

@@ -270,3 +270,41 @@ def test_graceful_stop_finishes_or_hands_back_its_shards():
         np.testing.assert_allclose(swarm.get(ref, timeout=60), a @ b, rtol=1e-4, atol=1e-3)
         assert c.processes[0].wait(30) == 0          # it left cleanly, not killed
         assert c.last_report.peers[str(leaving)].rejected == 0
+
+
+async def test_refs_are_awaitable_from_asyncio(client):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = await client.matmul.remote(a, a.T.copy())
+    np.testing.assert_allclose(out, a @ a.T)
+
+
+def test_worker_processes_leave_with_a_killed_client(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import subprocess_env
+
+    script = ("import swarm, sys\n"
+              "c = swarm.local(workers=1, threads=1)\n"
+              "print(c.processes[0].pid, flush=True)\n"
+              "sys.stdin.read()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, env=subprocess_env(), text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)   # polling another process's exit: there is no event to wait on
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the worker outlived its killed client")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
