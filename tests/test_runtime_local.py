@@ -308,3 +308,20 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.slow
+def test_straggler_is_re_executed_elsewhere():
+    with swarm.local(workers=2, threads=1, chaos=["delay=20000", None]) as c:
+        slow = c.worker_ids[0]
+        try:
+            rng = np.random.default_rng(10)
+            a, b = rand(rng, 300, 200), rand(rng, 200, 200)
+            # the slow worker holds its shards 20 s; the job ends long before that
+            np.testing.assert_allclose(c.matmul(a, b, timeout=15), a @ b, rtol=1e-4, atol=1e-3)
+            report = c.last_report
+            assert report.peers.get(str(slow)) is None or report.peers[str(slow)].shards == 0
+            fast = report.peers[str(c.worker_ids[1])]
+            assert fast.shards == report.shards and fast.verified == report.shards
+        finally:
+            c.processes[0].kill()   # it would finish its sleeping task before leaving
