@@ -95,6 +95,9 @@ class NodeConfig:
     quick set, ~3 s)."""
     bench_budget_s: float = 3.0
     """Time budget of that benchmark."""
+    listen: bool | None = None
+    """Take incoming TLS links (None: when a worker). A non-worker that listens serves only
+    control messages on them (a coordinator that is not a worker, say)."""
 
 
 class Node:
@@ -175,6 +178,7 @@ class Node:
                 quick=cfg.bench_sizes is None, backends=[backend.name], threads=cfg.threads)
             self.tflops = compute.measured_tflops(result)
             self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos)
+        if cfg.listen or (cfg.listen is None and "worker" in cfg.roles):
             self.server = await tls.listen(self.key, cfg.host, cfg.link_port,
                                            on_link=self._serve, accept=self._accepts)
             links = ((cfg.host, self.server.port),)
@@ -206,8 +210,11 @@ class Node:
     async def _serve(self, link: PeerLink) -> None:
         self._incoming[link.remote] = link
         try:
-            assert self.host is not None
-            await self.host.serve(link, fallback=self._dispatch)
+            if self.host is not None:
+                await self.host.serve(link, fallback=self._dispatch)
+            else:
+                async for msg in link:
+                    await self._dispatch(link, msg)
         finally:
             if self._incoming.get(link.remote) is link:
                 del self._incoming[link.remote]
