@@ -10,7 +10,7 @@ asked. The caller then picks the best value by its own rule (highest valid seq).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -33,8 +33,11 @@ class LookupResult(Generic[T]):
 
 
 async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int, alpha: int,
-                 own_id: bytes | None = None) -> LookupResult[Any]:
-    """Run the lookup; ``query(node)`` returns (closer nodes, reply) or None on failure."""
+                 own_id: bytes | None = None, skip: Container[bytes] = ()) -> LookupResult[Any]:
+    """Run the lookup; ``query(node)`` returns (closer nodes, reply) or None on failure.
+
+    Nodes whose id is in ``skip`` (e.g. ones that just timed out) are never asked.
+    """
     t = int.from_bytes(target, "big")
     known: dict[bytes, Node] = {}
     state: dict[bytes, str] = {}  # new | pending | ok | failed
@@ -42,7 +45,7 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
     result: LookupResult[Any] = LookupResult([])
 
     def add(n: Node) -> None:
-        if n.id != own_id and n.id not in known:
+        if n.id != own_id and n.id not in known and n.id not in skip:
             known[n.id] = n
             state[n.id] = "new"
 

@@ -34,6 +34,7 @@ from dht.items import (
     MutableItem,
     Signer,
     check_salt,
+    decide_mutable_store,
     encode_value,
     mutable_target,
     public_bytes_of,
@@ -64,6 +65,7 @@ STATE_FILE = "node.json"
 ITEMS_FILE = "items.sqlite3"
 KEY_FILE = "node.key"
 MAX_PEER_PAGES = 64
+DEAD_FOR = 60.0
 
 
 @dataclass
@@ -116,6 +118,7 @@ class DHTNode(Server):
         self._maintenance: asyncio.Task | None = None
         self._address: tuple[str, int] | None = None
         self._stopped = False
+        self._dead: dict[bytes, float] = {}
 
     clock = staticmethod(time.time)
 
@@ -191,6 +194,11 @@ class DHTNode(Server):
         if self.transport is not None:
             self.transport.close()
         self.store.close()
+
+    async def settle(self) -> None:
+        """Wait for background writes (write-back to stale nodes) started so far."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _require_listening(self) -> None:
         if self.protocol is None or self._stopped:
@@ -268,10 +276,24 @@ class DHTNode(Server):
         if seeds is None:
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
-                              own_id=self.node.id)
+                              own_id=self.node.id, skip=self._recently_failed())
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    def _recently_failed(self) -> set[bytes]:
+        """Nodes that timed out in the last DEAD_FOR seconds: other nodes may still list
+        them, and asking again would cost a timeout per lookup."""
+        now = time.monotonic()
+        for nid in [nid for nid, at in self._dead.items() if now - at > DEAD_FOR]:
+            del self._dead[nid]
+        return set(self._dead)
+
+    def note_failed(self, node: Node) -> None:
+        self._dead[node.id] = time.monotonic()
+
+    def note_alive(self, node: Node) -> None:
+        self._dead.pop(node.id, None)
 
     async def _q_find_node(self, node: Node, target: bytes):
         data = await self.protocol.call(node, "find_node", target)
@@ -404,13 +426,13 @@ class DHTNode(Server):
         if local is not None:
             found.append(local)
         newest = max(found, key=lambda i: i.seq, default=None)
-        if cas is not None and newest is not None and newest.seq != cas:
-            raise ItemError(errors.CAS_MISMATCH,
-                            f"CAS mismatch: newest seq is {newest.seq}, not {cas}")
         if seq is None:
             seq = newest.seq + 1 if newest is not None else 1
         item = MutableItem.create(private_key, value, seq, salt)
         self.validators.check(item)
+        # BEP 44's rules against the newest copy found, not just against each node's copy:
+        # a node that never held the item would otherwise accept a stale seq.
+        decide_mutable_store(newest, item, cas)
         await self._write_mutable(item, cas, res, now)
         self.store.remember_published(Published(target, item, None),
                                       now + self.republish_interval)

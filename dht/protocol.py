@@ -80,6 +80,8 @@ class DHTProtocol(KademliaProtocol):
     async def call(self, node: Node, name: str, *args: Any) -> Any | None:
         """A request to a routing contact: the reply, or None (and the contact is dropped)."""
         result = await self.request((node.ip, node.port), name, *args)
+        if not result[0]:
+            self.dht.note_failed(node)
         self.handle_call_response(result, node)
         return result[1] if result[0] else None
 
@@ -94,6 +96,7 @@ class DHTProtocol(KademliaProtocol):
         """Add or refresh a contact. No values are pushed (kademlia's push can spread stale
         values; replication here is the publisher's re-put and the get's write-back)."""
         if node.id != self.source_node.id and is_node_id(node.id):
+            self.dht.note_alive(node)
             self.router.add_contact(node)
 
     def stop(self) -> None:
