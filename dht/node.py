@@ -78,6 +78,12 @@ class Stats:
     """Requests those lookups sent."""
 
 
+def _not_here(name: str, instead: str):
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DHTError(f"{name} is kademlia's unsigned or pickle-based API; use {instead}")
+    return refuse
+
+
 class DHTNode(Server):
     """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
 
@@ -86,7 +92,8 @@ class DHTNode(Server):
     def __init__(self, key: PeerKey | None = None, data_dir: Path | None = None, *,
                  ksize: int = 20, alpha: int = 3,
                  validators: Validators | dict[bytes, Validator] | None = None,
-                 rpc_timeout: float = 5.0, item_ttl: float = ITEM_TTL,
+                 rpc_timeout: float = 5.0, slow_after: float | None = None,
+                 item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
                  max_per_topic: int = MAX_PER_TOPIC) -> None:
@@ -107,6 +114,7 @@ class DHTNode(Server):
                                max_per_topic=max_per_topic)
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
+        self.slow_after = slow_after
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
         self.tokens = TokenIssuer(token_rotate, now=self.clock())
@@ -121,6 +129,16 @@ class DHTNode(Server):
         self._dead: dict[bytes, float] = {}
 
     clock = staticmethod(time.time)
+
+    # kademlia.Server's own API stores unsigned values, trusts the most common one and
+    # pickles its state: none of it is reachable through a DHTNode.
+    get = _not_here("get", "get_mutable or get_immutable")
+    set = _not_here("set", "put_mutable or put_immutable")
+    set_digest = _not_here("set_digest", "put_mutable or put_immutable")
+    save_state = _not_here("save_state", "data_dir (state is saved as JSON)")
+    save_state_regularly = _not_here("save_state_regularly", "data_dir")
+    load_state = staticmethod(_not_here("load_state", "DHTNode(data_dir=...)"))
+    refresh_table = _not_here("refresh_table", "maintain_once")
 
     def __repr__(self) -> str:
         return f"DHTNode({self.peer_id.short()} at {self._address})"
@@ -276,10 +294,18 @@ class DHTNode(Server):
         if seeds is None:
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
-                              own_id=self.node.id, skip=self._recently_failed())
+                              own_id=self.node.id, skip=self._recently_failed(),
+                              slow_after=self._slow_after(), keep=self._spawn)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    def _slow_after(self) -> float:
+        """A fixed ``slow_after``, else SRTT + 4 RTTVAR of this node's requests, kept
+        between 50 ms and a quarter of the RPC timeout."""
+        if self.slow_after is not None:
+            return self.slow_after
+        return self.protocol.rtt.slow_after(0.05, self.rpc_timeout / 4)
 
     def _recently_failed(self) -> set[bytes]:
         """Nodes that timed out in the last DEAD_FOR seconds: other nodes may still list
