@@ -154,11 +154,12 @@ class WgpuBackend(Backend):
 
     # ----------------------------------------------------------------- pipelines, buffers
 
-    def _matmul_pipeline(self, kernel: str, f16: bool):
-        key = (kernel, f16, self.tiles)
+    def _matmul_pipeline(self, kernel: str, f16: bool, tiles: TileConfig | None = None):
+        tiles = tiles or self.tiles
+        key = (kernel, f16, tiles)
         pipeline = self._pipelines.get(key)
         if pipeline is None:
-            code = tiled_source(self.tiles, f16=f16) if kernel == "tiled" else source("matmul_naive")
+            code = tiled_source(tiles, f16=f16) if kernel == "tiled" else source("matmul_naive")
             module = self.device.create_shader_module(label=f"matmul_{kernel}", code=code)
             pipeline = self.device.create_compute_pipeline(
                 label=f"matmul_{kernel}", layout="auto",
@@ -233,7 +234,7 @@ class WgpuBackend(Backend):
         block_n = 4 * self.tiles.block_n4 if kernel == "tiled" else 16
         col_step = n_pad
         while k_pad * col_step * elt > self.max_binding or -(-col_step // block_n) > self.max_groups:
-            col_step = _round_up(col_step // 2, quad)
+            col_step = max(quad, _round_up(col_step // 2, quad))
             if col_step <= quad and k_pad * col_step * elt > self.max_binding:
                 raise InvalidInput(f"K = {k} is too long for this device's buffers")
         row_bytes = max(k_pad * elt, col_step * 4)
@@ -317,18 +318,25 @@ class WgpuBackend(Backend):
             raise ComputeError(f"wgpu matmul failed: {exc}") from exc
 
     def kernel_seconds(self, m: int, k: int, n: int, *, kernel: str = "tiled",
-                       repeats: int = 5) -> float:
+                       repeats: int = 5, tiles: TileConfig | None = None) -> float:
         """Device time per product for ``kernel``: inputs uploaded once, ``repeats``
-        dispatches in one submission, no read-back. What the naive-vs-tiled figure uses."""
+        dispatches in one submission, no read-back. What the naive-vs-tiled figure uses;
+        ``tiles`` tries another tile shape on the same device (bench/gpu_matmul.py)."""
         import time
 
         wgpu = self._wgpu
+        tiles = tiles or self.tiles
+        if not self._fits(tiles):
+            raise ComputeError(f"tile config {tiles} exceeds this device's limits")
         rng = np.random.default_rng(0)
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
-        (job,) = self._jobs(0, a, b, kernel, False)
+        job = self._jobs(0, a, b, kernel, False)[0]
+        if job.a.nbytes > self.max_binding or job.b.nbytes > self.max_binding:
+            raise ComputeError(f"a {m}x{k}x{n} product needs bindings above this device's "
+                               f"{self.max_binding} bytes")
         with self._lock:
-            pipeline = self._matmul_pipeline(kernel, False)
+            pipeline = self._matmul_pipeline(kernel, False, tiles)
             usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST
             a_buf = self.device.create_buffer_with_data(data=job.a, usage=usage)
             b_buf = self.device.create_buffer_with_data(data=job.b, usage=usage)
@@ -340,8 +348,7 @@ class WgpuBackend(Backend):
                 size=4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
             if kernel == "tiled":
                 dims = np.array([m, job.a.shape[1] // 4, job.n_pad // 4, 0], np.uint32)
-                groups = (-(-(job.n_pad // 4) // self.tiles.block_n4),
-                          -(-m // self.tiles.block_m), 1)
+                groups = (-(-(job.n_pad // 4) // tiles.block_n4), -(-m // tiles.block_m), 1)
             else:
                 dims = np.array([m, k, n, 0], np.uint32)
                 groups = (-(-n // 16), -(-m // 16), 1)

@@ -119,3 +119,43 @@ def test_swarm_bench_without_any_backend_is_unavailable(monkeypatch, capsys, hom
     monkeypatch.setattr(registry, "FACTORIES", {"zeros": lambda t: Zeros(t)})
     assert cli.main(["bench", "--data-dir", str(home), "--sizes", "32"]) == cli.EXIT_UNAVAILABLE
     assert "no usable compute backend" in capsys.readouterr().err
+
+
+def _script(name: str, *args: str, timeout: float = 120):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    return subprocess.run([sys.executable, str(ROOT / "bench" / name), *args],
+                          capture_output=True, text=True, timeout=timeout, env=subprocess_env())
+
+
+def test_gpu_matmul_script_explains_what_is_missing():
+    import importlib.util
+
+    res = _script("gpu_matmul.py")
+    if importlib.util.find_spec("torch") is None:
+        assert res.returncode == 4 and "torch is not installed" in res.stderr
+    cpu_only = _script("gpu_matmul.py", "--wgsl-only")
+    if cpu_only.returncode == 4:
+        assert "not a discrete GPU" in cpu_only.stderr or "no wgpu device" in cpu_only.stderr
+
+
+def test_gpu_matmul_script_smoke_on_any_adapter():
+    res = _script("gpu_matmul.py", "--wgsl-only", "--allow-cpu", "--sizes", "64", "--repeats",
+                  "1", "--json")
+    if res.returncode == 4:
+        pytest.skip(res.stderr)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["freivalds_ok"] and out["sizes"]["64"]["wgsl_best"]["tflops"] > 0
+
+
+def test_bench_compute_script_quick_json():
+    res = _script("compute.py", "--quick", "--json", timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert all(r["accepts_correct"] and r["rejects_one_wrong"] for r in out["freivalds"])
+    assert {r["n"] for r in out["numpy_overhead"]} == {256, 512}
+    assert all("speedup" in r or "error" in r for r in out["kernels"])

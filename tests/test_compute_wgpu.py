@@ -42,6 +42,15 @@ def test_shapes(gpu, shape, kernel):
     assert_product(a, b, gpu.matmul(a, b, kernel=kernel))
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "naive"])
+def test_freivalds_accepts_both_kernels(gpu, kernel):
+    a, b = operands(300, 500, 200)
+    c = gpu.matmul(a, b, kernel=kernel)
+    assert compute.verify_matmul(a, b, c)
+    c[299, 199] += 0.05
+    assert not compute.verify_matmul(a, b, c)
+
+
 def test_empty_and_degenerate(gpu):
     assert gpu.matmul(np.ones((0, 3)), np.ones((3, 4))).shape == (0, 4)
     c = gpu.matmul(np.ones((2, 0)), np.ones((0, 5)))
@@ -76,8 +85,11 @@ def test_products_larger_than_a_binding_are_split(gpu, monkeypatch):
     jobs = gpu._jobs(0, a, b, "tiled", False)
     assert len(jobs) > 8 and all(j.a.nbytes <= 4096 and j.b.nbytes <= 4096 for j in jobs)
     assert_product(a, b, gpu.matmul(a, b))
+    assert_product(a, b, gpu.matmul(a, b, kernel="naive"))
     with pytest.raises(InvalidInput, match="too long"):
         gpu._jobs(0, *operands(1, 2048, 1), "tiled", False)
+    with pytest.raises(InvalidInput, match="too long"):
+        gpu._jobs(0, *operands(1, 2048, 1), "naive", False)
 
 
 def test_f16_needs_shader_f16(gpu):
@@ -127,7 +139,7 @@ class ZerosOnDevice(wb.WgpuBackend):
         self.__dict__.update(real.__dict__)
         self._pipelines, self._pool = {}, {}
 
-    def _matmul_pipeline(self, kernel, f16):
+    def _matmul_pipeline(self, kernel, f16, tiles=None):
         module = self.device.create_shader_module(code=ZEROS_KERNEL)
         return self.device.create_compute_pipeline(
             layout="auto", compute={"module": module, "entry_point": "main"})
