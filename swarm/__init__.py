@@ -23,9 +23,11 @@ from "a peer misbehaved" (the latter is retried elsewhere and counts against the
 """
 
 from swarm.errors import (
+    ActorDiedError,
     AuthenticationError,
     ConfigError,
     ConsentRefused,
+    GetTimeoutError,
     LinkClosed,
     LocalError,
     NotCoordinator,
@@ -33,13 +35,45 @@ from swarm.errors import (
     RemoteError,
     StaleTerm,
     SwarmError,
+    TaskError,
     URIError,
     VerificationError,
 )
 
 __version__ = "0.1.0"
 
+# The runtime API, imported on first use so that `swarm --help` stays fast.
+_LAZY = {
+    "connect": "swarm.api", "local": "swarm.api", "Client": "swarm.api",
+    "LocalSwarm": "swarm.api", "ActorHandle": "swarm.api",
+    "get": "swarm.runtime.refs", "wait": "swarm.runtime.refs",
+    "ObjectRef": "swarm.runtime.refs",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swarm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "ActorDiedError",
+    "ActorHandle",
+    "Client",
+    "GetTimeoutError",
+    "LocalSwarm",
+    "ObjectRef",
+    "TaskError",
+    "connect",
+    "get",
+    "local",
+    "wait",
     "AuthenticationError",
     "ConfigError",
     "ConsentRefused",

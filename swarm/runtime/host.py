@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,8 +104,9 @@ class ActorHost:
 
     # -- serving a link -------------------------------------------------------------------
 
-    async def serve(self, link: PeerLink) -> None:
-        """Answer ``link``'s messages until it closes."""
+    async def serve(self, link: PeerLink,
+                    fallback: Callable[[PeerLink, Any], Awaitable[None]] | None = None) -> None:
+        """Answer ``link``'s messages until it closes; other messages go to ``fallback``."""
         if self._runner is None:
             self._runner = asyncio.get_running_loop().create_task(self._run(), name="actor-host")
         self._links.add(link)
@@ -117,8 +118,8 @@ class ActorHost:
                     await self._accept(link, msg)
                 elif isinstance(msg, CancelTask):
                     self._cancelled.add((link.remote, msg.task))
-                else:
-                    log.debug("ignoring %s from %s", type(msg).__name__, link.remote.short())
+                elif fallback is not None:
+                    await fallback(link, msg)
         finally:
             self._links.discard(link)
             self._queue = deque(c for c in self._queue if c.link is not link)

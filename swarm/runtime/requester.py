@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,14 +137,19 @@ class Requester:
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._readers: set[asyncio.Task] = set()
+        self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
+        """Observer called after each RunTask is sent (progress displays, tests)."""
 
     # -- links ----------------------------------------------------------------------------
 
-    def attach(self, link: PeerLink) -> None:
-        """Use ``link`` to reach a worker (replaces an older link to the same peer)."""
+    def attach(self, link: PeerLink,
+               fallback: Callable[[PeerLink, Any], Awaitable[None]] | None = None) -> None:
+        """Use ``link`` to reach a worker (replaces an older link to the same peer).
+
+        Messages that are not task answers go to ``fallback(link, msg)`` (control plane)."""
         self.links[link.remote] = link
         self._draining.discard(link.remote)
-        task = asyncio.get_running_loop().create_task(self._read(link),
+        task = asyncio.get_running_loop().create_task(self._read(link, fallback),
                                                       name=f"requester-{link.remote.short()}")
         self._readers.add(task)
         task.add_done_callback(self._readers.discard)
@@ -155,7 +160,7 @@ class Requester:
         return sorted(p for p, link in self.links.items()
                       if not link.closed and p not in self._draining and self.accept_peer(p))
 
-    async def _read(self, link: PeerLink) -> None:
+    async def _read(self, link: PeerLink, fallback) -> None:
         peer = link.remote
         try:
             async for msg in link:
@@ -166,6 +171,8 @@ class Requester:
                 elif isinstance(msg, Draining):
                     self._draining.add(peer)
                     self._changed.set()
+                elif fallback is not None:
+                    await fallback(link, msg)
         finally:
             closed = LinkClosed(link.close_reason or "link closed") if link.closed else \
                 LinkClosed("link closed")
@@ -230,8 +237,10 @@ class Requester:
             args = [TaskArg(oid=a.oid.raw) if a.oid is not None else TaskArg(array=a.array)
                     for a in call.args]
             try:
-                await link.send(RunTask(tid, call.actor, instance, seq, call.method, args,
-                                        params))
+                msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
+                await link.send(msg)
+                if self.on_task_sent is not None:
+                    self.on_task_sent(peer, msg)
                 if report is not None:
                     report.bytes_out += sum(a.array.nbytes for a in call.args if a.oid is None)
                 reply = await fut
