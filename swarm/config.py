@@ -72,5 +72,5 @@ def setup_logging(verbosity: int = 0, stream=None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # Third-party libraries are chatty at INFO; keep them one step quieter.
-    for noisy in ("kademlia", "rpcudp", "aioice", "aiortc", "wgpu"):
+    for noisy in ("kademlia", "rpcudp", "aioice", "aiortc", "wgpu", "fido2"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

@@ -479,6 +479,8 @@ class Controller:
 
     def _adopt(self, state: CoordinatorState, now: float) -> None:
         old = self.state
+        if old is None or old.term != state.term or old.coordinator != state.coordinator:
+            log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
         self.guard.observe(state.term)
         self.state = state
