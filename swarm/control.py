@@ -61,8 +61,8 @@ class Timing:
     """How often the coordinator sends its state to every member."""
     failover: float = 2.0
     """Silence after which a follower suspects the coordinator (also the startup grace)."""
-    claim: float = 3.0
-    """How long a CAS claim of the next term may take before giving up."""
+    claim: float = 5.0
+    """How long a CAS claim of the next term (two DHT lookups) may take."""
     handoff: float = 3.0
     """How long a successor has to take over before the next one is tried."""
     rebalance: float = 1.5
@@ -208,6 +208,8 @@ class Controller:
         self._successor: PeerId | None = None
         self._failed_successors: set[PeerId] = set()
         self._liars: dict[PeerId, list[float]] = {}
+        self._leave_reason = ""
+        self._predecessor: PeerId | None = None
         self._actions: list[Action] = []
 
     # -- queries -----------------------------------------------------------------------------
@@ -291,6 +293,11 @@ class Controller:
         self.endorsement = self._pending_endorsement
         self._actions.append(Persist(self.state))
         self._set_state(Role.COORDINATOR, now)
+        if self._predecessor is not None:
+            # It may be blocked (out of our heartbeat list) but waits to hear we took over.
+            self._actions.append(SendHeartbeat(self.state, (self._predecessor,),
+                                               self.endorsement))
+            self._predecessor = None
 
     def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
                   endorsed_by: PeerId | None = None) -> bool:
@@ -341,6 +348,7 @@ class Controller:
         log.info("taking over from %s at term %d", sender.short(), state.term)
         self._pending = state
         self._pending_endorsement = endorsement
+        self._predecessor = sender
         self._set_state(Role.CANDIDATE, now)
         self._actions.append(PutState(state, claim=True))
 
@@ -366,10 +374,15 @@ class Controller:
                                  + (f"; try {self.coordinator}" if self.coordinator else ""))
         if cmd.kind == "block":
             entry = BlockEntry(cmd.target, cmd.reason[:100], cmd.by, cmd.at)
-            self._publish(self.state.with_block(entry), now)
             if cmd.target == self.me:
+                # Our own block travels to the successor in the handoff; followers would
+                # refuse a heartbeat from a coordinator its own state blocks.
+                self.state = self.state.with_block(entry)
+                self._actions.append(Persist(self.state))
+                self._leave_reason = "this peer is blocked"
                 self.leave(now)
             else:
+                self._publish(self.state.with_block(entry), now)
                 # Tell the blocked peer once (it leaves), then refuse it.
                 self._actions.append(SendHeartbeat(self.state, (cmd.target,), self.endorsement))
                 self._actions.append(Disconnect(cmd.target, f"blocked: {cmd.reason}", True))
@@ -378,6 +391,7 @@ class Controller:
                 self._publish(self.state.without_block(cmd.target), now)
         elif cmd.kind == "kick":
             if cmd.target == self.me:
+                self._leave_reason = f"kicked: {cmd.reason}"
                 self.leave(now)
             else:
                 order = KickOrder(self.state.term, cmd.target, cmd.reason, cmd.at)
@@ -464,6 +478,7 @@ class Controller:
             new = prev.successor(term=term, coordinator=self.me)
         self._pending = new
         self._pending_endorsement = b""
+        self._predecessor = None
         self._set_state(Role.CANDIDATE, now, why=f"claiming term {term}")
         self._actions.append(PutState(new, claim=True))
 
@@ -501,7 +516,8 @@ class Controller:
         elif self.role is Role.HANDING_OFF:
             done = state.coordinator == self._successor
             if self.leaving:
-                self._set_state(Role.STOPPED, now, why="handed off" if done else "left")
+                self._set_state(Role.STOPPED, now, why=self._leave_reason
+                                or ("handed off" if done else "left"))
             else:
                 self._set_state(Role.FOLLOWER, now, why="handed off")
 
@@ -512,8 +528,8 @@ class Controller:
         self._beat(now)
 
     def _beat(self, now: float) -> None:
-        if self.state is None:
-            return
+        if self.state is None or self.me in self.blocked():
+            return  # a blocked coordinator only hands off; followers refuse its beats
         out = self.blocked() | {self.me}
         to = tuple(sorted((p for p in self.view if p not in out), key=lambda p: p.raw))
         self._actions.append(SendHeartbeat(self.state, to, self.endorsement))
@@ -525,7 +541,8 @@ class Controller:
         succ = to or successor(self.view.values(), self.me, self.blocked(), out)
         if succ is None:
             if self.leaving:
-                self._set_state(Role.STOPPED, now, why="left; no successor available")
+                self._set_state(Role.STOPPED, now,
+                                why=self._leave_reason or "left; no successor available")
             return
         offer = self.state.successor(term=self.state.term + 1, coordinator=succ)
         self._successor = succ

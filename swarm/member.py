@@ -28,6 +28,7 @@ from swarm.uri import JoinURI
 
 log = logging.getLogger("swarm.member")
 CHARTER_WAIT = 15.0
+RPC_TIMEOUT = 1.0
 
 
 @dataclass
@@ -75,6 +76,9 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, host=host, dht_port=port,
                            bootstrap=tuple(uri.peers), backend=backend, threads=threads,
                            store_capacity=store_capacity))
+    # Each lookup waits for its k closest nodes, so one dead node costs a full RPC timeout;
+    # kademlia's 5 s would put a failover claim (two lookups) far past its goal.
+    node.dht.rpc_timeout = RPC_TIMEOUT
     if state is not None and node.peer_id in state.blocked_ids:
         raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
                       f"{uri.name or sid.hex()[:12]}")

@@ -79,6 +79,7 @@ class View:
                 "health": {"load": r.health.load, "battery": r.health.battery,
                            "plugged": r.health.plugged, "thermal": r.health.thermal},
                 "link": "tls" if r.links else "none",
+                "dht": list(r.dht) if r.dht else None,
                 "version": r.version,
                 "expires_in": round(exp - time.time(), 1),
             } for r, exp in self.members],

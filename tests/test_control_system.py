@@ -1,0 +1,121 @@
+"""The control plane with real processes on loopback: publish, join, status, failover after
+SIGKILL, block surviving coordinator change and full restart, kick, forged and stale commands,
+consent without a terminal. Times are printed (run with -s) and asserted only loosely."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from identity import BlockCommand, PeerKey, Role, Signed, sign_as_peer
+from swarm.errors import RemoteError
+from swarm.uri import parse
+from tests.conftest import run_swarm
+from tests.control_support import SIGKILL, SIGTERM, Cluster
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _members(st: dict) -> set[str]:
+    return {m["peer_id"] for m in st["members"]}
+
+
+def test_failover_block_and_full_restart(cluster, tmp_path):
+    pub = cluster.publish()
+    workers = {n: cluster.join(n) for n in ("w1", "w2", "w3")}
+    peers = {n: p.peer for n, p in workers.items()} | {"pub": pub.peer}
+    join_times = [float(p.wait_line(lambda s: s.startswith("joined swarm"), 60).split(" in ")[1]
+                        .split(" s")[0]) for p in workers.values()]
+    obs = cluster.observer()
+    st = obs.wait(lambda s: _members(s) == set(peers.values())
+                  and s["coordinator"] in _members(s), 60, "4 members and a coordinator")
+    assert st["owner"]["hardware_backed"] is False and st["term"] >= 1
+    term1 = st["term"]
+
+    # Block w3 as the owner: it leaves, and it is listed as blocked.
+    res = run_swarm("block", cluster.uri, peers["w3"], "--reason", "test",
+                    "--owner-key", f"soft:{tmp_path / 'owner.key'}",
+                    "--data-dir", str(tmp_path / "op"), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert workers["w3"].wait_exit(30) == 3
+    assert "blocked" in workers["w3"].err[-1]
+
+    # A forged block command (an unknown peer claiming to be an admin) is not applied.
+    st = obs.status()
+    rogue = PeerKey.generate()
+    forged = BlockCommand(swarm=parse(cluster.uri).pubkey, counter=int(time.time() * 1000),
+                          target=PeerKey.from_seed(b"x" * 32).peer_id, reason="forged",
+                          role=Role.ADMIN, term=st["term"])
+    with pytest.raises(RemoteError, match="did not apply"):
+        obs.send(Signed(forged, (sign_as_peer(forged, rogue),)), rogue)
+
+    # SIGKILL the coordinator: a new one takes over with the blocklist intact.
+    st = obs.status()
+    coord = next(n for n, p in peers.items() if p == st["coordinator"])
+    procs = {"pub": pub} | workers
+    killed_at = time.monotonic()
+    procs[coord].signal(SIGKILL)
+    st2 = obs.wait(lambda s: s["term"] > st["term"] and s["coordinator"] != peers[coord],
+                   30, "a new coordinator")
+    failover = time.monotonic() - killed_at
+    print(f"\njoin times {join_times}; failover after SIGKILL {failover:.2f} s")
+    assert peers["w3"] in {b["peer_id"] for b in st2["blocked"]}
+    assert failover < 15
+
+    # The deposed coordinator's key signing a command at its old term: refused (fencing).
+    old_key = PeerKey.load(tmp_path / coord / "peer.key")
+    stale = BlockCommand(swarm=parse(cluster.uri).pubkey, counter=int(time.time() * 1000),
+                         target=PeerKey.from_seed(b"y" * 32).peer_id, reason="stale",
+                         role=Role.COORDINATOR, term=term1)
+    with pytest.raises(RemoteError, match="did not apply"):
+        obs.send(Signed(stale, (sign_as_peer(stale, old_key),)), old_key)
+
+    # Full restart of every node (the killed one too): w3 stays out, the block holds.
+    for p in procs.values():
+        p.signal(SIGTERM)
+    for p in procs.values():
+        p.wait_exit(30)
+    port = int(parse(cluster.uri).peers[0][1])
+    pub2 = cluster.publish("pub", port=port)
+    again = {n: cluster.join(n) for n in ("w1", "w2")}
+    w3 = cluster.join("w3")
+    assert w3.wait_exit(60) == 3
+    assert "blocked" in "\n".join(w3.err)
+    obs = cluster.observer()
+    st3 = obs.wait(lambda s: s["coordinator"] and s["term"] > st2["term"]
+                   and len(s["members"]) == 3, 60, "a coordinator after the restart")
+    assert peers["w3"] in {b["peer_id"] for b in st3["blocked"]}
+    assert peers["w3"] not in _members(st3)
+    del pub2, again
+
+
+def test_kick_disconnects_the_peer(cluster, tmp_path):
+    cluster.publish()
+    w1, w2 = cluster.join("w1"), cluster.join("w2")
+    target = w2.peer
+    cluster.observer().wait(lambda s: len(s["members"]) == 3 and s["coordinator"], 60,
+                            "3 members")
+    res = run_swarm("kick", cluster.uri, target, "--reason", "maintenance",
+                    "--owner-key", f"soft:{tmp_path / 'owner.key'}",
+                    "--data-dir", str(tmp_path / "op"), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert w2.wait_exit(30) == 3
+    assert any("kicked: maintenance" in line for line in w2.err)
+    assert w1.popen.poll() is None  # the others stay
+
+
+def test_consent_refused_without_a_terminal_names_yes(tmp_path):
+    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + "&dn=lab&x.pe=127.0.0.1:9"
+    res = run_swarm("join", uri, "--data-dir", str(tmp_path / "d"), timeout=60)
+    assert res.returncode == 3
+    assert "--yes" in res.stderr
