@@ -119,3 +119,38 @@ def test_consent_refused_without_a_terminal_names_yes(tmp_path):
     res = run_swarm("join", uri, "--data-dir", str(tmp_path / "d"), timeout=60)
     assert res.returncode == 3
     assert "--yes" in res.stderr
+
+
+def test_graceful_handoff_while_a_job_runs(cluster):
+    import numpy as np
+
+    from swarm.api import connect
+    from swarm.runtime.refs import get
+
+    pub = cluster.publish()
+    workers = {n: cluster.join(n) for n in ("w1", "w2")}
+    peers = {n: p.peer for n, p in workers.items()} | {"pub": pub.peer}
+    obs = cluster.observer()
+    st = obs.wait(lambda s: len(s["members"]) == 3 and s["coordinator"], 60, "3 members")
+    procs = {"pub": pub} | workers
+    coord = next(n for n, p in peers.items() if p == st["coordinator"])
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((768, 768), dtype=np.float32)
+    bs = [rng.standard_normal((768, 768), dtype=np.float32) for _ in range(8)]
+    client = connect(cluster.uri, data_dir=cluster.root, min_workers=3, timeout=60)
+    try:
+        refs = [client.matmul.remote(a, b) for b in bs]
+        t0 = time.monotonic()
+        procs[coord].signal(SIGTERM)  # leaves gracefully while the job runs
+        st2 = obs.wait(lambda s: s["term"] > st["term"] and s["coordinator"] != peers[coord],
+                       30, "the successor")
+        handoff = time.monotonic() - t0
+        outs = get(refs, timeout=120)
+        for b, out in zip(bs, outs, strict=True):
+            np.testing.assert_allclose(out, a @ b, rtol=1e-3, atol=1e-2)
+        assert procs[coord].wait_exit(30) == 0
+        assert any("handed off" in line for line in procs[coord].err)
+        print(f"\nhandoff (SIGTERM to successor's term in the DHT) {handoff:.2f} s")
+        assert st2["coordinator"] in peers.values()
+    finally:
+        client.close()
