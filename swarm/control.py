@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from identity.keys import PeerId
-from swarm.control_state import BlockEntry, CoordinatorState, KickOrder
+from swarm.control_state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
 from swarm.election import Candidate, TermGuard, elect, successor
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
@@ -210,6 +210,7 @@ class Controller:
         self._liars: dict[PeerId, list[float]] = {}
         self._leave_reason = ""
         self._predecessor: PeerId | None = None
+        self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
 
     # -- queries -----------------------------------------------------------------------------
@@ -248,6 +249,14 @@ class Controller:
                 del self.suspects[peer]
         if self.role is Role.COORDINATOR:
             self._maybe_rebalance(now)
+
+    def charter_changed(self, admins: Iterable[PeerId], policy: dict, now: float) -> None:
+        """The verified charter's admins or policy changed: a coordinator carries them."""
+        self._charter = (tuple(sorted(admins))[:MAX_ADMINS], dict(policy))
+        st = self.state
+        if self.role is Role.COORDINATOR and st is not None \
+                and (st.admins, st.policy) != self._charter:
+            self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
 
     def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
         new = frozenset(peers) - self.charter_blocked
@@ -443,6 +452,10 @@ class Controller:
             self._deadline = now + self.timing.claim
         elif new is Role.COORDINATOR:
             self.expected = self.me
+            if self._charter is not None and self.state is not None \
+                    and (self.state.admins, self.state.policy) != self._charter:
+                self._publish(self.state.successor(admins=self._charter[0],
+                                                   policy=self._charter[1]), now)
             self._beat(now)
         elif new is Role.HANDING_OFF:
             self._deadline = now + self.timing.handoff

@@ -33,7 +33,8 @@ from identity import (
     verify_command,
 )
 from swarm import control
-from swarm.charter import register_validators, state_salt
+from swarm.charter import CharterError, register_validators, state_salt
+from swarm.charter import fetch as fetch_charter
 from swarm.control import Command, Controller, Role, Timing
 from swarm.control_state import (
     CoordinatorState,
@@ -52,6 +53,7 @@ log = logging.getLogger("swarm.control")
 
 TICK = 0.1
 VIEW_INTERVAL = 1.0
+CHARTER_REFRESH = 5.0
 COMMAND_AGE = 120_000  # ms: older (or future) commands are refused as replays
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
 
@@ -77,6 +79,7 @@ class ControlPlane:
 
     def __init__(self, node, swarm_pubkey: bytes, data_dir: Path, *,
                  timing: Timing | None = None, ownership: Ownership | None = None,
+                 owner_pin: bytes | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.key: PeerKey = node.key
@@ -85,6 +88,7 @@ class ControlPlane:
         self.data_dir = Path(data_dir)
         self.clock = clock
         self.ownership = ownership
+        self.owner_pin = owner_pin
         persisted = load_state(self.data_dir, self.swarm_id)
         self.controller = Controller(self.key.peer_id, self.swarm_id, clock(),
                                      timing or Timing(), persisted)
@@ -145,11 +149,15 @@ class ControlPlane:
 
     async def _run(self) -> None:
         next_view = self.clock() + VIEW_INTERVAL
+        next_charter = self.clock()
         while not self.left.is_set():
             now = self.clock()
             if now >= next_view and (self._view_task is None or self._view_task.done()):
                 self._view_task = asyncio.get_running_loop().create_task(self._refresh_view())
                 next_view = now + VIEW_INTERVAL
+            if now >= next_charter:
+                self._spawn(self._refresh_charter())
+                next_charter = now + CHARTER_REFRESH
             self.controller.tick(now)
             await self._do(self.controller.actions())
             await asyncio.sleep(TICK)
@@ -178,6 +186,19 @@ class ControlPlane:
         if me not in {c.peer_id for c in view} and self.node.record is not None:
             view.append(candidate(self.node.record, float("inf")))
         self.controller.members(view, self.clock())
+        await self._do(self.controller.actions())
+
+    async def _refresh_charter(self) -> None:
+        """Pick up ownership changes (new admins, policy, owner) from the DHT."""
+        try:
+            rec = await fetch_charter(self.node.dht, self.swarm_pubkey, self.owner_pin)
+        except (CharterError, DHTError) as exc:
+            log.info("charter refresh failed: %s", exc)
+            return
+        self.ownership = rec.ownership
+        self.controller.charter_changed(
+            [p for p, g in rec.ownership.admins.items() if g.expires is None],
+            {"require_hardware": rec.ownership.policy.require_hardware}, self.clock())
         await self._do(self.controller.actions())
 
     async def _read_states(self) -> None:

@@ -82,7 +82,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     if state is not None and node.peer_id in state.blocked_ids:
         raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
                       f"{uri.name or sid.hex()[:12]}")
-    control = ControlPlane(node, uri.pubkey, data_dir, timing=timing)
+    control = ControlPlane(node, uri.pubkey, data_dir, timing=timing,
+                           owner_pin=uri.owner or None)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -72,6 +72,7 @@ class View:
             "policy": {"require_hardware": own.policy.require_hardware},
             "coordinator": str(st.coordinator) if st else None,
             "term": st.term if st else 0,
+            "coordinator_admins": sorted(str(p) for p in st.admins) if st else [],
             "members": [{
                 "peer_id": str(r.peer_id), "tflops": round(r.tflops, 6),
                 "role": "coordinator" if st and r.peer_id == st.coordinator else
@@ -114,7 +115,7 @@ async def observe(node: DHTNode, uri: JoinURI) -> View:
 
 
 async def send_command(node: DHTNode, uri: JoinURI, view: View, signed: Signed,
-                       sender: PeerKey, wait: float = 10.0) -> CoordinatorState | None:
+                       sender: PeerKey, wait: float = 5.0) -> CoordinatorState | None:
     """Deliver a signed command to the coordinator; wait until its DHT state reflects it."""
     coord = view.coordinator
     if coord is None or coord not in view.addrs:
@@ -133,11 +134,11 @@ async def send_command(node: DHTNode, uri: JoinURI, view: View, signed: Signed,
     want_blocked = kind == "BlockCommand"
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        item = await node.get_mutable(coord.raw, charter.state_salt(sid))
-        if item is not None:
-            state = CoordinatorState.decode(item.value)
-            if (cmd.target in state.blocked_ids) == want_blocked:
-                return state
+        # The highest-term state, not just this coordinator's: blocking the coordinator
+        # itself shows up in its successor's state.
+        state = (await observe(node, uri)).state
+        if state is not None and (cmd.target in state.blocked_ids) == want_blocked:
+            return state
         await asyncio.sleep(0.2)
     raise RemoteError(f"coordinator {coord.short()} did not apply the command within "
                       f"{wait:.0f} s (not authorised? see its log)")

@@ -154,3 +154,44 @@ def test_graceful_handoff_while_a_job_runs(cluster):
         assert st2["coordinator"] in peers.values()
     finally:
         client.close()
+
+
+def test_owner_commands_and_an_admin_block(cluster, tmp_path):
+    cluster.publish()
+    w1 = cluster.join("w1")
+    w2 = cluster.join("w2")
+    admin, target = w1.peer, w2.peer
+    obs = cluster.observer()
+    obs.wait(lambda s: len(s["members"]) == 3 and s["coordinator"], 60, "3 members")
+    owner = ["--owner-key", f"soft:{tmp_path / 'owner.key'}", "--data-dir", str(tmp_path / "pub")]
+    res = run_swarm("owner", "add-admin", cluster.uri, admin, *owner, timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = run_swarm("owner", "show", cluster.uri, "--json", "--data-dir", str(tmp_path / "op"),
+                    timeout=60)
+    assert res.returncode == 0, res.stderr
+    import json
+
+    shown = json.loads(res.stdout)
+    assert shown["admins"] == [admin] and shown["hardware_backed"] is False
+    assert shown["chain_length"] == 2
+    # The admin blocks w2 with its peer key once the coordinator has the new charter.
+    obs.wait(lambda s: s["coordinator_admins"] == [admin], 30, "the admin at the coordinator")
+    res = run_swarm("block", cluster.uri, target, "--as", "admin", "--key",
+                    str(tmp_path / "w1" / "peer.key"), "--data-dir", str(tmp_path / "op"),
+                    timeout=60)
+    assert res.returncode == 0, res.stderr
+    st = obs.wait(lambda s: target in {b["peer_id"] for b in s["blocked"]}, 20, "the block")
+    assert next(b for b in st["blocked"] if b["peer_id"] == target)["by"] == "admin"
+    # A peer that is not an admin cannot.
+    res = run_swarm("unblock", cluster.uri, target, "--as", "admin", "--key",
+                    str(tmp_path / "pub" / "peer.key"), "--data-dir", str(tmp_path / "op"),
+                    timeout=60)
+    assert res.returncode == 1 and "did not apply" in res.stderr
+    # Ownership transfer: the new key owns the swarm, the chain still verifies.
+    res = run_swarm("owner", "transfer", cluster.uri, "--new-owner-key",
+                    f"soft:{tmp_path / 'new-owner.key'}", *owner, timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = run_swarm("owner", "show", cluster.uri, "--json", "--data-dir", str(tmp_path / "op"),
+                    timeout=60)
+    assert json.loads(res.stdout)["owner"] != shown["owner"]
+    assert json.loads(res.stdout)["chain_length"] == 4
