@@ -67,7 +67,7 @@ class Timing:
     """How long a successor has to take over before the next one is tried."""
     rebalance: float = 1.5
     """Hand the role to an elected member this many times faster than the incumbent."""
-    liar_threshold: int = 3
+    liar_threshold: int = 2
     """Wrong results reported against a peer before the coordinator blocks it."""
     liar_window: float = 600.0
     """Seconds over which those reports count."""

@@ -52,6 +52,7 @@ from swarm.membership import MemberRecord, membership_topic
 log = logging.getLogger("swarm.control")
 
 TICK = 0.1
+NO_COORDINATE = "no-coordinate"  # a member role: serves tasks, never coordinates
 VIEW_INTERVAL = 1.0
 CHARTER_REFRESH = 5.0
 COMMAND_AGE = 120_000  # ms: older (or future) commands are refused as replays
@@ -65,7 +66,8 @@ def candidate(record: MemberRecord, freshness: float) -> Candidate:
         record.peer_id, record.tflops,
         Health(load=h.load or 0.0, battery=h.battery,
                plugged=True if h.plugged is None else h.plugged, thermal=h.thermal),
-        eligible="worker" in record.roles or "coordinator" in record.roles,
+        eligible=("worker" in record.roles or "coordinator" in record.roles)
+        and NO_COORDINATE not in record.roles,
         freshness=freshness)
 
 
@@ -98,6 +100,8 @@ class ControlPlane:
         self.left_reason = ""
         self.role_changes: list[tuple[float, Role, int]] = []
         self._seen_commands: set[tuple[bytes, int]] = set()
+        self._liars: list[tuple[PeerId, str, float]] = []
+        self._liars_told: PeerId | None = None
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
@@ -257,6 +261,8 @@ class ControlPlane:
             elif isinstance(act, control.Left):
                 self.left_reason = act.reason
                 self.left.set()
+        if self._liars and self.controller.coordinator not in (None, self._liars_told):
+            self._report_liars(self._liars)
 
     async def _put_state(self, act: control.PutState) -> None:
         dht = self.node.dht
@@ -298,13 +304,23 @@ class ControlPlane:
     # -- incoming --------------------------------------------------------------------------
 
     def _on_liar(self, peer: PeerId, reason: str) -> None:
+        self._liars.append((peer, reason, self.clock()))
+        self._report_liars(self._liars[-1:])
+
+    def _report_liars(self, reports: list[tuple[PeerId, str, float]]) -> None:
+        """Tell the coordinator (sent again to a new one: a dead one heard nothing)."""
         coord = self.controller.coordinator
-        if coord == self.key.peer_id:
-            self.controller.liar_report(peer, self.clock(), int(time.time()))
-            self._spawn(self._do(self.controller.actions()))
-        elif coord is not None:
-            body = msgpack.packb({"p": peer.raw, "r": reason[:100]}, use_bin_type=True)
-            self._spawn(self._send(coord, seal(self.key, self.swarm_id, "liar", body)))
+        self._liars_told = coord
+        now = self.clock()
+        for peer, reason, at in reports:
+            if now - at > self.controller.timing.liar_window:
+                continue
+            if coord == self.key.peer_id:
+                self.controller.liar_report(peer, now, int(time.time()))
+            elif coord is not None:
+                body = msgpack.packb({"p": peer.raw, "r": reason[:100]}, use_bin_type=True)
+                self._spawn(self._send(coord, seal(self.key, self.swarm_id, "liar", body)))
+        self._spawn(self._do(self.controller.actions()))
 
     async def _on_message(self, sender: PeerId, addr: tuple[str, int], payload: bytes) -> None:
         try:

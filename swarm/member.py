@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -19,11 +20,13 @@ from pathlib import Path
 from identity import PeerKey, Signed
 from swarm import charter
 from swarm.control import Timing
-from swarm.control_plane import ControlPlane
+from swarm.control_plane import NO_COORDINATE, ControlPlane
 from swarm.control_state import load_state
 from swarm.errors import ConfigError, ConsentRefused
 from swarm.membership import swarm_id
 from swarm.node import Node, NodeConfig
+from swarm.runtime.chaos import ENV as CHAOS_ENV
+from swarm.runtime.chaos import parse as parse_chaos
 from swarm.uri import JoinURI
 
 log = logging.getLogger("swarm.member")
@@ -65,7 +68,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                 host: str = "127.0.0.1", threads: int | None = None,
                 publication: Publication | None = None, timing: Timing | None = None,
                 ready: Callable[[Ready], None] | None = None,
-                stop: asyncio.Event | None = None, store_capacity: int = 4 << 30) -> str:
+                stop: asyncio.Event | None = None, store_capacity: int = 4 << 30,
+                coordinate: bool = True) -> str:
     """Be a member until ``stop`` (or SIGTERM/SIGINT) or until kicked/blocked; why we left."""
     started = time.monotonic()
     if uri.salt != charter.CHARTER_SALT:
@@ -75,7 +79,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
 
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, host=host, dht_port=port,
                            bootstrap=tuple(uri.peers), backend=backend, threads=threads,
-                           store_capacity=store_capacity))
+                           store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
+                           roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))
     # Each lookup waits for its k closest nodes, so one dead node costs a full RPC timeout;
     # kademlia's 5 s would put a failover claim (two lookups) far past its goal.
     node.dht.rpc_timeout = RPC_TIMEOUT

@@ -41,6 +41,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", type=_size, default=4 << 30, metavar="SIZE",
                    help="cap on cached task data, e.g. 2G (default 4G)")
     p.add_argument("--threads", type=int, default=None, help="BLAS threads for numpy")
+    p.add_argument("--no-coordinate", action="store_true",
+                   help="serve tasks but never take the coordinator role")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
                                       port=args.port, host=args.host, threads=args.threads,
-                                      ready=ready, store_capacity=args.max_memory))
+                                      ready=ready, store_capacity=args.max_memory,
+                                      coordinate=not args.no_coordinate))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     if reason.startswith(("kicked", "this peer is blocked")):
         from swarm.cli import EXIT_REFUSED
