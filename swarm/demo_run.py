@@ -29,8 +29,8 @@ from swarm.uri import JoinURI, parse
 JOBS = 1
 
 
-class _Proc:
-    """A child swarm process; its stderr is collected by a thread."""
+class SwarmProcess:
+    """A child `swarm` process (also used by bench/control.py); stderr collected by a thread."""
 
     def __init__(self, name: str, args: list[str], root: Path, env: dict[str, str]) -> None:
         self.name = name
@@ -79,6 +79,16 @@ class _Proc:
             self.popen.send_signal(sig)
 
 
+def child_env() -> dict[str, str]:
+    """The environment for child swarm processes: this tree first, no inherited faults."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + \
+        env.get("PYTHONPATH", "")
+    env.pop("SWARM_CHAOS", None)
+    env.pop("JOURNAL_STREAM", None)
+    return env
+
+
 def run_demo(workers: int, size: int, log: Callable[[str], None] | None = None) -> dict:
     import logging
 
@@ -87,24 +97,20 @@ def run_demo(workers: int, size: int, log: Callable[[str], None] | None = None) 
     logging.getLogger("asyncio").setLevel(logging.ERROR)
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="swarm-demo-"))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + \
-        env.get("PYTHONPATH", "")
-    env.pop("SWARM_CHAOS", None)
-    env.pop("JOURNAL_STREAM", None)
+    env = child_env()
     threads = str(max(1, (os.cpu_count() or 1) // (workers + 2)))
-    procs: dict[str, _Proc] = {}
+    procs: dict[str, SwarmProcess] = {}
     try:
         say(f"publishing a swarm (software owner key in {root})")
-        procs["publisher"] = _Proc("publisher", [
+        procs["publisher"] = SwarmProcess("publisher", [
             "publish", "--name", "demo", "--owner-key", f"soft:{root / 'owner.key'}",
             "--backend", "numpy"], root, env)
         uri = procs["publisher"].first_stdout_line(90)
         say(f"join URI: {uri}")
         for i in range(workers):
-            procs[f"worker{i + 1}"] = _Proc(f"worker{i + 1}", [
+            procs[f"worker{i + 1}"] = SwarmProcess(f"worker{i + 1}", [
                 "join", uri, "--yes", "--backend", "numpy", "--threads", threads], root, env)
-        procs["chaos"] = _Proc("chaos", [
+        procs["chaos"] = SwarmProcess("chaos", [
             "join", uri, "--yes", "--backend", "numpy", "--threads", threads,
             "--no-coordinate"], root,
             env | {"SWARM_CHAOS": "corrupt=1"})
@@ -125,7 +131,7 @@ def run_demo(workers: int, size: int, log: Callable[[str], None] | None = None) 
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def _scenario(uri: str, size: int, procs: dict[str, _Proc], peers: dict[str, str],
+async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: dict[str, str],
                     joins: list[float], started: float, say) -> dict:
     from swarm.api import connect
     from swarm.runtime.refs import ObjectRef, get
