@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from identity.keys import PeerId
-from swarm.control_state import BlockEntry, CoordinatorState, KickOrder
+from swarm.control_state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
 from swarm.election import Candidate, TermGuard, elect, successor
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
@@ -61,13 +61,13 @@ class Timing:
     """How often the coordinator sends its state to every member."""
     failover: float = 2.0
     """Silence after which a follower suspects the coordinator (also the startup grace)."""
-    claim: float = 3.0
-    """How long a CAS claim of the next term may take before giving up."""
+    claim: float = 5.0
+    """How long a CAS claim of the next term (two DHT lookups) may take."""
     handoff: float = 3.0
     """How long a successor has to take over before the next one is tried."""
     rebalance: float = 1.5
     """Hand the role to an elected member this many times faster than the incumbent."""
-    liar_threshold: int = 3
+    liar_threshold: int = 2
     """Wrong results reported against a peer before the coordinator blocks it."""
     liar_window: float = 600.0
     """Seconds over which those reports count."""
@@ -208,6 +208,9 @@ class Controller:
         self._successor: PeerId | None = None
         self._failed_successors: set[PeerId] = set()
         self._liars: dict[PeerId, list[float]] = {}
+        self._leave_reason = ""
+        self._predecessor: PeerId | None = None
+        self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
 
     # -- queries -----------------------------------------------------------------------------
@@ -246,6 +249,14 @@ class Controller:
                 del self.suspects[peer]
         if self.role is Role.COORDINATOR:
             self._maybe_rebalance(now)
+
+    def charter_changed(self, admins: Iterable[PeerId], policy: dict, now: float) -> None:
+        """The verified charter's admins or policy changed: a coordinator carries them."""
+        self._charter = (tuple(sorted(admins))[:MAX_ADMINS], dict(policy))
+        st = self.state
+        if self.role is Role.COORDINATOR and st is not None \
+                and (st.admins, st.policy) != self._charter:
+            self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
 
     def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
         new = frozenset(peers) - self.charter_blocked
@@ -291,6 +302,11 @@ class Controller:
         self.endorsement = self._pending_endorsement
         self._actions.append(Persist(self.state))
         self._set_state(Role.COORDINATOR, now)
+        if self._predecessor is not None:
+            # It may be blocked (out of our heartbeat list) but waits to hear we took over.
+            self._actions.append(SendHeartbeat(self.state, (self._predecessor,),
+                                               self.endorsement))
+            self._predecessor = None
 
     def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
                   endorsed_by: PeerId | None = None) -> bool:
@@ -341,6 +357,7 @@ class Controller:
         log.info("taking over from %s at term %d", sender.short(), state.term)
         self._pending = state
         self._pending_endorsement = endorsement
+        self._predecessor = sender
         self._set_state(Role.CANDIDATE, now)
         self._actions.append(PutState(state, claim=True))
 
@@ -366,10 +383,15 @@ class Controller:
                                  + (f"; try {self.coordinator}" if self.coordinator else ""))
         if cmd.kind == "block":
             entry = BlockEntry(cmd.target, cmd.reason[:100], cmd.by, cmd.at)
-            self._publish(self.state.with_block(entry), now)
             if cmd.target == self.me:
+                # Our own block travels to the successor in the handoff; followers would
+                # refuse a heartbeat from a coordinator its own state blocks.
+                self.state = self.state.with_block(entry)
+                self._actions.append(Persist(self.state))
+                self._leave_reason = "this peer is blocked"
                 self.leave(now)
             else:
+                self._publish(self.state.with_block(entry), now)
                 # Tell the blocked peer once (it leaves), then refuse it.
                 self._actions.append(SendHeartbeat(self.state, (cmd.target,), self.endorsement))
                 self._actions.append(Disconnect(cmd.target, f"blocked: {cmd.reason}", True))
@@ -378,6 +400,7 @@ class Controller:
                 self._publish(self.state.without_block(cmd.target), now)
         elif cmd.kind == "kick":
             if cmd.target == self.me:
+                self._leave_reason = f"kicked: {cmd.reason}"
                 self.leave(now)
             else:
                 order = KickOrder(self.state.term, cmd.target, cmd.reason, cmd.at)
@@ -429,6 +452,10 @@ class Controller:
             self._deadline = now + self.timing.claim
         elif new is Role.COORDINATOR:
             self.expected = self.me
+            if self._charter is not None and self.state is not None \
+                    and (self.state.admins, self.state.policy) != self._charter:
+                self._publish(self.state.successor(admins=self._charter[0],
+                                                   policy=self._charter[1]), now)
             self._beat(now)
         elif new is Role.HANDING_OFF:
             self._deadline = now + self.timing.handoff
@@ -464,6 +491,7 @@ class Controller:
             new = prev.successor(term=term, coordinator=self.me)
         self._pending = new
         self._pending_endorsement = b""
+        self._predecessor = None
         self._set_state(Role.CANDIDATE, now, why=f"claiming term {term}")
         self._actions.append(PutState(new, claim=True))
 
@@ -479,6 +507,8 @@ class Controller:
 
     def _adopt(self, state: CoordinatorState, now: float) -> None:
         old = self.state
+        if old is None or old.term != state.term or old.coordinator != state.coordinator:
+            log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
         self.guard.observe(state.term)
         self.state = state
@@ -499,7 +529,8 @@ class Controller:
         elif self.role is Role.HANDING_OFF:
             done = state.coordinator == self._successor
             if self.leaving:
-                self._set_state(Role.STOPPED, now, why="handed off" if done else "left")
+                self._set_state(Role.STOPPED, now, why=self._leave_reason
+                                or ("handed off" if done else "left"))
             else:
                 self._set_state(Role.FOLLOWER, now, why="handed off")
 
@@ -510,8 +541,8 @@ class Controller:
         self._beat(now)
 
     def _beat(self, now: float) -> None:
-        if self.state is None:
-            return
+        if self.state is None or self.me in self.blocked():
+            return  # a blocked coordinator only hands off; followers refuse its beats
         out = self.blocked() | {self.me}
         to = tuple(sorted((p for p in self.view if p not in out), key=lambda p: p.raw))
         self._actions.append(SendHeartbeat(self.state, to, self.endorsement))
@@ -523,7 +554,8 @@ class Controller:
         succ = to or successor(self.view.values(), self.me, self.blocked(), out)
         if succ is None:
             if self.leaving:
-                self._set_state(Role.STOPPED, now, why="left; no successor available")
+                self._set_state(Role.STOPPED, now,
+                                why=self._leave_reason or "left; no successor available")
             return
         offer = self.state.successor(term=self.state.term + 1, coordinator=succ)
         self._successor = succ

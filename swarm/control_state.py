@@ -22,13 +22,15 @@ import msgpack
 from identity.keys import PeerId, PeerKey, verify
 from swarm.errors import ProtocolError
 
-MAX_MESSAGE = 7000  # fits one kademlia RPC (8192 bytes) with room for the envelope
+MAX_MESSAGE = 3800  # fits one DHT message (4096 bytes) with room for its envelope
 MAX_REASON = 100
-MAX_BLOCKED = 40
-MAX_ADMINS = 16
-MAX_POLICY = 16
+MAX_BLOCKED = 12  # the compact form must fit one BEP 44 item (1000 bytes)
+MAX_ADMINS = 4
+MAX_POLICY = 4
+BY = ("owner", "admin", "coordinator")  # on the wire as the index
+MAX_ITEM = 1000
 DOMAIN = b"swarm-control/v1\0"
-KINDS = ("hb", "handoff", "kick", "cmd", "liar", "hello")
+KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar")
 
 
 @dataclass(frozen=True)
@@ -85,16 +87,25 @@ class CoordinatorState:
 
     # -- encoding ------------------------------------------------------------------------
 
-    def to_obj(self) -> dict:
+    def to_obj(self, compact: bool = False) -> dict:
+        """As a msgpack-ready map; ``compact`` leaves out block reasons (the DHT copy)."""
         return {
             "v": 1, "sw": self.swarm, "t": self.term, "q": self.seq, "c": self.coordinator.raw,
-            "b": [[b.peer.raw, b.reason, b.by, b.at] for b in self.blocked],
+            "b": [[b.peer.raw, "" if compact else b.reason, BY.index(b.by), b.at]
+                  for b in self.blocked],
             "a": [a.raw for a in self.admins], "p": dict(sorted(self.policy.items())),
             "pr": self.prev,
         }
 
     def encode(self) -> bytes:
         return msgpack.packb(self.to_obj(), use_bin_type=True)
+
+    def encode_compact(self) -> bytes:
+        """The form stored in the DHT: at most MAX_ITEM bytes."""
+        data = msgpack.packb(self.to_obj(compact=True), use_bin_type=True)
+        if len(data) > MAX_ITEM - 20:  # bencoding adds a length prefix
+            raise ProtocolError(f"coordinator state is {len(data)} bytes compacted")
+        return data
 
     def digest(self) -> bytes:
         return hashlib.sha256(self.encode()).digest()
@@ -115,14 +126,14 @@ class CoordinatorState:
                 _need(isinstance(item, list) and len(item) == 4, "block entry")
                 peer, reason, by, at = item
                 _need(isinstance(reason, str) and len(reason) <= MAX_REASON
-                      and by in ("owner", "admin", "coordinator") and type(at) is int,
+                      and type(by) is int and 0 <= by < len(BY) and type(at) is int,
                       "block entry")
-                blocked.append(BlockEntry(PeerId(peer), reason, by, at))
+                blocked.append(BlockEntry(PeerId(peer), reason, BY[by], at))
             _need(isinstance(o["a"], list) and len(o["a"]) <= MAX_ADMINS, "admins")
             policy = o["p"]
             _need(isinstance(policy, dict) and len(policy) <= MAX_POLICY and all(
-                isinstance(k, str) and len(k) <= 40 and isinstance(v, str | int | float | bool)
-                and (not isinstance(v, str) or len(v) <= 100) for k, v in policy.items()),
+                isinstance(k, str) and len(k) <= 24 and isinstance(v, str | int | float | bool)
+                and (not isinstance(v, str) or len(v) <= 24) for k, v in policy.items()),
                 "policy")
             return cls(swarm=sw, term=t, seq=q, coordinator=PeerId(c),
                        blocked=tuple(sorted(blocked, key=lambda b: b.peer.raw)),
@@ -159,7 +170,7 @@ class Envelope:
     """A signed control message between peers."""
 
     kind: str
-    """One of KINDS: hb, handoff, kick, cmd, liar, hello."""
+    """One of KINDS: hb, handoff, endorse, kick, cmd, liar."""
     sender: PeerId
     """Who signed it."""
     body: bytes
@@ -197,6 +208,28 @@ def unseal(swarm: bytes, data: bytes) -> Envelope:
     if not verify(sender, sig, _signed_part(swarm, kind, body)):
         raise ProtocolError(f"bad signature on {kind!r} message from {sender.short()}")
     return Envelope(kind, sender, body, endorsement)
+
+
+@dataclass(frozen=True)
+class Endorsement:
+    """A leaving coordinator's word that ``successor`` coordinates at ``term``."""
+
+    term: int
+    """The successor's term."""
+    successor: PeerId
+    """Who takes over."""
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"t": self.term, "c": self.successor.raw}, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Endorsement:
+        o = _unpack(data)
+        try:
+            _need(type(o["t"]) is int, "endorsement")
+            return cls(o["t"], PeerId(o["c"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed endorsement: {exc}") from None
 
 
 @dataclass(frozen=True)

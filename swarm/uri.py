@@ -1,9 +1,12 @@
 """Join URIs: BEP 46 style magnet links naming a swarm by its public key.
 
-``magnet:?xs=urn:btpk:<swarm pubkey hex>&s=<salt hex>&dn=<name>&x.pe=host:port...``
+``magnet:?xs=urn:btpk:<swarm pubkey hex>&s=<salt hex>&dn=<name>&x.op=<owner pin hex>
+&x.pe=host:port...``
 
 The key and salt locate the swarm's charter (a BEP 44 mutable item); ``dn`` is only a
-display name (the charter is the authority); ``x.pe`` entries are bootstrap hints. A URI is
+display name (the charter is the authority); ``x.op`` pins the founding owner's FIDO2 key
+(16-byte fingerprint), so a stolen swarm key cannot found a new chain; ``x.pe`` entries
+are bootstrap hints. A URI is
 untrusted input (it arrives by chat or e-mail), so it is size-limited and every part is
 checked; a parse error says which part is wrong.
 """
@@ -22,6 +25,7 @@ MAX_URI = 4096
 MAX_NAME = 100
 MAX_SALT = 64  # BEP 44 limit on a salt
 MAX_PEERS = 16
+OWNER_PIN = 16
 DEFAULT_SALT = b"swarm"
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
@@ -41,6 +45,8 @@ class JoinURI:
     """BEP 44 salt of the charter item."""
     peers: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     """Bootstrap hints: (host, port) of DHT nodes in the swarm."""
+    owner: bytes = b""
+    """Fingerprint of the founding owner key (16 bytes), or empty when not pinned."""
 
     def __post_init__(self) -> None:
         if len(self.pubkey) != 32:
@@ -48,6 +54,8 @@ class JoinURI:
         if len(self.salt) > MAX_SALT:
             raise URIError(f"s: salt longer than {MAX_SALT} bytes")
         _check_name(self.name)
+        if len(self.owner) not in (0, OWNER_PIN):
+            raise URIError(f"x.op: the owner pin is {OWNER_PIN} bytes ({2 * OWNER_PIN} hex)")
         if len(self.peers) > MAX_PEERS:
             raise URIError(f"x.pe: more than {MAX_PEERS} bootstrap peers")
         for host, port in self.peers:
@@ -64,6 +72,8 @@ class JoinURI:
         parts = [f"xs={_XS}{self.pubkey.hex()}", f"s={self.salt.hex()}"]
         if self.name:
             parts.append("dn=" + quote(self.name, safe=""))
+        if self.owner:
+            parts.append(f"x.op={self.owner.hex()}")
         for host, port in self.peers:
             shown = f"[{host}]" if ":" in host else host
             parts.append(f"x.pe={quote(shown, safe='[]:')}:{port}")
@@ -139,7 +149,7 @@ def parse(text: str) -> JoinURI:
             if len(peers) >= MAX_PEERS:
                 raise URIError(f"x.pe: more than {MAX_PEERS} bootstrap peers")
             peers.append(parse_peer(value))
-        elif key in ("xs", "s", "dn"):
+        elif key in ("xs", "s", "dn", "x.op"):
             if key in fields:
                 raise URIError(f"{key}: given twice")
             fields[key] = value
@@ -154,4 +164,6 @@ def parse(text: str) -> JoinURI:
         raise URIError(f"xs: public key has {len(key_hex)} hex digits, expected 64")
     pubkey = _hex("xs", key_hex)
     salt = _hex("s", fields["s"]) if "s" in fields else DEFAULT_SALT
-    return JoinURI(pubkey=pubkey, name=fields.get("dn", ""), salt=salt, peers=tuple(peers))
+    owner = _hex("x.op", fields["x.op"]) if "x.op" in fields else b""
+    return JoinURI(pubkey=pubkey, name=fields.get("dn", ""), salt=salt, peers=tuple(peers),
+                   owner=owner)

@@ -304,3 +304,13 @@ def test_commands_need_the_coordinator_and_transitions_are_checked():
     assert sim.nodes["a"].role is Role.STOPPED
     with pytest.raises(control.IllegalTransition):
         sim.nodes["a"]._set_state(Role.FOLLOWER, sim.now)
+
+
+def test_a_coordinator_blocked_by_the_owner_hands_off_with_its_own_block():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.nodes["b"].command(Command("block", sim.ids["b"], "owner said so", "owner", 1), sim.now)
+    sim._run("b")
+    sim.run_until(lambda: "b" in sim.left and sim.agreed("c"))
+    assert sim.left["b"] == "this peer is blocked"
+    assert sim.ids["b"] in sim.nodes["a"].blocked() and sim.nodes["c"].term == 2
+    assert not any(w == "hb" for _, w, _ in sim.refused)

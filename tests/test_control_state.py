@@ -46,8 +46,8 @@ def test_state_round_trip_and_chain():
     lambda o: o.update(t=-1),
     lambda o: o.update(q="1"),
     lambda o: o.update(c=b"\x00" * 31),
-    lambda o: o.update(b=[[b"\x01" * 32, "r", "hacker", 1]]),
-    lambda o: o.update(b=[[b"\x01" * 32, "r" * 101, "owner", 1]]),
+    lambda o: o.update(b=[[b"\x01" * 32, "r", 7, 1]]),
+    lambda o: o.update(b=[[b"\x01" * 32, "r" * 101, 0, 1]]),
     lambda o: o.update(p={"k": [1, 2]}),
     lambda o: o.update(pr=b"x"),
     lambda o: o.pop("a"),
@@ -102,3 +102,19 @@ def test_persisted_state_is_0600_and_scoped_to_its_swarm(tmp_path):
     assert load_state(tmp_path, bytes(20)) is None
     state_path(tmp_path, SWARM).write_text("{garbage")
     assert load_state(tmp_path, SWARM) is None
+
+
+def test_largest_state_fits_one_dht_item_and_one_message():
+    from swarm.control_state import MAX_ADMINS, MAX_BLOCKED, MAX_ITEM, MAX_MESSAGE, MAX_REASON
+
+    s = CoordinatorState(SWARM, 2**40, 2**40, KEY.peer_id,
+                         admins=tuple(PeerId(bytes([i]) * 32) for i in range(MAX_ADMINS)),
+                         policy={f"k{i}": "v" * 24 for i in range(4)}, prev=b"p" * 32)
+    for i in range(MAX_BLOCKED):
+        s = s.with_block(BlockEntry(PeerId(bytes([100 + i]) * 32), "r" * MAX_REASON,
+                                    "coordinator", 2**33))
+    assert len(s.encode_compact()) <= MAX_ITEM
+    env = seal(KEY, SWARM, "hb", s.encode(), seal(KEY, SWARM, "endorse", b"x" * 60))
+    assert len(env) <= MAX_MESSAGE
+    with pytest.raises(ProtocolError, match="full"):
+        s.with_block(BlockEntry(PeerId(b"\xff" * 32)))
