@@ -158,6 +158,12 @@ def test_lying_worker_is_caught_and_its_shards_redone():
         assert c.last_report.peers[str(liar)].rejected >= 1
         assert reported and set(reported) == {liar}
         assert c.node.requester.rates.rejected[liar] >= 1
+        # an actor hosted by the liar: its wrong answer is caught, reported and redone here
+        reported.clear()
+        h = c.actor("matmul", peer=liar)
+        np.testing.assert_allclose(swarm.get(h.matmul.remote(a, b), timeout=30), a @ b,
+                                   rtol=1e-4, atol=1e-3)
+        assert reported == [liar]
 
 
 @pytest.mark.slow
@@ -207,6 +213,21 @@ def test_wgsl_kernel_replicated_on_two_peers(client):
     ran = {peer for peer, r in client.last_report.peers.items() if r.shards}
     assert ran == {str(w) for w in client.worker_ids}          # both peers ran it
     assert all(r.verified == r.shards for r in client.last_report.peers.values())
+
+
+@pytest.mark.slow
+def test_actor_kernel_is_checked_against_a_second_peer(client):
+    pytest.importorskip("wgpu")
+    h = client.actor("matmul")
+    x = np.arange(64, dtype=np.float32)
+    p = np.array([np.float32(3.0).view(np.uint32), 64], np.uint32)
+    ref = h.kernel.remote(x, np.zeros(64, np.float32), p, wgsl=SAXPY,
+                          inputs=["x", "y", "params"], outputs=[("y", (64,), "float32")],
+                          dispatch=(1, 1, 1))
+    np.testing.assert_array_equal(swarm.get(ref, timeout=60), 3 * x)
+    with pytest.raises(ValueError, match="Freivalds"):
+        h.kernel.remote(x, wgsl=SAXPY, inputs=["x"], outputs=[("y", (2,), "float32")],
+                        dispatch=(1, 1, 1), verify="freivalds")
 
 
 def test_kernel_misuse(client):
