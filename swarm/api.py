@@ -81,10 +81,22 @@ class _LoopThread:
         return self.submit(coro).result(timeout)
 
     def stop(self) -> None:
+        """Cancel every task still on the loop, wait for them, then stop and close it."""
+        try:
+            self.run(self._cancel_all(), 10)
+        except Exception as exc:  # a task that ignores cancellation: stop anyway
+            log.debug("client loop shutdown: %r", exc)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self.loop.is_running():
             self.loop.close()
+
+    @staticmethod
+    async def _cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
@@ -150,7 +162,7 @@ class _Kernel:
         method_spec("matmul", "kernel").check(list(arrays), params)
         call = Call("matmul", "kernel", tuple(Arg(np.ascontiguousarray(x)) for x in arrays),
                     dict(params), cost=float(sum(x.size for x in arrays)))
-        fut = client._loop.submit(client._kernel(call, opts))
+        fut = client._submit(client._kernel(call, opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
 
 
@@ -171,6 +183,7 @@ class Client:
         self.last_report: JobReport | None = None
         """The report of the most recent finished job (per-peer shards, bytes, verdicts)."""
         self._closed = False
+        self._inflight: set[cf.Future] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -194,6 +207,13 @@ class Client:
 
             self._backend = compute.get_backend("numpy")
         return self._backend
+
+    def _submit(self, coro: Coroutine) -> cf.Future:
+        """Run a task coroutine on the client's loop; close() cancels it if still pending."""
+        fut = self._loop.submit(coro)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+        return fut
 
     def _check_open(self) -> None:
         if self._closed:
@@ -261,7 +281,7 @@ class Client:
             method_spec("matmul", "matmul").check([a, a.T], {})
         elif isinstance(b, np.ndarray):
             method_spec("matmul", "matmul").check([b.T, b], {})
-        fut = self._loop.submit(self._matmul(a, b, opts))
+        fut = self._submit(self._matmul(a, b, opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
 
     async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
@@ -328,6 +348,8 @@ class Client:
             return
         self._closed = True
         self._refresher.cancel()
+        for fut in list(self._inflight):  # get() on their refs raises CancelledError
+            fut.cancel()
         try:
             self._loop.run(self._node.stop(graceful=False), 30)
         except Exception as exc:
@@ -507,7 +529,7 @@ class ActorMethod:
         if all(isinstance(x, np.ndarray) for x in arrays):
             spec.check(list(arrays), params)
         seq = h._next_seq()
-        fut = h._client._loop.submit(h._invoke(self._method, list(arrays), params, seq,
+        fut = h._client._submit(h._invoke(self._method, list(arrays), params, seq,
                                                verify))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, h._client)
 

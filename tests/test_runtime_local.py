@@ -346,3 +346,18 @@ def test_straggler_is_re_executed_elsewhere():
             assert fast.shards == report.shards and fast.verified == report.shards
         finally:
             c.processes[0].kill()   # it would finish its sleeping task before leaving
+
+
+def test_closing_the_client_cancels_pending_refs():
+    import concurrent.futures as cf
+
+    c = swarm.local(workers=1, threads=1, chaos="delay=5000")
+    try:
+        x = np.ones((2, 2), np.float32)
+        ref = c.matmul.remote(x, x)
+    finally:
+        c.close()
+    with pytest.raises(cf.CancelledError):
+        swarm.get(ref, timeout=10)
+    with pytest.raises(RuntimeError, match="closed"):
+        c.matmul.remote(x, x)
