@@ -258,6 +258,10 @@ class Controller:
                 and (st.admins, st.policy) != self._charter:
             self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
 
+    def note_term(self, term: int) -> None:
+        """A term seen in the DHT (signed state items): our next claim goes above it."""
+        self.guard.observe(term)
+
     def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
         new = frozenset(peers) - self.charter_blocked
         self.charter_blocked = frozenset(peers)

@@ -205,8 +205,8 @@ class ControlPlane:
             {"require_hardware": rec.ownership.policy.require_hardware}, self.clock())
         await self._do(self.controller.actions())
 
-    async def _read_states(self) -> None:
-        """Learn the current term and coordinator from members' state items in the DHT."""
+    async def _dht_states(self) -> list[CoordinatorState]:
+        """The members' coordinator-state items in the DHT (validated on the way)."""
         async def one(peer: PeerId) -> CoordinatorState | None:
             try:
                 item = await self.node.dht.get_mutable(peer.raw, state_salt(self.swarm_id))
@@ -214,7 +214,14 @@ class ControlPlane:
             except (DHTError, ProtocolError):
                 return None
 
-        states = [s for s in await asyncio.gather(*(one(p) for p in self.records)) if s]
+        found = await asyncio.gather(*(one(p) for p in self.records))
+        return [s for s in found if s is not None and s.swarm == self.swarm_id]
+
+    async def _read_states(self) -> None:
+        """Learn the current term and coordinator from members' state items in the DHT."""
+        states = await self._dht_states()
+        for s in states:
+            self.controller.note_term(s.term)
         for state in sorted(states, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
             cur = self.controller.state
             if cur is None or state.term > cur.term:
@@ -268,6 +275,17 @@ class ControlPlane:
         dht = self.node.dht
         salt = state_salt(self.swarm_id)
         ok, why = True, ""
+        if act.claim:
+            # The CAS across the swarm: nobody may hold this term (or a later one) already.
+            higher = [s for s in await self._dht_states()
+                      if s.term >= act.state.term and s.coordinator != self.key.peer_id]
+            if higher:
+                top = max(higher, key=lambda s: s.term)
+                self.controller.note_term(top.term)
+                self.controller.claim_result(False, self.clock(),
+                                             f"{top.coordinator.short()} holds term {top.term}")
+                await self._do(self.controller.actions())
+                return
         try:
             await dht.put_mutable(self.key, act.state.encode_compact(), salt=salt,
                                   seq=act.state.seq)
