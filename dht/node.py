@@ -34,6 +34,7 @@ from dht.items import (
     MutableItem,
     Signer,
     check_salt,
+    decide_mutable_store,
     encode_value,
     mutable_target,
     public_bytes_of,
@@ -64,6 +65,7 @@ STATE_FILE = "node.json"
 ITEMS_FILE = "items.sqlite3"
 KEY_FILE = "node.key"
 MAX_PEER_PAGES = 64
+DEAD_FOR = 60.0
 
 
 @dataclass
@@ -76,6 +78,12 @@ class Stats:
     """Requests those lookups sent."""
 
 
+def _not_here(name: str, instead: str):
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DHTError(f"{name} is kademlia's unsigned or pickle-based API; use {instead}")
+    return refuse
+
+
 class DHTNode(Server):
     """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
 
@@ -84,7 +92,8 @@ class DHTNode(Server):
     def __init__(self, key: PeerKey | None = None, data_dir: Path | None = None, *,
                  ksize: int = 20, alpha: int = 3,
                  validators: Validators | dict[bytes, Validator] | None = None,
-                 rpc_timeout: float = 5.0, item_ttl: float = ITEM_TTL,
+                 rpc_timeout: float = 5.0, slow_after: float | None = None,
+                 item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
                  max_per_topic: int = MAX_PER_TOPIC) -> None:
@@ -105,6 +114,7 @@ class DHTNode(Server):
                                max_per_topic=max_per_topic)
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
+        self.slow_after = slow_after
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
         self.tokens = TokenIssuer(token_rotate, now=self.clock())
@@ -116,8 +126,19 @@ class DHTNode(Server):
         self._maintenance: asyncio.Task | None = None
         self._address: tuple[str, int] | None = None
         self._stopped = False
+        self._dead: dict[bytes, float] = {}
 
     clock = staticmethod(time.time)
+
+    # kademlia.Server's own API stores unsigned values, trusts the most common one and
+    # pickles its state: none of it is reachable through a DHTNode.
+    get = _not_here("get", "get_mutable or get_immutable")
+    set = _not_here("set", "put_mutable or put_immutable")
+    set_digest = _not_here("set_digest", "put_mutable or put_immutable")
+    save_state = _not_here("save_state", "data_dir (state is saved as JSON)")
+    save_state_regularly = _not_here("save_state_regularly", "data_dir")
+    load_state = staticmethod(_not_here("load_state", "DHTNode(data_dir=...)"))
+    refresh_table = _not_here("refresh_table", "maintain_once")
 
     def __repr__(self) -> str:
         return f"DHTNode({self.peer_id.short()} at {self._address})"
@@ -191,6 +212,11 @@ class DHTNode(Server):
         if self.transport is not None:
             self.transport.close()
         self.store.close()
+
+    async def settle(self) -> None:
+        """Wait for background writes (write-back to stale nodes) started so far."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _require_listening(self) -> None:
         if self.protocol is None or self._stopped:
@@ -268,10 +294,32 @@ class DHTNode(Server):
         if seeds is None:
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
-                              own_id=self.node.id)
+                              own_id=self.node.id, skip=self._recently_failed(),
+                              slow_after=self._slow_after(), keep=self._spawn)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    def _slow_after(self) -> float:
+        """A fixed ``slow_after``, else SRTT + 4 RTTVAR of this node's requests, kept
+        between 50 ms and a quarter of the RPC timeout."""
+        if self.slow_after is not None:
+            return self.slow_after
+        return self.protocol.rtt.slow_after(0.05, self.rpc_timeout / 4)
+
+    def _recently_failed(self) -> set[bytes]:
+        """Nodes that timed out in the last DEAD_FOR seconds: other nodes may still list
+        them, and asking again would cost a timeout per lookup."""
+        now = time.monotonic()
+        for nid in [nid for nid, at in self._dead.items() if now - at > DEAD_FOR]:
+            del self._dead[nid]
+        return set(self._dead)
+
+    def note_failed(self, node: Node) -> None:
+        self._dead[node.id] = time.monotonic()
+
+    def note_alive(self, node: Node) -> None:
+        self._dead.pop(node.id, None)
 
     async def _q_find_node(self, node: Node, target: bytes):
         data = await self.protocol.call(node, "find_node", target)
@@ -404,13 +452,13 @@ class DHTNode(Server):
         if local is not None:
             found.append(local)
         newest = max(found, key=lambda i: i.seq, default=None)
-        if cas is not None and newest is not None and newest.seq != cas:
-            raise ItemError(errors.CAS_MISMATCH,
-                            f"CAS mismatch: newest seq is {newest.seq}, not {cas}")
         if seq is None:
             seq = newest.seq + 1 if newest is not None else 1
         item = MutableItem.create(private_key, value, seq, salt)
         self.validators.check(item)
+        # BEP 44's rules against the newest copy found, not just against each node's copy:
+        # a node that never held the item would otherwise accept a stale seq.
+        decide_mutable_store(newest, item, cas)
         await self._write_mutable(item, cas, res, now)
         self.store.remember_published(Published(target, item, None),
                                       now + self.republish_interval)

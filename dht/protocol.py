@@ -10,6 +10,7 @@ stale values to new contacts; the routing table's nearest-k is exact.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import logging
@@ -28,6 +29,7 @@ from dht.errors import BencodeError, DHTError, ItemError
 from dht.items import MAX_VALUE, check_seq
 from dht.messages import Envelope
 from dht.routing import NearestRoutingTable
+from dht.rtt import RttEstimator
 from dht.wire import (
     PEERS_PAGE_BYTES,
     REQUESTS,
@@ -56,6 +58,7 @@ class DHTProtocol(KademliaProtocol):
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
         self.dht = dht
         self.rpcs_sent = 0
+        self.rtt = RttEstimator()
 
     def __getattr__(self, name: str) -> Any:
         # rpcudp turns any unknown attribute into a remote call; a typo must fail loudly.
@@ -75,11 +78,18 @@ class DHTProtocol(KademliaProtocol):
             future = send(tuple(address), self.source_node.id, *args)
         except MalformedMessage as exc:
             raise DHTError(f"request {name} is too large for one datagram") from exc
-        return await future
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        result = await future
+        if result[0]:
+            self.rtt.sample(clock() - started)
+        return result
 
     async def call(self, node: Node, name: str, *args: Any) -> Any | None:
         """A request to a routing contact: the reply, or None (and the contact is dropped)."""
         result = await self.request((node.ip, node.port), name, *args)
+        if not result[0]:
+            self.dht.note_failed(node)
         self.handle_call_response(result, node)
         return result[1] if result[0] else None
 
@@ -94,6 +104,7 @@ class DHTProtocol(KademliaProtocol):
         """Add or refresh a contact. No values are pushed (kademlia's push can spread stale
         values; replication here is the publisher's re-put and the get's write-back)."""
         if node.id != self.source_node.id and is_node_id(node.id):
+            self.dht.note_alive(node)
             self.router.add_contact(node)
 
     def stop(self) -> None:

@@ -1,0 +1,73 @@
+"""`swarm dht serve` as real processes: prints its address, serves items, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import pytest
+
+from dht import DHTNode
+from identity import PeerKey
+from swarm.commands.dht import parse_addr
+from swarm.errors import ConfigError
+from tests.conftest import run_swarm, subprocess_env, swarm_cmd
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
+
+
+async def _start(home, *extra):
+    proc = await asyncio.create_subprocess_exec(
+        *swarm_cmd("dht", "serve", "--port", "0", *extra, "--data-dir", str(home)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=subprocess_env())
+    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+    assert line.startswith("listening on 127.0.0.1:"), line
+    return proc, parse_addr(line.split()[-1])
+
+
+async def _terminate(proc) -> int:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_serve_stores_items_and_stops_on_sigterm(tmp_path):
+    procs = []
+    client = DHTNode(rpc_timeout=2)
+    try:
+        first, addr1 = await _start(tmp_path / "a")
+        procs.append(first)
+        second, addr2 = await _start(tmp_path / "b", "--bootstrap", f"127.0.0.1:{addr1[1]}")
+        procs.append(second)
+        await client.listen()
+        assert await client.bootstrap([addr2]) >= 1
+        key = PeerKey.generate()
+        await client.put_mutable(key, b"kept by the servers")
+        reader = DHTNode(rpc_timeout=2)
+        await reader.listen()
+        try:
+            await reader.bootstrap([addr1])
+            assert (await reader.get_mutable(key.public_bytes)).value == b"kept by the servers"
+        finally:
+            await reader.stop()
+        for proc in procs:
+            assert await _terminate(proc) == 0
+        state = json.loads((tmp_path / "a" / "dht" / "node.json").read_text())
+        assert len(bytes.fromhex(state["node_id"])) == 20
+        assert [h for h, _ in state["neighbours"]] and (tmp_path / "a" / "dht" / "items.sqlite3").exists()
+    finally:
+        await client.stop()
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+def test_bad_bootstrap_address_is_a_usage_error(tmp_path):
+    res = run_swarm("dht", "serve", "--bootstrap", "nowhere", "--data-dir", str(tmp_path))
+    assert res.returncode == 2 and "HOST:PORT" in res.stderr
+    with pytest.raises(ConfigError):
+        parse_addr("host:99999")
+    assert parse_addr("[::1]:6881") == ("::1", 6881)

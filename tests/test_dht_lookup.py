@@ -1,0 +1,121 @@
+"""The iterative lookup over an in-memory network (no sockets), and its helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+
+from kademlia.node import Node
+
+from dht.lookup import lookup
+from dht.routing import NearestRoutingTable
+from dht.rtt import RttEstimator
+
+K = 8
+
+
+def _net(n: int, seed: int = 1) -> list[Node]:
+    rng = random.Random(seed)
+    return [Node(hashlib.sha1(rng.randbytes(8)).digest(), "127.0.0.1", 1000 + i)
+            for i in range(n)]
+
+
+def _closest(nodes, target, k=K):
+    t = int.from_bytes(target, "big")
+    return sorted(nodes, key=lambda n: n.long_id ^ t)[:k]
+
+
+def _query_for(nodes, dead=frozenset(), delay=0.0, dead_delay=0.2, finished=None):
+    async def query(node):
+        if node.id in dead:
+            await asyncio.sleep(dead_delay)
+            if finished is not None:
+                finished.append(node)
+            return None
+        if delay:
+            await asyncio.sleep(delay)
+        # each node knows the K closest live-or-dead nodes to the target from a partial view
+        return _closest([n for n in nodes if n.id != node.id], query.target, 2 * K), node.port
+    return query
+
+
+async def test_finds_the_k_closest_responders():
+    nodes = _net(200)
+    target = hashlib.sha1(b"t").digest()
+    query = _query_for(nodes)
+    query.target = target
+    res = await lookup(target, nodes[:3], query, k=K, alpha=3)
+    assert [n.id for n, _ in res.responses] == [n.id for n in _closest(nodes, target)]
+    assert [reply for _, reply in res.responses] == [n.port for n, _ in res.responses]
+
+
+async def test_dead_nodes_do_not_hold_the_lookup_open():
+    nodes = _net(200, seed=2)
+    target = hashlib.sha1(b"churn").digest()
+    dead = {n.id for n in _closest(nodes, target, 2 * K)[::2]}  # half of the nearest are gone
+    finished: list[Node] = []
+    query = _query_for(nodes, dead, finished=finished, dead_delay=0.5)
+    query.target = target
+    kept: list[asyncio.Task] = []
+    res = await lookup(target, nodes[:3], query, k=K, alpha=3, slow_after=0.01,
+                       keep=kept.append)
+    assert finished == []  # returned before any dead query timed out
+    alive = [n for n in nodes if n.id not in dead]
+    assert [n.id for n, _ in res.responses] == [n.id for n in _closest(alive, target)]
+    await asyncio.gather(*kept)  # the dead ones' queries finish on their own
+    assert len(finished) == len(kept) >= 1
+
+
+async def test_everything_slow_still_gets_k_answers():
+    nodes = _net(60, seed=3)
+    target = hashlib.sha1(b"slow").digest()
+    query = _query_for(nodes, delay=0.02)  # every answer is twice as slow as estimated
+    query.target = target
+    res = await lookup(target, nodes[:3], query, k=K, alpha=3, slow_after=0.01)
+    assert [n.id for n, _ in res.responses] == [n.id for n in _closest(nodes, target)]
+
+
+async def test_skip_and_own_id_are_never_asked():
+    nodes = _net(40, seed=4)
+    target = hashlib.sha1(b"x").digest()
+    asked = []
+    inner = _query_for(nodes)
+    inner.target = target
+
+    async def query(node):
+        asked.append(node.id)
+        return await inner(node)
+
+    res = await lookup(target, nodes[:3], query, k=K, alpha=3, own_id=nodes[0].id,
+                       skip={nodes[1].id})
+    assert nodes[0].id not in asked and nodes[1].id not in asked
+    assert res.rpcs == len(asked)
+
+
+def test_nearest_routing_table_always_finds_neighbours():
+    me = Node(b"\x00" * 20)
+    table = NearestRoutingTable(None, 20, me)
+    nodes = _net(300, seed=5)
+    for n in nodes:
+        bucket = table.buckets[table.get_bucket_for(n)]
+        if not bucket.add_node(n) and (bucket.has_in_range(me) or bucket.depth() % 5 != 0):
+            table.split_bucket(table.get_bucket_for(n))
+            table.buckets[table.get_bucket_for(n)].add_node(n)
+    contacts = table.contacts()
+    for seed in range(50):
+        target = Node(hashlib.sha1(bytes([seed])).digest())
+        got = table.find_neighbors(target, 20)
+        want = sorted(contacts, key=target.distance_to)[:20]
+        assert [n.id for n in got] == [n.id for n in want]
+
+
+def test_rtt_estimator_bounds():
+    rtt = RttEstimator(initial=0.25)
+    assert rtt.slow_after(0.05, 1.0) == 0.25
+    for _ in range(50):
+        rtt.sample(0.002)
+    assert rtt.slow_after(0.05, 1.0) == 0.05  # floor
+    for _ in range(50):
+        rtt.sample(3.0)
+    assert rtt.slow_after(0.05, 1.0) == 1.0  # ceiling
