@@ -20,7 +20,9 @@ Exceptions (all in :mod:`compute.errors`)::
 """
 
 from compute.backend import Backend, BackendStatus
+from compute.bench import benchmark, measured_tflops
 from compute.errors import BackendUnavailable, ComputeError, InvalidInput, KernelError
+from compute.probe import probe
 from compute.registry import available_backends, get_backend
 from compute.shards import Shard, merge_shards, plan_shards
 from compute.verify import verify_matmul
@@ -34,8 +36,11 @@ __all__ = [
     "KernelError",
     "Shard",
     "available_backends",
+    "benchmark",
     "get_backend",
+    "measured_tflops",
     "merge_shards",
     "plan_shards",
+    "probe",
     "verify_matmul",
 ]

@@ -84,10 +84,16 @@ def available_backends(*, threads: int | None = None) -> list[BackendStatus]:
     return out
 
 
-def throughput_gflops(backend: Backend, n: int = AUTO_SIZE, repeats: int = 3) -> float:
+def compare_gflops(backends: list[Backend], n: int = AUTO_SIZE) -> dict[str, float]:
+    """GFLOPS of each backend at ``n``: best of repeated products over at least 0.3 s each,
+    which outlasts a transient slowdown (or a burst of load from other processes)."""
     a, b = square_operands(n)
-    seconds = best_seconds(lambda: backend.matmul(a, b), repeats)
-    return matmul_flops(n, n, n) / seconds / 1e9
+    return {
+        bk.name: matmul_flops(n, n, n)
+        / best_seconds(lambda bk=bk: bk.matmul(a, b), 3, min_time_s=0.3, max_repeats=200)
+        / 1e9
+        for bk in backends
+    }
 
 
 def get_backend(name: str = "auto", *, threads: int | None = None) -> Backend:
@@ -117,7 +123,7 @@ def get_backend(name: str = "auto", *, threads: int | None = None) -> Backend:
         if len(candidates) == 1:
             best = candidates[0]
         else:
-            speeds = {b.name: throughput_gflops(b) for b in candidates}
+            speeds = compare_gflops(candidates)
             log.info("auto backend speeds (GFLOPS at n=%d): %s", AUTO_SIZE, speeds)
             best = max(candidates, key=lambda b: speeds[b.name])
         _auto[threads] = best

@@ -12,17 +12,27 @@ def matmul_flops(m: int, k: int, n: int) -> float:
     return 2.0 * m * k * n
 
 
-def best_seconds(fn: Callable[[], object], repeats: int, budget_s: float | None = None) -> float:
-    """Fastest of ``repeats`` timed calls (after one untimed warm-up), stopping early once
-    ``budget_s`` is spent. The minimum is the least noisy figure on a shared machine."""
+def best_seconds(fn: Callable[[], object], repeats: int, budget_s: float | None = None, *,
+                 min_time_s: float = 0.0, max_repeats: int = 1000) -> float:
+    """Fastest of at least ``repeats`` timed calls (after one untimed warm-up), stopping
+    early once ``budget_s`` is spent, and repeating (up to ``max_repeats``) until
+    ``min_time_s`` has passed. The minimum is the least noisy figure on a shared machine;
+    ``min_time_s`` outlasts transient slowdowns (on llvmpipe machines, BLAS calls run up to
+    20x slower for ~0.2 s after GPU work).
+    """
     fn()
     best = float("inf")
     start = time.perf_counter()
-    for _ in range(max(1, repeats)):
+    count = 0
+    while True:
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
-        if budget_s is not None and time.perf_counter() - start > budget_s:
+        count += 1
+        elapsed = time.perf_counter() - start
+        if budget_s is not None and elapsed > budget_s:
+            break
+        if count >= max(1, repeats) and (elapsed >= min_time_s or count >= max_repeats):
             break
     return best
 

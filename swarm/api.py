@@ -30,14 +30,23 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
-from swarm.errors import ActorDiedError, ConfigError, LinkClosed, VerificationError
+from swarm.errors import (
+    ActorDiedError,
+    ConfigError,
+    LinkClosed,
+    LocalError,
+    RemoteError,
+    VerificationError,
+)
 from swarm.membership import MemberRecord, swarm_id
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
@@ -78,8 +87,11 @@ class _LoopThread:
             self.loop.close()
 
 
-def _check_operand(name: str, x: Any) -> None:
+def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
     if isinstance(x, ObjectRef):
+        if client is not None and x.owner is not client:
+            raise ValueError(f"{name} is an ObjectRef of another client; refs only work with "
+                             "the client that made them")
         return
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array or an ObjectRef, got "
@@ -107,6 +119,41 @@ class _Matmul:
                                                           "matmul.remote()"))
 
 
+class _Kernel:
+    """``client.kernel(*arrays, wgsl=, inputs=, outputs=, dispatch=, verify="replicate")``.
+
+    Runs a caller's WGSL compute kernel on a worker's GPU backend (validated there by
+    wgpu/naga). There is no cheap check for arbitrary kernels, so ``verify="replicate"``
+    (the default) runs it on two different peers and compares; a disagreement is settled
+    by running it here (needs a local wgpu backend).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __call__(self, *arrays: np.ndarray, **kw: Any) -> Any:
+        timeout = kw.get("timeout")
+        return self.remote(*arrays, **kw).future().result(timeout)
+
+    def remote(self, *arrays: np.ndarray, verify: str = "replicate",
+               timeout: float | None = None, **params: Any) -> ObjectRef:
+        client = self._client
+        client._check_open()
+        opts = validate(TASK_OPTIONS, {"verify": verify, "timeout": timeout}, "kernel()")
+        if opts["verify"] == "freivalds":
+            raise ValueError("kernel(): Freivalds' check is for matmul; use verify='replicate' "
+                             "(two peers) or 'none'")
+        for i, x in enumerate(arrays):
+            if not isinstance(x, np.ndarray):
+                raise TypeError(f"kernel input {i} must be a numpy array, got "
+                                f"{type(x).__name__}")
+        method_spec("matmul", "kernel").check(list(arrays), params)
+        call = Call("matmul", "kernel", tuple(Arg(np.ascontiguousarray(x)) for x in arrays),
+                    dict(params), cost=float(sum(x.size for x in arrays)))
+        fut = client._loop.submit(client._kernel(call, opts))
+        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
+
+
 class Client:
     """A requester joined to a swarm. Use as a context manager or call :meth:`close`."""
 
@@ -116,9 +163,11 @@ class Client:
         self._loop = loop
         self._cleanup = list(cleanup)
         self._backend = None
+        self._verifier = jobs.FreivaldsCache()
         self._refresher = loop.submit(self._refresh())
         self._instances = itertools.count(1)
         self.matmul = _Matmul(self)
+        self.kernel = _Kernel(self)
         self.last_report: JobReport | None = None
         """The report of the most recent finished job (per-peer shards, bytes, verdicts)."""
         self._closed = False
@@ -180,11 +229,17 @@ class Client:
         copy = np.array(array, copy=True, order="C")
         oid = object_id(copy)
         self._loop.run(self._store(copy, oid))
-        return ObjectRef.ready(oid, copy, self)
+        ref = ObjectRef.ready(oid, copy, self)
+        weakref.finalize(ref, self._release, oid)  # evictable once the caller drops the ref
+        return ref
 
     async def _store(self, array: np.ndarray, oid: ObjectId) -> None:
         self._node.requester.store.put(array, oid)
         self._node.requester.store.pin(oid)
+
+    def _release(self, oid: ObjectId) -> None:
+        if not self._closed:
+            self._loop.loop.call_soon_threadsafe(self._node.requester.store.unpin, oid)
 
     async def _resolve(self, x: Operand) -> tuple[np.ndarray, ObjectId | None]:
         if isinstance(x, ObjectRef):
@@ -198,8 +253,8 @@ class Client:
 
     def _submit_matmul(self, a: Operand, b: Operand, opts: dict[str, Any]) -> ObjectRef:
         self._check_open()
-        _check_operand("a", a)
-        _check_operand("b", b)
+        _check_operand("a", a, self)
+        _check_operand("b", b, self)
         if not isinstance(a, ObjectRef) and not isinstance(b, ObjectRef):
             method_spec("matmul", "matmul").check([a, b], {})
         elif isinstance(a, np.ndarray):
@@ -209,20 +264,39 @@ class Client:
         fut = self._loop.submit(self._matmul(a, b, opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
 
-    async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any]) -> np.ndarray:
+    async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
+                      progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         a, _ = await self._resolve(a)
         b, b_oid = await self._resolve(b)
         method_spec("matmul", "matmul").check([a, b], {})
         req = self._node.requester
         job = jobs.matmul_job(a, b, workers=req.workers(), rates=req.rates,
                               precision=opts["precision"], backend=self._local_backend(),
-                              b_oid=b_oid)
+                              verifier=self._verifier, b_oid=b_oid)
         verify = opts["verify"]
         results, report = await req.run(
-            job.calls, local=job.local, verify=job.verify if verify == "freivalds" else None,
-            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"])
+            job.calls, local=job.local,
+            verify=job.verify if verify == "freivalds" else job.check_shape,
+            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
+            progress=progress)
         self.last_report = report
         return job.merge(results)
+
+    async def _kernel(self, call: Call, opts: dict[str, Any]) -> Any:
+        from swarm.runtime.actors import MatmulActor
+
+        def local(_: int) -> list[np.ndarray]:
+            import compute
+
+            actor = MatmulActor(compute.get_backend("wgpu"))
+            return actor.kernel(list(a.array for a in call.args), call.params)
+
+        results, report = await self._node.requester.run(
+            [call], local=local, verify=None, replicate=opts["verify"] == "replicate",
+            timeout=opts["timeout"])
+        self.last_report = report
+        outs = results[0]
+        return outs[0] if len(outs) == 1 else outs
 
     # -- actors ---------------------------------------------------------------------------
 
@@ -381,7 +455,7 @@ class ActorMethod:
         h = self._handle
         h._client._check_open()
         for i, x in enumerate(arrays):
-            _check_operand(f"argument {i}", x)
+            _check_operand(f"argument {i}", x, h._client)
         spec = method_spec(h.name, self._method)
         if all(isinstance(x, np.ndarray) for x in arrays):
             spec.check(list(arrays), params)
@@ -435,7 +509,8 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
 
     base = Path(data_dir) if data_dir is not None else default_dir()
     temp = tempfile.mkdtemp(prefix="client-", dir=base)
-    config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers))
+    config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers),
+                        announce=False, dht_rpc_timeout=2.0)
     return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],
                          key=PeerKey.generate())
 
@@ -445,7 +520,10 @@ def _start_client(config: NodeConfig, min_workers: int, timeout: float,
     loop = _LoopThread()
     node = loop.run(_make_node(config, key))
     try:
-        loop.run(node.start(), timeout)
+        try:
+            loop.run(node.start(), timeout)
+        except DHTError as exc:
+            raise RemoteError(f"cannot join the swarm: {exc}") from None
         if min_workers:
             loop.run(node.wait_for_workers(min_workers, timeout))
     except BaseException:
@@ -528,7 +606,8 @@ def local(workers: int = 2, *, threads: int | None = None,
         shutil.rmtree(root, ignore_errors=True)
 
     loop = _LoopThread()
-    config = NodeConfig(root / "client", sid, roles=("requester",))
+    config = NodeConfig(root / "client", sid, roles=("requester",), announce=False,
+                        dht_rpc_timeout=1.0)
     try:
         node = loop.run(_make_node(config, None))
         loop.run(node.start(), timeout)
@@ -544,7 +623,8 @@ def local(workers: int = 2, *, threads: int | None = None,
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "swarm.node", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
-                 "--backend", "numpy", "--threads", str(threads)],
+                 "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
+                 "--bench-size", "256", "--exit-with-parent"],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
         ids = [_read_ready(p, timeout) for p in procs]
         if workers:
@@ -572,6 +652,6 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> PeerId:
     reader.start()
     reader.join(timeout)
     if not result or not result[0]:
-        raise RuntimeError(f"worker process {proc.pid} did not start (exit code "
+        raise LocalError(f"worker process {proc.pid} did not start (exit code "
                            f"{proc.poll()}); run `python -m swarm.node -v ...` to see why")
     return PeerId.parse(json.loads(result[0])["peer_id"])

@@ -71,6 +71,8 @@ def setup_logging(verbosity: int = 0, stream=None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Third-party libraries are chatty at INFO; keep them one step quieter.
-    for noisy in ("kademlia", "rpcudp", "aioice", "aiortc", "wgpu", "fido2"):
+    # Third-party libraries are chatty at INFO; keep them one step quieter. Not "wgpu": it
+    # sets its own logger to WARNING on import, and refuses to import (AssertionError) if a
+    # plain logger of that name exists already.
+    for noisy in ("kademlia", "rpcudp", "aioice", "aiortc", "fido2"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

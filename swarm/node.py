@@ -86,6 +86,18 @@ class NodeConfig:
     """Fault injection (``SWARM_CHAOS``)."""
     announce_ttl: float = 120.0
     """Membership announcement lifetime; re-announced at a third of it."""
+    announce: bool = True
+    """Announce a member record (a transient requester such as ``swarm submit`` does not)."""
+    dht_rpc_timeout: float = 5.0
+    """Seconds a DHT request waits for an answer (a dead node costs this per lookup)."""
+    bench_sizes: tuple[int, ...] | None = None
+    """Matrix sizes of the start-up benchmark behind the announced TFLOPS (None: compute's
+    quick set, ~3 s)."""
+    bench_budget_s: float = 3.0
+    """Time budget of that benchmark."""
+    listen: bool | None = None
+    """Take incoming TLS links (None: when a worker). A non-worker that listens serves only
+    control messages on them (a coordinator that is not a worker, say)."""
 
 
 class Node:
@@ -99,7 +111,8 @@ class Node:
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.key = key or PeerKey.load_or_create(data / KEY_FILE)
         self.peer_id: PeerId = self.key.peer_id
-        self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0)
+        self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0,
+                           rpc_timeout=config.dht_rpc_timeout)
         self.accept_peer: Callable[[PeerId], bool] = lambda peer: True
         self._control: dict[type, ControlHandler] = {}
         self._liar_callbacks: list[Callable[[PeerId, str], None]] = []
@@ -157,19 +170,23 @@ class Node:
         links: tuple[tuple[str, int], ...] = ()
         if "worker" in cfg.roles:
             import compute
-            from compute.registry import throughput_gflops
 
             backend = await asyncio.to_thread(compute.get_backend, cfg.backend,
                                               threads=cfg.threads)
-            self.tflops = await asyncio.to_thread(throughput_gflops, backend, 256, 2) / 1000
+            result = await asyncio.to_thread(
+                compute.benchmark, cfg.bench_sizes, cfg.bench_budget_s,
+                quick=cfg.bench_sizes is None, backends=[backend.name], threads=cfg.threads)
+            self.tflops = compute.measured_tflops(result)
             self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos)
+        if cfg.listen or (cfg.listen is None and "worker" in cfg.roles):
             self.server = await tls.listen(self.key, cfg.host, cfg.link_port,
                                            on_link=self._serve, accept=self._accepts)
             links = ((cfg.host, self.server.port),)
         self.record = MemberRecord(self.peer_id, self.tflops, links, self.dht.address,
                                    __version__, tuple(cfg.roles), read_health())
-        await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
-        self._spawn(self._reannounce())
+        if cfg.announce:
+            await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
+            self._spawn(self._reannounce())
         log.info("node %s up: dht %s, links %s, roles %s", self.peer_id.short(),
                  self.dht.address, links, ",".join(cfg.roles))
 
@@ -193,8 +210,11 @@ class Node:
     async def _serve(self, link: PeerLink) -> None:
         self._incoming[link.remote] = link
         try:
-            assert self.host is not None
-            await self.host.serve(link, fallback=self._dispatch)
+            if self.host is not None:
+                await self.host.serve(link, fallback=self._dispatch)
+            else:
+                async for msg in link:
+                    await self._dispatch(link, msg)
         finally:
             if self._incoming.get(link.remote) is link:
                 del self._incoming[link.remote]
@@ -310,22 +330,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-port", type=int, default=0)
     p.add_argument("--backend", default="auto")
     p.add_argument("--threads", type=int, default=None, help="BLAS threads")
+    p.add_argument("--dht-timeout", type=float, default=5.0, help="DHT request timeout (s)")
+    p.add_argument("--bench-size", type=int, action="append", default=None, metavar="N",
+                   help="start-up benchmark size (repeatable; default: compute's quick set)")
     p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the parent process exits (embedded local swarms)")
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
 
-async def run_node(config: NodeConfig, ready: Callable[[Node], None] | None = None) -> None:
-    """Start a node, report readiness, run until SIGTERM/SIGINT, stop gracefully."""
+async def run_node(config: NodeConfig, ready: Callable[[Node], None] | None = None,
+                   exit_with_parent: bool = False) -> None:
+    """Start a node, report readiness, run until SIGTERM/SIGINT, stop gracefully.
+
+    ``exit_with_parent``: also stop when the parent process is gone (``swarm.local``'s
+    workers must not outlive a client that was killed without cleaning up).
+    """
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent = os.getppid()
+
+    async def watch_parent() -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        log.warning("parent process %d is gone; stopping", parent)
+        stop.set()
+
+    watcher = loop.create_task(watch_parent()) if exit_with_parent else None
     await node.start()
     if ready is not None:
         ready(node)
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     await node.stop(graceful=True)
 
 
@@ -340,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=data_dir(args.data_dir), swarm_id=args.swarm_id,
             roles=tuple(args.role or ["worker"]), host=args.host, dht_port=args.dht_port,
             link_port=args.link_port, bootstrap=tuple(args.bootstrap), backend=args.backend,
-            threads=args.threads, chaos=chaos)
+            threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout,
+            bench_sizes=tuple(args.bench_size) if args.bench_size else None)
     except ConfigError as exc:
         print(f"swarm node: {exc}", file=sys.stderr)
         return 2
@@ -353,10 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         import uvloop
-
-        uvloop.run(run_node(config, ready))
     except ImportError:
-        asyncio.run(run_node(config, ready))
+        asyncio.run(run_node(config, ready, args.exit_with_parent))
+    else:
+        uvloop.run(run_node(config, ready, args.exit_with_parent))
     return 0
 
 

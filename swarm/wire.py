@@ -352,6 +352,7 @@ class Decoder:
         except Exception as exc:  # msgpack raises many kinds; all mean "malformed"
             raise ProtocolError(f"malformed header frame: {type(exc).__name__}: {exc}") from None
         if not (isinstance(decoded, list) and len(decoded) == 3 and type(decoded[0]) is int
+                and 0 <= decoded[0] <= 0xFFFFFFFF
                 and isinstance(decoded[1], str) and isinstance(decoded[2], dict)):
             raise ProtocolError("header is not [msg_id, type, {fields}]")
         msg_id, type_name, body = decoded

@@ -6,6 +6,8 @@ import asyncio
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from identity.keys import PeerKey
 from swarm import wire
@@ -112,3 +114,45 @@ async def test_keepalives_flow_and_rtt_is_measured():
     await asyncio.wait_for(first_pong(), 5)
     assert a.stats().messages_received >= 1 and not a.closed
     await a.close()
+
+
+async def test_a_sender_blocked_on_a_dead_peer_is_freed_by_the_keepalive_timeout():
+    opts = LinkOptions(keepalive_interval=0.05, keepalive_timeout=0.3)
+    a, b = memory_pair(A, B, opts, max_frames=2)
+    for task in b._tasks:
+        task.cancel()  # b hangs: reads nothing, says nothing
+    sender = asyncio.create_task(a.send(Blob(0, np.zeros(2_000_000))))  # 16 MB: 62 frames
+    exc = await asyncio.wait_for(a.wait_closed(), 5)
+    assert "keepalive timeout" in exc.reason
+    with pytest.raises(LinkClosed):
+        await asyncio.wait_for(sender, 5)
+
+
+async def test_a_message_left_half_sent_closes_the_link_after_the_frame_timeout():
+    opts = LinkOptions(keepalive_interval=0.05, frame_timeout=0.3)
+    a, b = memory_pair(A, B, opts)
+    frames = wire.encode(Blob(1, np.zeros(100_000)), msg_id=999_999)  # header + 4 chunks
+    await a._send_frames(frames[:2])  # header and one chunk, then only keepalives
+    exc = await asyncio.wait_for(b.wait_closed(), 5)
+    assert isinstance(exc.error, ProtocolError) and "stalled mid-message" in exc.reason
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 400_000), min_size=1, max_size=6))
+def test_any_sequence_of_messages_arrives_intact_and_in_order(sizes):
+    async def run():
+        a, b = memory_pair(A, B, max_frames=3)
+        sent = [Blob(i, np.arange(n, dtype=np.uint8)) for i, n in enumerate(sizes)]
+
+        async def send():
+            for msg in sent:
+                await a.send(msg)
+
+        task = asyncio.create_task(send())
+        for msg in sent:
+            got = await asyncio.wait_for(b.recv(), 5)
+            assert got.seq == msg.seq and np.array_equal(got.data, msg.data)
+        await task
+        await a.close()
+
+    asyncio.run(run())

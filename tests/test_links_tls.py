@@ -180,3 +180,29 @@ async def test_the_other_process_dying_closes_the_link():
         assert "connection lost" in exc.reason
         with pytest.raises(LinkClosed):
             await link.recv()
+
+
+async def test_a_receiver_that_does_not_read_stops_the_sender():
+    server, links = await _server(options=LinkOptions(recv_queue=1))
+    async with server:
+        link = await tls.connect(B, "127.0.0.1", server.port, expect=A.peer_id)
+        slow = await asyncio.wait_for(links.get(), 5)
+        blob = np.zeros(1 << 20, dtype=np.uint8)
+
+        async def send_all():
+            for _ in range(64):
+                await link.send(Note("x", blob))
+
+        sender = asyncio.create_task(send_all())
+
+        async def blocked():
+            while link._writer.transport.get_write_buffer_size() < wire.MAX_FRAME:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(blocked(), 10)
+        assert not sender.done()
+        assert link.stats().bytes_sent < 48 << 20  # kernel buffers, not all 64 MiB
+        for _ in range(64):
+            assert (await asyncio.wait_for(slow.recv(), 10)).data.nbytes == 1 << 20
+        await asyncio.wait_for(sender, 10)
+        await link.close()

@@ -180,3 +180,148 @@ def test_actor_restarts_elsewhere_and_retries_the_call():
         # the host crashes on this call: the actor restarts on the other worker, call retried
         np.testing.assert_allclose(swarm.get(h.matmul.remote(x, x), timeout=30), x @ x)
         assert h._peer == second
+
+
+SAXPY = """
+struct Params { alpha: f32, count: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> params: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < params.count) { y[gid.x] = params.alpha * x[gid.x] + y[gid.x]; }
+}
+"""
+
+
+@pytest.mark.slow
+def test_wgsl_kernel_replicated_on_two_peers(client):
+    pytest.importorskip("wgpu")
+    x = np.arange(100, dtype=np.float32)
+    y = np.ones(100, np.float32)
+    p = np.array([np.float32(2.0).view(np.uint32), 100], np.uint32)
+    out = client.kernel(x, y, p, wgsl=SAXPY, inputs=["x", "y", "params"],
+                        outputs=[("y", (100,), "float32")], dispatch=(2, 1, 1), timeout=60)
+    np.testing.assert_array_equal(out, 2 * x + 1)
+    ran = {peer for peer, r in client.last_report.peers.items() if r.shards}
+    assert ran == {str(w) for w in client.worker_ids}          # both peers ran it
+    assert all(r.verified == r.shards for r in client.last_report.peers.values())
+
+
+def test_kernel_misuse(client):
+    with pytest.raises(ValueError, match="replicate"):
+        client.kernel(np.ones(2, np.float32), wgsl=SAXPY, inputs=["x"],
+                      outputs=[("y", (2,), "float32")], dispatch=(1, 1, 1), verify="freivalds")
+    with pytest.raises(ValueError, match="dispatch"):
+        client.kernel(np.ones(2, np.float32), wgsl=SAXPY, inputs=["x"],
+                      outputs=[("y", (2,), "float32")], dispatch=(0, 1, 1))
+    with pytest.raises(ValueError, match="name each"):
+        client.kernel(np.ones(2, np.float32), wgsl=SAXPY, inputs=[],
+                      outputs=[("y", (2,), "float32")], dispatch=(1, 1, 1))
+
+
+def test_matmul_replicate_and_reduced_precision(client):
+    rng = np.random.default_rng(7)
+    a, b = rand(rng, 64, 48), rand(rng, 48, 32)
+    np.testing.assert_allclose(client.matmul(a, b, verify="replicate", timeout=30), a @ b,
+                               rtol=1e-4, atol=1e-3)
+    peers = client.last_report.peers
+    assert {p for p, r in peers.items() if r.shards} == {str(w) for w in client.worker_ids}
+    assert sum(r.shards for r in peers.values()) == 2 * client.last_report.shards  # twins
+    assert all(r.verified == r.shards for r in peers.values())
+    for precision, tol in (("f16", 2e-2), ("bf16", 1e-1)):
+        c = client.matmul(a, b, precision=precision, timeout=30)
+        assert np.abs(c - a @ b).max() < tol * np.abs(a @ b).max()
+        assert all(r.rejected == 0 for r in client.last_report.peers.values())
+
+
+def test_accept_peer_hook_keeps_shards_off_a_peer(client):
+    banned = client.worker_ids[0]
+    client.node.accept_peer = lambda peer: peer != banned
+    try:
+        rng = np.random.default_rng(8)
+        a, b = rand(rng, 256, 128), rand(rng, 128, 128)
+        np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-4, atol=1e-3)
+        assert str(banned) not in client.last_report.peers
+    finally:
+        client.node.accept_peer = lambda peer: True
+
+
+def test_solo_mode_without_workers():
+    with swarm.local(workers=0) as c:
+        a = np.ones((3, 4), np.float32)
+        np.testing.assert_allclose(c.matmul(a, a.T), a @ a.T)
+        assert set(c.last_report.peers) == {"local"}
+
+
+@pytest.mark.slow
+def test_graceful_stop_finishes_or_hands_back_its_shards():
+    with swarm.local(workers=2, threads=1, chaos=["delay=1000", None]) as c:
+        leaving = c.worker_ids[0]
+        got_shard = threading.Event()
+        c.node.requester.on_task_sent = lambda peer, msg: (
+            got_shard.set() if peer == leaving else None)
+        rng = np.random.default_rng(6)
+        a, b = rand(rng, 400, 200), rand(rng, 200, 300)
+        ref = c.matmul.remote(a, b)
+        assert got_shard.wait(30)
+        c.processes[0].send_signal(signal.SIGTERM)
+        np.testing.assert_allclose(swarm.get(ref, timeout=60), a @ b, rtol=1e-4, atol=1e-3)
+        assert c.processes[0].wait(30) == 0          # it left cleanly, not killed
+        assert c.last_report.peers[str(leaving)].rejected == 0
+
+
+async def test_refs_are_awaitable_from_asyncio(client):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = await client.matmul.remote(a, a.T.copy())
+    np.testing.assert_allclose(out, a @ a.T)
+
+
+def test_worker_processes_leave_with_a_killed_client(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import subprocess_env
+
+    script = ("import swarm, sys\n"
+              "c = swarm.local(workers=1, threads=1)\n"
+              "print(c.processes[0].pid, flush=True)\n"
+              "sys.stdin.read()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, env=subprocess_env(), text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)   # polling another process's exit: there is no event to wait on
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the worker outlived its killed client")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+@pytest.mark.slow
+def test_straggler_is_re_executed_elsewhere():
+    with swarm.local(workers=2, threads=1, chaos=["delay=20000", None]) as c:
+        slow = c.worker_ids[0]
+        try:
+            rng = np.random.default_rng(10)
+            a, b = rand(rng, 300, 200), rand(rng, 200, 200)
+            # the slow worker holds its shards 20 s; the job ends long before that
+            np.testing.assert_allclose(c.matmul(a, b, timeout=15), a @ b, rtol=1e-4, atol=1e-3)
+            report = c.last_report
+            assert report.peers.get(str(slow)) is None or report.peers[str(slow)].shards == 0
+            fast = report.peers[str(c.worker_ids[1])]
+            assert fast.shards == report.shards and fast.verified == report.shards
+        finally:
+            c.processes[0].kill()   # it would finish its sleeping task before leaving

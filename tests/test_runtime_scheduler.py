@@ -170,3 +170,13 @@ def test_twin_with_a_single_worker_runs_locally():
     s = JobScheduler(shards(2), ["a"], RateBook(), twins=[1, 0], window=5)
     run_to_end(s, {"a": 1.0, LOCAL: 1.0})
     assert sorted(map(str, s.done.values())) == ["a", LOCAL]
+
+
+def test_slot_frees_while_a_result_is_verified():
+    s = JobScheduler(shards(3), ["a"], RateBook(), window=1)
+    assert s.step(0.0) == [Assign(0, "a", 1)]
+    s.returned(0, "a")
+    assert s.step(0.1) == [Assign(1, "a", 1)]      # next shard starts during the check
+    s.rejected(0, "a")                              # the check failed: shard 0 is redone
+    assert 0 not in s.done and "a" not in s.workers()
+    assert [a.peer for a in s.step(0.2)] == [LOCAL]   # no honest worker left: solo mode

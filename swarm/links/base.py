@@ -63,6 +63,9 @@ class LinkOptions:
     """A frame whose first bytes arrived must be complete within this (stream links)."""
     recv_queue: int = 64
     """Decoded messages held for :meth:`PeerLink.recv`; when full, reading stops."""
+    window: int = 16 << 20
+    """Bytes a sender may have in flight unconsumed, on links whose transport has no
+    receive-side backpressure (WebRTC data channels)."""
     limits: wire.Limits = field(default_factory=wire.Limits)
     """What the decoder accepts from the peer."""
 
@@ -102,6 +105,7 @@ class _Channel:
         self._getters: list[asyncio.Future[None]] = []
         self._putters: list[asyncio.Future[None]] = []
         self._closed: LinkClosed | None = None
+        self.closed_event = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -126,6 +130,12 @@ class _Channel:
         self._items.append(item)
         self._wake(self._getters)
 
+    def put_nowait(self, item: Any) -> None:
+        """Append ignoring the bound (for producers bounded otherwise, e.g. by credit)."""
+        if self._closed is None:
+            self._items.append(item)
+            self._wake(self._getters)
+
     async def get(self) -> Any:
         """The next item; after close, the items left and then LinkClosed."""
         while not self._items:
@@ -139,6 +149,7 @@ class _Channel:
     def close(self, exc: LinkClosed) -> None:
         if self._closed is None:
             self._closed = exc
+        self.closed_event.set()
         self._wake(self._getters)
         self._wake(self._putters)
 
@@ -211,11 +222,14 @@ class FramedLink(PeerLink):
         self._pings: dict[int, tuple[float, asyncio.Future[float] | None]] = {}
         self._rtts: collections.deque[float] = collections.deque(maxlen=16)
         self._pong_pending = False
+        self._ping_pending = False
+        self._stalled = False
+        self._closing_locally = False
         self._closed: LinkClosed | None = None
         self._closed_event = asyncio.Event()
         self._close_callbacks: list[Callable[[PeerLink], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_rx = time.monotonic()
+        self._last_rx = self._last_progress = time.monotonic()
         self._bytes_sent = self._bytes_received = 0
         self._msgs_sent = self._msgs_received = 0
         self._lost = 0
@@ -303,9 +317,10 @@ class FramedLink(PeerLink):
         return self._closed
 
     async def close(self, reason: str = "closed") -> None:
-        if self._closed is not None:
+        if self._closed is not None or self._closing_locally:
             await self._closed_event.wait()
             return
+        self._closing_locally = True
         await self._goodbye(reason)
         self._mark_closed(LinkClosed(f"closed locally: {reason}"))
         await self._shutdown()
@@ -372,7 +387,11 @@ class FramedLink(PeerLink):
                 frame = await self._read_frame()
                 self._last_rx = time.monotonic()
                 self._bytes_received += len(frame)
-                for msg in self._decoder.feed(frame):
+                pending = self._decoder.pending_messages
+                msgs = self._decoder.feed(frame)
+                if frame[1] == wire.KIND_CHUNK or self._decoder.pending_messages > pending:
+                    self._last_progress = self._last_rx  # a message being reassembled moved
+                for msg in msgs:
                     self._msgs_received += 1
                     if not await self._dispatch(msg):
                         return
@@ -403,6 +422,14 @@ class FramedLink(PeerLink):
             self._mark_closed(LinkClosed(f"closed by peer: {msg.reason}"))
             await self._shutdown()
             return False
+        elif len(self._queue) >= self.options.recv_queue:
+            # our own application is slow: while we wait for it, the peer's silence is ours
+            self._stalled = True
+            try:
+                await self._queue.put(msg)
+            finally:
+                self._stalled = False
+                self._last_rx = self._last_progress = time.monotonic()
         else:
             await self._queue.put(msg)
         return True
@@ -421,16 +448,34 @@ class FramedLink(PeerLink):
         try:
             while True:
                 await asyncio.sleep(opts.keepalive_interval)
-                if time.monotonic() - self._last_rx > opts.keepalive_timeout:
+                now = time.monotonic()
+                if not self._stalled and now - self._last_rx > opts.keepalive_timeout:
                     self._abort(f"keepalive timeout: nothing heard for "
                                 f"{opts.keepalive_timeout:g} s")
+                    return
+                if (self._decoder.pending_messages and not self._stalled
+                        and now - self._last_progress > opts.frame_timeout):
+                    exc = ProtocolError(f"a message stayed incomplete for over "
+                                        f"{opts.frame_timeout:g} s (peer stalled mid-message)")
+                    self._abort(f"protocol error from peer: {exc}", exc)
                     return
                 for seq, (_, fut) in list(self._pings.items()):
                     if fut is None:  # a keepalive ping whose pong never came
                         self._lost += 1
                         del self._pings[seq]
-                seq = next(self._ping_seq)
-                self._pings[seq] = (time.perf_counter(), None)
-                await self.send(Ping(seq))
+                if not self._ping_pending:  # a long send may hold the line: never block here
+                    self._ping_pending = True
+                    self._tasks.append(asyncio.get_running_loop().create_task(self._keepalive()))
         except LinkClosed:
             pass
+
+    async def _keepalive(self) -> None:
+        seq = next(self._ping_seq)
+        self._pings[seq] = (time.perf_counter(), None)
+        try:
+            await self.send(Ping(seq))
+        except LinkClosed:
+            pass
+        finally:
+            self._ping_pending = False
+            self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]

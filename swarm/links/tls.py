@@ -35,7 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from identity.keys import PeerId, PeerKey
 from swarm import wire
-from swarm.errors import AuthenticationError, ProtocolError
+from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links.base import FramedLink, Goodbye, LinkOptions
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,10 @@ def peer_id_of(der: bytes | None) -> PeerId:
     return PeerId(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
 
+@lru_cache(maxsize=16)
 def make_context(key: PeerKey, server: bool) -> ssl.SSLContext:
-    """A TLS 1.3-only context presenting ``key``'s certificate and requiring the peer's."""
+    """A TLS 1.3-only context presenting ``key``'s certificate and requiring the peer's
+    (cached per key object: a context serves any number of connections)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False
@@ -234,10 +236,15 @@ async def listen(key: PeerKey, host: str = "127.0.0.1", port: int = 0, *,
             allowed = False
         if not allowed:
             log.info("TLS peer %s refused: not accepted (blocked)", remote.short())
-            await link._send_frames(wire.encode(Goodbye("refused: peer not accepted")))
+        first = Welcome(wire.PROTOCOL_VERSION) if allowed else Goodbye("refused: peer not accepted")
+        try:
+            await link._send_frames(wire.encode(first))
+        except (LinkClosed, ConnectionError) as exc:
+            log.info("TLS peer %s left during the handshake: %s", remote.short(), exc)
+            allowed = False
+        if not allowed:
             await link._close_transport()
             return
-        await link._send_frames(wire.encode(Welcome(wire.PROTOCOL_VERSION)))
         link._start()
         result = on_link(link)
         if inspect.isawaitable(result):

@@ -20,6 +20,8 @@ import numpy as np
 
 MAX_WGSL = 64 * 1024
 MAX_DIM = 1 << 16
+MAX_OUTPUT = 1 << 28
+"""Largest matmul result in elements (1 GiB of float32, the wire's largest array)."""
 ARRAY_DTYPES = ("float32", "float16", "float64", "int32", "uint32")
 
 
@@ -56,66 +58,84 @@ def check_matmul(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> Non
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul shapes do not chain: a is {a.shape}, b is {b.shape}; "
                          f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+    if a.shape[0] * b.shape[1] > MAX_OUTPUT:
+        raise ValueError(f"the result would be {a.shape[0]}x{b.shape[1]}; at most "
+                         f"{MAX_OUTPUT} elements (split the job)")
     if set(params) - {"precision"}:
         raise TypeError(f"matmul takes only precision=, got {sorted(params)}")
 
 
 def check_kernel(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    extra = set(params) - {"wgsl", "inputs", "outputs", "dispatch"}
+    if extra:
+        raise TypeError(f"kernel takes wgsl=, inputs=, outputs=, dispatch=; got {sorted(extra)}")
     wgsl = params.get("wgsl")
     if not isinstance(wgsl, str) or not wgsl.strip():
         raise TypeError("kernel needs wgsl=<WGSL source string>")
     if len(wgsl.encode()) > MAX_WGSL:
         raise ValueError(f"WGSL source is over {MAX_WGSL} bytes")
+    names = params.get("inputs", [])
+    if (not isinstance(names, list | tuple) or len(names) != len(arrays)
+            or not all(isinstance(n, str) and 0 < len(n) <= 64 for n in names)):
+        raise ValueError(f"inputs= must name each of the {len(arrays)} arrays by its WGSL "
+                         "buffer name, in order")
     outputs = params.get("outputs")
-    if not isinstance(outputs, (list, tuple)) or not outputs:
-        raise TypeError("kernel needs outputs=[(shape, dtype), ...] describing its outputs")
+    if not isinstance(outputs, list | tuple) or not outputs:
+        raise TypeError("kernel needs outputs=[(name, shape, dtype), ...] for the buffers to "
+                        "read back")
     for spec in outputs:
-        if (not isinstance(spec, (list, tuple)) or len(spec) != 2
-                or not isinstance(spec[0], (list, tuple))
-                or not all(isinstance(d, int) and 0 < d <= MAX_DIM * MAX_DIM for d in spec[0])
-                or spec[1] not in ARRAY_DTYPES):
-            raise ValueError(f"bad output spec {spec!r}: use (shape tuple, dtype name) with "
-                             f"dtype one of {', '.join(ARRAY_DTYPES)}")
+        if (not isinstance(spec, list | tuple) or len(spec) != 3 or not isinstance(spec[0], str)
+                or not isinstance(spec[1], list | tuple)
+                or not all(isinstance(d, int) and 0 < d <= MAX_DIM * MAX_DIM for d in spec[1])
+                or spec[2] not in ARRAY_DTYPES):
+            raise ValueError(f"bad output spec {spec!r}: use (name, shape tuple, dtype name) "
+                             f"with dtype one of {', '.join(ARRAY_DTYPES)}")
     dispatch = params.get("dispatch")
-    if (not isinstance(dispatch, (list, tuple)) or not 1 <= len(dispatch) <= 3
+    if (not isinstance(dispatch, list | tuple) or len(dispatch) != 3
             or not all(isinstance(d, int) and 1 <= d <= 65535 for d in dispatch)):
-        raise ValueError(f"dispatch must be 1-3 workgroup counts in 1..65535, got {dispatch!r}")
+        raise ValueError(f"dispatch must be 3 workgroup counts in 1..65535, got {dispatch!r}")
     for i, x in enumerate(arrays):
         if not isinstance(x, np.ndarray) or x.dtype.name not in ARRAY_DTYPES:
             raise ValueError(f"kernel input {i} must be a numpy array of "
                              f"{', '.join(ARRAY_DTYPES)}")
-    if set(params) - {"wgsl", "outputs", "dispatch"}:
-        raise TypeError(f"kernel takes wgsl=, outputs=, dispatch=; got {sorted(params)}")
 
 
 class MatmulActor:
     """Built-in actor: matmul shards and caller-supplied WGSL kernels on the worker's backend.
 
     State kept between calls: the compute backend (device, compiled pipelines, buffers).
+    Kernels always run on wgpu (the worker's GPU, or llvmpipe), whatever runs its matmuls.
     """
 
     NAME = "matmul"
     METHODS = {
         "matmul": MethodSpec("matmul", check_matmul, "matmul(a, b) -> a @ b"),
         "kernel": MethodSpec("kernel", check_kernel,
-                             "kernel(*inputs, wgsl=..., outputs=[(shape, dtype)], dispatch=(x,y,z))"),
+                             "kernel(*arrays, wgsl=, inputs=[names], outputs=[(name, shape, "
+                             "dtype)], dispatch=(x, y, z))"),
     }
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+        self._kernel_backend: Any = backend if getattr(backend, "name", "") == "wgpu" else None
 
     def matmul(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
         a, b = (np.asarray(x, dtype=np.float32) for x in arrays)
         return [self.backend.matmul(a, b, precision=params.get("precision", "f32"))]
 
     def kernel(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
-        outs = self.backend.run_kernel(
+        if self._kernel_backend is None:  # matmul may run on numpy; WGSL needs wgpu
+            import compute
+
+            self._kernel_backend = compute.get_backend("wgpu")
+        outs = self._kernel_backend.run_kernel(
             params["wgsl"],
-            inputs=list(arrays),
-            outputs=[(tuple(shape), np.dtype(dtype)) for shape, dtype in params["outputs"]],
+            inputs=dict(zip(params.get("inputs", []), arrays, strict=True)),
+            outputs={name: (tuple(shape), np.dtype(dtype))
+                     for name, shape, dtype in params["outputs"]},
             dispatch=tuple(params["dispatch"]),
         )
-        return list(outs)
+        return [outs[name] for name, _, _ in params["outputs"]]
 
 
 REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor}
@@ -157,6 +177,11 @@ class CallOrder:
             out.append(self._held.pop(self.next_seq))
             self.next_seq += 1
         return out
+
+    @property
+    def held(self) -> int:
+        """Calls waiting for an earlier one."""
+        return len(self._held)
 
     def rewind(self, seq: int, released: dict[int, Any]) -> None:
         """Call ``seq`` could not run yet (its inputs must be resent): take it and the calls

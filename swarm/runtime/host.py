@@ -40,6 +40,10 @@ from swarm.runtime.protocol import (
 
 log = logging.getLogger("swarm.runtime.host")
 CRASH_EXIT = 70
+MAX_INSTANCES = 256
+"""Actor instances one requester may create on this worker."""
+MAX_HELD = 1024
+"""Out-of-order calls held for one actor instance."""
 
 
 class _Missing(Exception):
@@ -93,7 +97,6 @@ class ActorHost:
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="swarm-compute")
         self._queue: deque[_Call] = deque()
         self._wake = asyncio.Event()
-        self._cancelled: set[tuple[PeerId, int]] = set()
         self._instances: dict[tuple[PeerId, str, int], _Instance] = {}
         self._links: set[PeerLink] = set()
         self._runner: asyncio.Task | None = None
@@ -116,8 +119,9 @@ class ActorHost:
                     await self._put(msg)
                 elif isinstance(msg, RunTask):
                     await self._accept(link, msg)
-                elif isinstance(msg, CancelTask):
-                    self._cancelled.add((link.remote, msg.task))
+                elif isinstance(msg, CancelTask):  # a running task cannot be stopped
+                    self._queue = deque(c for c in self._queue
+                                        if c.link is not link or c.msg.task != msg.task)
                 elif fallback is not None:
                     await fallback(link, msg)
         finally:
@@ -150,7 +154,16 @@ class ActorHost:
         if msg.seq < 0 or msg.instance == 0:
             self._queue.append(call)
         else:
+            if (link.remote, msg.actor, msg.instance) not in self._instances and sum(
+                    k[0] == link.remote for k in self._instances) >= MAX_INSTANCES:
+                await self._reply(link, TaskFailed(msg.task, "invalid", f"more than "
+                                                   f"{MAX_INSTANCES} actors for one requester"))
+                return
             inst = self._instance(link.remote, msg.actor, msg.instance)
+            if inst.order.held >= MAX_HELD or msg.seq > inst.order.next_seq + MAX_HELD:
+                await self._reply(link, TaskFailed(msg.task, "invalid",
+                                                   "call is too far ahead of the actor's order"))
+                return
             self._queue.extend(inst.order.offer(msg.seq, call))
         self._wake.set()
 
@@ -169,15 +182,10 @@ class ActorHost:
                 self._wake.clear()
                 await self._wake.wait()
             call = self._queue.popleft()
-            key = (call.link.remote, call.msg.task)
-            if key in self._cancelled:
-                self._cancelled.discard(key)
-                continue
             self._idle.clear()
             try:
                 await self._execute(call)
             finally:
-                self._cancelled.discard(key)
                 self._idle.set()
 
     async def _execute(self, call: _Call) -> None:

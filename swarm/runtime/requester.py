@@ -276,7 +276,7 @@ class Requester:
         calls: Sequence[Call],
         *,
         local: Callable[[int], list[np.ndarray]],
-        verify: Callable[[int, list[np.ndarray]], bool] | None,
+        verify: Callable[[int, list[np.ndarray]], Awaitable[bool]] | None,
         replicate: bool = False,
         owners: Sequence[PeerId] | None = None,
         timeout: float | None = None,
@@ -285,142 +285,13 @@ class Requester:
         """Run every call somewhere, verified; returns outputs per call and a report.
 
         ``local(i)`` computes call ``i`` on the requester (solo mode, tiebreaks).
-        ``verify(i, outputs)`` checks a remote result; with ``replicate`` each call runs on
-        two different peers and their outputs must agree (a disagreement is settled by
-        ``local``). Raises TimeoutError after ``timeout`` seconds, TaskError when a call is
-        refused as invalid by a worker.
+        ``await verify(i, outputs)`` checks a remote result (the worker's slot is refilled
+        meanwhile). With ``replicate`` each call runs on two different peers and their
+        outputs must agree (a disagreement is settled by ``local``). Raises TimeoutError
+        after ``timeout`` seconds, TaskError when a worker refuses a call as invalid.
         """
-        n = len(calls)
-        loop = asyncio.get_running_loop()
-        report = JobReport(shards=n)
-        tasks = [ShardTask(i % n, c.cost, tuple(a.oid for a in c.args if a.oid is not None))
-                 for i, c in enumerate(list(calls) * (2 if replicate else 1))]
-        tasks = [ShardTask(i, t.cost, t.inputs) for i, t in enumerate(tasks)]
-        twins = [(i + n) % (2 * n) for i in range(2 * n)] if replicate else None
-        holds = {p: {a.oid for c in calls for a in c.args
-                     if a.oid is not None and p.raw in self.store.holders(a.oid)}
-                 for p in self.links}
-        if owners is not None and replicate:
-            owners = list(owners) + [None] * n  # type: ignore[list-item]
-        sched = JobScheduler(tasks, self.workers(), self.rates, holds=holds,
-                             owners=owners, twins=twins, window=self.window,
-                             task_timeout=self.task_timeout)
-        events: asyncio.Queue = asyncio.Queue()
-        running: dict[tuple[int, Any], asyncio.Task] = {}
-        results: dict[int, list[np.ndarray]] = {}
-        by_shard: dict[int, Any] = {}
-        known = set(sched.workers()) - {LOCAL}
-        started = time.perf_counter()
-        deadline = None if timeout is None else loop.time() + timeout
-
-        async def attempt(shard: int, peer: Any) -> None:
-            call = calls[shard % n]
-            t0 = time.perf_counter()
-            try:
-                if peer == LOCAL:
-                    outs = await asyncio.to_thread(local, shard % n)
-                else:
-                    outs, _ = await self.call(peer, call, report=report.peer(peer))
-                events.put_nowait(("ok", shard, peer, outs, time.perf_counter() - t0))
-            except TaskFailure as exc:
-                events.put_nowait(("fail", shard, peer, exc.kind, str(exc)))
-            except LinkClosed as exc:
-                events.put_nowait(("fail", shard, peer, "lost", str(exc)))
-
-        try:
-            while not sched.finished:
-                self._changed.clear()
-                now = loop.time()
-                current = set(self.workers())
-                for p in sorted(current - known):
-                    sched.add_worker(p)
-                for p in sorted(known - current):
-                    sched.lost(p)
-                known = current
-                for a in sched.step(now):
-                    running[(a.shard, a.peer)] = loop.create_task(attempt(a.shard, a.peer))
-                for key in [k for k, t in running.items() if t.done()]:
-                    task = running.pop(key)
-                    if not task.cancelled() and task.exception() is not None:
-                        raise task.exception()  # a local failure: nothing to retry
-                wake = [t for t in (sched.next_deadline(now), deadline) if t is not None]
-                wait_s = max(0.0, min(wake) - now) if wake else None
-                if deadline is not None and now >= deadline:
-                    raise TimeoutError(f"job did not finish within {timeout} s "
-                                       f"({len(sched.done)} of {len(tasks)} shards done)")
-                getter = loop.create_task(events.get())
-                changed = loop.create_task(self._changed.wait())
-                done, _ = await asyncio.wait({getter, changed}, timeout=wait_s,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-                if getter not in done:
-                    getter.cancel()
-                    continue
-                event = getter.result()
-                await self._handle(event, sched, calls, local, verify, replicate, results,
-                                   by_shard, running, report)
-                while not events.empty():
-                    await self._handle(events.get_nowait(), sched, calls, local, verify,
-                                       replicate, results, by_shard, running, report)
-                if progress is not None:
-                    progress(len(sched.done), len(tasks))
-        finally:
-            for task in running.values():
-                task.cancel()
-        report.seconds = time.perf_counter() - started
-        return [results[i] for i in range(n)], report
-
-    async def _handle(self, event, sched, calls, local, verify, replicate, results, by_shard,
-                      running, report) -> None:
-        kind, shard, peer = event[0], event[1], event[2]
-        n = len(calls)
-        pr = report.peer(peer)
-        if kind == "fail":
-            _, _, _, why, message = event
-            pr.failed += 1
-            if why == "invalid":
-                raise TaskError(f"worker {peer} refused the task: {message}")
-            log.info("shard %d on %s failed (%s): %s", shard, peer, why, message)
-            sched.errored(shard, peer)
-            return
-        _, _, _, outs, seconds = event
-        if shard in sched.done:
-            return  # a straggler's late copy
-        pr.shards += 1
-        pr.seconds += seconds
-        if peer != LOCAL and verify is not None and not replicate:
-            ok = await asyncio.to_thread(verify, shard % n, outs)
-            if not ok:
-                pr.rejected += 1
-                self._reject(peer, f"shard {shard % n} failed verification")
-                sched.rejected(shard, peer)
-                return
-            pr.verified += 1
-        for c in sched.verified(shard, peer, seconds):
-            task = running.pop((c.shard, c.peer), None)
-            if task is not None:
-                task.cancel()
-        if not replicate:
-            results[shard] = outs
-            return
-        i, twin = shard % n, shard + n if shard < n else shard - n
-        by_shard[shard] = (peer, outs)
-        if twin not in by_shard:
-            return
-        (p1, o1), (p2, o2) = by_shard[shard], by_shard[twin]
-        if _agree(o1, o2):
-            for p in (p1, p2):
-                if p != LOCAL:
-                    report.peer(p).verified += 1
-            results[i] = o1
-            return
-        truth = await asyncio.to_thread(local, i)
-        for p, o in ((p1, o1), (p2, o2)):
-            if p != LOCAL and not _agree(o, truth):
-                report.peer(p).rejected += 1
-                self.rates.reject(p)
-                self._reject(p, f"replica of call {i} disagreed with the requester's own run")
-        results[i] = truth
+        job = _JobRun(self, list(calls), local, verify, replicate, owners, progress)
+        return await job.run(timeout)
 
     def _reject(self, peer: PeerId, reason: str) -> None:
         log.warning("rejected a result from %s: %s", peer.short(), reason)
@@ -429,6 +300,218 @@ class Requester:
                 self.on_rejected(peer, reason)
             except Exception:
                 log.exception("on_rejected hook failed")
+
+
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    """Event: an attempt returned outputs (not yet verified)."""
+
+    shard: int
+    """Scheduler shard index."""
+    peer: Any
+    """Who ran it (LOCAL for the requester)."""
+    outputs: list[np.ndarray]
+    """What it returned."""
+    seconds: float
+    """Round trip as the requester measured it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Event: a remote answer's verification finished."""
+
+    answer: _Answered
+    """The answer that was checked."""
+    ok: bool
+    """Whether it passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _AttemptFailed:
+    """Event: an attempt ended without outputs."""
+
+    shard: int
+    """Scheduler shard index."""
+    peer: Any
+    """Who was running it."""
+    kind: str
+    """TaskFailed kind, or "lost" for a broken link."""
+    message: str
+    """Why, in words."""
+
+
+class _JobRun:
+    """The asyncio adapter around one :class:`JobScheduler`: act, await events, feed back."""
+
+    def __init__(self, req: Requester, calls: list[Call], local, verify, replicate: bool,
+                 owners: Sequence[PeerId] | None, progress) -> None:
+        self.req = req
+        self.calls = calls
+        self.n = n = len(calls)
+        self.local = local
+        self.verify = verify
+        self.replicate = replicate
+        self.progress = progress
+        self.report = JobReport(shards=n)
+        tasks = [ShardTask(i, c.cost, tuple(a.oid for a in c.args if a.oid is not None))
+                 for i, c in enumerate(calls * (2 if replicate else 1))]
+        holds = {p: {a.oid for c in calls for a in c.args
+                     if a.oid is not None and p.raw in req.store.holders(a.oid)}
+                 for p in req.links}
+        if owners is not None and replicate:
+            owners = list(owners) + [None] * n  # the twins: any other peer
+        self.sched = JobScheduler(
+            tasks, req.workers(), req.rates, holds=holds, owners=owners,
+            twins=[(i + n) % (2 * n) for i in range(2 * n)] if replicate else None,
+            window=req.window, task_timeout=req.task_timeout)
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.running: dict[tuple[int, Any], asyncio.Task] = {}
+        self.checks: set[asyncio.Task] = set()
+        self.results: dict[int, list[np.ndarray]] = {}
+        self.replicas: dict[int, tuple[Any, list[np.ndarray]]] = {}
+
+    async def run(self, timeout: float | None) -> tuple[list[list[np.ndarray]], JobReport]:
+        req, sched = self.req, self.sched
+        loop = asyncio.get_running_loop()
+        known = set(sched.workers()) - {LOCAL}
+        started = time.perf_counter()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            while not sched.finished:
+                req._changed.clear()
+                now = loop.time()
+                current = set(req.workers())
+                for p in sorted(current - known):
+                    sched.add_worker(p)
+                for p in sorted(known - current):
+                    sched.lost(p)
+                known = current
+                for a in sched.step(now):
+                    self.running[(a.shard, a.peer)] = loop.create_task(
+                        self._attempt(a.shard, a.peer))
+                for key in [k for k, t in self.running.items() if t.done()]:
+                    task = self.running.pop(key)
+                    if not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # a local failure: nothing to retry
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(f"job did not finish within {timeout} s "
+                                       f"({len(sched.done)} of {len(sched.shards)} shards done)")
+                wake = [t for t in (sched.next_deadline(now), deadline) if t is not None]
+                event = await self._next_event(max(0.0, min(wake) - now) if wake else None)
+                while event is not None:
+                    await self._handle(event)
+                    event = None if self.events.empty() else self.events.get_nowait()
+                if self.progress is not None:
+                    self.progress(len(sched.done), len(sched.shards))
+        finally:
+            for task in [*self.running.values(), *self.checks]:
+                task.cancel()
+        self.report.seconds = time.perf_counter() - started
+        return [self.results[i] for i in range(self.n)], self.report
+
+    async def _next_event(self, wait_s: float | None):
+        """The next event, or None when the worker set changed or ``wait_s`` passed."""
+        loop = asyncio.get_running_loop()
+        getter = loop.create_task(self.events.get())
+        changed = loop.create_task(self.req._changed.wait())
+        done, _ = await asyncio.wait({getter, changed}, timeout=wait_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        changed.cancel()
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        return None
+
+    async def _attempt(self, shard: int, peer: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            if peer == LOCAL:
+                outs = await asyncio.to_thread(self.local, shard % self.n)
+            else:
+                outs, _ = await self.req.call(peer, self.calls[shard % self.n],
+                                              report=self.report.peer(peer))
+            self.events.put_nowait(_Answered(shard, peer, outs, time.perf_counter() - t0))
+        except TaskFailure as exc:
+            self.events.put_nowait(_AttemptFailed(shard, peer, exc.kind, str(exc)))
+        except LinkClosed as exc:
+            self.events.put_nowait(_AttemptFailed(shard, peer, "lost", str(exc)))
+
+    async def _check(self, answer: _Answered) -> None:
+        ok = await self.verify(answer.shard % self.n, answer.outputs)
+        self.events.put_nowait(_Checked(answer, ok))
+
+    async def _handle(self, event) -> None:
+        sched = self.sched
+        if isinstance(event, BaseException):
+            raise event
+        if isinstance(event, _AttemptFailed):
+            self.report.peer(event.peer).failed += 1
+            if event.kind == "invalid":
+                raise TaskError(f"worker {event.peer} refused the task: {event.message}")
+            log.info("shard %d on %s failed (%s): %s", event.shard, event.peer, event.kind,
+                     event.message)
+            sched.errored(event.shard, event.peer)
+            return
+        answer = event.answer if isinstance(event, _Checked) else event
+        shard, peer = answer.shard, answer.peer
+        pr = self.report.peer(peer)
+        if isinstance(event, _Answered):
+            if shard in sched.done:
+                return  # a straggler's late copy
+            pr.shards += 1
+            pr.seconds += answer.seconds
+            if peer != LOCAL and self.verify is not None and not self.replicate:
+                sched.returned(shard, peer)  # its slot takes the next shard meanwhile
+                task = asyncio.get_running_loop().create_task(self._check(answer))
+                task.add_done_callback(self._check_done)
+                self.checks.add(task)
+                return
+        else:
+            if not event.ok:  # wrong, even if another copy already won: it counts
+                pr.rejected += 1
+                self.req._reject(peer, f"shard {shard % self.n} failed verification")
+                sched.rejected(shard, peer)
+                return
+            pr.verified += 1
+            if shard in sched.done:
+                sched.verified(shard, peer, answer.seconds)  # bookkeeping only
+                return
+        for c in sched.verified(shard, peer, answer.seconds):
+            task = self.running.pop((c.shard, c.peer), None)
+            if task is not None:
+                task.cancel()
+        if self.replicate:
+            await self._compare(shard, peer, answer.outputs)
+        else:
+            self.results[shard] = answer.outputs
+
+    def _check_done(self, task: asyncio.Task) -> None:
+        self.checks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the check itself failed (our inputs are not finite): fail the job with it
+            self.events.put_nowait(task.exception())
+
+    async def _compare(self, shard: int, peer: Any, outputs: list[np.ndarray]) -> None:
+        """Replicate mode: both twins in? They must agree, else our own run decides."""
+        n = self.n
+        i, twin = shard % n, (shard + n) % (2 * n)
+        self.replicas[shard] = (peer, outputs)
+        if twin not in self.replicas:
+            return
+        (p1, o1), (p2, o2) = self.replicas[shard], self.replicas[twin]
+        if _agree(o1, o2):
+            for p in (p1, p2):
+                if p != LOCAL:
+                    self.report.peer(p).verified += 1
+            self.results[i] = o1
+            return
+        truth = await asyncio.to_thread(self.local, i)
+        for p, o in ((p1, o1), (p2, o2)):
+            if p != LOCAL and not _agree(o, truth):
+                self.report.peer(p).rejected += 1
+                self.req.rates.reject(p)
+                self.req._reject(p, f"replica of call {i} disagreed with the requester's run")
+        self.results[i] = truth
 
 
 def _agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:

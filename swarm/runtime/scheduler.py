@@ -164,6 +164,7 @@ class JobScheduler:
         self._workers: dict[Peer, _Worker] = {}
         self._pool: deque[int] = deque()  # shards not queued on any worker
         self._local_only: deque[int] = deque()  # shards out of remote attempts
+        self._checking: dict[int, set[Peer]] = {}  # results being verified, by shard
         for peer in workers:
             self._workers[peer] = _Worker(peer)
         if owners is None:
@@ -221,8 +222,23 @@ class JobScheduler:
         back = list(w.running) + list(w.queue)
         self._pool.extend(i for i in back if i not in self.done and not self._running_elsewhere(i))
 
+    def returned(self, shard: int, peer: Peer) -> None:
+        """``peer`` answered ``shard``; its slot is free while the requester verifies."""
+        w = self._workers.get(peer)
+        if w is not None and shard in w.running:
+            del w.running[shard]
+            self._checking.setdefault(shard, set()).add(peer)
+
+    def _checked(self, shard: int, peer: Peer) -> None:
+        peers = self._checking.get(shard)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                del self._checking[shard]
+
     def verified(self, shard: int, peer: Peer, seconds: float) -> list[Cancel]:
         """``peer``'s result for ``shard`` passed verification. Returns copies to cancel."""
+        self._checked(shard, peer)
         w = self._workers.get(peer)
         if w is not None:
             w.running.pop(shard, None)
@@ -244,6 +260,7 @@ class JobScheduler:
 
     def rejected(self, shard: int, peer: Peer) -> None:
         """``peer``'s result for ``shard`` was wrong: ban it for this job, redo the shard."""
+        self._checked(shard, peer)
         self.rates.reject(peer)
         w = self._workers.get(peer)
         if w is not None:
@@ -287,7 +304,7 @@ class JobScheduler:
                                                               "running", ())
 
     def _running_elsewhere(self, shard: int) -> bool:
-        return any(shard in w.running for w in self._workers.values())
+        return shard in self._checking or any(shard in w.running for w in self._workers.values())
 
     # -- decisions ---------------------------------------------------------------------------
 

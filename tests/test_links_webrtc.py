@@ -1,0 +1,242 @@
+"""WebRTC links on loopback: signed signaling, tuning negotiation, refusals, two processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import numpy as np
+import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+from identity.keys import PeerKey
+from swarm import wire
+from swarm.errors import AuthenticationError, ProtocolError
+from swarm.links import LinkOptions, webrtc
+from swarm.links.echo import Bulk, Echo, Flush, Flushed
+from swarm.links.signaling import ReplayGuard, Signal, SignedSignal, open_signal, seal
+from tests.links_helpers import echo_peer
+
+LOOPBACK = ["127.0.0.1"]
+
+
+class Peer:
+    """An endpoint on a UDP signaler, recording refusals and incoming links."""
+
+    def __init__(self, key, signaler, **kw):
+        self.key, self.signaler = key, signaler
+        self.links: asyncio.Queue = asyncio.Queue()
+        self.refused: asyncio.Queue = asyncio.Queue()
+        self.endpoint = webrtc.WebRTCEndpoint(
+            key, signaler, on_link=self.links.put_nowait, host_addresses=LOOPBACK,
+            on_refused=lambda peer, exc: self.refused.put_nowait((peer, exc)), **kw)
+
+    @property
+    def addr(self):
+        return ("127.0.0.1", self.signaler.port)
+
+
+@pytest.fixture
+async def make_peer():
+    peers = []
+
+    async def make(key=None, **kw):
+        key = key or PeerKey.generate()
+        peer = Peer(key, await webrtc.UDPSignaler.bind(key), **kw)
+        peers.append(peer)
+        return peer
+
+    yield make
+    for peer in peers:
+        await peer.endpoint.close()
+        peer.signaler.close()
+
+
+@pytest.mark.parametrize(("offer_tuned", "answer_tuned"),
+                         [(True, True), (False, False), (True, False), (False, True)])
+async def test_link_round_trip_in_every_tuning_mode(make_peer, offer_tuned, answer_tuned):
+    a, b = await make_peer(tuned=offer_tuned), await make_peer(tuned=answer_tuned)
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    assert link.kind == other.kind == "webrtc"
+    assert (link.remote, other.remote) == (b.key.peer_id, a.key.peer_id)
+    assert link.tuned == other.tuned == (offer_tuned and answer_tuned)
+    arr = np.random.default_rng(0).random((600, 600))  # 2.9 MB: 11 chunk frames
+    await link.send(Echo("out", [arr]))
+    got = await asyncio.wait_for(other.recv(), 10)
+    assert got.text == "out" and np.array_equal(got.arrays[0], arr)
+    await other.send(Echo("back", [arr[:3]]))
+    assert np.array_equal((await asyncio.wait_for(link.recv(), 10)).arrays[0], arr[:3])
+    assert 0 < await link.ping() < 1
+    await link.close("done")
+    exc = await asyncio.wait_for(other.wait_closed(), 10)
+    assert "done" in exc.reason or "connection lost" in exc.reason
+
+
+async def test_a_forged_offer_is_refused_and_the_endpoint_carries_on(make_peer):
+    a, b, mallory = await make_peer(), await make_peer(), await make_peer()
+    fake = Signal("offer", a.key.peer_id, b.key.peer_id, b"s" * 16, b"n" * 16, time.time(),
+                  "v=0\r\na=fingerprint:sha-256 AA:BB\r\n", "sha-256 AA:BB", {})
+    (body,) = wire.encode(fake, msg_id=0)
+    (forged,) = wire.encode(SignedSignal(body, mallory.key.sign(body)), msg_id=0)
+    await mallory.signaler.send(b.key.peer_id, b.addr, forged)
+    peer, exc = await asyncio.wait_for(b.refused.get(), 10)
+    assert isinstance(exc, AuthenticationError) and "bad signature" in str(exc)
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)  # b still serves honest peers
+    assert (await asyncio.wait_for(b.links.get(), 10)).remote == a.key.peer_id
+    await link.close()
+
+
+async def test_a_replayed_offer_is_refused(make_peer):
+    a, b = await make_peer(), await make_peer()
+    sent = []
+    original = a.signaler.send
+
+    async def recording_send(to, addr, payload):
+        sent.append(payload)
+        await original(to, addr, payload)
+
+    a.signaler.send = recording_send
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    await asyncio.wait_for(b.links.get(), 10)
+    await original(b.key.peer_id, b.addr, sent[0])  # an eavesdropper plays it again
+    _, exc = await asyncio.wait_for(b.refused.get(), 10)
+    assert "replayed" in str(exc)
+    assert b.links.empty()
+    await link.close()
+
+
+async def test_a_blocked_peer_gets_no_answer(make_peer):
+    a = await make_peer(connect_timeout=1.0)
+    b = await make_peer(accept=lambda peer: peer != a.key.peer_id)
+    with pytest.raises(TimeoutError, match="no answer"):
+        await a.endpoint.connect(b.key.peer_id, b.addr)
+    peer, exc = await asyncio.wait_for(b.refused.get(), 10)
+    assert peer == a.key.peer_id and "blocked" in str(exc)
+
+
+async def _fingerprint_lines(sdp: str) -> list[str]:
+    return [line for line in sdp.splitlines() if line.startswith("a=fingerprint:")]
+
+
+async def test_a_dtls_certificate_other_than_the_signed_one_is_refused(make_peer):
+    """Mallory signs an offer naming somebody else's certificate, then does DTLS with hers."""
+    b, mallory = await make_peer(), await make_peer()
+    real, other = RTCPeerConnection(), RTCPeerConnection()
+    try:
+        for pc in (real, other):
+            pc.createDataChannel("swarm")
+        await webrtc._gather_on(real, LOOPBACK)
+        await real.setLocalDescription(await real.createOffer())
+        await other.setLocalDescription(await other.createOffer())
+        mine = await _fingerprint_lines(real.localDescription.sdp)
+        theirs = await _fingerprint_lines(other.localDescription.sdp)
+        sdp = real.localDescription.sdp
+        for m, t in zip(mine, theirs, strict=True):
+            sdp = sdp.replace(m, t)
+        offer = mallory.endpoint._signal("offer", b.key.peer_id, b"s" * 16, sdp, {})
+        answers: asyncio.Queue = asyncio.Queue()
+        mallory.signaler.on_message(lambda s, addr, data: answers.put_nowait(data))
+        mallory.endpoint._closed = True  # mallory handles the answer herself
+        await mallory.signaler.send(b.key.peer_id, b.addr, seal(mallory.key, offer))
+        answer = open_signal(await asyncio.wait_for(answers.get(), 10), mallory.key.peer_id,
+                             ReplayGuard())
+        await real.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
+        peer, exc = await asyncio.wait_for(b.refused.get(), 15)
+        assert peer == mallory.key.peer_id and isinstance(exc, AuthenticationError)
+        assert "does not match the signed fingerprint" in str(exc)
+        assert b.links.empty()
+    finally:
+        await real.close()
+        await other.close()
+
+
+async def test_a_bad_frame_closes_the_link(make_peer):
+    a, b = await make_peer(), await make_peer()
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    link.channel.send(b"\x01\x01\xc1\xc1")  # a lying peer bypassing the encoder
+    exc = await asyncio.wait_for(other.wait_closed(), 10)
+    assert isinstance(exc.error, ProtocolError) and "malformed header" in exc.reason
+    await asyncio.wait_for(link.wait_closed(), 10)
+
+
+async def test_a_peer_granting_credit_it_was_never_owed_is_refused(make_peer):
+    a, b = await make_peer(), await make_peer()
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    link.channel.send(wire.encode(webrtc.Credit(1 << 30), msg_id=0)[0])
+    exc = await asyncio.wait_for(other.wait_closed(), 10)
+    assert isinstance(exc.error, ProtocolError) and "out of range" in exc.reason
+
+
+async def test_a_slow_receiver_stops_the_sender_at_the_credit_window(make_peer):
+    opts = LinkOptions(window=1 << 20, recv_queue=1)
+    a, b = await make_peer(options=opts), await make_peer(options=opts)
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    chunk = np.zeros(200_000, dtype=np.uint8)
+
+    async def send_all():
+        for _ in range(30):  # 6 MB: far beyond the 1 MiB window
+            await link.send(Bulk(chunk))
+
+    sender = asyncio.create_task(send_all())
+
+    async def blocked():
+        while link._credit >= wire.MAX_FRAME:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(blocked(), 10)
+    assert not sender.done()
+    held = sum(map(len, other._frames._items))
+    assert held <= 1 << 20
+    for _ in range(30):
+        assert (await asyncio.wait_for(other.recv(), 10)).data.nbytes == 200_000
+    await asyncio.wait_for(sender, 10)
+    await link.close()
+
+
+@pytest.mark.parametrize("child_mode", [[], ["--standard"]], ids=["tuned", "standard"])
+async def test_two_processes(make_peer, child_mode):
+    me = await make_peer()
+    with echo_peer("webrtc", *child_mode) as (key, port, _):
+        link = await me.endpoint.connect(key.peer_id, ("127.0.0.1", port))
+        assert link.tuned == (not child_mode)
+        arr = np.arange(800_000, dtype=np.float32)
+        await link.send(Echo("round trip", [arr]))
+        back = await asyncio.wait_for(link.recv(), 20)
+        assert back.text == "round trip" and np.array_equal(back.arrays[0], arr)
+        for _ in range(4):
+            await link.send(Bulk(np.ones(500_000, dtype=np.uint8)))
+        await link.send(Flush(9))
+        assert await asyncio.wait_for(link.recv(), 20) == Flushed(9, 4, 2_000_000)
+        with contextlib.suppress(Exception):
+            await link.close()
+
+
+async def test_signaling_over_the_real_dht():
+    from dht.node import DHTNode
+
+    keys = [PeerKey.generate(), PeerKey.generate()]
+    nodes = [DHTNode(k) for k in keys]
+    endpoints = []
+    try:
+        ports = [await n.listen(0) for n in nodes]
+        await nodes[1].bootstrap([("127.0.0.1", ports[0])])
+        links: asyncio.Queue = asyncio.Queue()
+        endpoints = [webrtc.WebRTCEndpoint(k, webrtc.DHTSignaler(n), host_addresses=LOOPBACK,
+                                           on_link=links.put_nowait)
+                     for k, n in zip(keys, nodes, strict=True)]
+        link = await endpoints[0].connect(keys[1].peer_id, ("127.0.0.1", ports[1]))
+        other = await asyncio.wait_for(links.get(), 10)
+        assert other.remote == keys[0].peer_id and link.tuned
+        await link.send(Echo("via dht", []))
+        assert (await asyncio.wait_for(other.recv(), 10)).text == "via dht"
+        await link.close()
+    finally:
+        for e in endpoints:
+            await e.close()
+        for n in nodes:
+            await n.stop()
