@@ -134,10 +134,7 @@ class ControlPlane:
         """Leave gracefully (a coordinator hands off first); returns why we left."""
         if not self.left.is_set():
             if self.role is Role.COORDINATOR:
-                try:  # a fresh view, so that a member that just joined can take over
-                    await asyncio.wait_for(self._refresh_view(), 3.0)
-                except TimeoutError:
-                    pass
+                await self._fresh_view()  # so that a member that just joined can take over
             self.controller.leave(self.clock())
             await self._do(self.controller.actions())
             try:
@@ -367,10 +364,22 @@ class ControlPlane:
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
 
+    async def _fresh_view(self) -> None:
+        """Refresh the member view now (sharing a refresh already under way)."""
+        if self._view_task is None or self._view_task.done():
+            self._view_task = asyncio.get_running_loop().create_task(self._refresh_view())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._view_task), 10.0)
+        except TimeoutError:
+            pass
+
     async def _send(self, peer: PeerId, msg: bytes) -> None:
         addr = self.addrs.get(peer)
         if addr is None:
-            log.debug("no DHT address for %s", peer.short())
+            await self._fresh_view()  # a member that joined since the last refresh
+            addr = self.addrs.get(peer)
+        if addr is None:
+            log.info("no DHT address for %s; message dropped", peer.short())
             return
         for attempt in range(2):  # one retry: a lost datagram must not lose a kick
             try:
