@@ -89,6 +89,6 @@ def _first_security_key() -> Authenticator:
         try:
             for dev in CtapPcscDevice.list_devices():
                 return Authenticator(dev, f"NFC security key {dev}", True)
-        except Exception:  # noqa: BLE001,S110 - no PC/SC service is the same as no reader
+        except Exception:  # no PC/SC service (pcscd) is the same as no reader
             pass
     raise NoAuthenticator(NO_KEY_MESSAGE)

@@ -9,7 +9,6 @@ signature) plus the sign counter, which fido2's server leaves to the relying par
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -187,8 +186,8 @@ class OwnerProof:
         try:
             auth_data = AuthenticatorData(self.authenticator_data)
             client_data = CollectedClientData(self.client_data)
-        except (ValueError, KeyError, TypeError, IndexError, struct.error,
-                json.JSONDecodeError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
+                struct.error) as exc:
             raise MalformedStatement(f"owner proof: unparseable authenticator or client "
                                      f"data: {exc}") from exc
         if not isinstance(client_data.origin, str) or not isinstance(client_data.type, str):

@@ -13,9 +13,11 @@ can sign as the owner, which is why it is never counted as hardware-backed.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat
+import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -59,7 +61,11 @@ def _always_present() -> bool:
 
 
 class _Secret:
-    """The 0600 file: master secret and sign counter, rewritten atomically on each use."""
+    """The 0600 file: master secret and sign counter.
+
+    The counter is read, raised and written back under an exclusive lock on every use, so
+    two processes (or two opens) sharing one key file never hand out the same counter.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -69,42 +75,52 @@ class _Secret:
         if mode & 0o077:
             raise KeyFileError(f"software key file {path} has mode {mode:o}; it must be 600 "
                                f"(run: chmod 600 {path})")
-        try:
-            data = cbor.decode(path.read_bytes())
-            ok = (isinstance(data, dict) and data.get(1) == _FILE_VERSION
-                  and isinstance(data.get(2), bytes) and len(data[2]) == 32
-                  and isinstance(data.get(3), int) and 0 <= data[3] < 2**32)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise KeyFileError(f"software key file {path} is corrupt") from exc
-        if not ok:
-            raise KeyFileError(f"software key file {path} is not a swarm software key")
-        self.master: bytes = data[2]
-        self.counter: int = data[3]
+        self.master, self.counter = self._parse(path.read_bytes())
         self.wrap_key = HKDF(hashes.SHA256(), 32, salt=None,
                              info=b"swarm soft key: credential wrap").derive(self.master)
 
-    def _create(self) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        body = cbor.encode({1: _FILE_VERSION, 2: os.urandom(32), 3: 0})
+    def _parse(self, body: bytes) -> tuple[bytes, int]:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return  # created meanwhile by another process: load that one
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
+            data = cbor.decode(body)
+            ok = (isinstance(data, dict) and data.get(1) == _FILE_VERSION
+                  and isinstance(data.get(2), bytes) and len(data[2]) == 32
+                  and isinstance(data.get(3), int) and 0 <= data[3] < 2**32)
+        except (ValueError, KeyError, IndexError, TypeError, struct.error) as exc:
+            raise KeyFileError(f"software key file {self.path} is corrupt") from exc
+        if not ok:
+            raise KeyFileError(f"software key file {self.path} is not a swarm software key")
+        return data[2], data[3]
 
-    def next_counter(self) -> int:
-        """Increment and persist the counter before the signature leaves the device."""
-        self.counter += 1
-        tmp = self.path.with_name(self.path.name + ".tmp")
+    def _create(self) -> None:
+        """Write a complete new file under a temporary name, then link it in place: another
+        process racing us either sees no file or a whole one."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.new")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(cbor.encode({1: _FILE_VERSION, 2: self.master, 3: self.counter}))
+            f.write(cbor.encode({1: _FILE_VERSION, 2: os.urandom(32), 3: 0}))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            pass  # created meanwhile by another process: load that one
+        finally:
+            tmp.unlink()
+
+    def next_counter(self) -> int:
+        """Raise and persist the counter before the signature leaves the device."""
+        with open(self.path, "r+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            master, stored = self._parse(f.read())
+            if master != self.master:
+                raise KeyFileError(f"software key file {self.path} was replaced while open")
+            self.counter = max(stored, self.counter) + 1
+            f.seek(0)
+            f.write(cbor.encode({1: _FILE_VERSION, 2: self.master, 3: self.counter}))
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
         return self.counter
 
 
@@ -122,7 +138,7 @@ def _want(params: Mapping[int, Any], key: int, typ: type | tuple[type, ...],
             raise _Reject(ERR.MISSING_PARAMETER)
         return None
     value = params[key]
-    if not isinstance(value, typ) or isinstance(value, bool) and typ is int:
+    if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
         raise _Reject(ERR.CBOR_UNEXPECTED_TYPE)
     return value
 

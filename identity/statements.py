@@ -24,10 +24,10 @@ from identity.keys import PeerId, PeerKey, verify
 from identity.roles import PERMISSIONS, Action, Role
 
 PEER_SIGNING_PREFIX = b"swarm statement v1\x00"
-MAX_NAME = 32
+MAX_NAME = 24
 MAX_REASON = 200
 MAX_OWNER_KEYS = 2
-MAX_CHARTER_ADMINS = 4
+MAX_CHARTER_ADMINS = 3
 MAX_PROOFS = 4
 MAX_UINT = 2**53
 ADMIN_ACTIONS = PERMISSIONS[Role.ADMIN]
@@ -233,13 +233,13 @@ class Charter(Statement):
     ACTION: ClassVar[Action | None] = Action.CHANGE_POLICY
 
     name: str = _f(3, NAME)
-    """Human-readable swarm name (at most 32 bytes)."""
+    """Human-readable swarm name (at most 24 bytes)."""
     owners: tuple[OwnerCredential, ...] = _f(4, OWNERS)
     """The owner's keys, 1-2: the second is the recovery key for a lost first one."""
     policy: Policy = _f(5, POLICY)
     """Swarm-wide rules."""
     admins: tuple[PeerId, ...] = _f(6, PEERS)
-    """Peers with full admin rights and no expiry (sorted; at most 4; more by delegation)."""
+    """Peers with full admin rights and no expiry (sorted; at most 3; more by delegation)."""
 
 
 @dataclass(frozen=True)

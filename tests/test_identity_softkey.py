@@ -156,3 +156,12 @@ def test_non_cbor_transport_commands_are_refused(tmp_path):
     with pytest.raises(CtapError):
         dev.call(CTAPHID.MSG, b"\x00")
     assert list(SoftAuthenticator.list_devices()) == []
+
+
+def test_two_opens_of_one_key_file_never_reuse_a_counter(tmp_path):
+    key = owner_key(tmp_path, "owner")
+    twin = soft_authenticator(tmp_path / "owner.key")
+    counters = []
+    for auth in (key.authenticator, twin, key.authenticator, twin):
+        counters.append(assert_statement(auth, key.credential, b"s").counter)
+    assert counters == sorted(set(counters))

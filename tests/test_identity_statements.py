@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import struct
+
 import pytest
 from fido2 import cbor
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +18,7 @@ from identity import (
     IdentityError,
     KickCommand,
     MalformedStatement,
+    OwnerProof,
     OwnershipTransfer,
     PeerId,
     PeerKey,
@@ -83,9 +87,10 @@ def test_peer_signatures_are_domain_separated(samples):
         peer.peer_id.public_key().verify(sig.signature, samples[4].encode())
 
 
-def _charter_item(key, *, admins: int, name: str) -> bytes:
+def _charter_item(key, *, admins: int, name: str, backup=None) -> bytes:
     swarm = PeerKey.generate()
-    charter = Charter(swarm=swarm.public_bytes, counter=1, name=name, owners=(key.credential,),
+    owners = (key.credential,) + ((backup.credential,) if backup else ())
+    charter = Charter(swarm=swarm.public_bytes, counter=1, name=name, owners=owners,
                       policy=Policy(False),
                       admins=tuple(sorted(PeerKey.generate().peer_id for _ in range(admins))))
     item = Signed(charter, (key.proof(charter),)).encode()
@@ -93,10 +98,12 @@ def _charter_item(key, *, admins: int, name: str) -> bytes:
     return item
 
 
-def test_charter_with_owner_proof_fits_a_dht_item(key):
-    typical = _charter_item(key, admins=3, name="research lab")
+def test_charter_with_owner_proof_fits_a_dht_item(key, tmp_path):
+    """ES256 (the larger key): one owner key, or the worst case with a recovery key."""
+    typical = _charter_item(key, admins=2, name="research lab")
     assert len(typical) < CHARTER_ITEM_BUDGET, len(typical)
-    worst = _charter_item(key, admins=MAX_CHARTER_ADMINS, name="x" * MAX_NAME)
+    backup = owner_key(tmp_path, "backup")
+    worst = _charter_item(key, admins=MAX_CHARTER_ADMINS, name="x" * MAX_NAME, backup=backup)
     assert len(worst) < CHARTER_ITEM_BUDGET, len(worst)
 
 
@@ -234,3 +241,22 @@ def test_invalid_statements_cannot_be_built(samples, kwargs, why):
               "reason": "r", "role": Role.ADMIN, "term": 1, **kwargs}
     with pytest.raises(MalformedStatement, match=why):
         KickCommand(**fields)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["type", "challenge", "origin", "crossOrigin", "x"]),
+                      children, max_size=5),
+    max_leaves=20)
+
+
+@given(json_values, st.integers(0, 255), st.binary(max_size=120))
+@settings(max_examples=300, deadline=None)
+def test_fuzzed_client_and_authenticator_data_only_raise_malformed(client, flags, auth_tail):
+    auth_data = b"\x00" * 32 + struct.pack(">BI", flags, 5) + auth_tail
+    m = {0: 0, 1: b"id", 2: auth_data, 3: json.dumps(client).encode(), 4: b"sig"}
+    try:
+        OwnerProof.from_cbor(m)
+    except MalformedStatement:
+        pass
