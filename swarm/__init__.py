@@ -4,41 +4,87 @@ Exceptions (all in :mod:`swarm.errors`)::
 
     SwarmError                 base of everything this package raises on purpose
     +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
+    |   +-- URIError           a join URI that does not parse (names the wrong part)
     +-- ConsentRefused         the user (or a missing terminal) declined to join
+    +-- GetTimeoutError        get() ran out of time (also a TimeoutError)
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
         +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
         +-- AuthenticationError  a peer is not who it claims/was expected to be
         +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
+        +-- TaskError          a task failed on every attempt it was allowed
+        +-- ActorDiedError     an actor's host was lost beyond max_restarts
+        +-- StaleTerm          a command from a term below the highest seen (fencing)
+        +-- NotCoordinator     a coordinator-only command reached a peer that is not it
 
 Local and remote errors stay apart so that callers can tell "my input is wrong"
 from "a peer misbehaved" (the latter is retried elsewhere and counts against the peer).
 """
 
 from swarm.errors import (
+    ActorDiedError,
     AuthenticationError,
     ConfigError,
     ConsentRefused,
+    GetTimeoutError,
     LinkClosed,
     LocalError,
+    NotCoordinator,
     ProtocolError,
     RemoteError,
+    StaleTerm,
     SwarmError,
+    TaskError,
+    URIError,
     VerificationError,
 )
 
 __version__ = "0.1.0"
 
+# The runtime API, imported on first use so that `swarm --help` stays fast.
+_LAZY = {
+    "connect": "swarm.api", "local": "swarm.api", "Client": "swarm.api",
+    "LocalSwarm": "swarm.api", "ActorHandle": "swarm.api",
+    "get": "swarm.runtime.refs", "wait": "swarm.runtime.refs",
+    "ObjectRef": "swarm.runtime.refs",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swarm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "ActorDiedError",
+    "ActorHandle",
+    "Client",
+    "GetTimeoutError",
+    "LocalSwarm",
+    "ObjectRef",
+    "TaskError",
+    "connect",
+    "get",
+    "local",
+    "wait",
     "AuthenticationError",
     "ConfigError",
     "ConsentRefused",
     "LinkClosed",
     "LocalError",
+    "NotCoordinator",
     "ProtocolError",
     "RemoteError",
+    "StaleTerm",
     "SwarmError",
+    "URIError",
     "VerificationError",
     "__version__",
 ]

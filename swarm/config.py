@@ -74,5 +74,5 @@ def setup_logging(verbosity: int = 0, stream=None) -> None:
     # Third-party libraries are chatty at INFO; keep them one step quieter. Not "wgpu": it
     # sets its own logger to WARNING on import, and refuses to import (AssertionError) if a
     # plain logger of that name exists already.
-    for noisy in ("kademlia", "rpcudp", "aioice", "aiortc"):
+    for noisy in ("kademlia", "rpcudp", "aioice", "aiortc", "fido2"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

@@ -9,6 +9,10 @@ class ConfigError(SwarmError, ValueError):
     """A bad option, URI or data dir: the caller's input, found before any I/O."""
 
 
+class URIError(ConfigError):
+    """A join URI that does not parse; the message names the part that is wrong."""
+
+
 class ConsentRefused(SwarmError):
     """The user declined to join, or no terminal was there to ask (use --yes)."""
 
@@ -23,6 +27,14 @@ class RemoteError(SwarmError):
 
 class ProtocolError(RemoteError):
     """A malformed, oversized or out-of-order frame; the link that sent it is closed."""
+
+
+class StaleTerm(RemoteError):
+    """A coordinator command from a term lower than the highest seen (fencing)."""
+
+
+class NotCoordinator(RemoteError):
+    """A command that only the coordinator may act on reached a peer that is not it."""
 
 
 class VerificationError(RemoteError):
@@ -44,3 +56,16 @@ class LinkClosed(RemoteError, ConnectionError):
         super().__init__(reason)
         self.reason = reason
         self.error = error
+
+
+class GetTimeoutError(SwarmError, TimeoutError):
+    """``get()`` ran out of time before every ref was ready (the work may still finish)."""
+
+
+class TaskError(RemoteError):
+    """A task failed for good: every allowed attempt raised on its worker."""
+
+
+class ActorDiedError(RemoteError):
+    """An actor's host was lost and ``max_restarts`` is used up (or a call was in flight and
+    ``max_task_retries`` did not allow retrying it)."""

@@ -1,0 +1,727 @@
+"""The Python API, in Ray's manner: a client joined to a swarm, remote calls, ObjectRefs.
+
+    import numpy as np, swarm
+
+    with swarm.local(workers=2) as client:          # or swarm.connect("magnet:?xs=...")
+        c = client.matmul(a, b)                       # blocking, verified (Freivalds)
+        w = client.put(weights)                       # cached on workers after first use
+        refs = [client.matmul.remote(x, w) for x in batches]
+        ready, pending = swarm.wait(refs, num_returns=4, timeout=10)
+        outs = swarm.get(refs, timeout=60)
+        h = client.actor("matmul")                     # a stateful actor on one peer
+        ref = h.matmul.remote(a, b)                    # ordered calls on that actor
+
+The client runs its node on a private event-loop thread, so these calls work from plain
+code and notebooks; ObjectRefs are also awaitable from asyncio code. Every argument and
+option is checked before anything is sent (TypeError/ValueError saying what to do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import functools
+import itertools
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dht.errors import DHTError
+from identity.keys import PeerId, PeerKey
+from swarm.errors import (
+    ActorDiedError,
+    ConfigError,
+    LinkClosed,
+    LocalError,
+    RemoteError,
+)
+from swarm.membership import MemberRecord, swarm_id
+from swarm.node import Node, NodeConfig
+from swarm.runtime import jobs
+from swarm.runtime.actors import REGISTRY, method_spec
+from swarm.runtime.objects import ObjectId, object_id
+from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
+from swarm.runtime.refs import ObjectRef
+from swarm.runtime.requester import Arg, Call, JobReport, TaskFailure, agree
+
+log = logging.getLogger("swarm.api")
+Operand = np.ndarray | ObjectRef
+
+
+class _LoopThread:
+    """An event loop on a daemon thread; coroutines are submitted from any thread."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="swarm-client",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine) -> cf.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine, timeout: float | None = None) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        """Cancel every task still on the loop, wait for them, then stop and close it."""
+        try:
+            self.run(self._cancel_all(), 10)
+        except Exception as exc:  # a task that ignores cancellation: stop anyway
+            log.debug("client loop shutdown: %r", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+    @staticmethod
+    async def _cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
+    if isinstance(x, ObjectRef):
+        if client is not None and x.owner is not client:
+            raise ValueError(f"{name} is an ObjectRef of another client; refs only work with "
+                             "the client that made them")
+        return
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or an ObjectRef, got "
+                        f"{type(x).__name__}; convert with numpy.asarray(...)")
+
+
+class _Matmul:
+    """``client.matmul(a, b, ...)`` blocks; ``client.matmul.remote(a, b, ...)`` returns a ref."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __call__(self, a: Operand, b: Operand, **options: Any) -> np.ndarray:
+        opts = validate(TASK_OPTIONS, options, "matmul()")
+        ref = self._client._submit_matmul(a, b, opts)
+        try:
+            return ref.future().result(opts["timeout"])
+        except cf.TimeoutError:
+            ref.future().cancel()
+            raise TimeoutError(f"matmul() did not finish within {opts['timeout']} s") from None
+
+    def remote(self, a: Operand, b: Operand, **options: Any) -> ObjectRef:
+        """Submit ``a @ b``; returns an ObjectRef at once (``swarm.get`` it)."""
+        return self._client._submit_matmul(a, b, validate(TASK_OPTIONS, options,
+                                                          "matmul.remote()"))
+
+
+class _Kernel:
+    """``client.kernel(*arrays, wgsl=, inputs=, outputs=, dispatch=, verify="replicate")``.
+
+    Runs a caller's WGSL compute kernel on a worker's GPU backend (validated there by
+    wgpu/naga). There is no cheap check for arbitrary kernels, so ``verify="replicate"``
+    (the default) runs it on two different peers and compares; a disagreement is settled
+    by running it here (needs a local wgpu backend).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __call__(self, *arrays: np.ndarray, **kw: Any) -> Any:
+        timeout = kw.get("timeout")
+        return self.remote(*arrays, **kw).future().result(timeout)
+
+    def remote(self, *arrays: np.ndarray, verify: str = "replicate",
+               timeout: float | None = None, **params: Any) -> ObjectRef:
+        client = self._client
+        client._check_open()
+        opts = validate(TASK_OPTIONS, {"verify": verify, "timeout": timeout}, "kernel()")
+        if opts["verify"] == "freivalds":
+            raise ValueError("kernel(): Freivalds' check is for matmul; use verify='replicate' "
+                             "(two peers) or 'none'")
+        for i, x in enumerate(arrays):
+            if not isinstance(x, np.ndarray):
+                raise TypeError(f"kernel input {i} must be a numpy array, got "
+                                f"{type(x).__name__}")
+        method_spec("matmul", "kernel").check(list(arrays), params)
+        call = Call("matmul", "kernel", tuple(Arg(np.ascontiguousarray(x)) for x in arrays),
+                    dict(params), cost=float(sum(x.size for x in arrays)))
+        fut = client._submit(client._kernel(call, opts))
+        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
+
+
+class Client:
+    """A requester joined to a swarm. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, node: Node, loop: _LoopThread,
+                 cleanup: Sequence[Callable[[], None]] = ()) -> None:
+        self._node = node
+        self._loop = loop
+        self._cleanup = list(cleanup)
+        self._backend = None
+        self._verifier = jobs.FreivaldsCache()
+        self._refresher = loop.submit(self._refresh())
+        self._instances = itertools.count(1)
+        self.matmul = _Matmul(self)
+        self.kernel = _Kernel(self)
+        self.last_report: JobReport | None = None
+        """The report of the most recent finished job (per-peer shards, bytes, verdicts)."""
+        self._closed = False
+        self._inflight: set[cf.Future] = set()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def node(self) -> Node:
+        """The embedded node (hooks for the control plane live there)."""
+        return self._node
+
+    async def _refresh(self) -> None:
+        """Keep dialing new workers from the member list (members come and go)."""
+        while True:
+            await asyncio.sleep(2.0)
+            try:
+                await self._node.connect_workers()
+            except Exception as exc:
+                log.debug("member refresh failed: %s", exc)
+
+    def _local_backend(self):
+        if self._backend is None:
+            import compute
+
+            self._backend = compute.get_backend("numpy")
+        return self._backend
+
+    def _submit(self, coro: Coroutine) -> cf.Future:
+        """Run a task coroutine on the client's loop; close() cancels it if still pending."""
+        fut = self._loop.submit(coro)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+        return fut
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this client is closed; open a new one with swarm.connect()")
+
+    def workers(self) -> list[PeerId]:
+        """Workers this client has links to now."""
+        return self._loop.run(self._workers())
+
+    async def _workers(self) -> list[PeerId]:
+        return self._node.requester.workers()
+
+    def members(self) -> list[MemberRecord]:
+        """The swarm's live member records (from the DHT)."""
+        return self._loop.run(self._node.members(), 30)
+
+    # -- objects ------------------------------------------------------------------------------
+
+    def put(self, array: np.ndarray) -> ObjectRef:
+        """Store a copy of ``array`` (content-addressed) and return its ref.
+
+        Pass the ref as a task input: workers receive it once and keep it cached, so later
+        tasks that use it send only their other inputs.
+        """
+        self._check_open()
+        if isinstance(array, ObjectRef):
+            raise TypeError("put() takes a numpy array; this is already an ObjectRef")
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"put() takes a numpy array, got {type(array).__name__}; "
+                            "convert with numpy.asarray(...)")
+        if array.dtype == object:
+            raise ValueError("put() cannot store object arrays (nothing is pickled)")
+        copy = np.array(array, copy=True, order="C")
+        oid = object_id(copy)
+        self._loop.run(self._store(copy, oid))
+        ref = ObjectRef.ready(oid, copy, self)
+        weakref.finalize(ref, self._release, oid)  # evictable once the caller drops the ref
+        return ref
+
+    async def _store(self, array: np.ndarray, oid: ObjectId) -> None:
+        self._node.requester.store.put(array, oid)
+        self._node.requester.store.pin(oid)
+
+    def _release(self, oid: ObjectId) -> None:
+        if not self._closed:
+            self._loop.loop.call_soon_threadsafe(self._node.requester.store.unpin, oid)
+
+    async def _resolve(self, x: Operand) -> tuple[np.ndarray, ObjectId | None]:
+        if isinstance(x, ObjectRef):
+            if x.owner is not self:
+                raise ValueError("this ObjectRef belongs to another client")
+            value = await x
+            return value, (x.id if x.id in self._node.requester.store else None)
+        return x, None
+
+    # -- matmul ---------------------------------------------------------------------------
+
+    def _submit_matmul(self, a: Operand, b: Operand, opts: dict[str, Any]) -> ObjectRef:
+        self._check_open()
+        _check_operand("a", a, self)
+        _check_operand("b", b, self)
+        if not isinstance(a, ObjectRef) and not isinstance(b, ObjectRef):
+            method_spec("matmul", "matmul").check([a, b], {})
+        elif isinstance(a, np.ndarray):
+            method_spec("matmul", "matmul").check([a, a.T], {})
+        elif isinstance(b, np.ndarray):
+            method_spec("matmul", "matmul").check([b.T, b], {})
+        fut = self._submit(self._matmul(a, b, opts))
+        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
+
+    async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
+                      progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        a, _ = await self._resolve(a)
+        b, b_oid = await self._resolve(b)
+        method_spec("matmul", "matmul").check([a, b], {})
+        req = self._node.requester
+        plan = functools.partial(
+            jobs.matmul_job, a, b, workers=req.workers(), rates=req.rates,
+            precision=opts["precision"], backend=self._local_backend(), verifier=self._verifier,
+            b_oid=b_oid)
+        # hashing a large b (~35 ms per 64 MB) must not stall the links' event loop
+        job = await asyncio.to_thread(plan) if a.nbytes + b.nbytes > 1 << 20 else plan()
+        verify = opts["verify"]
+        results, report = await req.run(
+            job.calls, local=job.local,
+            verify=job.verify if verify == "freivalds" else job.check_shape,
+            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
+            progress=progress)
+        self.last_report = report
+        return job.merge(results)
+
+    async def _kernel(self, call: Call, opts: dict[str, Any]) -> Any:
+        from swarm.runtime.actors import MatmulActor
+
+        def local(_: int) -> list[np.ndarray]:
+            import compute
+
+            actor = MatmulActor(compute.get_backend("wgpu"))
+            return actor.kernel(list(a.array for a in call.args), call.params)
+
+        results, report = await self._node.requester.run(
+            [call], local=local, verify=None, replicate=opts["verify"] == "replicate",
+            timeout=opts["timeout"])
+        self.last_report = report
+        outs = results[0]
+        return outs[0] if len(outs) == 1 else outs
+
+    # -- actors ---------------------------------------------------------------------------
+
+    def actor(self, name: str, peer: PeerId | str | None = None, **options: Any) -> ActorHandle:
+        """A handle to a new instance of installed actor class ``name`` on a worker.
+
+        ``peer`` picks the worker (default: the fastest measured, else any). Options:
+        ``max_restarts`` (recreate the actor elsewhere when its host is lost; -1 forever)
+        and ``max_task_retries`` (re-run calls in flight when it died; 0 = at-most-once).
+        """
+        self._check_open()
+        if not isinstance(name, str) or name not in REGISTRY:
+            raise ValueError(f"no actor class {name!r} is installed; installed: "
+                             f"{', '.join(sorted(REGISTRY))}")
+        opts = validate(ACTOR_OPTIONS, options, "actor()")
+        if isinstance(peer, str):
+            peer = PeerId.parse(peer)
+        elif peer is not None and not isinstance(peer, PeerId):
+            raise TypeError("peer must be a PeerId, its printable form, or None")
+        return ActorHandle(self, name, peer, opts, next(self._instances))
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._refresher.cancel()
+        for fut in list(self._inflight):  # get() on their refs raises CancelledError
+            fut.cancel()
+        try:
+            self._loop.run(self._node.stop(graceful=False), 30)
+        except Exception as exc:
+            log.warning("stopping the client node: %s", exc)
+        self._loop.stop()
+        for fn in self._cleanup:
+            fn()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ActorHandle:
+    """A stateful actor on one worker. Methods: ``handle.<method>.remote(...)`` -> ObjectRef."""
+
+    def __init__(self, client: Client, name: str, peer: PeerId | None, options: dict[str, Any],
+                 instance: int) -> None:
+        self._client = client
+        self.name = name
+        self.options = options
+        self._peer = peer
+        self._instance = instance
+        self._seq = 0
+        self._restarts = 0
+        self._placed = False
+        self._dead = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        where = self._peer.short() if self._peer else "unplaced"
+        return f"ActorHandle({self.name}@{where})"
+
+    def __getattr__(self, method: str) -> ActorMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        method_spec(self.name, method)
+        return ActorMethod(self, method)
+
+    def _next_seq(self) -> tuple[int, int]:
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+            return self._instance, seq
+
+    async def _place(self) -> PeerId:
+        req = self._client._node.requester
+        workers = req.workers()
+        with self._lock:
+            if self._dead:
+                raise ActorDiedError(f"actor {self.name} is dead (max_restarts="
+                                     f"{self.options['max_restarts']} used up)")
+            if self._peer is not None and self._peer in workers:
+                return self._peer
+            if self._peer is not None and not self._placed:
+                raise ActorDiedError(f"peer {self._peer.short()} is not a linked worker; "
+                                     "pick one of client.workers()")
+        if self._peer is not None:  # our host left the swarm
+            self._on_death(self._peer)
+            return await self._place()
+        if not workers:
+            raise ActorDiedError(f"no worker can host actor {self.name}")
+        with self._lock:
+            self._peer = max(workers, key=lambda p: (req.rates.weight(p, workers), p))
+            self._placed = True
+            return self._peer
+
+    async def _invoke(self, method: str, arrays: list[Operand], params: dict[str, Any],
+                      seq: tuple[int, int], verify: str) -> Any:
+        client = self._client
+        resolved = [(await client._resolve(x)) for x in arrays]
+        call = Call(self.name, method,
+                    tuple(Arg(arr, oid) for arr, oid in resolved),
+                    params)
+        retries = self.options["max_task_retries"]
+        while True:
+            peer = await self._place()
+            instance, s = seq
+            try:
+                outs, _ = await client._node.requester.call(peer, call, instance=instance, seq=s)
+                break
+            except LinkClosed:
+                self._on_death(peer)
+                if retries == 0:
+                    raise ActorDiedError(f"actor {self.name} died on {peer.short()} with this "
+                                         "call in flight (max_task_retries=0)") from None
+                retries -= 1
+                seq = self._next_seq()
+        outs = await self._verified(method, call, peer, outs, verify)
+        return outs[0] if len(outs) == 1 else outs
+
+    async def _verified(self, method: str, call: Call, peer: PeerId, outs: list[np.ndarray],
+                        verify: str) -> list[np.ndarray]:
+        """Check an actor call's outputs; a wrong one is reported and redone here."""
+        client = self._client
+        if verify == "none":
+            return outs
+        if method == "matmul":
+            import compute
+
+            a, b = (np.asarray(arg.array, np.float32) for arg in call.args)
+            if await asyncio.to_thread(compute.verify_matmul, a, b, outs[0]):
+                return outs
+            client._node.report_lying_peer(peer, f"actor {self.name}.matmul result was wrong")
+            return [await asyncio.to_thread(client._local_backend().matmul, a, b)]
+        # kernels: run the same call on another peer (or here) and compare
+        from swarm.runtime.actors import MatmulActor
+
+        def here(_: int = 0) -> list[np.ndarray]:
+            import compute
+
+            return getattr(MatmulActor(compute.get_backend("wgpu")), method)(
+                [arg.array for arg in call.args], call.params)
+
+        req = client._node.requester
+        others = [w for w in req.workers() if w != peer]
+        try:
+            second = (await req.call(others[0], call))[0] if others else \
+                await asyncio.to_thread(here)
+        except (TaskFailure, LinkClosed):
+            second = await asyncio.to_thread(here)
+        if agree(outs, second):
+            return outs
+        truth = await asyncio.to_thread(here)
+        for who, got in ((peer, outs), (others[0] if others else None, second)):
+            if who is not None and not agree(got, truth):
+                client._node.report_lying_peer(who, f"actor {self.name}.{method} replica "
+                                                    "disagreed with the requester's own run")
+        return truth
+
+    def _on_death(self, peer: PeerId) -> None:
+        """The host of this actor is gone: restart elsewhere if max_restarts allows."""
+        with self._lock:
+            if self._peer != peer:
+                return  # already restarted by another call
+            limit = self.options["max_restarts"]
+            if limit != -1 and self._restarts >= limit:
+                self._dead = True
+                return
+            self._restarts += 1
+            self._peer = None
+            self._instance = next(self._client._instances)
+            self._seq = 0
+
+
+class ActorMethod:
+    """``handle.method.remote(*arrays, **params)``; calling it directly is a TypeError."""
+
+    def __init__(self, handle: ActorHandle, method: str) -> None:
+        self._handle = handle
+        self._method = method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor methods cannot be called directly; use "
+                        f"handle.{self._method}.remote(...) and swarm.get() the ObjectRef")
+
+    def remote(self, *arrays: Operand, verify: str | None = None, **params: Any) -> ObjectRef:
+        """Call the method on the actor; returns an ObjectRef at once.
+
+        ``verify``: "freivalds" (default for matmul), "replicate" (default for kernels: a
+        second run on another peer must agree) or "none". A wrong result is reported through
+        the node's ``on_lying_peer`` hook and redone on the requester.
+        """
+        h = self._handle
+        h._client._check_open()
+        if verify is None:
+            verify = "freivalds" if self._method == "matmul" else "replicate"
+        validate(TASK_OPTIONS, {"verify": verify}, f"{self._method}.remote()")
+        if verify == "freivalds" and self._method != "matmul":
+            raise ValueError(f"{self._method}.remote(): Freivalds' check is for matmul; use "
+                             "verify='replicate' or 'none'")
+        for i, x in enumerate(arrays):
+            _check_operand(f"argument {i}", x, h._client)
+        spec = method_spec(h.name, self._method)
+        if all(isinstance(x, np.ndarray) for x in arrays):
+            spec.check(list(arrays), params)
+        seq = h._next_seq()
+        fut = h._client._submit(h._invoke(self._method, list(arrays), params, seq,
+                                               verify))
+        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, h._client)
+
+
+# -- entry points ---------------------------------------------------------------------------
+
+
+def _parse_target(target: str) -> tuple[bytes | None, list[tuple[str, int]]]:
+    """A join URI (magnet) or ``HOST:PORT[,HOST:PORT...]`` bootstrap addresses."""
+    if not isinstance(target, str) or not target:
+        raise ConfigError("connect() takes a join URI (magnet:?xs=...) or HOST:PORT")
+    if target.startswith("magnet:"):
+        from swarm.uri import parse
+
+        uri = parse(target)
+        return uri.swarm_id, list(uri.peers)
+    peers = []
+    for part in target.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+            raise ConfigError(f"bad bootstrap address {part.strip()!r}; use HOST:PORT")
+        peers.append((host.strip("[]"), int(port)))
+    return None, peers
+
+
+def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Path | None = None,
+            min_workers: int = 1, timeout: float = 30.0) -> Client:
+    """Join a swarm as a requester; returns a :class:`Client` (a context manager).
+
+    ``target`` is a join URI (``magnet:?xs=urn:btpk:...``) or bootstrap ``HOST:PORT``
+    addresses, in which case ``swarm`` (the 20-byte id, or 40 hex digits) names the swarm.
+    Waits up to ``timeout`` seconds for ``min_workers`` workers to be linked.
+    """
+    sid, peers = _parse_target(target)
+    if sid is None:
+        if isinstance(swarm, str):
+            try:
+                swarm = bytes.fromhex(swarm)
+            except ValueError:
+                raise ConfigError("swarm= must be 40 hex digits") from None
+        if not isinstance(swarm, bytes) or len(swarm) != 20:
+            raise ConfigError("connect(HOST:PORT) also needs swarm=<20-byte id or 40 hex>")
+        sid = swarm
+    if not isinstance(min_workers, int) or min_workers < 0:
+        raise ValueError("min_workers must be an int >= 0")
+    from swarm.config import data_dir as default_dir
+
+    base = Path(data_dir) if data_dir is not None else default_dir()
+    temp = tempfile.mkdtemp(prefix="client-", dir=base)
+    config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers),
+                        announce=False, dht_rpc_timeout=2.0)
+    return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],
+                         key=PeerKey.generate())
+
+
+def _start_client(config: NodeConfig, min_workers: int, timeout: float,
+                  cleanup: list[Callable[[], None]], key: PeerKey | None = None) -> Client:
+    loop = _LoopThread()
+    node = loop.run(_make_node(config, key))
+    try:
+        try:
+            loop.run(node.start(), timeout)
+        except DHTError as exc:
+            raise RemoteError(f"cannot join the swarm: {exc}") from None
+        if min_workers:
+            loop.run(node.wait_for_workers(min_workers, timeout))
+    except BaseException:
+        try:
+            loop.run(node.stop(graceful=False), 10)
+        finally:
+            loop.stop()
+            for fn in cleanup:
+                fn()
+        raise
+    return Client(node, loop, cleanup)
+
+
+async def _make_node(config: NodeConfig, key: PeerKey | None) -> Node:
+    return Node(config, key)
+
+
+class LocalSwarm(Client):
+    """A client plus N worker processes on loopback (see :func:`local`)."""
+
+    processes: list[subprocess.Popen]
+    """The worker processes (tests kill them to show failover)."""
+    worker_ids: list[PeerId]
+    """Their PeerIds, in process order."""
+    swarm_id: bytes
+    """The generated swarm's id."""
+
+    @property
+    def bootstrap(self) -> str:
+        """``HOST:PORT`` of the client's DHT node, for other processes to join through."""
+        host, port = self.node.dht.address
+        return f"{host}:{port}"
+
+    @property
+    def uri(self) -> str:
+        """A join URI for this local swarm (``swarm submit URI ...`` takes it)."""
+        from swarm.uri import JoinURI
+
+        host, port = self.node.dht.address
+        return str(JoinURI(self._swarm_key.public_bytes, name="local",
+                           peers=((host, port),)))
+
+
+def local(workers: int = 2, *, threads: int | None = None,
+          chaos: str | Sequence[str | None] | None = None, timeout: float = 60.0,
+          data_dir: str | Path | None = None) -> LocalSwarm:
+    """Start an embedded swarm: this process's client node plus ``workers`` worker processes.
+
+    Everything goes through the real paths: the workers join the client's DHT node,
+    announce themselves, and the client links to them over TLS. ``threads`` caps each
+    worker's BLAS threads (default: cores // workers, at least 1). ``chaos`` is a
+    ``SWARM_CHAOS`` value for every worker, or a list with one per worker.
+    """
+    if not isinstance(workers, int) or not 0 <= workers <= 64:
+        raise ValueError("workers must be an int between 0 and 64")
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    chaos_list = list(chaos) if isinstance(chaos, list | tuple) else [chaos] * workers
+    if len(chaos_list) != workers:
+        raise ValueError("chaos= needs one entry per worker")
+    from swarm.runtime.chaos import parse as parse_chaos
+
+    for c in chaos_list:
+        parse_chaos(c)  # a bad value fails here, not inside a child process
+    root = Path(tempfile.mkdtemp(prefix="swarm-local-", dir=data_dir))
+    swarm_key = PeerKey.generate()
+    sid = swarm_id(swarm_key.public_bytes)
+    procs: list[subprocess.Popen] = []
+
+    def cleanup() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+    loop = _LoopThread()
+    config = NodeConfig(root / "client", sid, roles=("requester",), announce=False,
+                        dht_rpc_timeout=1.0)
+    try:
+        node = loop.run(_make_node(config, None))
+        loop.run(node.start(), timeout)
+        host, port = node.dht.address
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+        for i in range(workers):
+            wenv = dict(env)
+            wenv.pop("SWARM_CHAOS", None)
+            if chaos_list[i]:
+                wenv["SWARM_CHAOS"] = chaos_list[i]
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "swarm.node", "--swarm-id", sid.hex(),
+                 "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
+                 "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
+                 "--bench-size", "256", "--exit-with-parent"],
+                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
+        ids = [_read_ready(p, timeout) for p in procs]
+        if workers:
+            loop.run(node.wait_for_workers(workers, timeout))
+    except BaseException:
+        try:
+            loop.run(node.stop(graceful=False), 10)
+        except Exception:
+            pass
+        loop.stop()
+        cleanup()
+        raise
+    client = LocalSwarm(node, loop, [cleanup])
+    client.processes = procs
+    client.worker_ids = ids
+    client.swarm_id = sid
+    client._swarm_key = swarm_key
+    return client
+
+
+def _read_ready(proc: subprocess.Popen, timeout: float) -> PeerId:
+    """The worker's ready line (JSON with its peer id), within ``timeout`` seconds."""
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not result or not result[0]:
+        raise LocalError(f"worker process {proc.pid} did not start (exit code "
+                           f"{proc.poll()}); run `python -m swarm.node -v ...` to see why")
+    return PeerId.parse(json.loads(result[0])["peer_id"])

@@ -1,0 +1,69 @@
+"""`swarm join`: lend this machine to a swarm until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+HELP = "join a swarm by its magnet URI and serve compute tasks until stopped"
+DESCRIPTION = """\
+Asks for consent ("Always join" is remembered for this swarm; --yes joins non-interactively),
+benchmarks the compute backends, announces this machine to the swarm and serves tasks until
+SIGTERM/SIGINT, then leaves gracefully: the running task finishes, queued ones go back, and
+if this machine coordinates the swarm it hands the role to the healthiest member first.
+Prints `peer: <PeerId>` on stderr once joined. Identity and consent live in the data dir.
+"""
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    mult = _UNITS.get(t[-1:], 1)
+    num = t[:-1] if t[-1:] in _UNITS else t
+    try:
+        value = int(float(num) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2G, 512M)") from None
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError("--max-memory must be at least 1M")
+    return value
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
+    p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
+    p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
+                   help="compute backend (auto: the fastest that validates)")
+    p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind and announce")
+    p.add_argument("--max-memory", type=_size, default=4 << 30, metavar="SIZE",
+                   help="cap on cached task data, e.g. 2G (default 4G)")
+    p.add_argument("--threads", type=int, default=None, help="BLAS threads for numpy")
+    p.add_argument("--no-coordinate", action="store_true",
+                   help="serve tasks but never take the coordinator role")
+
+
+def run(args: argparse.Namespace) -> int:
+    from swarm import consent, member, uri
+
+    join = uri.parse(args.uri)
+    consent.obtain(args.data_dir, join.swarm_id, join.name or join.swarm_id.hex()[:12],
+                   yes=args.yes)
+
+    def ready(r: member.Ready) -> None:
+        print(f"peer: {r.node.peer_id}", file=sys.stderr, flush=True)
+        print(f"joined swarm {join.name!r} in {r.joined_in:.2f} s as {r.control.role.value}; "
+              f"{r.node.tflops * 1000:.1f} GFLOPS", file=sys.stderr, flush=True)
+
+    reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
+                                      port=args.port, host=args.host, threads=args.threads,
+                                      ready=ready, store_capacity=args.max_memory,
+                                      coordinate=not args.no_coordinate))
+    print(f"swarm join: left ({reason})", file=sys.stderr)
+    if reason.startswith(("kicked", "this peer is blocked")):
+        from swarm.cli import EXIT_REFUSED
+
+        return EXIT_REFUSED
+    return 0

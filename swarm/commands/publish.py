@@ -1,0 +1,73 @@
+"""`swarm publish`: found a swarm and serve as its first node."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+HELP = "create a swarm owned by your security key, print its join URI, serve it"
+DESCRIPTION = """\
+Creates a swarm (or reopens the one published under the same --name from this data dir):
+enrols the owner key (touch your security key), signs the charter with it, puts the
+charter in the DHT, prints the join URI alone on the first line of stdout, then serves as
+the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who should join.
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", required=True, help="the swarm's name (at most 32 bytes)")
+    p.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
+                   help="owner key: a FIDO2 security key (default), or a software key file "
+                        "(not hardware-backed; for tests and demos)")
+    p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind and announce")
+    p.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
+                   help="existing DHT nodes to join through (repeatable)")
+    p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                   help="charter policy, e.g. require_hardware=true")
+    p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
+
+
+def _policy(items: list[str]):
+    from identity import Policy
+    from swarm.errors import ConfigError
+
+    require_hardware = False
+    for item in items:
+        key, _, value = item.partition("=")
+        if key != "require_hardware" or value.lower() not in ("true", "false"):
+            raise ConfigError(f"--policy {item!r}: known policy: require_hardware=true|false")
+        require_hardware = value.lower() == "true"
+    return Policy(require_hardware=require_hardware)
+
+
+def run(args: argparse.Namespace) -> int:
+    from swarm import member, owned
+    from swarm.membership import swarm_id
+    from swarm.uri import JoinURI, parse_peer
+
+    peers = tuple(parse_peer(b) for b in args.bootstrap)
+    swarm = owned.load(args.data_dir, args.name)
+    if swarm is None:
+        auth = owned.open_owner_key(args.owner_key)
+        try:
+            swarm = owned.create(args.data_dir, args.name, auth, _policy(args.policy))
+        finally:
+            auth.close()
+    uri = JoinURI(swarm.swarm_key.public_bytes, swarm.charter.name, peers=peers,
+                  owner=swarm.credential.fingerprint())
+    pub = member.Publication(swarm.swarm_key, swarm.head, tuple(swarm.history))
+
+    def ready(r: member.Ready) -> None:
+        print(str(r.uri), flush=True)
+        print(f"peer: {r.node.peer_id}", file=sys.stderr, flush=True)
+        print(f"swarm {swarm.charter.name!r} ({swarm_id(uri.pubkey).hex()[:12]}) is up; "
+              f"owner key {swarm.credential.short()}"
+              f"{'' if swarm.credential.hardware_backed else ' (software, not hardware-backed)'}",
+              file=sys.stderr, flush=True)
+
+    reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
+                                      host=args.host, publication=pub, ready=ready))
+    print(f"swarm publish: left ({reason})", file=sys.stderr)
+    return 0

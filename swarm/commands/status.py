@@ -1,0 +1,54 @@
+"""`swarm status`: a swarm as seen from the DHT (owner, coordinator, term, members, blocks)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+HELP = "show a swarm's owner, coordinator and term, members and blocklist"
+DESCRIPTION = """\
+Joins the DHT as an observer (no compute, no membership) and reports the verified charter's
+owner (hardware-backed or not), the coordinator and its term, the live members (PeerId,
+TFLOPS, health, role, link kind) and the blocklist. --json prints one JSON object with the
+keys coordinator, term, members [{peer_id, tflops, ...}], blocked, owner.
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uri", help="the swarm's join URI")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from swarm import observer, uri
+
+    join = uri.parse(args.uri)
+
+    async def look() -> dict:
+        async with observer.dht_observer(join) as node:
+            return (await observer.observe(node, join)).to_json()
+
+    data = asyncio.run(look())
+    if args.json:
+        print(json.dumps(data, indent=1, sort_keys=True))
+        return 0
+    own = data["owner"]
+    print(f"swarm {data['name']!r} ({data['swarm'][:12]})")
+    print(f"owner key {own['fingerprint'][:12]}: "
+          f"{'hardware-backed' if own['hardware_backed'] else 'NOT hardware-backed'} "
+          f"({own['attestation']} attestation)")
+    if data["admins"]:
+        print("admins: " + ", ".join(a[:12] for a in data["admins"]))
+    coord = data["coordinator"]
+    print(f"coordinator: {coord[:12] if coord else 'none'}  term {data['term']}")
+    print(f"{'peer':<14}{'TFLOPS':>9}  {'role':<12}{'load':>6}  link")
+    for m in data["members"]:
+        load = m["health"]["load"]
+        print(f"{m['peer_id'][:12]:<14}{m['tflops']:>9.4f}  {m['role']:<12}"
+              f"{'-' if load is None else f'{load:.2f}':>6}  {m['link']}")
+    if data["blocked"]:
+        print("blocked:")
+        for b in data["blocked"]:
+            print(f"  {b['peer_id'][:12]}  by {b['by']}: {b['reason'] or '-'}")
+    return 0

@@ -1,0 +1,609 @@
+"""The coordinator state machine (sans-IO): fed events and ``now``, it returns actions.
+
+Roles: FOLLOWER -> CANDIDATE (claiming term N+1 by a CAS put) -> COORDINATOR, which
+heartbeats its state to every member; HANDING_OFF while a successor takes over at
+term+1; STOPPED after leaving. Every role change goes through :meth:`Controller._set_state`,
+which checks the transition table, logs and runs the entry actions.
+
+Who may coordinate: the incumbent keeps the role until it leaves, fails or loses a term.
+A follower that hears no heartbeat for ``Timing.failover`` seconds suspects the coordinator
+and runs :func:`swarm.election.elect` over its view without it; the winner claims the next
+term, the others give it ``failover`` seconds to show up before suspecting it in turn.
+A follower accepts a new coordinator's heartbeats when it is the same coordinator, when
+the previous coordinator endorsed it (handoff), or when it is the peer its own election
+picks once the old coordinator is set aside; commands from lower terms are refused
+(:class:`swarm.election.TermGuard`).
+
+The asyncio adapter (:mod:`swarm.control_node`) does the I/O: DHT puts, messages, timers.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from identity.keys import PeerId
+from swarm.control_state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
+from swarm.election import Candidate, TermGuard, elect, successor
+from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+
+log = logging.getLogger("swarm.control")
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"
+    COORDINATOR = "coordinator"
+    HANDING_OFF = "handing-off"
+    STOPPED = "stopped"
+
+
+_TRANSITIONS: dict[Role, frozenset[Role]] = {
+    Role.FOLLOWER: frozenset({Role.CANDIDATE, Role.STOPPED}),
+    Role.CANDIDATE: frozenset({Role.COORDINATOR, Role.FOLLOWER, Role.STOPPED}),
+    Role.COORDINATOR: frozenset({Role.HANDING_OFF, Role.FOLLOWER, Role.STOPPED}),
+    Role.HANDING_OFF: frozenset({Role.COORDINATOR, Role.FOLLOWER, Role.STOPPED}),
+    Role.STOPPED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A bug: the state machine tried a move its table does not allow."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Intervals in seconds. Failover after SIGKILL takes about failover + one tick."""
+
+    heartbeat: float = 0.5
+    """How often the coordinator sends its state to every member."""
+    failover: float = 2.0
+    """Silence after which a follower suspects the coordinator (also the startup grace)."""
+    claim: float = 5.0
+    """How long a CAS claim of the next term (two DHT lookups) may take."""
+    handoff: float = 3.0
+    """How long a successor has to take over before the next one is tried."""
+    rebalance: float = 1.5
+    """Hand the role to an elected member this many times faster than the incumbent."""
+    liar_threshold: int = 2
+    """Wrong results reported against a peer before the coordinator blocks it."""
+    liar_window: float = 600.0
+    """Seconds over which those reports count."""
+    kick_max_age: float = 120.0
+    """Kick orders older than this (by their timestamp) are ignored as replays."""
+
+
+# -- actions: what the adapter must do --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PutState:
+    """Sign ``state`` into the DHT under our key (seq = state.seq); report claims back."""
+
+    state: CoordinatorState
+    """The state to store."""
+    claim: bool
+    """True for a term claim: feed the outcome to :meth:`Controller.claim_result`."""
+
+
+@dataclass(frozen=True)
+class SendHeartbeat:
+    """Send our state to these members (with the handoff endorsement if we have one)."""
+
+    state: CoordinatorState
+    """The current state."""
+    to: tuple[PeerId, ...]
+    """Recipients."""
+    endorsement: bytes = b""
+    """The handoff envelope our predecessor signed, when we took over by handoff."""
+
+
+@dataclass(frozen=True)
+class SendHandoff:
+    """Offer the coordinator role (and ``state``, at term+1) to ``to``."""
+
+    state: CoordinatorState
+    """The offered state: term+1, coordinator = the successor."""
+    to: PeerId
+    """The successor."""
+
+
+@dataclass(frozen=True)
+class SendKick:
+    """Tell members (and the target) that ``order.target`` is kicked."""
+
+    order: KickOrder
+    """The signed-to-be order."""
+    to: tuple[PeerId, ...]
+    """Recipients."""
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """Drop links to ``peer``; the runtime reassigns its shards."""
+
+    peer: PeerId
+    """The peer to drop."""
+    reason: str
+    """Why (logged)."""
+    blocked: bool
+    """True when the peer is blocked (refuse it from now on), False for a kick."""
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Write ``state`` to the data dir (the blocklist survives a full restart)."""
+
+    state: CoordinatorState
+    """The state to keep."""
+
+
+@dataclass(frozen=True)
+class RoleChanged:
+    """Our role changed (for logs, status and tests)."""
+
+    old: Role
+    """Previous role."""
+    new: Role
+    """New role."""
+    term: int
+    """Highest term seen."""
+
+
+@dataclass(frozen=True)
+class Left:
+    """We are out of the swarm (left, handed off, or kicked); the process may exit."""
+
+    reason: str
+    """Why."""
+
+
+Action = PutState | SendHeartbeat | SendHandoff | SendKick | Disconnect | Persist | RoleChanged \
+    | Left
+
+
+@dataclass(frozen=True)
+class Command:
+    """An authorised operator command, already verified by the adapter."""
+
+    kind: str
+    """block, unblock or kick."""
+    target: PeerId
+    """The peer it is about."""
+    reason: str = ""
+    """Why, for operators."""
+    by: str = "coordinator"
+    """The role that issued it: owner, admin or coordinator."""
+    at: int = 0
+    """Unix time it was issued."""
+
+
+class Controller:
+    """One peer's view of who coordinates, and the coordinator's duties when it is us."""
+
+    def __init__(self, me: PeerId, swarm: bytes, now: float, timing: Timing = Timing(),
+                 state: CoordinatorState | None = None,
+                 charter_blocked: Iterable[PeerId] = ()) -> None:
+        self.me = me
+        self.swarm = swarm
+        self.timing = timing
+        self.role = Role.FOLLOWER
+        self.state = state
+        """The latest coordinator state we accepted (ours when we coordinate)."""
+        self.guard = TermGuard(state.term if state else 0)
+        self.charter_blocked = frozenset(charter_blocked)
+        self.view: dict[PeerId, Candidate] = {}
+        self.suspects: dict[PeerId, float] = {}
+        self.expected: PeerId | None = state.coordinator if state else None
+        self.last_heard = now
+        self.endorsement: bytes = b""
+        """The predecessor's signed handoff, shown by our heartbeats while we coordinate."""
+        self._pending_endorsement = b""
+        self.leaving = False
+        self._pending: CoordinatorState | None = None
+        self._deadline = 0.0
+        self._next_beat = 0.0
+        self._successor: PeerId | None = None
+        self._failed_successors: set[PeerId] = set()
+        self._liars: dict[PeerId, list[float]] = {}
+        self._leave_reason = ""
+        self._predecessor: PeerId | None = None
+        self._seq_floor = 0
+        self._kicked: dict[PeerId, float] = {}
+        """Kicked peers and until when (monotonic) they may not coordinate."""
+        self._charter: tuple[tuple[PeerId, ...], dict] | None = None
+        self._actions: list[Action] = []
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def term(self) -> int:
+        return self.guard.highest
+
+    @property
+    def coordinator(self) -> PeerId | None:
+        """Who we believe coordinates now (None while nobody does)."""
+        if self.role is Role.COORDINATOR or self.role is Role.HANDING_OFF:
+            return self.me
+        if self.state is None or self.state.coordinator in self.suspects:
+            return None
+        return self.state.coordinator
+
+    def blocked(self) -> frozenset[PeerId]:
+        """Peers refused everywhere: the charter's blocklist plus the coordinator's."""
+        return self.charter_blocked | (self.state.blocked_ids if self.state else frozenset())
+
+    def actions(self) -> list[Action]:
+        """Take the actions produced since the last call."""
+        out, self._actions = self._actions, []
+        return out
+
+    # -- events ------------------------------------------------------------------------------
+
+    def members(self, view: Iterable[Candidate], now: float) -> None:
+        """The live members as the DHT lists them (including us)."""
+        self.view = {c.peer_id: c for c in view}
+        for peer, fresh in list(self.suspects.items()):
+            c = self.view.get(peer)
+            if c is not None and c.freshness > fresh:
+                log.info("%s re-announced itself; no longer suspected", peer.short())
+                del self.suspects[peer]
+        if self.role is Role.COORDINATOR:
+            self._maybe_rebalance(now)
+
+    def charter_changed(self, admins: Iterable[PeerId], policy: dict, now: float) -> None:
+        """The verified charter's admins or policy changed: a coordinator carries them."""
+        self._charter = (tuple(sorted(admins))[:MAX_ADMINS], dict(policy))
+        st = self.state
+        if self.role is Role.COORDINATOR and st is not None \
+                and (st.admins, st.policy) != self._charter:
+            self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
+
+    def note_seq(self, seq: int) -> None:
+        """Our own DHT item already has ``seq``: later claims must number above it."""
+        self._seq_floor = max(self._seq_floor, seq + 1)
+
+    def rival(self, state: CoordinatorState, now: float) -> None:
+        """Another coordinator's state item in the DHT holds our term or a later one (two
+        claims raced, e.g. across a full restart): step down; the next claim goes above."""
+        self.guard.observe(state.term)
+        if self.role is Role.COORDINATOR and self.state is not None \
+                and state.coordinator != self.me and state.term >= self.state.term:
+            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} also "
+                                                    f"holds term {state.term}")
+            if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
+                self._claim(now)  # at once, before our followers miss a heartbeat
+
+    def note_term(self, term: int) -> None:
+        """A term seen in the DHT (signed state items): our next claim goes above it."""
+        self.guard.observe(term)
+
+    def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
+        new = frozenset(peers) - self.charter_blocked
+        self.charter_blocked = frozenset(peers)
+        for p in new:
+            self._actions.append(Disconnect(p, "blocked by the owner", True))
+
+    def tick(self, now: float) -> None:
+        """Timers: heartbeats, failover, claim and handoff deadlines."""
+        for peer, until in list(self._kicked.items()):
+            if now > until:
+                del self._kicked[peer]
+        if self.role is Role.FOLLOWER:
+            self._follow(now)
+        elif self.role is Role.CANDIDATE:
+            if now > self._deadline:
+                log.warning("claim of term %d timed out", self._pending.term if self._pending
+                            else -1)
+                self._set_state(Role.FOLLOWER, now)
+        elif self.role is Role.COORDINATOR:
+            if now >= self._next_beat:
+                self._beat(now)
+        elif self.role is Role.HANDING_OFF:
+            if now >= self._next_beat:
+                self._beat(now)
+            if now > self._deadline:
+                log.warning("successor %s did not take over in time",
+                            self._successor.short() if self._successor else "?")
+                if self._successor is not None:
+                    self._failed_successors.add(self._successor)
+                self._set_state(Role.COORDINATOR, now)
+                if self.leaving:
+                    self._start_handoff(now)
+
+    def claim_result(self, ok: bool, now: float, why: str = "") -> None:
+        """The outcome of a :class:`PutState` with ``claim=True``."""
+        if self.role is not Role.CANDIDATE or self._pending is None:
+            return
+        if not ok:
+            log.warning("claim of term %d failed: %s", self._pending.term, why)
+            self._set_state(Role.FOLLOWER, now)
+            return
+        self.guard.observe(self._pending.term)
+        self.state = self._pending
+        self._pending = None
+        self.endorsement = self._pending_endorsement
+        self._actions.append(Persist(self.state))
+        self._set_state(Role.COORDINATOR, now)
+        if self._predecessor is not None:
+            # It may be blocked (out of our heartbeat list) but waits to hear we took over.
+            self._actions.append(SendHeartbeat(self.state, (self._predecessor,),
+                                               self.endorsement))
+            self._predecessor = None
+
+    def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
+                  endorsed_by: PeerId | None = None) -> bool:
+        """A coordinator's heartbeat (or its state read from the DHT); True if adopted.
+
+        Raises :class:`StaleTerm` for a lower term (fencing) and :class:`NotCoordinator`
+        for a sender we have no reason to follow.
+        """
+        if self.role is Role.STOPPED or sender == self.me:
+            return False
+        if sender != state.coordinator or state.swarm != self.swarm:
+            raise ProtocolError("heartbeat not from the coordinator it names, or another swarm")
+        if sender in self.blocked():
+            raise NotCoordinator(f"{sender.short()} is blocked and cannot coordinate")
+        self.guard.check(state.term, "heartbeat")
+        cur = self.state
+        if cur is not None:
+            if state.term == cur.term and state.coordinator != cur.coordinator \
+                    and state.coordinator.raw > cur.coordinator.raw:
+                raise StaleTerm(f"two coordinators at term {state.term}: "
+                                f"{cur.coordinator.short()} wins the tie")
+            if state.coordinator == cur.coordinator and state.seq <= cur.seq \
+                    and state.term == cur.term:
+                if state.coordinator == self.expected:
+                    self.last_heard = now
+                return state.seq == cur.seq
+            if not self._legitimate(state, endorsed_by):
+                raise NotCoordinator(f"{sender.short()} claims term {state.term} but is neither "
+                                     f"endorsed by {cur.coordinator.short()} nor elected here")
+        self._adopt(state, now)
+        return True
+
+    def handoff_offer(self, state: CoordinatorState, sender: PeerId, now: float,
+                      endorsement: bytes = b"") -> None:
+        """The coordinator offers us its role at term+1 (graceful handoff).
+
+        ``endorsement`` is the signed offer itself: our heartbeats show it to followers.
+        """
+        cur = self.state
+        if self.role is not Role.FOLLOWER or self.leaving:
+            raise NotCoordinator(f"cannot take over while {self.role.value}")
+        if cur is not None and sender != cur.coordinator:
+            raise NotCoordinator("handoff offered by a peer that is not the coordinator")
+        if state.coordinator != self.me or state.swarm != self.swarm:
+            raise ProtocolError("handoff state names another coordinator or swarm")
+        if state.term <= self.guard.highest:
+            raise StaleTerm(f"handoff at term {state.term} is not above term {self.term}")
+        log.info("taking over from %s at term %d", sender.short(), state.term)
+        self._pending = state
+        self._pending_endorsement = endorsement
+        self._predecessor = sender
+        self._set_state(Role.CANDIDATE, now)
+        self._actions.append(PutState(state, claim=True))
+
+    def kick_order(self, order: KickOrder, sender: PeerId, now: float, wall: float) -> None:
+        """A coordinator's kick order; refused from a stale term (fencing) or a non-coordinator."""
+        self.guard.check(order.term, "kick")
+        cur = self.state
+        if cur is None or order.term != cur.term or sender != cur.coordinator:
+            raise NotCoordinator(f"kick from {sender.short()} at term {order.term}: not the "
+                                 "coordinator we follow")
+        if abs(wall - order.at) > self.timing.kick_max_age:
+            raise StaleTerm(f"kick order from {int(wall - order.at)} s ago ignored (replay?)")
+        if order.target == self.me:
+            log.warning("kicked by the coordinator: %s", order.reason or "no reason given")
+            self._set_state(Role.STOPPED, now, why=f"kicked: {order.reason}")
+        else:
+            self._kicked[order.target] = now + self.timing.kick_max_age
+            self._actions.append(Disconnect(order.target, f"kicked: {order.reason}", False))
+
+    def command(self, cmd: Command, now: float) -> CoordinatorState:
+        """Apply an authorised operator command; only the coordinator does this."""
+        if self.role is not Role.COORDINATOR or self.state is None:
+            raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator"
+                                 + (f"; try {self.coordinator}" if self.coordinator else ""))
+        if cmd.kind == "block":
+            entry = BlockEntry(cmd.target, cmd.reason[:100], cmd.by, cmd.at)
+            if cmd.target == self.me:
+                # Our own block travels to the successor in the handoff; followers would
+                # refuse a heartbeat from a coordinator its own state blocks.
+                self.state = self.state.with_block(entry)
+                self._actions.append(Persist(self.state))
+                self._leave_reason = "this peer is blocked"
+                self.leave(now)
+            else:
+                self._publish(self.state.with_block(entry), now)
+                # Tell the blocked peer once (it leaves), then refuse it.
+                self._actions.append(SendHeartbeat(self.state, (cmd.target,), self.endorsement))
+                self._actions.append(Disconnect(cmd.target, f"blocked: {cmd.reason}", True))
+        elif cmd.kind == "unblock":
+            if cmd.target in self.state.blocked_ids:
+                self._publish(self.state.without_block(cmd.target), now)
+        elif cmd.kind == "kick":
+            if cmd.target == self.me:
+                self._leave_reason = f"kicked: {cmd.reason}"
+                self.leave(now)
+            else:
+                self._kicked[cmd.target] = now + self.timing.kick_max_age
+                # A newcomer may not have heard us yet: our state first, then the order.
+                self._actions.append(SendHeartbeat(self.state, (cmd.target,), self.endorsement))
+                order = KickOrder(self.state.term, cmd.target, cmd.reason, cmd.at)
+                to = tuple(p for p in self.view if p != self.me) + (
+                    (cmd.target,) if cmd.target not in self.view else ())
+                self._actions.append(SendKick(order, to))
+                self._actions.append(Disconnect(cmd.target, f"kicked: {cmd.reason}", False))
+        else:
+            raise ProtocolError(f"unknown command {cmd.kind!r}")
+        return self.state
+
+    def liar_report(self, peer: PeerId, now: float, wall: int) -> None:
+        """A requester caught ``peer`` returning a wrong result; block repeat offenders."""
+        if self.role is not Role.COORDINATOR or peer == self.me or peer in self.blocked():
+            return
+        times = [t for t in self._liars.get(peer, []) if now - t < self.timing.liar_window]
+        times.append(now)
+        self._liars[peer] = times
+        if len(times) >= self.timing.liar_threshold:
+            log.warning("blocking %s: %d wrong results", peer.short(), len(times))
+            self.command(Command("block", peer, f"{len(times)} wrong results", "coordinator",
+                                 wall), now)
+            del self._liars[peer]
+
+    def leave(self, now: float) -> None:
+        """Leave the swarm; a coordinator hands off first."""
+        self.leaving = True
+        if self.role is Role.COORDINATOR:
+            self._start_handoff(now)
+        elif self.role is not Role.HANDING_OFF and self.role is not Role.STOPPED:
+            self._set_state(Role.STOPPED, now, why="left")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _set_state(self, new: Role, now: float, why: str = "") -> None:
+        old = self.role
+        if new not in _TRANSITIONS[old]:
+            raise IllegalTransition(f"{old.value} -> {new.value}")
+        self.role = new
+        log.info("%s -> %s at term %d%s", old.value, new.value, self.term,
+                 f" ({why})" if why else "")
+        self._actions.append(RoleChanged(old, new, self.term))
+        if new is Role.FOLLOWER:
+            self._pending = None
+            self.last_heard = now
+            if self.state is not None and self.state.coordinator != self.me:
+                self.expected = self.state.coordinator
+        elif new is Role.CANDIDATE:
+            self._deadline = now + self.timing.claim
+        elif new is Role.COORDINATOR:
+            self.expected = self.me
+            if self._charter is not None and self.state is not None \
+                    and (self.state.admins, self.state.policy) != self._charter:
+                self._publish(self.state.successor(admins=self._charter[0],
+                                                   policy=self._charter[1]), now)
+            self._beat(now)
+        elif new is Role.HANDING_OFF:
+            self._deadline = now + self.timing.handoff
+        elif new is Role.STOPPED:
+            self._actions.append(Left(why or "stopped"))
+
+    def _candidates_out(self) -> set[PeerId]:
+        """Peers that may not coordinate now: suspected dead, or kicked a moment ago."""
+        return set(self.suspects) | set(self._kicked)
+
+    def _follow(self, now: float) -> None:
+        if self.expected == self.me:
+            self.expected = None
+        if now - self.last_heard <= self.timing.failover:
+            return
+        if self.expected is not None:
+            fresh = self.view[self.expected].freshness if self.expected in self.view else 0.0
+            self.suspects[self.expected] = fresh
+            log.warning("no heartbeat from %s for %.1f s: suspecting it", self.expected.short(),
+                        now - self.last_heard)
+        winner = elect(self.view.values(), self.blocked(), self._candidates_out())
+        self.last_heard = now
+        if winner == self.me:
+            self._claim(now)
+        else:
+            self.expected = winner
+
+    def _claim(self, now: float) -> None:
+        prev = self.state
+        term = self.guard.highest + 1
+        if prev is None:
+            new = CoordinatorState(swarm=self.swarm, term=term, seq=1, coordinator=self.me)
+        else:
+            new = prev.successor(term=term, coordinator=self.me)
+        if new.seq < self._seq_floor:
+            new = replace(new, seq=self._seq_floor)
+        self._pending = new
+        self._pending_endorsement = b""
+        self._predecessor = None
+        self._set_state(Role.CANDIDATE, now, why=f"claiming term {term}")
+        self._actions.append(PutState(new, claim=True))
+
+    def _legitimate(self, state: CoordinatorState, endorsed_by: PeerId | None) -> bool:
+        cur = self.state
+        if cur is None or state.coordinator == cur.coordinator:
+            return True
+        if endorsed_by is not None and endorsed_by == cur.coordinator:
+            return True
+        # Failover: is the sender whom we elect once the old coordinator is set aside?
+        out = self._candidates_out() | {cur.coordinator}
+        return elect(self.view.values(), self.blocked(), out) == state.coordinator
+
+    def _adopt(self, state: CoordinatorState, now: float) -> None:
+        old = self.state
+        if old is None or old.term != state.term or old.coordinator != state.coordinator:
+            log.info("following %s at term %d", state.coordinator.short(), state.term)
+        newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
+        self.guard.observe(state.term)
+        self.state = state
+        self.expected = state.coordinator
+        self.last_heard = now
+        self.suspects.pop(state.coordinator, None)
+        self._actions.append(Persist(state))
+        for entry in state.blocked:
+            if entry.peer in newly and entry.peer != self.me:
+                self._actions.append(Disconnect(entry.peer, f"blocked: {entry.reason}", True))
+        if self.me in newly:
+            self.leaving = True
+            self._set_state(Role.STOPPED, now, why="this peer is blocked")
+            return
+        if self.role is Role.CANDIDATE or self.role is Role.COORDINATOR:
+            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} holds term "
+                                                    f"{state.term}")
+        elif self.role is Role.HANDING_OFF:
+            done = state.coordinator == self._successor
+            if self.leaving:
+                self._set_state(Role.STOPPED, now, why=self._leave_reason
+                                or ("handed off" if done else "left"))
+            else:
+                self._set_state(Role.FOLLOWER, now, why="handed off")
+
+    def _publish(self, state: CoordinatorState, now: float) -> None:
+        self.state = state
+        self._actions.append(PutState(state, claim=False))
+        self._actions.append(Persist(state))
+        self._beat(now)
+
+    def _beat(self, now: float) -> None:
+        if self.state is None or self.me in self.blocked():
+            return  # a blocked coordinator only hands off; followers refuse its beats
+        out = self.blocked() | {self.me}
+        to = tuple(sorted((p for p in self.view if p not in out), key=lambda p: p.raw))
+        self._actions.append(SendHeartbeat(self.state, to, self.endorsement))
+        self._next_beat = now + self.timing.heartbeat
+
+    def _start_handoff(self, now: float, to: PeerId | None = None) -> None:
+        assert self.state is not None
+        out = self._candidates_out() | self._failed_successors
+        succ = to or successor(self.view.values(), self.me, self.blocked(), out)
+        if succ is None:
+            log.info("no successor among %s (out: %s)", [
+                (c.peer_id.short(), c.tflops, c.can_coordinate) for c in self.view.values()],
+                [p.short() for p in out])
+            if self.leaving:
+                self._set_state(Role.STOPPED, now,
+                                why=self._leave_reason or "left; no successor available")
+            return
+        offer = self.state.successor(term=self.state.term + 1, coordinator=succ)
+        self._successor = succ
+        self._set_state(Role.HANDING_OFF, now, why=f"handing off to {succ.short()}")
+        self._actions.append(SendHandoff(offer, succ))
+
+    def _maybe_rebalance(self, now: float) -> None:
+        if self.leaving or self.state is None:
+            return
+        winner = elect(self.view.values(), self.blocked(),
+                       self._candidates_out() | self._failed_successors)
+        mine = self.view.get(self.me)
+        if winner is None or winner == self.me or mine is None:
+            return
+        if self.view[winner].tflops > mine.tflops * self.timing.rebalance:
+            self._start_handoff(now, to=winner)

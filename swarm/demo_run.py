@@ -1,0 +1,227 @@
+"""The `swarm demo` scenario: real processes on loopback, driven and checked from here.
+
+A publisher and N workers run as `swarm publish` / `swarm join` processes (the same code a
+user runs), plus one worker with ``SWARM_CHAOS=corrupt=1``. This process joins as a
+requester (:func:`swarm.connect`) with a control plane attached, so the wrong results it
+catches are reported to the coordinator, which blocks the liar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from swarm import observer
+from swarm.uri import JoinURI, parse
+
+JOBS = 1
+
+
+class SwarmProcess:
+    """A child `swarm` process (also used by bench/control.py); stderr collected by a thread."""
+
+    def __init__(self, name: str, args: list[str], root: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "swarm", *args, "--data-dir", str(root / name)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True, env=env)
+        self.out = ""
+        threading.Thread(target=self._pump, args=(self.popen.stderr,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def first_stdout_line(self, timeout: float) -> str:
+        result: list[str] = []
+        t = threading.Thread(target=lambda: result.append(self.popen.stdout.readline()),
+                             daemon=True)
+        t.start()
+        t.join(timeout)
+        if not result or not result[0]:
+            raise RuntimeError(f"{self.name} printed no URI; stderr:\n" + "\n".join(
+                self.lines[-20:]))
+        return result[0].strip()
+
+    def wait_for(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for line in self.lines:
+                    if line.startswith(prefix):
+                        return line
+                if time.monotonic() > deadline or self.popen.poll() is not None:
+                    raise RuntimeError(f"{self.name}: no {prefix!r} line; stderr:\n"
+                                       + "\n".join(self.lines[-20:]))
+                self.cond.wait(0.2)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+
+def child_env() -> dict[str, str]:
+    """The environment for child swarm processes: this tree first, no inherited faults."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + \
+        env.get("PYTHONPATH", "")
+    env.pop("SWARM_CHAOS", None)
+    env.pop("JOURNAL_STREAM", None)
+    return env
+
+
+def run_demo(workers: int, size: int, log: Callable[[str], None] | None = None) -> dict:
+    import logging
+
+    say = log or (lambda text: None)
+    # Links to the killed coordinator close mid-handshake; that is the point, not news.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="swarm-demo-"))
+    env = child_env()
+    threads = str(max(1, (os.cpu_count() or 1) // (workers + 2)))
+    procs: dict[str, SwarmProcess] = {}
+    try:
+        say(f"publishing a swarm (software owner key in {root})")
+        procs["publisher"] = SwarmProcess("publisher", [
+            "publish", "--name", "demo", "--owner-key", f"soft:{root / 'owner.key'}",
+            "--backend", "numpy"], root, env)
+        uri = procs["publisher"].first_stdout_line(90)
+        say(f"join URI: {uri}")
+        for i in range(workers):
+            procs[f"worker{i + 1}"] = SwarmProcess(f"worker{i + 1}", [
+                "join", uri, "--yes", "--backend", "numpy", "--threads", threads], root, env)
+        procs["chaos"] = SwarmProcess("chaos", [
+            "join", uri, "--yes", "--backend", "numpy", "--threads", threads,
+            "--no-coordinate"], root,
+            env | {"SWARM_CHAOS": "corrupt=1"})
+        peers = {n: p.wait_for("peer: ", 90).split()[1] for n, p in procs.items()}
+        joins = [float(p.wait_for("joined swarm", 90).split(" in ")[1].split(" s")[0])
+                 for n, p in procs.items() if n != "publisher"]
+        say(f"{len(peers)} members up: " + ", ".join(f"{n}={v[:12]}" for n, v in peers.items()))
+        return asyncio.run(_scenario(uri, size, procs, peers, joins, started, say))
+    finally:
+        for p in procs.values():
+            p.stop()
+        for p in procs.values():
+            try:
+                p.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: dict[str, str],
+                    joins: list[float], started: float, say) -> dict:
+    from swarm.api import connect
+    from swarm.runtime.refs import ObjectRef, get
+
+    join = parse(uri)
+    async with observer.dht_observer(join) as node:
+        st = await _wait(node, join, lambda s: len(s.members) == len(peers)
+                         and s.coordinator is not None, 60)
+        coord_before, term_before = str(st.coordinator), st.state.term
+        coord_name = next(n for n, p in peers.items() if p == coord_before)
+        say(f"coordinator: {coord_name} ({coord_before[:12]}) at term {term_before}")
+        rng = np.random.default_rng(7)
+        a = rng.standard_normal((size, size), dtype=np.float32)
+        bs = [rng.standard_normal((size, size), dtype=np.float32) for _ in range(JOBS)]
+        client = await asyncio.to_thread(connect, uri, min_workers=len(peers), timeout=60)
+        try:
+            control = await asyncio.to_thread(_attach_control, client, join)
+            t0 = time.monotonic()
+            refs: list[ObjectRef] = [client.matmul.remote(a, b) for b in bs]
+            say(f"submitted {JOBS} verified matmuls of {size}x{size}; killing the "
+                f"coordinator ({coord_name}) with SIGKILL")
+            killed = time.monotonic()
+            procs[coord_name].stop(signal.SIGKILL)
+            alive = {str(p) for n, p in peers.items() if n != coord_name}
+            st2 = await _wait(node, join, lambda s: s.state is not None
+                              and s.state.term > term_before
+                              and str(s.coordinator) in alive, 30)
+            failover = time.monotonic() - killed
+            say(f"new coordinator {str(st2.coordinator)[:12]} at term {st2.state.term} "
+                f"after {failover:.2f} s")
+            outs = await asyncio.to_thread(get, refs, timeout=120)
+            job_s = time.monotonic() - t0
+            err = max(float(np.max(np.abs(o - a @ b))) for o, b in zip(outs, bs, strict=True))
+            scale = float(np.max(np.abs(a @ bs[0])))
+            report = client.last_report
+            chaos = peers["chaos"]
+            peer_rows = {k: vars(v) for k, v in (report.peers.items() if report else [])}
+            caught = peer_rows.get(chaos, {}).get("rejected", 0)
+            blocked = False
+            try:
+                st3 = await _wait(node, join, lambda s: s.state is not None and any(
+                    str(b.peer) == chaos for b in s.state.blocked), 15)
+                blocked = True
+                del st3
+            except TimeoutError:
+                pass
+        finally:
+            await asyncio.to_thread(_close, client, locals().get("control"))
+    correct = err <= 1e-3 * scale
+    return {
+        "ok": bool(correct and caught > 0), "name": "demo", "size": size, "jobs": JOBS,
+        "owner": st.charter.ownership.owner.fingerprint().hex(),
+        "members": sorted(peers.values()), "join_s": statistics.median(joins),
+        "coordinator_before": coord_before, "term_before": term_before,
+        "coordinator_after": str(st2.coordinator), "term_after": st2.state.term,
+        "failover_s": round(failover, 3), "job_s": round(job_s, 3), "correct": correct,
+        "max_error": err, "peers": peer_rows, "chaos_worker": chaos,
+        "wrong_results_caught": caught, "chaos_blocked": blocked,
+        "total_s": round(time.monotonic() - started, 2),
+    }
+
+
+def _attach_control(client, join: JoinURI):
+    """A control plane on the client's node: it forwards caught liars to the coordinator."""
+    from swarm.control_plane import ControlPlane
+
+    async def make():
+        cp = ControlPlane(client.node, join.pubkey, Path(client.node.config.data_dir),
+                          owner_pin=join.owner or None)
+        await cp.start()
+        return cp
+
+    return client._loop.run(make(), 30)
+
+
+def _close(client, control) -> None:
+    if control is not None:
+        client._loop.run(control.close(), 10)
+    client.close()
+
+
+async def _wait(node, join: JoinURI, pred, timeout: float) -> observer.View:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            view = await observer.observe(node, join)
+            if pred(view):
+                return view
+        except Exception:  # noqa: BLE001,S110 - items may not be in the DHT yet
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the swarm did not reach the expected state")
+        await asyncio.sleep(0.2)

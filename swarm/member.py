@@ -1,0 +1,129 @@
+"""Running one member of a swarm: node + charter + control plane, until told to leave.
+
+``swarm publish`` and ``swarm join`` both end here: :func:`serve` starts a
+:class:`swarm.node.Node`, (publishes and) verifies the charter, starts the control plane,
+reports readiness, and on SIGTERM/SIGINT leaves gracefully: a coordinator hands off to its
+successor before the node drains its running task and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from identity import PeerKey, Signed
+from swarm import charter
+from swarm.control import Timing
+from swarm.control_plane import NO_COORDINATE, ControlPlane
+from swarm.control_state import load_state
+from swarm.errors import ConfigError, ConsentRefused
+from swarm.membership import swarm_id
+from swarm.node import Node, NodeConfig
+from swarm.runtime.chaos import ENV as CHAOS_ENV
+from swarm.runtime.chaos import parse as parse_chaos
+from swarm.uri import JoinURI
+
+log = logging.getLogger("swarm.member")
+CHARTER_WAIT = 15.0
+
+
+@dataclass
+class Publication:
+    """What the first node of a new swarm puts in the DHT."""
+
+    swarm_key: PeerKey
+    """The swarm's key (signs the charter item)."""
+    head: Signed
+    """The charter with the owner's proof."""
+    history: tuple[bytes, ...] = ()
+    """Earlier statements (encoded :class:`identity.Signed`), oldest first."""
+
+
+@dataclass
+class Ready:
+    """Handed to the ready callback once the member is up."""
+
+    node: Node
+    """The running node."""
+    control: ControlPlane
+    """Its control plane."""
+    uri: JoinURI
+    """A join URI naming this node as a bootstrap peer."""
+    joined_in: float
+    """Seconds from start to joined (charter verified, control plane running)."""
+
+
+class Blocked(ConsentRefused):
+    """This peer is blocked from the swarm (its own data dir says so)."""
+
+
+async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: int = 0,
+                host: str = "127.0.0.1", threads: int | None = None,
+                publication: Publication | None = None, timing: Timing | None = None,
+                ready: Callable[[Ready], None] | None = None,
+                stop: asyncio.Event | None = None, store_capacity: int = 4 << 30,
+                coordinate: bool = True) -> str:
+    """Be a member until ``stop`` (or SIGTERM/SIGINT) or until kicked/blocked; why we left."""
+    started = time.monotonic()
+    if uri.salt != charter.CHARTER_SALT:
+        raise ConfigError(f"s: this swarm version only knows the salt {charter.CHARTER_SALT!r}")
+    sid = swarm_id(uri.pubkey)
+    state = load_state(data_dir, sid)
+
+    node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, host=host, dht_port=port,
+                           bootstrap=tuple(uri.peers), backend=backend, threads=threads,
+                           store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
+                           roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))
+    if state is not None and node.peer_id in state.blocked_ids:
+        raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
+                      f"{uri.name or sid.hex()[:12]}")
+    control = ControlPlane(node, uri.pubkey, data_dir, timing=timing,
+                           owner_pin=uri.owner or None)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await node.start()
+        if publication is not None:
+            targets = [await node.dht.put_immutable(h) for h in publication.history]
+            await charter.publish(node.dht, publication.swarm_key, publication.head,
+                                  tuple(targets))
+        control.ownership = (await _fetch_charter(node, uri)).ownership
+        await control.start()
+        dht_host, dht_port = node.dht.address
+        me = JoinURI(uri.pubkey, uri.name, uri.salt, ((dht_host, dht_port),), uri.owner)
+        if ready is not None:
+            ready(Ready(node, control, me, time.monotonic() - started))
+        left = asyncio.ensure_future(control.left.wait())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([left, stopping], return_when=asyncio.FIRST_COMPLETED)
+        for f in (left, stopping):
+            f.cancel()
+        reason = control.left_reason if control.left.is_set() else await control.leave()
+        return reason
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await control.close()
+        await node.stop(graceful=True)
+
+
+async def _fetch_charter(node: Node, uri: JoinURI) -> charter.CharterRecord:
+    """The verified charter; the DHT may need a moment after the publisher put it."""
+    deadline = time.monotonic() + CHARTER_WAIT
+    delay = 0.1
+    while True:
+        try:
+            return await charter.fetch(node.dht, uri.pubkey, uri.owner or None)
+        except charter.CharterError as exc:
+            if "no charter" not in str(exc) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)

@@ -1,0 +1,203 @@
+"""Membership records: who is in a swarm, how to reach them, how healthy they are.
+
+Each peer announces its own :class:`MemberRecord` under :func:`membership_topic` with
+``DHTNode.announce`` (signed by the peer's key, with an expiry) and re-announces before it
+runs out; ``DHTNode.get_peers`` lists the live ones. A record is msgpack, at most
+:data:`MAX_RECORD` bytes, decoded strictly (it is untrusted input): a record whose
+``peer_id`` differs from the announcing key is refused.
+
+``tflops`` is the peer's *own* benchmark: the control plane uses it for the election, the
+scheduler does not (it weights shards by rates it observed itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import msgpack
+
+from dht.items import mutable_target
+from identity.keys import PeerId
+from swarm.errors import ProtocolError
+
+log = logging.getLogger("swarm.membership")
+
+MAX_RECORD = 900
+RECORD_VERSION = 1
+SWARM_SALT = b"swarm"
+ROLES = ("worker", "requester", "coordinator", "owner")
+
+
+def swarm_id(swarm_pubkey: bytes) -> bytes:
+    """A swarm's 20-byte id: the BEP 44 mutable target of its public key with salt b"swarm"."""
+    if not isinstance(swarm_pubkey, bytes) or len(swarm_pubkey) != 32:
+        raise ValueError("a swarm public key is 32 bytes")
+    return mutable_target(swarm_pubkey, SWARM_SALT)
+
+
+def membership_topic(sid: bytes) -> bytes:
+    """The DHT topic members of swarm ``sid`` announce under."""
+    if not isinstance(sid, bytes) or len(sid) != 20:
+        raise ValueError("a swarm id is 20 bytes")
+    return b"swarm/members/" + sid
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Figures for successor choice and scheduling; None where the platform cannot tell."""
+
+    load: float | None = None
+    """1-minute load average divided by the CPU count (1.0 = fully busy)."""
+    battery: float | None = None
+    """Battery charge in percent; None on mains-only machines."""
+    plugged: bool | None = None
+    """On mains power."""
+    thermal: float | None = None
+    """Hottest temperature sensor in degrees Celsius."""
+    mem_free: int | None = None
+    """Available memory in MiB."""
+
+
+def read_health() -> Health:
+    """This machine's health through psutil (each figure optional)."""
+    import os
+
+    import psutil
+
+    load = battery = thermal = None
+    plugged = None
+    try:
+        load = round(os.getloadavg()[0] / (os.cpu_count() or 1), 3)
+    except (OSError, AttributeError):
+        pass
+    try:
+        bat = psutil.sensors_battery()
+        if bat is not None:
+            battery, plugged = round(float(bat.percent), 1), bool(bat.power_plugged)
+    except (AttributeError, OSError, RuntimeError):
+        pass
+    try:
+        temps = getattr(psutil, "sensors_temperatures", lambda: {})()
+        values = [t.current for ts in temps.values() for t in ts if t.current is not None]
+        thermal = round(max(values), 1) if values else None
+    except (AttributeError, OSError, RuntimeError):
+        pass
+    mem = psutil.virtual_memory().available // (1 << 20)
+    return Health(load, battery, plugged, thermal, int(mem))
+
+
+def _addr(value: object) -> tuple[str, int]:
+    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str)
+            or not 0 < len(value[0]) <= 253 or type(value[1]) is not int
+            or not 0 < value[1] < 65536):
+        raise ProtocolError("member record: an address is [host, port]")
+    return value[0], value[1]
+
+
+def _opt_num(value: object, name: str) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ProtocolError(f"member record: {name} is not a number")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """One peer's announcement of itself in a swarm."""
+
+    peer_id: PeerId
+    """Who (must equal the announcing key)."""
+    tflops: float
+    """The peer's own measured matmul throughput (its claim; for elections)."""
+    links: tuple[tuple[str, int], ...] = ()
+    """TLS link addresses (host, port); empty for a peer that takes no incoming links."""
+    dht: tuple[str, int] | None = None
+    """Its DHT node's UDP address."""
+    version: str = ""
+    """swarm software version."""
+    roles: tuple[str, ...] = ("worker",)
+    """What it does here: worker, requester, coordinator, owner."""
+    health: Health = field(default_factory=Health)
+    """Load, battery, thermal, memory."""
+    actors: tuple[str, ...] = ("matmul",)
+    """Actor classes installed on it."""
+
+    def encode(self) -> bytes:
+        h = self.health
+        data = msgpack.packb({
+            "v": RECORD_VERSION, "id": self.peer_id.raw, "tf": float(self.tflops),
+            "ln": [list(a) for a in self.links], "dht": list(self.dht) if self.dht else None,
+            "ver": self.version, "ro": list(self.roles), "ac": list(self.actors),
+            "h": [h.load, h.battery, h.plugged, h.thermal, h.mem_free],
+        }, use_bin_type=True)
+        if len(data) > MAX_RECORD:
+            raise ValueError(f"member record is {len(data)} bytes (> {MAX_RECORD}); "
+                             "announce fewer addresses")
+        return data
+
+    @classmethod
+    def decode(cls, data: bytes, announcer: PeerId | None = None) -> MemberRecord:
+        """Parse an untrusted record; ProtocolError says what is wrong."""
+        if not isinstance(data, bytes) or len(data) > MAX_RECORD:
+            raise ProtocolError(f"member record must be bytes of at most {MAX_RECORD}")
+        try:
+            m = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_RECORD,
+                                max_str_len=MAX_RECORD, max_array_len=64, max_map_len=32)
+        except Exception as exc:
+            raise ProtocolError(f"member record is not msgpack: {exc}") from None
+        if not isinstance(m, dict) or m.get("v") != RECORD_VERSION:
+            raise ProtocolError("member record: unknown version")
+        try:
+            pid = PeerId(m["id"])
+        except (KeyError, ValueError, TypeError):
+            raise ProtocolError("member record: bad peer id") from None
+        if announcer is not None and pid != announcer:
+            raise ProtocolError("member record names another peer than its announcer")
+        tflops = _opt_num(m.get("tf"), "tflops")
+        if tflops is None or tflops < 0:
+            raise ProtocolError("member record: tflops must be a number >= 0")
+        links = m.get("ln") or []
+        roles, actors = m.get("ro") or [], m.get("ac") or []
+        if not isinstance(links, list) or len(links) > 8:
+            raise ProtocolError("member record: links must be a list of at most 8")
+        if not (isinstance(roles, list) and all(isinstance(r, str) and len(r) <= 32
+                                                for r in roles)):
+            raise ProtocolError("member record: roles must be short strings")
+        if not (isinstance(actors, list) and all(isinstance(a, str) and len(a) <= 64
+                                                 for a in actors)):
+            raise ProtocolError("member record: actors must be short strings")
+        ver = m.get("ver", "")
+        if not isinstance(ver, str) or len(ver) > 32:
+            raise ProtocolError("member record: bad version string")
+        h = m.get("h") or [None] * 5
+        if not isinstance(h, list) or len(h) != 5:
+            raise ProtocolError("member record: health must be 5 figures")
+        if h[2] is not None and type(h[2]) is not bool:
+            raise ProtocolError("member record: plugged must be a bool")
+        mem = h[4]
+        if mem is not None and (type(mem) is not int or mem < 0):
+            raise ProtocolError("member record: mem_free must be an int >= 0")
+        health = Health(_opt_num(h[0], "load"), _opt_num(h[1], "battery"), h[2],
+                        _opt_num(h[3], "thermal"), mem)
+        return cls(pid, tflops, tuple(_addr(a) for a in links),
+                   _addr(m["dht"]) if m.get("dht") is not None else None,
+                   ver, tuple(roles), health, tuple(actors))
+
+
+async def announce(dht_node, sid: bytes, record: MemberRecord, ttl: float = 120.0) -> None:
+    """Announce ``record`` (this node's own) in swarm ``sid`` for ``ttl`` seconds."""
+    await dht_node.announce(membership_topic(sid), record.encode(), ttl)
+
+
+async def live_members(dht_node, sid: bytes) -> list[MemberRecord]:
+    """Live members of swarm ``sid``, by PeerId; malformed records are skipped (logged)."""
+    out = []
+    for ann in await dht_node.get_peers(membership_topic(sid)):
+        try:
+            out.append(MemberRecord.decode(ann.record, ann.peer_id))
+        except ProtocolError as exc:
+            log.info("ignoring member record from %s: %s", ann.peer_id.short(), exc)
+    return out

@@ -1,0 +1,144 @@
+"""Looking at a swarm from outside: a throwaway DHT node, no membership, no compute.
+
+``swarm status`` reports what :func:`observe` finds; ``swarm kick|block|unblock`` use it
+to find the coordinator, then :func:`send_command` delivers a signed command to it and
+waits until the coordinator's state in the DHT shows the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from dht import DHTNode
+from dht.errors import DHTError
+from identity import PeerId, PeerKey, Signed
+from swarm import charter
+from swarm.control_state import CoordinatorState, seal
+from swarm.errors import ProtocolError, RemoteError
+from swarm.membership import MemberRecord, membership_topic, swarm_id
+from swarm.uri import JoinURI
+
+
+@asynccontextmanager
+async def dht_observer(uri: JoinURI, key: PeerKey | None = None):
+    """A DHT node joined through the URI's bootstrap peers (stopped on exit)."""
+    if not uri.peers:
+        raise RemoteError("the URI names no bootstrap peer (x.pe=host:port); cannot reach "
+                          "the swarm")
+    node = DHTNode(key or PeerKey.generate(), None, rpc_timeout=1.0)
+    charter.register_validators(node)
+    await node.listen(0)
+    try:
+        try:
+            await node.bootstrap(list(uri.peers))
+        except DHTError as exc:
+            raise RemoteError(f"no bootstrap peer answered: {exc}") from None
+        yield node
+    finally:
+        await node.stop()
+
+
+@dataclass
+class View:
+    """What an observer sees."""
+
+    charter: charter.CharterRecord
+    """The verified charter."""
+    members: list[tuple[MemberRecord, float]]
+    """Live member records with their announcement expiry (unix time)."""
+    state: CoordinatorState | None
+    """The highest-term coordinator state among the members' DHT items."""
+    addrs: dict[PeerId, tuple[str, int]]
+    """DHT addresses of members."""
+
+    @property
+    def coordinator(self) -> PeerId | None:
+        return self.state.coordinator if self.state else None
+
+    def to_json(self) -> dict:
+        own = self.charter.ownership
+        st = self.state
+        return {
+            "swarm": swarm_id(own.swarm).hex(),
+            "name": own.name,
+            "owner": {"fingerprint": own.owner.fingerprint().hex(),
+                      "hardware_backed": own.owner.hardware_backed,
+                      "attestation": own.owner.attestation,
+                      "keys": len(own.owners)},
+            "admins": sorted(str(p) for p in own.admins),
+            "policy": {"require_hardware": own.policy.require_hardware},
+            "coordinator": str(st.coordinator) if st else None,
+            "term": st.term if st else 0,
+            "coordinator_admins": sorted(str(p) for p in st.admins) if st else [],
+            "members": [{
+                "peer_id": str(r.peer_id), "tflops": round(r.tflops, 6),
+                "role": "coordinator" if st and r.peer_id == st.coordinator else
+                        ",".join(r.roles),
+                "health": {"load": r.health.load, "battery": r.health.battery,
+                           "plugged": r.health.plugged, "thermal": r.health.thermal},
+                "link": "tls" if r.links else "none",
+                "dht": list(r.dht) if r.dht else None,
+                "version": r.version,
+                "expires_in": round(exp - time.time(), 1),
+            } for r, exp in self.members],
+            "blocked": [{"peer_id": str(b.peer), "reason": b.reason, "by": b.by, "at": b.at}
+                        for b in (st.blocked if st else ())],
+        }
+
+
+async def observe(node: DHTNode, uri: JoinURI) -> View:
+    rec = await charter.fetch(node, uri.pubkey, uri.owner or None)
+    sid = swarm_id(uri.pubkey)
+    members: list[tuple[MemberRecord, float]] = []
+    for ann in await node.get_peers(membership_topic(sid)):
+        try:
+            members.append((MemberRecord.decode(ann.record, ann.peer_id), ann.expires_at))
+        except ProtocolError:
+            continue
+
+    async def state_of(peer: PeerId) -> CoordinatorState | None:
+        try:
+            item = await node.get_mutable(peer.raw, charter.state_salt(sid))
+            return CoordinatorState.decode(item.value) if item is not None else None
+        except (DHTError, ProtocolError):
+            return None
+
+    states = [s for s in await asyncio.gather(*(state_of(r.peer_id) for r, _ in members)) if s]
+    best = max(states, key=lambda s: (s.term, s.seq), default=None)
+    blocked = best.blocked_ids if best else frozenset()
+    addrs = {r.peer_id: r.dht for r, _ in members if r.dht is not None}
+    members = [(r, e) for r, e in members if r.peer_id not in blocked]
+    return View(rec, members, best, addrs)
+
+
+async def send_command(node: DHTNode, uri: JoinURI, view: View, signed: Signed,
+                       sender: PeerKey, wait: float = 5.0) -> CoordinatorState | None:
+    """Deliver a signed command to the coordinator; wait until its DHT state reflects it."""
+    coord = view.coordinator
+    if coord is None or coord not in view.addrs:
+        raise RemoteError("the swarm has no reachable coordinator right now; try again")
+    sid = swarm_id(uri.pubkey)
+    msg = seal(sender, sid, "cmd", signed.encode())
+    try:
+        await node.send_message(view.addrs[coord], msg)
+    except DHTError as exc:
+        raise RemoteError(f"coordinator {coord.short()} did not take the command: {exc}") \
+            from None
+    cmd = signed.statement
+    kind = type(cmd).__name__
+    if kind == "KickCommand":
+        return None
+    want_blocked = kind == "BlockCommand"
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        # The highest-term state, not just this coordinator's: blocking the coordinator
+        # itself shows up in its successor's state.
+        state = (await observe(node, uri)).state
+        if state is not None and (cmd.target in state.blocked_ids) == want_blocked:
+            return state
+        await asyncio.sleep(0.2)
+    raise RemoteError(f"coordinator {coord.short()} did not apply the command within "
+                      f"{wait:.0f} s (not authorised? see its log)")

@@ -1,0 +1,190 @@
+"""Actor classes a worker hosts, and the per-actor ordering of calls.
+
+No code travels: a worker runs only actor classes installed in its :data:`REGISTRY` (the
+built-in :class:`MatmulActor`, plus any a deployment registers before starting its node).
+A requester names a class and a method; the same :class:`MethodSpec` validates the call's
+arrays and parameters on the requester (a ValueError before anything is sent) and again on
+the worker (a peer's request is untrusted input).
+
+Calls to one actor instance run one at a time in the order the caller issued them
+(:class:`CallOrder`): Ray's ordered delivery per actor handle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAX_WGSL = 64 * 1024
+MAX_DIM = 1 << 16
+MAX_OUTPUT = 1 << 28
+"""Largest matmul result in elements (1 GiB of float32, the wire's largest array)."""
+ARRAY_DTYPES = ("float32", "float16", "float64", "int32", "uint32")
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    """What one actor method takes, checked on both ends."""
+
+    name: str
+    """Method name as sent on the wire."""
+    check: Callable[[Sequence[np.ndarray], Mapping[str, Any]], None]
+    """Raises ValueError/TypeError saying what is wrong with the arrays or parameters."""
+    doc: str
+    """One line for error messages and ``help``."""
+
+
+def _require_2d_float(name: str, x: np.ndarray) -> None:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {x.shape}; reshape it first")
+    if x.dtype not in (np.float32, np.float16, np.float64):
+        raise ValueError(f"{name} has dtype {x.dtype}; use float32 (or float16/float64, which "
+                         "are converted to float32 for compute)")
+    if max(x.shape) > MAX_DIM or 0 in x.shape:
+        raise ValueError(f"{name} has shape {x.shape}; each dimension must be 1..{MAX_DIM}")
+
+
+def check_matmul(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    if len(arrays) != 2:
+        raise TypeError(f"matmul takes 2 arrays (a, b), got {len(arrays)}")
+    a, b = arrays
+    _require_2d_float("a", a)
+    _require_2d_float("b", b)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul shapes do not chain: a is {a.shape}, b is {b.shape}; "
+                         f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+    if a.shape[0] * b.shape[1] > MAX_OUTPUT:
+        raise ValueError(f"the result would be {a.shape[0]}x{b.shape[1]}; at most "
+                         f"{MAX_OUTPUT} elements (split the job)")
+    if set(params) - {"precision"}:
+        raise TypeError(f"matmul takes only precision=, got {sorted(params)}")
+
+
+def check_kernel(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    extra = set(params) - {"wgsl", "inputs", "outputs", "dispatch"}
+    if extra:
+        raise TypeError(f"kernel takes wgsl=, inputs=, outputs=, dispatch=; got {sorted(extra)}")
+    wgsl = params.get("wgsl")
+    if not isinstance(wgsl, str) or not wgsl.strip():
+        raise TypeError("kernel needs wgsl=<WGSL source string>")
+    if len(wgsl.encode()) > MAX_WGSL:
+        raise ValueError(f"WGSL source is over {MAX_WGSL} bytes")
+    names = params.get("inputs", [])
+    if (not isinstance(names, list | tuple) or len(names) != len(arrays)
+            or not all(isinstance(n, str) and 0 < len(n) <= 64 for n in names)):
+        raise ValueError(f"inputs= must name each of the {len(arrays)} arrays by its WGSL "
+                         "buffer name, in order")
+    outputs = params.get("outputs")
+    if not isinstance(outputs, list | tuple) or not outputs:
+        raise TypeError("kernel needs outputs=[(name, shape, dtype), ...] for the buffers to "
+                        "read back")
+    for spec in outputs:
+        if (not isinstance(spec, list | tuple) or len(spec) != 3 or not isinstance(spec[0], str)
+                or not isinstance(spec[1], list | tuple)
+                or not all(isinstance(d, int) and 0 < d <= MAX_DIM * MAX_DIM for d in spec[1])
+                or spec[2] not in ARRAY_DTYPES):
+            raise ValueError(f"bad output spec {spec!r}: use (name, shape tuple, dtype name) "
+                             f"with dtype one of {', '.join(ARRAY_DTYPES)}")
+    dispatch = params.get("dispatch")
+    if (not isinstance(dispatch, list | tuple) or len(dispatch) != 3
+            or not all(isinstance(d, int) and 1 <= d <= 65535 for d in dispatch)):
+        raise ValueError(f"dispatch must be 3 workgroup counts in 1..65535, got {dispatch!r}")
+    for i, x in enumerate(arrays):
+        if not isinstance(x, np.ndarray) or x.dtype.name not in ARRAY_DTYPES:
+            raise ValueError(f"kernel input {i} must be a numpy array of "
+                             f"{', '.join(ARRAY_DTYPES)}")
+
+
+class MatmulActor:
+    """Built-in actor: matmul shards and caller-supplied WGSL kernels on the worker's backend.
+
+    State kept between calls: the compute backend (device, compiled pipelines, buffers).
+    Kernels always run on wgpu (the worker's GPU, or llvmpipe), whatever runs its matmuls.
+    """
+
+    NAME = "matmul"
+    METHODS = {
+        "matmul": MethodSpec("matmul", check_matmul, "matmul(a, b) -> a @ b"),
+        "kernel": MethodSpec("kernel", check_kernel,
+                             "kernel(*arrays, wgsl=, inputs=[names], outputs=[(name, shape, "
+                             "dtype)], dispatch=(x, y, z))"),
+    }
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._kernel_backend: Any = backend if getattr(backend, "name", "") == "wgpu" else None
+
+    def matmul(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
+        a, b = (np.asarray(x, dtype=np.float32) for x in arrays)
+        return [self.backend.matmul(a, b, precision=params.get("precision", "f32"))]
+
+    def kernel(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
+        if self._kernel_backend is None:  # matmul may run on numpy; WGSL needs wgpu
+            import compute
+
+            self._kernel_backend = compute.get_backend("wgpu")
+        outs = self._kernel_backend.run_kernel(
+            params["wgsl"],
+            inputs=dict(zip(params.get("inputs", []), arrays, strict=True)),
+            outputs={name: (tuple(shape), np.dtype(dtype))
+                     for name, shape, dtype in params["outputs"]},
+            dispatch=tuple(params["dispatch"]),
+        )
+        return [outs[name] for name, _, _ in params["outputs"]]
+
+
+REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor}
+"""Actor classes this process can host or call, by name."""
+
+
+def method_spec(actor: str, method: str) -> MethodSpec:
+    """The spec for ``actor.method``; a ValueError naming what exists otherwise."""
+    cls = REGISTRY.get(actor)
+    if cls is None:
+        raise ValueError(f"no actor class {actor!r} is installed; installed: "
+                         f"{', '.join(sorted(REGISTRY))}")
+    spec = cls.METHODS.get(method)
+    if spec is None:
+        raise AttributeError(f"actor {actor!r} has no method {method!r}; methods: "
+                             f"{', '.join(sorted(cls.METHODS))}")
+    return spec
+
+
+class CallOrder:
+    """Releases one actor's calls strictly in sequence order (sans-IO).
+
+    ``offer(seq, call)`` returns the calls now runnable, in order. A seq already released is
+    a duplicate (a retry of a call that did run): it is dropped and reported via ``stale``.
+    """
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self._held: dict[int, Any] = {}
+        self.stale = 0
+
+    def offer(self, seq: int, call: Any) -> list[Any]:
+        if seq < self.next_seq or seq in self._held:
+            self.stale += 1
+            return []
+        self._held[seq] = call
+        out = []
+        while self.next_seq in self._held:
+            out.append(self._held.pop(self.next_seq))
+            self.next_seq += 1
+        return out
+
+    @property
+    def held(self) -> int:
+        """Calls waiting for an earlier one."""
+        return len(self._held)
+
+    def rewind(self, seq: int, released: dict[int, Any]) -> None:
+        """Call ``seq`` could not run yet (its inputs must be resent): take it and the calls
+        released after it back, so the resent ``seq`` runs first and order is kept."""
+        self.next_seq = seq
+        self._held.update({s: c for s, c in released.items() if s > seq})

@@ -1,0 +1,136 @@
+"""Fault injection for tests and demos: ``SWARM_CHAOS`` in a worker process's environment.
+
+Format: comma-separated ``key=value`` pairs, all optional::
+
+    SWARM_CHAOS="corrupt=0.5,drop=0.1,delay=200,crash_after=3,seed=7"
+
+``corrupt=P``
+    with probability P a shard's result is returned wrong (one element changed), so the
+    requester's verification must catch it.
+``drop=P``
+    with probability P a task is silently never answered (a lost message); the requester's
+    timeout / straggler logic must redo it.
+``delay=MS``
+    every task answers MS milliseconds late (a slow or far-away peer: a straggler).
+``crash_after=N``
+    the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
+    or a pulled plug would.
+``seed=S``
+    seed of the fault dice, for reproducible runs (default: random).
+
+A bad value is a :class:`~swarm.errors.ConfigError` at worker start, never a silent no-op.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from swarm.errors import ConfigError
+
+ENV = "SWARM_CHAOS"
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosSpec:
+    """Parsed ``SWARM_CHAOS``."""
+
+    corrupt: float = 0.0
+    """Probability that a result is corrupted."""
+    drop: float = 0.0
+    """Probability that a task is never answered."""
+    delay_ms: float = 0.0
+    """Added latency per task, in milliseconds."""
+    crash_after: int | None = None
+    """Tasks to serve before the process dies; None = never."""
+    seed: int | None = None
+    """Dice seed; None = random."""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.corrupt or self.drop or self.delay_ms or self.crash_after is not None)
+
+
+def parse(text: str | None) -> ChaosSpec:
+    """Parse a ``SWARM_CHAOS`` value; empty or None means no faults."""
+    if not text or not text.strip():
+        return ChaosSpec()
+    values: dict[str, float | int] = {}
+    for part in text.split(","):
+        key, sep, raw = part.strip().partition("=")
+        if not sep:
+            raise ConfigError(f"{ENV}: expected key=value, got {part.strip()!r}")
+        key = key.strip()
+        try:
+            if key in ("corrupt", "drop"):
+                p = float(raw)
+                if not 0.0 <= p <= 1.0:
+                    raise ValueError
+                values[key] = p
+            elif key == "delay":
+                ms = float(raw)
+                if not 0.0 <= ms <= 600_000:
+                    raise ValueError
+                values["delay_ms"] = ms
+            elif key in ("crash_after", "seed"):
+                n = int(raw)
+                if n < 0:
+                    raise ValueError
+                values[key] = n
+            else:
+                raise ConfigError(
+                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, delay, crash_after, seed)"
+                )
+        except ValueError:
+            raise ConfigError(
+                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop: 0..1, delay: milliseconds, "
+                "crash_after/seed: integers >= 0)"
+            ) from None
+    return ChaosSpec(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What to do to one task."""
+
+    delay_s: float = 0.0
+    """Sleep this long before answering."""
+    drop: bool = False
+    """Never answer."""
+    crash: bool = False
+    """Exit the process now."""
+    corrupt: bool = False
+    """Return a wrong result."""
+
+
+class Chaos:
+    """Rolls the dice for each task a worker serves (sans-IO: the node acts on the Fault)."""
+
+    def __init__(self, spec: ChaosSpec) -> None:
+        self.spec = spec
+        self._rng = random.Random(spec.seed)
+        self.served = 0
+
+    def next_task(self) -> Fault:
+        s = self.spec
+        if not s.active:
+            return Fault()
+        if s.crash_after is not None and self.served >= s.crash_after:
+            return Fault(crash=True)
+        self.served += 1
+        return Fault(
+            delay_s=s.delay_ms / 1000.0,
+            drop=self._rng.random() < s.drop,
+            corrupt=self._rng.random() < s.corrupt,
+        )
+
+    def corrupt(self, result: np.ndarray) -> np.ndarray:
+        """A copy of ``result`` with one element changed (what a lying peer would send)."""
+        bad = np.array(result, copy=True)
+        if bad.size:
+            flat = bad.reshape(-1)
+            i = self._rng.randrange(flat.size)
+            flat[i] = flat[i] + (1 + abs(flat[i])) * 3
+        return bad

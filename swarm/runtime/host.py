@@ -1,0 +1,292 @@
+"""The worker side of the runtime: serve tasks arriving on peer links with installed actors.
+
+One :class:`ActorHost` per worker process. Each incoming link is served by
+:meth:`ActorHost.serve`; objects land in the worker's :class:`ObjectStore` (after their
+content address is checked), tasks run one at a time on a compute thread so the event loop
+keeps moving data, and calls to one actor instance run in the caller's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from identity.keys import PeerId
+from swarm import wire
+from swarm.errors import LinkClosed
+from swarm.links.base import PeerLink
+from swarm.runtime.actors import REGISTRY, CallOrder
+from swarm.runtime.chaos import Chaos, ChaosSpec
+from swarm.runtime.objects import ObjectId, ObjectStore, object_id
+from swarm.runtime.protocol import (
+    MAX_PARAMS,
+    CancelTask,
+    Draining,
+    PutObject,
+    RunTask,
+    TaskFailed,
+    TaskResult,
+)
+
+log = logging.getLogger("swarm.runtime.host")
+CRASH_EXIT = 70
+MAX_INSTANCES = 256
+"""Actor instances one requester may create on this worker."""
+MAX_HELD = 1024
+"""Out-of-order calls held for one actor instance."""
+
+
+class _Missing(Exception):
+    def __init__(self, oids: list[bytes]) -> None:
+        self.oids = oids
+
+
+@dataclass(eq=False)
+class _Call:
+    link: PeerLink
+    msg: RunTask
+
+
+@dataclass
+class _Instance:
+    actor: Any
+    order: CallOrder = field(default_factory=CallOrder)
+
+
+@dataclass
+class HostStats:
+    """What this worker did, for status and tests."""
+
+    tasks: int = 0
+    """Tasks completed."""
+    failed: int = 0
+    """Tasks answered with TaskFailed."""
+    objects_received: int = 0
+    """PutObject messages accepted."""
+    bytes_received: int = 0
+    """Array bytes received in PutObject and inline args."""
+
+
+class ActorHost:
+    """Serves RunTask/PutObject/CancelTask on any number of links."""
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        store_capacity: int = 4 << 30,
+        chaos: ChaosSpec | None = None,
+        registry: dict[str, type] | None = None,
+        crash: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.backend = backend
+        self.store = ObjectStore(store_capacity)
+        self.chaos = Chaos(chaos or ChaosSpec())
+        self.registry = REGISTRY if registry is None else registry
+        self._crash = crash
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="swarm-compute")
+        self._queue: deque[_Call] = deque()
+        self._wake = asyncio.Event()
+        self._instances: dict[tuple[PeerId, str, int], _Instance] = {}
+        self._links: set[PeerLink] = set()
+        self._runner: asyncio.Task | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+        self.stats = HostStats()
+
+    # -- serving a link -------------------------------------------------------------------
+
+    async def serve(self, link: PeerLink,
+                    fallback: Callable[[PeerLink, Any], Awaitable[None]] | None = None) -> None:
+        """Answer ``link``'s messages until it closes; other messages go to ``fallback``."""
+        if self._runner is None:
+            self._runner = asyncio.get_running_loop().create_task(self._run(), name="actor-host")
+        self._links.add(link)
+        try:
+            async for msg in link:
+                if isinstance(msg, PutObject):
+                    await self._put(msg)
+                elif isinstance(msg, RunTask):
+                    await self._accept(link, msg)
+                elif isinstance(msg, CancelTask):  # a running task cannot be stopped
+                    self._queue = deque(c for c in self._queue
+                                        if c.link is not link or c.msg.task != msg.task)
+                elif fallback is not None:
+                    await fallback(link, msg)
+        finally:
+            self._links.discard(link)
+            self._queue = deque(c for c in self._queue if c.link is not link)
+            for key in [k for k in self._instances if k[0] == link.remote]:
+                del self._instances[key]
+
+    async def _put(self, msg: PutObject) -> None:
+        arr = msg.array
+        loop = asyncio.get_running_loop()
+        oid = await loop.run_in_executor(None, object_id, arr)
+        if oid.raw != msg.oid:
+            log.warning("object %s does not match its content; dropped", msg.oid[:6].hex())
+            return
+        self.store.put(wire.restore_precision(arr) if wire.precision_of(arr) else arr, oid)
+        self.stats.objects_received += 1
+        self.stats.bytes_received += arr.nbytes
+
+    async def _accept(self, link: PeerLink, msg: RunTask) -> None:
+        if self.draining:
+            await self._reply(link, TaskFailed(msg.task, "busy", "worker is shutting down"))
+            return
+        cls = self.registry.get(msg.actor)
+        if cls is None or msg.method not in cls.METHODS:
+            await self._reply(link, TaskFailed(msg.task, "invalid",
+                                               f"no installed actor method {msg.actor}.{msg.method}"))
+            return
+        call = _Call(link, msg)
+        if msg.seq < 0 or msg.instance == 0:
+            self._queue.append(call)
+        else:
+            if (link.remote, msg.actor, msg.instance) not in self._instances and sum(
+                    k[0] == link.remote for k in self._instances) >= MAX_INSTANCES:
+                await self._reply(link, TaskFailed(msg.task, "invalid", f"more than "
+                                                   f"{MAX_INSTANCES} actors for one requester"))
+                return
+            inst = self._instance(link.remote, msg.actor, msg.instance)
+            if inst.order.held >= MAX_HELD or msg.seq > inst.order.next_seq + MAX_HELD:
+                await self._reply(link, TaskFailed(msg.task, "invalid",
+                                                   "call is too far ahead of the actor's order"))
+                return
+            self._queue.extend(inst.order.offer(msg.seq, call))
+        self._wake.set()
+
+    def _instance(self, peer: PeerId, actor: str, instance: int) -> _Instance:
+        key = (peer, actor, instance)
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = self._instances[key] = _Instance(self.registry[actor](self.backend))
+        return inst
+
+    # -- running tasks ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            call = self._queue.popleft()
+            self._idle.clear()
+            try:
+                await self._execute(call)
+            finally:
+                self._idle.set()
+
+    async def _execute(self, call: _Call) -> None:
+        msg, link = call.msg, call.link
+        fault = self.chaos.next_task()
+        if fault.crash:
+            log.warning("SWARM_CHAOS: crashing as asked (crash_after)")
+            self._crash(CRASH_EXIT)
+            return
+        try:
+            arrays, params = self._resolve(msg)
+            actor = (self._instance(link.remote, msg.actor, msg.instance).actor
+                     if msg.instance else self._instance(link.remote, msg.actor, 0).actor)
+            spec = type(actor).METHODS[msg.method]
+            spec.check(arrays, params)
+        except _Missing as exc:
+            if msg.instance and msg.seq >= 0:  # keep the actor's order: hold later calls back
+                inst = self._instance(link.remote, msg.actor, msg.instance)
+                later = [c for c in self._queue if c.link is link
+                         and c.msg.instance == msg.instance and c.msg.actor == msg.actor]
+                self._queue = deque(c for c in self._queue if all(c is not x for x in later))
+                inst.order.rewind(msg.seq, {c.msg.seq: c for c in later})
+            await self._reply(link, TaskFailed(msg.task, "missing", "objects not held",
+                                               missing=exc.oids))
+            return
+        except (TypeError, ValueError, AttributeError) as exc:
+            await self._reply(link, TaskFailed(msg.task, "invalid", str(exc)[:500]))
+            return
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            outputs = await loop.run_in_executor(
+                self._pool, getattr(actor, msg.method), arrays, params)
+        except Exception as exc:  # the method's own failure is reported, not fatal
+            log.info("task %d %s.%s failed: %s", msg.task, msg.actor, msg.method, exc)
+            await self._reply(link, TaskFailed(msg.task, "error", f"{type(exc).__name__}: "
+                                               f"{str(exc)[:500]}"))
+            return
+        seconds = time.perf_counter() - started
+        if fault.corrupt:
+            outputs = [self.chaos.corrupt(o) for o in outputs]
+        if fault.delay_s:
+            await asyncio.sleep(fault.delay_s)
+        if fault.drop:
+            return
+        self.stats.tasks += 1
+        await self._reply(link, TaskResult(msg.task, [np.ascontiguousarray(o) for o in outputs],
+                                           seconds))
+
+    def _resolve(self, msg: RunTask) -> tuple[list[np.ndarray], dict[str, Any]]:
+        arrays, missing = [], []
+        for arg in msg.args:
+            if arg.array is not None:
+                arr = arg.array
+                arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
+                self.stats.bytes_received += arr.nbytes
+            elif arg.oid is not None and len(arg.oid) == 32:
+                held = self.store.get(ObjectId(arg.oid))
+                if held is None:
+                    missing.append(arg.oid)
+                arrays.append(held)
+            else:
+                raise ValueError("a task argument needs an object id or an array")
+        if missing:
+            raise _Missing(missing)
+        if len(msg.params) > MAX_PARAMS:
+            raise ValueError(f"parameters over {MAX_PARAMS} bytes")
+        params = msgpack.unpackb(msg.params, raw=False) if msg.params else {}
+        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+            raise ValueError("parameters must be a map with string keys")
+        return arrays, params
+
+    async def _reply(self, link: PeerLink, msg: Any) -> None:
+        if isinstance(msg, TaskFailed):
+            self.stats.failed += 1
+        try:
+            await link.send(msg)
+        except LinkClosed:
+            pass
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Graceful stop: tell requesters, hand back queued tasks, finish the running one."""
+        self.draining = True
+        handback = list(self._queue)
+        self._queue.clear()
+        for call in handback:
+            await self._reply(call.link, TaskFailed(call.msg.task, "busy",
+                                                    "worker is shutting down"))
+        for link in list(self._links):
+            try:
+                await link.send(Draining("shutting down"))
+            except LinkClosed:
+                pass
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("drain: the running task did not finish within %g s", timeout)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)

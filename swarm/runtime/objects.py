@@ -1,0 +1,150 @@
+"""Content-addressed object store with a memory cap, LRU eviction and locality tracking.
+
+Every peer keeps one: a requester holds what it ``put`` and the results it received; a
+worker holds inputs it was sent (weights stay put, so the next task that needs them costs
+no transfer). The requester's store also tracks *where* each object lives
+(:meth:`ObjectStore.holders`), which the scheduler uses to prefer peers that already hold a
+task's large inputs and which guarantees a cached input is never sent to a peer twice.
+
+An object id is the SHA-256 of ``dtype|shape|bytes``: equal arrays share one id on every
+peer, and a peer can check that what it received matches the id it was promised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+ID_LEN = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectId:
+    """A content address: SHA-256 of an array's dtype, shape and C-order bytes."""
+
+    raw: bytes
+    """The 32 digest bytes."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.raw, bytes) or len(self.raw) != ID_LEN:
+            raise ValueError(f"an ObjectId is exactly {ID_LEN} bytes")
+
+    def __repr__(self) -> str:
+        return f"ObjectId({self.raw[:6].hex()})"
+
+    def hex(self) -> str:
+        return self.raw.hex()
+
+
+def object_id(array: np.ndarray) -> ObjectId:
+    """The content address of ``array`` (copies only when it is not C-contiguous)."""
+    arr = np.ascontiguousarray(array)
+    h = hashlib.sha256(f"{arr.dtype.str}|{','.join(map(str, arr.shape))}|".encode())
+    h.update(memoryview(arr).cast("B") if arr.size else b"")
+    return ObjectId(h.digest())
+
+
+class ObjectStore:
+    """Arrays by content address, within ``capacity`` bytes, least recently used evicted first.
+
+    Pinned objects (those a caller still holds a ref to, or an in-flight task needs) are never
+    evicted; a store that cannot fit an object even after evicting everything unpinned keeps
+    it anyway and reports ``over_capacity`` so that a node can refuse further puts instead of
+    silently dropping data it promised to keep.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be a positive number of bytes")
+        self.capacity = capacity
+        self._objects: OrderedDict[ObjectId, np.ndarray] = OrderedDict()
+        self._pins: dict[ObjectId, int] = {}
+        self._holders: dict[ObjectId, set[bytes]] = {}
+        self.used = 0
+        self.evictions = 0
+
+    def __contains__(self, oid: object) -> bool:
+        return oid in self._objects
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    @property
+    def over_capacity(self) -> bool:
+        return self.used > self.capacity
+
+    def put(self, array: np.ndarray, oid: ObjectId | None = None) -> ObjectId:
+        """Store ``array`` (read-only view) and return its id; an existing copy is refreshed."""
+        oid = oid or object_id(array)
+        if oid in self._objects:
+            self._objects.move_to_end(oid)
+            return oid
+        arr = np.ascontiguousarray(array)
+        if arr is array and arr.flags.writeable:
+            arr = arr.view()
+        arr.flags.writeable = False
+        self._objects[oid] = arr
+        self.used += arr.nbytes
+        self._evict()
+        return oid
+
+    def get(self, oid: ObjectId) -> np.ndarray | None:
+        """The array, marked recently used; None when absent (never held or evicted)."""
+        arr = self._objects.get(oid)
+        if arr is not None:
+            self._objects.move_to_end(oid)
+        return arr
+
+    def pin(self, oid: ObjectId) -> None:
+        """Keep ``oid`` from eviction until a matching :meth:`unpin`."""
+        self._pins[oid] = self._pins.get(oid, 0) + 1
+
+    def unpin(self, oid: ObjectId) -> None:
+        n = self._pins.get(oid, 0) - 1
+        if n > 0:
+            self._pins[oid] = n
+        else:
+            self._pins.pop(oid, None)
+            self._evict()
+
+    def discard(self, oid: ObjectId) -> None:
+        """Drop ``oid`` now (pinned or not) and forget where it lives."""
+        arr = self._objects.pop(oid, None)
+        if arr is not None:
+            self.used -= arr.nbytes
+        self._pins.pop(oid, None)
+        self._holders.pop(oid, None)
+
+    def _evict(self) -> None:
+        if self.used <= self.capacity:
+            return
+        for oid in list(self._objects):
+            if self.used <= self.capacity:
+                break
+            if oid in self._pins:
+                continue
+            self.used -= self._objects.pop(oid).nbytes
+            self.evictions += 1
+
+    # -- locality: which peers hold which object ------------------------------------------
+
+    def holders(self, oid: ObjectId) -> frozenset[bytes]:
+        """Raw PeerIds known to hold ``oid`` (because we sent it, or they told us)."""
+        return frozenset(self._holders.get(oid, ()))
+
+    def add_holder(self, oid: ObjectId, peer: bytes) -> None:
+        self._holders.setdefault(oid, set()).add(peer)
+
+    def remove_holder(self, oid: ObjectId, peer: bytes) -> None:
+        """``peer`` no longer holds ``oid`` (it evicted it, or it left)."""
+        peers = self._holders.get(oid)
+        if peers is not None:
+            peers.discard(peer)
+
+    def forget_peer(self, peer: bytes) -> None:
+        """``peer`` left: it holds nothing we can count on any more."""
+        for peers in self._holders.values():
+            peers.discard(peer)

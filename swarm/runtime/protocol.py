@@ -1,0 +1,103 @@
+"""The runtime's wire messages: objects, tasks, results (see :mod:`swarm.wire` for framing).
+
+A requester sends :class:`PutObject` for a large input a worker does not hold yet, then
+:class:`RunTask` naming it by id; the worker answers :class:`TaskResult` or
+:class:`TaskFailed`. Nothing here carries code: a task names an installed actor class and
+method, and its parameters are a small msgpack map checked by that method's spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+import numpy as np
+
+from swarm import wire
+
+MAX_PARAMS = 96 * 1024
+"""Largest msgpack parameter map (WGSL source included)."""
+
+
+@wire.message("rt.put")
+class PutObject(wire.Message):
+    """Store an array in the receiver's object store under its content address."""
+
+    oid: bytes
+    """SHA-256 content address of ``array`` (the receiver checks it)."""
+    array: np.ndarray
+    """The array, in its transfer precision."""
+
+
+@wire.message("rt.arg")
+class TaskArg(wire.Message):
+    """One array input of a task: by id (from the object store) or inline."""
+
+    oid: bytes | None = None
+    """Content address of an object the worker holds (sent earlier with PutObject)."""
+    array: np.ndarray | None = None
+    """The array itself, for inputs used once (activation rows)."""
+
+
+@wire.message("rt.task")
+class RunTask(wire.Message):
+    """Run one method of an installed actor class."""
+
+    task: int
+    """Requester-chosen id, unique on this link; echoed in the answer."""
+    actor: str
+    """Installed actor class name (e.g. "matmul")."""
+    instance: int
+    """Actor instance id chosen by the requester; 0 = the worker's shared stateless one."""
+    seq: int
+    """Position of this call among the instance's calls (ordered delivery); -1 = unordered."""
+    method: str
+    """Method name."""
+    args: list[TaskArg]
+    """Array inputs in order."""
+    params: bytes = b""
+    """msgpack map of the method's parameters (at most MAX_PARAMS bytes)."""
+    precision: str = "f32"
+    """Transfer precision for the result arrays ("f32", "f16", "bf16")."""
+
+
+@wire.message("rt.result")
+class TaskResult(wire.Message):
+    """A task's outputs."""
+
+    task: int
+    """The RunTask's id."""
+    outputs: list[np.ndarray]
+    """Output arrays, in their transfer precision."""
+    seconds: float
+    """Compute time on the worker (its claim; the requester measures its own round trip)."""
+
+
+@wire.message("rt.failed")
+class TaskFailed(wire.Message):
+    """A task that did not produce outputs."""
+
+    task: int
+    """The RunTask's id."""
+    kind: str
+    """"missing" (resend the objects in ``missing``), "invalid" (bad request), "error"
+    (the method raised), "busy" (the worker is draining: run it elsewhere)."""
+    message: str
+    """What went wrong, in words."""
+    missing: list[bytes] = field(default_factory=list)
+    """For kind "missing": ids of objects the worker does not hold (evicted or never sent)."""
+
+
+@wire.message("rt.cancel")
+class CancelTask(wire.Message):
+    """The requester no longer needs this task's result (another copy won)."""
+
+    task: int
+    """The RunTask's id."""
+
+
+@wire.message("rt.draining")
+class Draining(wire.Message):
+    """The worker is stopping: it finishes what it started and takes no new tasks."""
+
+    reason: str
+    """Why, in words."""

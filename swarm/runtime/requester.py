@@ -1,0 +1,522 @@
+"""The requester side of the runtime: send shards to workers, verify, retry, merge.
+
+:class:`Requester` owns the outgoing half of every link to a worker. It keeps the
+requester's :class:`ObjectStore` (with where each object lives, so a cached input is never
+sent twice), the :class:`RateBook` of measured worker rates, and runs jobs: a
+:class:`~swarm.runtime.scheduler.JobScheduler` decides, this adapter sends, awaits,
+verifies and feeds the outcome back. Every remote result is verified before it is used (a
+``verify`` callback, Freivalds for matmul; or two replicas compared); a wrong one is
+redone, counted against the peer and reported through ``on_rejected``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from identity.keys import PeerId
+from swarm.errors import LinkClosed, TaskError
+from swarm.links.base import PeerLink
+from swarm.runtime.objects import ObjectId, ObjectStore
+from swarm.runtime.protocol import (
+    CancelTask,
+    Draining,
+    PutObject,
+    RunTask,
+    TaskArg,
+    TaskFailed,
+    TaskResult,
+)
+from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ShardTask
+
+log = logging.getLogger("swarm.runtime.requester")
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """One array input of a call."""
+
+    array: np.ndarray
+    """The array as it travels (transfer precision already applied)."""
+    oid: ObjectId | None = None
+    """Set for inputs worth caching on workers (weights): sent once per peer, then by id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One task: an installed actor method with its inputs."""
+
+    actor: str
+    """Actor class name."""
+    method: str
+    """Method name."""
+    args: tuple[Arg, ...]
+    """Array inputs."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Method parameters (msgpack-able)."""
+    cost: float = 1.0
+    """Work in flops, for rates."""
+
+
+@dataclass
+class PeerReport:
+    """One peer's share of a job."""
+
+    shards: int = 0
+    """Shard results received."""
+    bytes_out: int = 0
+    """Array bytes sent to it."""
+    bytes_in: int = 0
+    """Array bytes received from it."""
+    seconds: float = 0.0
+    """Sum of its shards' round-trip times."""
+    verified: int = 0
+    """Results that passed verification."""
+    rejected: int = 0
+    """Results that failed verification."""
+    failed: int = 0
+    """Attempts that ended in an error, a timeout or a lost link."""
+
+
+@dataclass
+class JobReport:
+    """What a job cost and who did it."""
+
+    shards: int
+    """Shards in the job."""
+    seconds: float = 0.0
+    """Wall time of the job."""
+    peers: dict[str, PeerReport] = field(default_factory=dict)
+    """Per peer (printable PeerId, or "local" for the requester)."""
+
+    def peer(self, key: Any) -> PeerReport:
+        return self.peers.setdefault(str(key), PeerReport())
+
+
+class TaskFailure(Exception):
+    """A worker answered TaskFailed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+class Requester:
+    """Sends calls over worker links; runs verified, scheduled jobs."""
+
+    def __init__(
+        self,
+        local: PeerId,
+        *,
+        rates: RateBook | None = None,
+        store_capacity: int = 8 << 30,
+        accept_peer: Callable[[PeerId], bool] = lambda peer: True,
+        on_rejected: Callable[[PeerId, str], None] | None = None,
+        window: int = 2,
+        task_timeout: float = 120.0,
+    ) -> None:
+        self.local = local
+        self.rates = rates or RateBook()
+        self.store = ObjectStore(store_capacity)
+        self.accept_peer = accept_peer
+        self.on_rejected = on_rejected
+        self.window = window
+        self.task_timeout = task_timeout
+        self.links: dict[PeerId, PeerLink] = {}
+        self._draining: set[PeerId] = set()
+        self._pending: dict[tuple[PeerId, int], asyncio.Future] = {}
+        self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._changed = asyncio.Event()
+        self._readers: set[asyncio.Task] = set()
+        self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
+        """Observer called after each RunTask is sent (progress displays, tests)."""
+
+    # -- links ----------------------------------------------------------------------------
+
+    def attach(self, link: PeerLink,
+               fallback: Callable[[PeerLink, Any], Awaitable[None]] | None = None) -> None:
+        """Use ``link`` to reach a worker (replaces an older link to the same peer).
+
+        Messages that are not task answers go to ``fallback(link, msg)`` (control plane)."""
+        self.links[link.remote] = link
+        self._draining.discard(link.remote)
+        task = asyncio.get_running_loop().create_task(self._read(link, fallback),
+                                                      name=f"requester-{link.remote.short()}")
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+        self._changed.set()
+
+    def workers(self) -> list[PeerId]:
+        """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
+        return sorted(p for p, link in self.links.items()
+                      if not link.closed and p not in self._draining and self.accept_peer(p))
+
+    async def _read(self, link: PeerLink, fallback) -> None:
+        peer = link.remote
+        try:
+            async for msg in link:
+                if isinstance(msg, TaskResult | TaskFailed):
+                    fut = self._pending.get((peer, msg.task))
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                elif isinstance(msg, Draining):
+                    self._draining.add(peer)
+                    self._changed.set()
+                elif fallback is not None:
+                    await fallback(link, msg)
+        finally:
+            closed = LinkClosed(link.close_reason or "link closed") if link.closed else \
+                LinkClosed("link closed")
+            for (p, _), fut in list(self._pending.items()):
+                if p == peer and not fut.done():
+                    fut.set_exception(closed)
+            if self.links.get(peer) is link:
+                del self.links[peer]
+                self.store.forget_peer(peer.raw)
+            self._changed.set()
+
+    async def close(self) -> None:
+        for link in list(self.links.values()):
+            await link.close("requester closing")
+        for task in list(self._readers):
+            task.cancel()
+
+    # -- one call -------------------------------------------------------------------------
+
+    async def _send_objects(self, peer: PeerId, link: PeerLink, args: Sequence[Arg],
+                            report: PeerReport | None) -> None:
+        for arg in args:
+            if arg.oid is None or peer.raw in self.store.holders(arg.oid):
+                continue
+            key = (peer, arg.oid)
+            inflight = self._puts.get(key)
+            if inflight is not None:
+                await asyncio.shield(inflight)
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            self._puts[key] = fut
+            try:
+                await link.send(PutObject(arg.oid.raw, arg.array))
+                self.store.add_holder(arg.oid, peer.raw)
+                if report is not None:
+                    report.bytes_out += arg.array.nbytes
+                fut.set_result(None)
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: waiters get it through shield
+                raise
+            finally:
+                del self._puts[key]
+
+    async def call(self, peer: PeerId, call: Call, *, instance: int = 0, seq: int = -1,
+                   report: PeerReport | None = None) -> tuple[list[np.ndarray], float]:
+        """Run ``call`` on ``peer``; returns (outputs, round-trip seconds).
+
+        Raises TaskFailure for a worker's refusal or error, LinkClosed when the link breaks.
+        """
+        params = msgpack.packb(call.params, use_bin_type=True) if call.params else b""
+        loop = asyncio.get_running_loop()
+        for attempt in range(3):
+            link = self.links.get(peer)
+            if link is None or link.closed:
+                raise LinkClosed(f"no link to {peer.short()}")
+            started = time.perf_counter()
+            await self._send_objects(peer, link, call.args, report)
+            tid = next(self._ids)
+            fut = loop.create_future()
+            self._pending[(peer, tid)] = fut
+            args = [TaskArg(oid=a.oid.raw) if a.oid is not None else TaskArg(array=a.array)
+                    for a in call.args]
+            try:
+                msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
+                await link.send(msg)
+                if self.on_task_sent is not None:
+                    self.on_task_sent(peer, msg)
+                if report is not None:
+                    report.bytes_out += sum(a.array.nbytes for a in call.args if a.oid is None)
+                reply = await fut
+            except asyncio.CancelledError:
+                if not link.closed:
+                    loop.create_task(self._cancel(link, tid))
+                raise
+            finally:
+                self._pending.pop((peer, tid), None)
+            if isinstance(reply, TaskResult):
+                if report is not None:
+                    report.bytes_in += sum(o.nbytes for o in reply.outputs)
+                return list(reply.outputs), time.perf_counter() - started
+            if reply.kind == "missing" and attempt < 2:
+                for raw in reply.missing:
+                    if len(raw) == 32:
+                        self.store.remove_holder(ObjectId(raw), peer.raw)
+                continue
+            raise TaskFailure(reply.kind, reply.message)
+        raise TaskFailure("missing", "worker keeps losing the task's inputs")
+
+    @staticmethod
+    async def _cancel(link: PeerLink, tid: int) -> None:
+        try:
+            await link.send(CancelTask(tid))
+        except LinkClosed:
+            pass
+
+    # -- a job ------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        calls: Sequence[Call],
+        *,
+        local: Callable[[int], list[np.ndarray]],
+        verify: Callable[[int, list[np.ndarray]], Awaitable[bool]] | None,
+        replicate: bool = False,
+        owners: Sequence[PeerId] | None = None,
+        timeout: float | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[list[list[np.ndarray]], JobReport]:
+        """Run every call somewhere, verified; returns outputs per call and a report.
+
+        ``local(i)`` computes call ``i`` on the requester (solo mode, tiebreaks).
+        ``await verify(i, outputs)`` checks a remote result (the worker's slot is refilled
+        meanwhile). With ``replicate`` each call runs on two different peers and their
+        outputs must agree (a disagreement is settled by ``local``). Raises TimeoutError
+        after ``timeout`` seconds, TaskError when a worker refuses a call as invalid.
+        """
+        job = _JobRun(self, list(calls), local, verify, replicate, owners, progress)
+        return await job.run(timeout)
+
+    def _reject(self, peer: PeerId, reason: str) -> None:
+        log.warning("rejected a result from %s: %s", peer.short(), reason)
+        if self.on_rejected is not None:
+            try:
+                self.on_rejected(peer, reason)
+            except Exception:
+                log.exception("on_rejected hook failed")
+
+
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    """Event: an attempt returned outputs (not yet verified)."""
+
+    shard: int
+    """Scheduler shard index."""
+    peer: Any
+    """Who ran it (LOCAL for the requester)."""
+    outputs: list[np.ndarray]
+    """What it returned."""
+    seconds: float
+    """Round trip as the requester measured it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Event: a remote answer's verification finished."""
+
+    answer: _Answered
+    """The answer that was checked."""
+    ok: bool
+    """Whether it passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _AttemptFailed:
+    """Event: an attempt ended without outputs."""
+
+    shard: int
+    """Scheduler shard index."""
+    peer: Any
+    """Who was running it."""
+    kind: str
+    """TaskFailed kind, or "lost" for a broken link."""
+    message: str
+    """Why, in words."""
+
+
+class _JobRun:
+    """The asyncio adapter around one :class:`JobScheduler`: act, await events, feed back."""
+
+    def __init__(self, req: Requester, calls: list[Call], local, verify, replicate: bool,
+                 owners: Sequence[PeerId] | None, progress) -> None:
+        self.req = req
+        self.calls = calls
+        self.n = n = len(calls)
+        self.local = local
+        self.verify = verify
+        self.replicate = replicate
+        self.progress = progress
+        self.report = JobReport(shards=n)
+        tasks = [ShardTask(i, c.cost, tuple(a.oid for a in c.args if a.oid is not None))
+                 for i, c in enumerate(calls * (2 if replicate else 1))]
+        holds = {p: {a.oid for c in calls for a in c.args
+                     if a.oid is not None and p.raw in req.store.holders(a.oid)}
+                 for p in req.links}
+        if owners is not None and replicate:
+            owners = list(owners) + [None] * n  # the twins: any other peer
+        self.sched = JobScheduler(
+            tasks, req.workers(), req.rates, holds=holds, owners=owners,
+            twins=[(i + n) % (2 * n) for i in range(2 * n)] if replicate else None,
+            window=req.window, task_timeout=req.task_timeout)
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.running: dict[tuple[int, Any], asyncio.Task] = {}
+        self.checks: set[asyncio.Task] = set()
+        self.results: dict[int, list[np.ndarray]] = {}
+        self.replicas: dict[int, tuple[Any, list[np.ndarray]]] = {}
+
+    async def run(self, timeout: float | None) -> tuple[list[list[np.ndarray]], JobReport]:
+        req, sched = self.req, self.sched
+        loop = asyncio.get_running_loop()
+        known = set(sched.workers()) - {LOCAL}
+        started = time.perf_counter()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            while not sched.finished:
+                req._changed.clear()
+                now = loop.time()
+                current = set(req.workers())
+                for p in sorted(current - known):
+                    sched.add_worker(p)
+                for p in sorted(known - current):
+                    sched.lost(p)
+                known = current
+                for a in sched.step(now):
+                    self.running[(a.shard, a.peer)] = loop.create_task(
+                        self._attempt(a.shard, a.peer))
+                for key in [k for k, t in self.running.items() if t.done()]:
+                    task = self.running.pop(key)
+                    if not task.cancelled() and task.exception() is not None:
+                        raise task.exception()  # a local failure: nothing to retry
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(f"job did not finish within {timeout} s "
+                                       f"({len(sched.done)} of {len(sched.shards)} shards done)")
+                wake = [t for t in (sched.next_deadline(now), deadline) if t is not None]
+                event = await self._next_event(max(0.0, min(wake) - now) if wake else None)
+                while event is not None:
+                    await self._handle(event)
+                    event = None if self.events.empty() else self.events.get_nowait()
+                if self.progress is not None:
+                    self.progress(len(sched.done), len(sched.shards))
+        finally:
+            for task in [*self.running.values(), *self.checks]:
+                task.cancel()
+        self.report.seconds = time.perf_counter() - started
+        return [self.results[i] for i in range(self.n)], self.report
+
+    async def _next_event(self, wait_s: float | None):
+        """The next event, or None when the worker set changed or ``wait_s`` passed."""
+        loop = asyncio.get_running_loop()
+        getter = loop.create_task(self.events.get())
+        changed = loop.create_task(self.req._changed.wait())
+        done, _ = await asyncio.wait({getter, changed}, timeout=wait_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        changed.cancel()
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        return None
+
+    async def _attempt(self, shard: int, peer: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            if peer == LOCAL:
+                outs = await asyncio.to_thread(self.local, shard % self.n)
+            else:
+                outs, _ = await self.req.call(peer, self.calls[shard % self.n],
+                                              report=self.report.peer(peer))
+            self.events.put_nowait(_Answered(shard, peer, outs, time.perf_counter() - t0))
+        except TaskFailure as exc:
+            self.events.put_nowait(_AttemptFailed(shard, peer, exc.kind, str(exc)))
+        except LinkClosed as exc:
+            self.events.put_nowait(_AttemptFailed(shard, peer, "lost", str(exc)))
+
+    async def _check(self, answer: _Answered) -> None:
+        ok = await self.verify(answer.shard % self.n, answer.outputs)
+        self.events.put_nowait(_Checked(answer, ok))
+
+    async def _handle(self, event) -> None:
+        sched = self.sched
+        if isinstance(event, BaseException):
+            raise event
+        if isinstance(event, _AttemptFailed):
+            self.report.peer(event.peer).failed += 1
+            if event.kind == "invalid":
+                raise TaskError(f"worker {event.peer} refused the task: {event.message}")
+            log.info("shard %d on %s failed (%s): %s", event.shard, event.peer, event.kind,
+                     event.message)
+            sched.errored(event.shard, event.peer)
+            return
+        answer = event.answer if isinstance(event, _Checked) else event
+        shard, peer = answer.shard, answer.peer
+        pr = self.report.peer(peer)
+        if isinstance(event, _Answered):
+            if shard in sched.done:
+                return  # a straggler's late copy
+            pr.shards += 1
+            pr.seconds += answer.seconds
+            if peer != LOCAL and self.verify is not None and not self.replicate:
+                sched.returned(shard, peer)  # its slot takes the next shard meanwhile
+                task = asyncio.get_running_loop().create_task(self._check(answer))
+                task.add_done_callback(self._check_done)
+                self.checks.add(task)
+                return
+        else:
+            if not event.ok:  # wrong, even if another copy already won: it counts
+                pr.rejected += 1
+                self.req._reject(peer, f"shard {shard % self.n} failed verification")
+                sched.rejected(shard, peer)
+                return
+            pr.verified += 1
+            if shard in sched.done:
+                sched.verified(shard, peer, answer.seconds)  # bookkeeping only
+                return
+        for c in sched.verified(shard, peer, answer.seconds):
+            task = self.running.pop((c.shard, c.peer), None)
+            if task is not None:
+                task.cancel()
+        if self.replicate:
+            await self._compare(shard, peer, answer.outputs)
+        else:
+            self.results[shard] = answer.outputs
+
+    def _check_done(self, task: asyncio.Task) -> None:
+        self.checks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the check itself failed (our inputs are not finite): fail the job with it
+            self.events.put_nowait(task.exception())
+
+    async def _compare(self, shard: int, peer: Any, outputs: list[np.ndarray]) -> None:
+        """Replicate mode: both twins in? They must agree, else our own run decides."""
+        n = self.n
+        i, twin = shard % n, (shard + n) % (2 * n)
+        self.replicas[shard] = (peer, outputs)
+        if twin not in self.replicas:
+            return
+        (p1, o1), (p2, o2) = self.replicas[shard], self.replicas[twin]
+        if agree(o1, o2):
+            for p in (p1, p2):
+                if p != LOCAL:
+                    self.report.peer(p).verified += 1
+            self.results[i] = o1
+            return
+        truth = await asyncio.to_thread(self.local, i)
+        for p, o in ((p1, o1), (p2, o2)):
+            if p != LOCAL and not agree(o, truth):
+                self.report.peer(p).rejected += 1
+                self.req.rates.reject(p)
+                self.req._reject(p, f"replica of call {i} disagreed with the requester's run")
+        self.results[i] = truth
+
+
+def agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    """Whether two replicas' outputs match (float tolerance for reordered sums)."""
+    if len(a) != len(b):
+        return False
+    return all(x.shape == y.shape and np.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=False)
+               for x, y in zip(a, b, strict=True))

@@ -1,0 +1,451 @@
+"""Sans-IO shard scheduler: weighted by measured throughput, work stealing, stragglers, retries.
+
+One :class:`JobScheduler` drives one job's shards. It does no I/O and reads no clock: the
+requester's adapter feeds it events (a worker joined or was lost, a shard's result verified
+or was rejected) with ``now`` and executes the :class:`Assign` / :class:`Cancel` actions that
+:meth:`JobScheduler.step` returns. Tests drive it with a fake clock.
+
+Policy, in order of preference for an idle slot on worker ``w``:
+
+1. ``w``'s own queue (shards were dealt to workers in proportion to their measured rates);
+2. when idle, steal the queued shard, from the most loaded other worker, whose large inputs ``w``
+   already holds (locality), else the one at the tail of that worker's queue;
+3. duplicate a straggler: an in-flight shard running longer than ``straggler_factor`` times
+   its expected time elsewhere; the first verified result wins, the other is cancelled.
+
+A shard whose result failed verification, whose worker was lost, or that ran past
+``task_timeout`` goes back to the pool; a worker that returned a wrong result gets nothing
+more from this job. With no usable worker left, or for a shard that failed
+``max_attempts`` times, the requester runs shards itself (:data:`LOCAL`, "solo mode"), so a
+job completes while the requester lives (invariant 3).
+
+``owners`` gives each shard's first worker (a plan already weighted by measured rates);
+without it shards are dealt in proportion to the rates. ``twins`` pairs shards that must
+run on different peers (``verify="replicate"``); a twin no worker may take runs locally.
+
+Rates (:class:`RateBook`) are *observed* flops per second of verified shards, an EWMA kept
+across jobs; a peer's own claim (its announced TFLOPS) is never used for weighting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+LOCAL = "local"
+"""The requester itself, as a worker of last resort."""
+
+Peer = Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class ShardTask:
+    """What the scheduler needs to know about one shard."""
+
+    index: int
+    """Position of the shard in the job (0-based, dense)."""
+    cost: float
+    """Work in flops (2*m*k*n for a matmul shard); turns elapsed time into a rate."""
+    inputs: tuple[Hashable, ...] = ()
+    """Ids of large inputs (weights) that stay cached on workers: the locality hint."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """Action: run ``shard`` on ``peer`` (``LOCAL`` = on the requester itself)."""
+
+    shard: int
+    """Shard index."""
+    peer: Peer
+    """Worker to run it on."""
+    attempt: int
+    """1 for the first run of this shard, higher for retries and straggler copies."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Action: ``peer`` may stop ``shard``; another copy's result already won."""
+
+    shard: int
+    """Shard index."""
+    peer: Peer
+    """Worker running the losing copy."""
+
+
+class RateBook:
+    """Observed throughput per peer (flops/s, EWMA) and a reputation tally, kept across jobs."""
+
+    def __init__(self, alpha: float = 0.5) -> None:
+        self.alpha = alpha
+        self._rates: dict[Peer, float] = {}
+        self.verified: dict[Peer, int] = {}
+        self.rejected: dict[Peer, int] = {}
+
+    def observe(self, peer: Peer, flops: float, seconds: float) -> None:
+        """A verified shard of ``flops`` took ``seconds`` on ``peer``."""
+        rate = flops / max(seconds, 1e-6)
+        old = self._rates.get(peer)
+        self._rates[peer] = rate if old is None else old + self.alpha * (rate - old)
+        self.verified[peer] = self.verified.get(peer, 0) + 1
+
+    def reject(self, peer: Peer) -> None:
+        """``peer`` returned a result that failed verification."""
+        self.rejected[peer] = self.rejected.get(peer, 0) + 1
+
+    def rate(self, peer: Peer) -> float | None:
+        """Measured flops/s, or None before the first verified shard."""
+        return self._rates.get(peer)
+
+    def weight(self, peer: Peer, among: Iterable[Peer] = ()) -> float:
+        """Relative weight: the measured rate, else the median of ``among``'s known rates."""
+        known = self._rates.get(peer)
+        if known is not None:
+            return known
+        others = [r for p in among if (r := self._rates.get(p)) is not None]
+        return statistics.median(others) if others else 1.0
+
+
+def deal(counts_by_weight: dict[Peer, float], n: int) -> dict[Peer, int]:
+    """Split ``n`` items among peers in proportion to weights (largest remainder)."""
+    peers = sorted(counts_by_weight, key=repr)
+    total = sum(counts_by_weight.values()) or 1.0
+    exact = {p: n * counts_by_weight[p] / total for p in peers}
+    out = {p: int(exact[p]) for p in peers}
+    rest = n - sum(out.values())
+    for p in sorted(peers, key=lambda p: exact[p] - out[p], reverse=True)[:rest]:
+        out[p] += 1
+    return out
+
+
+@dataclass
+class _Worker:
+    peer: Peer
+    queue: deque[int] = field(default_factory=deque)
+    running: dict[int, float] = field(default_factory=dict)  # shard -> started at
+    banned: bool = False
+
+
+class JobScheduler:
+    """Schedules one job's shards over a changing set of workers (see module docstring)."""
+
+    def __init__(
+        self,
+        shards: Sequence[ShardTask],
+        workers: Iterable[Peer],
+        rates: RateBook,
+        *,
+        holds: dict[Peer, set[Hashable]] | None = None,
+        owners: Sequence[Peer] | None = None,
+        twins: Sequence[int] | None = None,
+        window: int = 2,
+        straggler_factor: float = 3.0,
+        straggler_min: float = 0.05,
+        task_timeout: float = 60.0,
+        max_attempts: int = 6,
+    ) -> None:
+        if [s.index for s in shards] != list(range(len(shards))):
+            raise ValueError("shard indices must be 0..n-1 in order")
+        self.shards = list(shards)
+        self.rates = rates
+        self.holds = holds if holds is not None else {}
+        self.window = window
+        self.straggler_factor = straggler_factor
+        self.straggler_min = straggler_min
+        self.task_timeout = task_timeout
+        self.max_attempts = max_attempts
+        self.done: dict[int, Peer] = {}
+        self.attempts = [0] * len(shards)
+        self._failed_on: dict[int, set[Peer]] = {}
+        self._twins = list(twins) if twins is not None else None
+        if self._twins is not None and sorted(self._twins) != list(range(len(shards))):
+            raise ValueError("twins must pair up shard indices")
+        self._workers: dict[Peer, _Worker] = {}
+        self._pool: deque[int] = deque()  # shards not queued on any worker
+        self._local_only: deque[int] = deque()  # shards out of remote attempts
+        self._checking: dict[int, set[Peer]] = {}  # results being verified, by shard
+        for peer in workers:
+            self._workers[peer] = _Worker(peer)
+        if owners is None:
+            self._deal(range(len(shards)))
+        else:
+            if len(owners) != len(shards):
+                raise ValueError("owners needs one peer per shard")
+            for i, peer in enumerate(owners):
+                w = self._workers.get(peer)
+                (w.queue if w is not None else self._pool).append(i)
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.shards)
+
+    def workers(self) -> list[Peer]:
+        return [w.peer for w in self._workers.values() if not w.banned]
+
+    def running_on(self, peer: Peer) -> list[int]:
+        w = self._workers.get(peer)
+        return list(w.running) if w else []
+
+    def _usable(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if not w.banned and w.peer != LOCAL]
+
+    def _deal(self, indices: Iterable[int]) -> None:
+        """Queue shards on usable workers in proportion to their measured rates."""
+        todo = [i for i in indices if i not in self.done]
+        usable = self._usable()
+        if not usable:
+            self._pool.extend(todo)
+            return
+        peers = [w.peer for w in usable]
+        weights = {p: self.rates.weight(p, peers) for p in peers}
+        counts = deal(weights, len(todo))
+        it = iter(todo)
+        for w in usable:
+            for _ in range(counts[w.peer]):
+                w.queue.append(next(it))
+
+    # -- events ------------------------------------------------------------------------------
+
+    def add_worker(self, peer: Peer) -> None:
+        """A worker became available; it takes work by stealing at the next :meth:`step`."""
+        if peer not in self._workers:
+            self._workers[peer] = _Worker(peer)
+
+    def lost(self, peer: Peer) -> None:
+        """``peer``'s link broke or it crashed: everything it held goes back to the pool."""
+        w = self._workers.pop(peer, None)
+        if w is None:
+            return
+        back = list(w.running) + list(w.queue)
+        self._pool.extend(i for i in back if i not in self.done and not self._running_elsewhere(i))
+
+    def returned(self, shard: int, peer: Peer) -> None:
+        """``peer`` answered ``shard``; its slot is free while the requester verifies."""
+        w = self._workers.get(peer)
+        if w is not None and shard in w.running:
+            del w.running[shard]
+            self._checking.setdefault(shard, set()).add(peer)
+
+    def _checked(self, shard: int, peer: Peer) -> None:
+        peers = self._checking.get(shard)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                del self._checking[shard]
+
+    def verified(self, shard: int, peer: Peer, seconds: float) -> list[Cancel]:
+        """``peer``'s result for ``shard`` passed verification. Returns copies to cancel."""
+        self._checked(shard, peer)
+        w = self._workers.get(peer)
+        if w is not None:
+            w.running.pop(shard, None)
+        if shard in self.done:
+            return []
+        self.done[shard] = peer
+        if peer != LOCAL:
+            self.rates.observe(peer, self.shards[shard].cost, seconds)
+        cancels = []
+        for other in self._workers.values():
+            if shard in other.running:
+                del other.running[shard]
+                cancels.append(Cancel(shard, other.peer))
+            if shard in other.queue:
+                other.queue.remove(shard)
+        if shard in self._pool:
+            self._pool.remove(shard)
+        return cancels
+
+    def rejected(self, shard: int, peer: Peer) -> None:
+        """``peer``'s result for ``shard`` was wrong: ban it for this job, redo the shard."""
+        self._checked(shard, peer)
+        self.rates.reject(peer)
+        w = self._workers.get(peer)
+        if w is not None:
+            w.banned = True
+            w.running.pop(shard, None)
+            back = list(w.queue) + list(w.running)
+            w.queue.clear()
+            w.running.clear()
+            self._requeue(back)
+        self._fail_attempt(shard, peer)
+
+    def errored(self, shard: int, peer: Peer) -> None:
+        """``peer`` reported an error (or timed out) for ``shard``: retry it elsewhere if possible."""
+        w = self._workers.get(peer)
+        if w is not None:
+            w.running.pop(shard, None)
+        self._fail_attempt(shard, peer)
+
+    def _fail_attempt(self, shard: int, peer: Peer) -> None:
+        if shard in self.done:
+            return
+        self._failed_on.setdefault(shard, set()).add(peer)
+        if self._running_elsewhere(shard):
+            return
+        if self.attempts[shard] >= self.max_attempts:
+            self._local_only.append(shard)  # the swarm keeps failing it: do it ourselves
+        else:
+            self._pool.appendleft(shard)
+
+    def _requeue(self, shards: Iterable[int]) -> None:
+        for i in shards:
+            if i not in self.done and not self._running_elsewhere(i) and i not in self._pool:
+                self._pool.append(i)
+
+    def _avoid(self, shard: int, peer: Peer) -> bool:
+        """Whether ``peer`` must not run ``shard``: it ran or runs the shard's twin."""
+        if self._twins is None or peer == LOCAL:
+            return False
+        twin = self._twins[shard]
+        return self.done.get(twin) == peer or twin in getattr(self._workers.get(peer),
+                                                              "running", ())
+
+    def _running_elsewhere(self, shard: int) -> bool:
+        return shard in self._checking or any(shard in w.running for w in self._workers.values())
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def step(self, now: float) -> list[Assign]:
+        """Fill every free slot; call after each event and at :meth:`next_deadline`."""
+        out: list[Assign] = []
+        for w in list(self._workers.values()):
+            for shard, started in list(w.running.items()):
+                if now - started > self.task_timeout:
+                    self.errored(shard, w.peer)
+        usable = self._usable()
+        if not usable:
+            return self._solo(now)
+        for shard in list(self._pool):
+            if all(self._avoid(shard, w.peer) for w in usable) and not any(
+                    shard in w.running for w in usable):
+                self._pool.remove(shard)
+                self._local_only.append(shard)
+        if self._local_only:
+            local = self._workers.setdefault(LOCAL, _Worker(LOCAL))
+            if not local.running:
+                out.append(self._start(local, self._local_only.popleft(), now))
+        progress = True
+        while progress:
+            progress = False
+            for w in sorted(usable, key=lambda w: len(w.running)):
+                if len(w.running) >= self.window:
+                    continue
+                shard = self._pick(w, now)
+                if shard is not None:
+                    out.append(self._start(w, shard, now))
+                    progress = True
+        return out
+
+    def _pick(self, w: _Worker, now: float) -> int | None:
+        while w.queue:
+            shard = w.queue.popleft()
+            if shard in self.done or self._running_elsewhere(shard):
+                continue
+            if self._avoid(shard, w.peer):
+                self._pool.append(shard)
+                continue
+            return shard
+        shard = self._from_pool(w)
+        if shard is not None:
+            return shard
+        if w.running:  # only an idle worker steals: the deal already matched measured rates
+            return None
+        shard = self._steal(w)
+        if shard is not None:
+            return shard
+        return self._straggler(w, now)
+
+    def _from_pool(self, w: _Worker) -> int | None:
+        for shard in list(self._pool):
+            if self._avoid(shard, w.peer):
+                continue
+            if w.peer not in self._failed_on.get(shard, ()) or self._only_worker(w):
+                self._pool.remove(shard)
+                if shard in self.done or self._running_elsewhere(shard):
+                    continue
+                return shard
+        return None
+
+    def _only_worker(self, w: _Worker) -> bool:
+        return all(o is w for o in self._usable())
+
+    def _steal(self, w: _Worker) -> int | None:
+        victims = [o for o in self._usable() if o is not w and o.queue]
+        if not victims:
+            return None
+        victim = max(victims, key=lambda o: (len(o.queue), repr(o.peer)))
+        held = self.holds.get(w.peer, set())
+        allowed = [s for s in victim.queue if not self._avoid(s, w.peer)]
+        for shard in reversed(allowed):
+            if held.intersection(self.shards[shard].inputs):
+                victim.queue.remove(shard)
+                return shard
+        if allowed:
+            victim.queue.remove(allowed[-1])
+            return allowed[-1]
+        return None
+
+    def _expected(self, peer: Peer, shard: int) -> float | None:
+        rate = self.rates.rate(peer)
+        if rate is None:
+            known = [r for p in self._workers if (r := self.rates.rate(p)) is not None]
+            if not known:
+                return None
+            rate = statistics.median(known)
+        return self.shards[shard].cost / rate
+
+    def _straggler(self, w: _Worker, now: float) -> int | None:
+        best, best_late = None, 0.0
+        for o in self._usable():
+            if o is w:
+                continue
+            for shard, started in o.running.items():
+                if (shard in w.running or w.peer in self._failed_on.get(shard, ())
+                        or self._avoid(shard, w.peer)):
+                    continue
+                if sum(shard in x.running for x in self._workers.values()) > 1:
+                    continue
+                expected = self._expected(o.peer, shard)
+                if expected is None:
+                    continue
+                late = (now - started) - max(self.straggler_factor * expected, self.straggler_min)
+                if late > best_late:
+                    best, best_late = shard, late
+        return best
+
+    def _start(self, w: _Worker, shard: int, now: float) -> Assign:
+        self.attempts[shard] += 1
+        w.running[shard] = now
+        return Assign(shard, w.peer, self.attempts[shard])
+
+    def _solo(self, now: float) -> list[Assign]:
+        local = self._workers.setdefault(LOCAL, _Worker(LOCAL))
+        if local.running:
+            return []
+        for w in self._workers.values():
+            if w is not local:
+                self._requeue(w.queue)
+                w.queue.clear()
+        self._pool.extendleft(reversed(self._local_only))
+        self._local_only.clear()
+        while self._pool:
+            shard = self._pool.popleft()
+            if shard not in self.done and not self._running_elsewhere(shard):
+                return [self._start(local, shard, now)]
+        return []
+
+    def next_deadline(self, now: float) -> float | None:
+        """When :meth:`step` should next run without an event (timeouts, stragglers)."""
+        times = []
+        for w in self._workers.values():
+            for shard, started in w.running.items():
+                times.append(started + self.task_timeout)
+                expected = self._expected(w.peer, shard) if w.peer != LOCAL else None
+                if expected is not None:
+                    times.append(started + max(self.straggler_factor * expected,
+                                               self.straggler_min))
+        future = [t for t in times if t > now]
+        return min(future) if future else None

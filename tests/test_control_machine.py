@@ -1,0 +1,348 @@
+"""The coordinator state machine, driven by a fake clock and an in-memory network.
+
+Covers invariants 1-3 without sockets: every peer follows one coordinator, a deposed
+coordinator's commands are refused (fencing), failover after a crash, graceful handoff,
+and a blocklist that survives coordinator changes and a full restart.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from identity.keys import PeerId, PeerKey
+from swarm import control
+from swarm.control import Command, Controller, Role, Timing
+from swarm.control_state import CoordinatorState, KickOrder
+from swarm.election import Candidate, Health
+from swarm.errors import NotCoordinator, StaleTerm
+
+SWARM = bytes(range(20))
+DT = 0.05
+
+
+def _pid(name: str) -> PeerId:
+    return PeerKey.from_seed(name.encode().ljust(32, b".")).peer_id
+
+
+class Sim:
+    """Controllers wired together; dead peers keep their stale DHT records in the view."""
+
+    def __init__(self, tflops: dict[str, float], timing: Timing | None = None,
+                 persisted: dict[str, CoordinatorState] | None = None,
+                 health: dict[str, Health] | None = None) -> None:
+        self.now = 0.0
+        self.timing = timing = timing or Timing()
+        self.tflops = dict(tflops)
+        self.health = health or {}
+        self.ids = {n: _pid(n) for n in tflops}
+        self.names = {v: k for k, v in self.ids.items()}
+        persisted = persisted or {}
+        self.nodes = {n: Controller(self.ids[n], SWARM, 0.0, timing, persisted.get(n))
+                      for n in tflops}
+        self.alive = set(tflops)
+        self.cut: set[str] = set()  # partitioned: sends and receives nothing
+        self.persisted: dict[str, CoordinatorState] = dict(persisted)
+        self.refused: list[tuple[str, str, str]] = []  # (receiver, what, error)
+        self.disconnects: dict[str, list[tuple[PeerId, bool]]] = {n: [] for n in tflops}
+        self.left: dict[str, str] = {}
+
+    def add(self, name: str, tflops: float) -> None:
+        self.tflops[name] = tflops
+        self.ids[name] = _pid(name)
+        self.names[self.ids[name]] = name
+        self.nodes[name] = Controller(self.ids[name], SWARM, self.now, self.timing)
+        self.alive.add(name)
+        self.disconnects[name] = []
+
+    def view(self) -> list[Candidate]:
+        return [Candidate(self.ids[n], t, self.health.get(n, Health()))
+                for n, t in self.tflops.items() if n not in self.left]
+
+    def step(self) -> None:
+        self.now = round(self.now + DT, 6)
+        for n in sorted(self.alive):
+            node = self.nodes[n]
+            node.members(self.view(), self.now)
+            node.tick(self.now)
+            self._run(n)
+
+    def run_until(self, cond, limit: float = 30.0) -> float:
+        start = self.now
+        while not cond():
+            assert self.now - start < limit, "condition not reached"
+            self.step()
+        return self.now - start
+
+    def _reach(self, src: str, dst_id: PeerId) -> str | None:
+        dst = self.names.get(dst_id)
+        if dst is None or dst not in self.alive or src in self.cut or dst in self.cut:
+            return None
+        return dst
+
+    def _deliver(self, dst: str, what: str, fn) -> None:
+        try:
+            fn()
+        except (StaleTerm, NotCoordinator) as exc:
+            self.refused.append((dst, what, str(exc)))
+        self._run(dst)
+
+    def _run(self, name: str) -> None:
+        node = self.nodes[name]
+        for act in node.actions():
+            if isinstance(act, control.PutState):
+                if act.claim:
+                    node.claim_result(True, self.now)
+                    self._run(name)
+            elif isinstance(act, control.Persist):
+                self.persisted[name] = act.state
+            elif isinstance(act, control.SendHeartbeat):
+                endorser = PeerId(act.endorsement) if act.endorsement else None
+                for to in act.to:
+                    if (dst := self._reach(name, to)) is not None:
+                        self._deliver(dst, "hb", lambda d=dst, a=act, e=endorser: self.nodes[
+                            d].heartbeat(a.state, node.me, self.now, e))
+            elif isinstance(act, control.SendHandoff):
+                if (dst := self._reach(name, act.to)) is not None:
+                    self._deliver(dst, "handoff", lambda d=dst, a=act: self.nodes[
+                        d].handoff_offer(a.state, node.me, self.now, node.me.raw))
+            elif isinstance(act, control.SendKick):
+                for to in act.to:
+                    if (dst := self._reach(name, to)) is not None:
+                        self._deliver(dst, "kick", lambda d=dst, a=act: self.nodes[
+                            d].kick_order(a.order, node.me, self.now, a.order.at))
+            elif isinstance(act, control.Disconnect):
+                self.disconnects[name].append((act.peer, act.blocked))
+            elif isinstance(act, control.Left):
+                self.left[name] = act.reason
+                self.alive.discard(name)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def coordinators(self) -> set[str]:
+        return {n for n in self.alive if self.nodes[n].role is Role.COORDINATOR}
+
+    def agreed(self, name: str, but: frozenset[str] = frozenset()) -> bool:
+        """Everybody alive and connected (but ``but``) follows ``name``, which coordinates."""
+        if self.nodes[name].role is not Role.COORDINATOR:
+            return False
+        return all(self.nodes[n].coordinator == self.ids[name]
+                   for n in self.alive - self.cut - but)
+
+
+def _stable(tflops: dict[str, float], **kw) -> tuple[Sim, str]:
+    sim = Sim(tflops, **kw)
+    best = max(tflops, key=lambda n: (tflops[n], [-b for b in _pid(n).raw]))
+    sim.run_until(lambda: sim.agreed(best))
+    return sim, best
+
+
+def test_startup_elects_the_fastest_member_at_term_1():
+    sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    assert best == "b"
+    assert sim.coordinators() == {"b"}
+    assert {sim.nodes[n].term for n in sim.nodes} == {1}
+    # Stays stable: nobody else claims while heartbeats flow.
+    for _ in range(100):
+        sim.step()
+    assert sim.coordinators() == {"b"} and sim.nodes["a"].term == 1
+
+
+def test_tie_goes_to_the_lowest_peer_id():
+    sim = Sim({"a": 2.0, "b": 2.0, "c": 2.0})
+    low = min(("a", "b", "c"), key=lambda n: _pid(n).raw)
+    sim.run_until(lambda: sim.agreed(low))
+
+
+def test_crash_failover_within_bound_keeps_blocklist():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.nodes["b"].command(Command("block", sim.ids["x"], "spam", "owner", 1), sim.now)
+    sim._run("b")
+    sim.run_until(lambda: all(sim.ids["x"] in sim.nodes[n].blocked() for n in ("a", "c")))
+    sim.alive.discard("b")  # SIGKILL: silent, but its DHT record stays in everyone's view
+    took = sim.run_until(lambda: sim.agreed("c"))
+    t = sim.timing
+    assert took <= t.failover + t.heartbeat + 4 * DT, took
+    assert sim.nodes["c"].term == 2 and sim.nodes["a"].term == 2
+    assert sim.ids["x"] in sim.nodes["c"].blocked() and sim.ids["x"] in sim.nodes["a"].blocked()
+    assert sim.nodes["c"].state.prev  # the chain continues from the dead coordinator's state
+
+
+def test_chained_failover_when_the_successor_is_dead_too():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.alive -= {"b", "c"}
+    sim.run_until(lambda: sim.agreed("a"), limit=10)
+    assert sim.nodes["a"].term == 2
+
+
+def test_fencing_a_deposed_coordinator_is_refused():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.cut.add("b")  # partitioned: b still thinks it coordinates at term 1
+    sim.run_until(lambda: sim.agreed("c"))
+    assert sim.nodes["b"].role is Role.COORDINATOR and sim.nodes["b"].term == 1
+    old = sim.nodes["b"].state
+    # b's stale heartbeat and kick order reach a: refused, nothing applied.
+    with pytest.raises(StaleTerm, match="term 1 refused: term 2"):
+        sim.nodes["a"].heartbeat(old, sim.ids["b"], sim.now)
+    with pytest.raises(StaleTerm):
+        sim.nodes["a"].kick_order(KickOrder(1, sim.ids["c"], "coup", 0), sim.ids["b"],
+                                  sim.now, 0)
+    assert sim.nodes["a"].actions() == []
+    assert sim.nodes["a"].coordinator == sim.ids["c"]
+    # Healed: b hears term 2 and steps down; its term-1 heartbeats were refused meanwhile.
+    sim.cut.clear()
+    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed("c"))
+    assert any(what == "hb" and "term 1 refused" in err for _, what, err in sim.refused)
+    assert sim.nodes["b"].term == 2
+
+
+def test_graceful_handoff_to_the_healthiest_carries_state():
+    health = {"c": Health(battery=30.0, plugged=False), "d": Health(load=0.1)}
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "d": 2.0}, health=health)
+    b = sim.nodes["b"]
+    b.command(Command("block", sim.ids["a"], "test", "admin", 5), sim.now)
+    sim._run("b")
+    start = sim.now
+    b.leave(sim.now)
+    sim._run("b")
+    sim.run_until(lambda: "b" in sim.left and sim.agreed("d"))
+    assert sim.now - start <= 2 * DT  # one round of messages, no failover wait
+    assert sim.left["b"] == "handed off"
+    d = sim.nodes["d"]
+    assert d.term == 2 and d.endorsement == sim.ids["b"].raw
+    assert sim.ids["a"] in d.blocked()
+    assert not any(w == "hb" for _, w, _ in sim.refused)
+
+
+def test_handoff_falls_back_when_the_successor_is_gone():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.alive.discard("c")  # silent successor
+    sim.nodes["b"].leave(sim.now)
+    sim._run("b")
+    sim.run_until(lambda: "b" in sim.left and sim.agreed("a"), limit=10)
+
+
+def test_block_survives_coordinator_change_and_full_restart():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.nodes["b"].command(Command("block", sim.ids["x"], "bad", "owner", 1), sim.now)
+    sim._run("b")
+    assert "x" in sim.left and sim.left["x"] == "this peer is blocked"
+    sim.run_until(lambda: all(sim.ids["x"] in sim.persisted[n].blocked_ids
+                              for n in ("a", "b", "c")))
+    sim.alive.discard("b")
+    sim.run_until(lambda: sim.agreed("c"))
+    # Full restart of every node from its data dir; x comes back with a huge benchmark.
+    persisted = {n: s for n, s in sim.persisted.items() if n != "x"}
+    sim2 = Sim({"a": 1.0, "b": 3.0, "c": 2.0, "x": 50.0}, persisted=persisted)
+    sim2.run_until(lambda: sim2.agreed("b", but=frozenset({"x"})))
+    assert sim2.nodes["b"].term >= 2
+    for n in ("a", "b", "c"):
+        assert sim2.ids["x"] in sim2.nodes[n].blocked()
+    # x, knowing nothing, claimed the role for itself: every member refused it.
+    assert {d for d, what, err in sim2.refused if what == "hb" and "blocked" in err} \
+        == {"a", "b", "c"}
+    # A brand-new member learns the blocklist from the heartbeat.
+    sim2.add("e", 0.1)
+    sim2.run_until(lambda: sim2.ids["x"] in sim2.nodes["e"].blocked())
+    # And unblock works, carried the same way.
+    sim2.nodes["b"].command(Command("unblock", sim2.ids["x"], "", "owner", 2), sim2.now)
+    sim2._run("b")
+    sim2.run_until(lambda: sim2.ids["x"] not in sim2.nodes["e"].blocked())
+
+
+def test_blocked_peer_never_coordinates():
+    sim, _ = _stable({"a": 1.0, "b": 3.0})
+    sim.nodes["b"].command(Command("block", sim.ids["a"], "", "owner", 1), sim.now)
+    sim._run("b")
+    fake = CoordinatorState(SWARM, 9, 9, sim.ids["a"])
+    with pytest.raises(NotCoordinator, match="blocked"):
+        Controller(_pid("z"), SWARM, 0, state=sim.nodes["b"].state).heartbeat(
+            fake, sim.ids["a"], 1.0)
+
+
+def test_an_unelected_claimant_is_refused():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    rogue = CoordinatorState(SWARM, 7, 99, sim.ids["a"])  # a is not whom c elects
+    with pytest.raises(NotCoordinator, match="neither endorsed"):
+        sim.nodes["c"].heartbeat(rogue, sim.ids["a"], sim.now)
+    assert sim.nodes["c"].coordinator == sim.ids["b"]
+
+
+def test_faster_newcomer_gets_the_role_by_handoff():
+    sim, _ = _stable({"a": 1.0, "b": 2.0})
+    sim.add("f", 10.0)
+    sim.run_until(lambda: sim.agreed("f"))
+    assert sim.nodes["f"].term == 2 and sim.nodes["b"].role is Role.FOLLOWER
+
+
+def test_kick_disconnects_and_the_kicked_peer_leaves():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.nodes["b"].command(Command("kick", sim.ids["a"], "maintenance", "admin", 0), sim.now)
+    sim._run("b")
+    assert sim.left.get("a") == "kicked: maintenance"
+    assert (sim.ids["a"], False) in sim.disconnects["c"]
+    assert (sim.ids["a"], False) in sim.disconnects["b"]
+
+
+def test_a_kicked_peer_is_not_handed_the_role_it_was_kicked_from():
+    sim, _ = _stable({"a": 1.0, "b": 2.0})
+    sim.add("f", 10.0)  # faster: b would hand off to it at once, but b kicks it first
+    sim.nodes["b"].command(Command("kick", sim.ids["f"], "go away", "owner", 0), sim.now)
+    sim._run("b")
+    assert sim.left.get("f") == "kicked: go away"
+    sim.add("f", 10.0)  # rejoins straight away: kicked, not blocked, but not promoted yet
+    for _ in range(40):
+        sim.step()
+    assert sim.coordinators() == {"b"}
+
+
+def test_repeat_liars_are_blocked_by_the_coordinator():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    b = sim.nodes["b"]
+    for i in range(sim.timing.liar_threshold - 1):
+        b.liar_report(sim.ids["a"], sim.now + i, 100)
+    assert sim.ids["a"] not in b.blocked()
+    b.liar_report(sim.ids["a"], sim.now + 5, 100)
+    assert sim.ids["a"] in b.blocked()
+    assert b.state.blocked[0].by == "coordinator"
+
+
+def test_commands_need_the_coordinator_and_transitions_are_checked():
+    sim, _ = _stable({"a": 1.0, "b": 3.0})
+    with pytest.raises(NotCoordinator, match="follower"):
+        sim.nodes["a"].command(Command("block", sim.ids["b"]), sim.now)
+    with pytest.raises(control.IllegalTransition):
+        sim.nodes["a"]._set_state(Role.COORDINATOR, sim.now)
+    sim.nodes["a"].leave(sim.now)
+    assert sim.nodes["a"].role is Role.STOPPED
+    with pytest.raises(control.IllegalTransition):
+        sim.nodes["a"]._set_state(Role.FOLLOWER, sim.now)
+
+
+def test_a_coordinator_blocked_by_the_owner_hands_off_with_its_own_block():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.nodes["b"].command(Command("block", sim.ids["b"], "owner said so", "owner", 1), sim.now)
+    sim._run("b")
+    sim.run_until(lambda: "b" in sim.left and sim.agreed("c"))
+    assert sim.left["b"] == "this peer is blocked"
+    assert sim.ids["b"] in sim.nodes["a"].blocked() and sim.nodes["c"].term == 2
+    assert not any(w == "hb" for _, w, _ in sim.refused)
+
+
+def test_a_claim_numbers_above_our_own_stale_dht_item():
+    sim = Sim({"a": 1.0})
+    a = sim.nodes["a"]
+    a.note_seq(41)  # the adapter found our item at seq 41 from an older chain
+    a.note_term(6)  # and a term-6 state of someone else in the DHT
+    sim.run_until(lambda: a.role is Role.COORDINATOR)
+    assert a.state.seq == 42 and a.term == 7
+
+
+def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
+    sim, _ = _stable({"a": 1.0, "b": 3.0})
+    b = sim.nodes["b"]
+    rival = CoordinatorState(SWARM, 1, 5, sim.ids["a"])  # found in the DHT after a restart
+    b.rival(rival, sim.now)
+    assert b.role is Role.CANDIDATE  # still the one elected: claims above it at once
+    sim._run("b")
+    sim.run_until(lambda: sim.agreed("b"))
+    assert b.term == 2 and sim.nodes["a"].term == 2

@@ -1,0 +1,41 @@
+"""SWARM_CHAOS parsing and fault dice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from swarm.errors import ConfigError
+from swarm.runtime.chaos import Chaos, ChaosSpec, parse
+
+
+def test_parse_all_keys():
+    spec = parse("corrupt=0.5, drop=0.1,delay=200,crash_after=3,seed=7")
+    assert spec == ChaosSpec(corrupt=0.5, drop=0.1, delay_ms=200, crash_after=3, seed=7)
+    assert parse("") == ChaosSpec() and not parse(None).active
+
+
+@pytest.mark.parametrize("bad", ["corrupt", "corrupt=2", "drop=-0.1", "delay=x", "crash_after=1.5",
+                                 "explode=1", "seed=-1"])
+def test_bad_values_are_config_errors(bad):
+    with pytest.raises(ConfigError, match="SWARM_CHAOS"):
+        parse(bad)
+
+
+@given(st.text(max_size=40))
+def test_parser_never_crashes(text):
+    try:
+        parse(text)
+    except ConfigError:
+        pass
+
+
+def test_crash_after_and_corrupt():
+    c = Chaos(parse("crash_after=2,corrupt=1,seed=1"))
+    assert c.next_task().corrupt and not c.next_task().crash
+    assert c.next_task().crash
+    a = np.ones((3, 3), np.float32)
+    bad = c.corrupt(a)
+    assert (bad != a).sum() == 1 and (a == 1).all()

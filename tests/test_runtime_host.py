@@ -1,0 +1,100 @@
+"""The worker side over in-memory links: untrusted requests, object hashes, order, eviction."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import numpy as np
+import pytest
+
+import compute
+from identity.keys import PeerKey
+from swarm.links import memory_pair
+from swarm.runtime.host import ActorHost
+from swarm.runtime.objects import object_id
+from swarm.runtime.protocol import PutObject, RunTask, TaskArg, TaskFailed, TaskResult
+from swarm.runtime.requester import Arg, Call, Requester
+
+
+@pytest.fixture
+async def pair():
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=1 << 20)
+    me, worker = PeerKey.generate(), PeerKey.generate()
+    mine, theirs = memory_pair(me, worker)
+    serving = asyncio.create_task(host.serve(theirs))
+    yield host, mine
+    await mine.close()
+    await asyncio.wait_for(serving, 5)
+    await host.close()
+
+
+async def ask(link, msg):
+    await link.send(msg)
+    return await asyncio.wait_for(link.recv(), 10)
+
+
+def matmul_task(task, args, instance=0, seq=-1, params=b""):
+    return RunTask(task, "matmul", instance, seq, "matmul", args, params)
+
+
+async def test_object_with_a_wrong_hash_is_dropped(pair):
+    host, link = pair
+    x = np.ones((4, 4), np.float32)
+    await link.send(PutObject(b"\x01" * 32, x))
+    reply = await ask(link, matmul_task(1, [TaskArg(oid=b"\x01" * 32), TaskArg(array=x)]))
+    assert isinstance(reply, TaskFailed) and reply.kind == "missing"
+    assert reply.missing == [b"\x01" * 32] and len(host.store) == 0
+
+
+@pytest.mark.parametrize("msg,kind", [
+    (RunTask(1, "python", 0, -1, "eval", []), "invalid"),
+    (RunTask(1, "matmul", 0, -1, "matmul", [TaskArg()]), "invalid"),
+    (matmul_task(1, [TaskArg(array=np.ones((2, 3), np.float32))] * 2), "invalid"),
+    (matmul_task(1, [TaskArg(array=np.ones((2, 2), np.float32))] * 2, params=b"\xc1"), "invalid"),
+    (matmul_task(1, [TaskArg(array=np.ones((2, 2), np.float32))] * 2,
+                 params=msgpack.packb({"precision": "f32", "x": 1})), "invalid"),
+    (matmul_task(1, [TaskArg(array=np.ones((2, 2), np.float32))] * 2, instance=1, seq=5000),
+     "invalid"),
+])
+async def test_bad_requests_get_a_clear_refusal(pair, msg, kind):
+    host, link = pair
+    reply = await ask(link, msg)
+    assert isinstance(reply, TaskFailed) and reply.kind == kind, reply
+    # and the worker still serves good requests on the same link
+    x = np.eye(2, dtype=np.float32)
+    ok = await ask(link, matmul_task(2, [TaskArg(array=x), TaskArg(array=x)]))
+    assert isinstance(ok, TaskResult) and np.array_equal(ok.outputs[0], x)
+
+
+async def test_actor_calls_run_in_seq_order(pair):
+    host, link = pair
+    x = np.eye(2, dtype=np.float32)
+    args = [TaskArg(array=x), TaskArg(array=x)]
+    for seq in (2, 1, 0):  # sent backwards
+        await link.send(matmul_task(10 + seq, args, instance=7, seq=seq))
+    answers = [await asyncio.wait_for(link.recv(), 10) for _ in range(3)]
+    assert [a.task for a in answers] == [10, 11, 12]
+
+
+async def test_evicted_weight_is_resent_and_counted_once_per_loss():
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=40_000)
+    me, worker = PeerKey.generate(), PeerKey.generate()
+    mine, theirs = memory_pair(me, worker)
+    serving = asyncio.create_task(host.serve(theirs))
+    req = Requester(me.peer_id)
+    req.attach(mine)
+    try:
+        w1 = np.ones((100, 60), np.float32)       # 24 KB each: the store holds one at a time
+        w2 = np.full((100, 60), 2, np.float32)
+        a = np.ones((3, 100), np.float32)
+        call = lambda w: Call("matmul", "matmul", (Arg(a), Arg(w, object_id(w))))  # noqa: E731
+        for w in (w1, w2, w1):
+            outs, _ = await req.call(worker.peer_id, call(w))
+            np.testing.assert_allclose(outs[0], a @ w)
+        # w1 was evicted by w2 and sent again, without the requester being told in advance
+        assert host.stats.objects_received == 3 and host.store.evictions >= 1
+    finally:
+        await req.close()
+        await asyncio.wait_for(serving, 5)
+        await host.close()

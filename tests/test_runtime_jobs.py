@@ -1,0 +1,62 @@
+"""Matmul job planning and the cached Freivalds check (no network)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import compute
+from identity.keys import PeerKey
+from swarm.runtime.jobs import FreivaldsCache, matmul_job
+from swarm.runtime.objects import object_id
+from swarm.runtime.scheduler import RateBook
+
+
+def test_cached_check_accepts_right_and_rejects_wrong():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 200)).astype(np.float32)
+    c = a @ b
+    cache = FreivaldsCache(max_uses=3)
+    key = object_id(b)
+    assert cache.check(key, a, b, c)
+    bad = c.copy()
+    bad[17, 42] += 1e-2 * (1 + abs(bad[17, 42]))
+    assert not cache.check(key, a, b, bad)
+    assert not cache.check(key, a, b, c[:, :-1])          # wrong shape
+    assert not cache.check(key, a, b, np.full_like(c, np.nan))
+    first_r = cache._entries[key][0][0]
+    assert cache.check(key, a, b, c)                       # 4th use: R is redrawn
+    assert cache._entries[key][0][0] is not first_r
+
+
+def test_cached_check_refuses_non_finite_inputs():
+    a = np.full((2, 2), np.inf, np.float32)
+    with pytest.raises(compute.InvalidInput):
+        FreivaldsCache().check("k", a, np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+
+
+def test_plan_weights_bands_by_measured_rate():
+    fast, slow = PeerKey.generate().peer_id, PeerKey.generate().peer_id
+    rates = RateBook()
+    rates.observe(fast, 3e9, 1.0)
+    rates.observe(slow, 1e9, 1.0)
+    a = np.ones((400, 256), np.float32)
+    b = np.ones((256, 256), np.float32)
+    job = matmul_job(a, b, workers=[fast, slow], rates=rates, precision="f32",
+                     backend=compute.get_backend("numpy"), verifier=FreivaldsCache())
+    rows = {fast: 0, slow: 0}
+    for s, owner in zip(job.shards, job.owners, strict=True):
+        rows[owner] += s.rows[1] - s.rows[0]
+    assert rows == {fast: 300, slow: 100}
+    assert all(call.args[1].oid == job.b_oid for call in job.calls)   # b travels by id
+    assert all(call.args[0].oid is None for call in job.calls)        # a rows inline
+
+
+def test_transfer_precision_is_what_workers_see():
+    a = (np.arange(12, dtype=np.float32).reshape(3, 4) + 0.1234567)
+    job = matmul_job(a, a.T.copy(), workers=[], rates=RateBook(), precision="bf16",
+                     backend=compute.get_backend("numpy"), verifier=FreivaldsCache())
+    assert job.calls[0].args[0].array.dtype != np.float32        # travels as bf16
+    assert job.a.dtype == np.float32 and not np.array_equal(job.a, a)  # rounded
+    assert np.abs(job.a - a).max() < 0.05

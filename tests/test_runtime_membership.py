@@ -1,0 +1,71 @@
+"""Member records: round trip, size, strict decoding of untrusted bytes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from identity.keys import PeerKey
+from swarm.errors import ProtocolError
+from swarm.membership import (
+    MAX_RECORD,
+    Health,
+    MemberRecord,
+    membership_topic,
+    read_health,
+    swarm_id,
+)
+
+
+def record(**kw):
+    base = dict(peer_id=PeerKey.generate().peer_id, tflops=0.25,
+                links=(("127.0.0.1", 4000), ("2001:db8::1", 4001)), dht=("127.0.0.1", 5000),
+                version="0.1.0", roles=("worker",), health=read_health())
+    base.update(kw)
+    return MemberRecord(**base)
+
+
+def test_round_trip_and_size():
+    r = record()
+    data = r.encode()
+    assert len(data) <= MAX_RECORD
+    assert MemberRecord.decode(data, r.peer_id) == r
+
+
+def test_record_of_another_peer_is_refused():
+    r = record()
+    with pytest.raises(ProtocolError, match="another peer"):
+        MemberRecord.decode(r.encode(), PeerKey.generate().peer_id)
+
+
+def test_oversized_record_refused_locally():
+    with pytest.raises(ValueError, match="bytes"):
+        record(links=tuple(("h" * 200, 1000 + i) for i in range(8))).encode()
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda m: m.update(v=2), lambda m: m.update(id=b"short"), lambda m: m.update(tf=-1.0),
+    lambda m: m.update(ln=[["h", 70000]]), lambda m: m.update(h=[None] * 4),
+    lambda m: m.update(tf=float("nan")), lambda m: m.update(ro="worker"),
+])
+def test_bad_fields_are_protocol_errors(mutate):
+    m = msgpack.unpackb(record().encode(), raw=False)
+    mutate(m)
+    with pytest.raises(ProtocolError):
+        MemberRecord.decode(msgpack.packb(m, use_bin_type=True))
+
+
+@given(st.binary(max_size=1200))
+def test_decoder_never_crashes(data):
+    try:
+        MemberRecord.decode(data)
+    except ProtocolError:
+        pass
+
+
+def test_ids_and_topics():
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    assert len(sid) == 20 and membership_topic(sid).endswith(sid)
+    assert isinstance(read_health(), Health)

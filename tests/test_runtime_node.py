@@ -1,0 +1,67 @@
+"""Node hooks the control plane uses, on loopback in one process (real DHT and TLS)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from identity.keys import PeerKey
+from swarm import wire
+from swarm.errors import AuthenticationError
+from swarm.membership import swarm_id
+from swarm.node import Node, NodeConfig
+
+
+@wire.message("test.hello")
+class Hello(wire.Message):
+    """A control-plane message stand-in."""
+
+    text: str
+    """Payload."""
+
+
+@pytest.fixture
+async def two_nodes(tmp_path):
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    a = Node(NodeConfig(tmp_path / "a", sid, roles=("requester",), listen=True,
+                        dht_rpc_timeout=1.0))
+    await a.start()
+    b = Node(NodeConfig(tmp_path / "b", sid, roles=("worker",), backend="numpy", threads=1,
+                        bootstrap=(a.dht.address,), bench_sizes=(64,), dht_rpc_timeout=1.0))
+    await b.start()
+    try:
+        yield a, b
+    finally:
+        await b.stop(graceful=False)
+        await a.stop(graceful=False)
+
+
+async def test_members_control_messages_and_accept_hook(two_nodes):
+    a, b = two_nodes
+    members = {m.peer_id: m for m in await a.members()}
+    assert set(members) == {a.peer_id, b.peer_id}
+    assert members[b.peer_id].roles == ("worker",) and members[b.peer_id].links
+    assert members[b.peer_id].tflops > 0
+
+    got: asyncio.Queue = asyncio.Queue()
+    b.on_control(Hello, lambda link, msg: got.put_nowait((link.remote, msg.text)))
+    await a.send_control(b.peer_id, Hello("hi"))
+    assert await asyncio.wait_for(got.get(), 10) == (a.peer_id, "hi")
+
+    # b refuses a from now on (kicked): a new link from a is refused at the handshake
+    b.accept_peer = lambda peer: peer != a.peer_id
+    await a.requester.close()
+    with pytest.raises(AuthenticationError, match="refused"):
+        await a.send_control(b.peer_id, Hello("again"))
+    # and a requester's own accept hook keeps b out of its worker list
+    a.accept_peer = lambda peer: peer != b.peer_id
+    assert b.peer_id not in await a.connect_workers()
+
+
+async def test_lying_peer_callbacks(two_nodes):
+    a, _ = two_nodes
+    seen = []
+    a.on_lying_peer(lambda peer, why: seen.append((peer, why)))
+    a.report_lying_peer(a.peer_id, "test")
+    assert seen == [(a.peer_id, "test")]

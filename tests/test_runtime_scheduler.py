@@ -1,0 +1,182 @@
+"""Sans-IO scheduler: weights from measured rates, stealing, stragglers, retries, solo mode."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarm.runtime.scheduler import LOCAL, Assign, Cancel, JobScheduler, RateBook, ShardTask, deal
+
+
+def shards(n, cost=1e9, inputs=()):
+    return [ShardTask(i, cost, tuple(inputs)) for i in range(n)]
+
+
+def run_to_end(s, speed, now=0.0, started=(), limit=1000):
+    """Drive ``s`` with workers of given seconds-per-shard until finished."""
+    pending = {(a.shard, a.peer): now + speed[a.peer] for a in started}  # -> finish time
+    for a in s.step(now):
+        pending[(a.shard, a.peer)] = now + speed[a.peer]
+    for _ in range(limit):
+        if s.finished:
+            return now
+        (shard, peer), t = min(pending.items(), key=lambda kv: kv[1])
+        del pending[(shard, peer)]
+        now = t
+        for c in s.verified(shard, peer, speed[peer]):
+            pending.pop((c.shard, c.peer), None)
+        for a in s.step(now):
+            pending[(a.shard, a.peer)] = now + speed[a.peer]
+    raise AssertionError("did not finish")
+
+
+def test_deal_is_proportional_and_complete():
+    assert deal({"a": 3.0, "b": 1.0}, 8) == {"a": 6, "b": 2}
+    assert sum(deal({"a": 1.0, "b": 1.0, "c": 1.0}, 10).values()) == 10
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=3), st.floats(0.01, 100), min_size=1,
+                       max_size=6), st.integers(0, 200))
+@settings(max_examples=60, deadline=None)
+def test_deal_property(weights, n):
+    out = deal(weights, n)
+    assert sum(out.values()) == n and all(v >= 0 for v in out.values())
+    total = sum(weights.values())
+    for p, w in weights.items():
+        assert abs(out[p] - n * w / total) < 1 + 1e-9
+
+
+def test_weights_come_from_measured_rates_not_claims():
+    rates = RateBook()
+    rates.observe("fast", 3e9, 1.0)
+    rates.observe("slow", 1e9, 1.0)
+    s = JobScheduler(shards(8), ["fast", "slow"], rates, window=100)
+    first = s.step(0.0)
+    per = {p: sum(a.peer == p for a in first) for p in ("fast", "slow")}
+    assert per == {"fast": 6, "slow": 2}
+
+
+def test_unknown_rates_deal_equally_then_learn():
+    rates = RateBook()
+    s = JobScheduler(shards(4), ["a", "b"], rates, window=100)
+    first = s.step(0.0)
+    assert sorted(a.peer for a in first) == ["a", "a", "b", "b"]
+    run_to_end(s, {"a": 1.0, "b": 4.0}, started=first)
+    assert rates.rate("a") > 3 * rates.rate("b")
+
+
+def test_idle_worker_steals_queued_shards():
+    s = JobScheduler(shards(8), ["a", "b"], RateBook(), window=1, straggler_factor=100)
+    run_to_end(s, {"a": 1.0, "b": 10.0})
+    done_by_a = sum(p == "a" for p in s.done.values())
+    assert done_by_a >= 6, s.done  # b was dealt 4, but a took most of them
+
+
+def test_steal_prefers_shards_whose_inputs_the_thief_holds():
+    tasks = [ShardTask(0, 1e9, ("w1",)), ShardTask(1, 1e9, ("w2",)),
+             ShardTask(2, 1e9, ("w1",)), ShardTask(3, 1e9, ("w2",))]
+    s = JobScheduler(tasks, ["a"], RateBook(), holds={"b": {"w1"}}, window=1)
+    assert [a.shard for a in s.step(0.0)] == [0]
+    s.add_worker("b")
+    stolen = s.step(0.0)
+    assert stolen == [Assign(2, "b", 1)]
+
+
+def test_straggler_is_duplicated_and_first_result_wins():
+    rates = RateBook()
+    rates.observe("a", 1e9, 1.0)
+    rates.observe("b", 1e9, 1.0)
+    s = JobScheduler(shards(2), ["a", "b"], rates, window=1, straggler_factor=2.0)
+    first = s.step(0.0)
+    assert {a.peer for a in first} == {"a", "b"}
+    on_b = next(a.shard for a in first if a.peer == "b")
+    on_a = next(a.shard for a in first if a.peer == "a")
+    assert s.verified(on_a, "a", 1.0) == []
+    assert s.step(1.0) == []  # b is not late yet: expected 1 s, factor 2
+    assert s.next_deadline(1.0) == 2.0
+    dup = s.step(2.5)
+    assert dup == [Assign(on_b, "a", 2)]
+    assert s.verified(on_b, "a", 1.0) == [Cancel(on_b, "b")]
+    assert s.finished and s.done[on_b] == "a"
+    assert s.verified(on_b, "b", 9.0) == []  # the late copy is ignored
+
+
+def test_lost_worker_shards_are_retried_elsewhere():
+    s = JobScheduler(shards(6), ["a", "b"], RateBook(), window=2)
+    first = s.step(0.0)
+    lost = set(s.running_on("b"))
+    s.lost("b")
+    for a in first:
+        if a.peer == "a":
+            s.verified(a.shard, "a", 0.1)
+    again = s.step(0.1)
+    assert lost & {a.shard for a in again} and all(a.peer == "a" for a in again)
+    run_to_end(s, {"a": 1.0}, now=0.1, started=again)
+    assert s.finished and set(s.done.values()) == {"a"} and lost <= set(s.done)
+
+
+def test_wrong_result_bans_worker_and_redoes_shard_elsewhere():
+    rates = RateBook()
+    s = JobScheduler(shards(4), ["liar", "honest"], rates, window=1)
+    first = s.step(0.0)
+    bad = next(a.shard for a in first if a.peer == "liar")
+    s.rejected(bad, "liar")
+    assert rates.rejected["liar"] == 1
+    run_to_end(s, {"honest": 1.0, "liar": 1.0}, now=0.0,
+               started=[a for a in first if a.peer == "honest"])
+    assert s.done[bad] == "honest"
+    assert "liar" not in s.workers()
+
+
+def test_solo_mode_when_no_worker_is_left():
+    s = JobScheduler(shards(3), ["a"], RateBook(), window=2)
+    s.step(0.0)
+    s.lost("a")
+    a = s.step(0.0)
+    assert a == [Assign(a[0].shard, LOCAL, a[0].attempt)]
+    run_to_end(s, {LOCAL: 1.0}, now=0.0, started=a)
+    assert set(s.done.values()) == {LOCAL}
+
+
+def test_timeout_retries_then_requester_does_it():
+    s = JobScheduler(shards(1), ["mute"], RateBook(), window=1, task_timeout=5.0, max_attempts=2)
+    assert s.step(0.0) == [Assign(0, "mute", 1)]
+    assert s.step(6.0) == [Assign(0, "mute", 2)]  # the only worker: retried on it
+    assert s.step(12.0) == [Assign(0, LOCAL, 3)]  # out of remote attempts
+    s.verified(0, LOCAL, 1.0)
+    assert s.finished
+
+
+def test_new_worker_joins_mid_job_and_takes_work():
+    s = JobScheduler(shards(6), ["a"], RateBook(), window=1)
+    s.step(0.0)
+    s.add_worker("b")
+    assert [a.peer for a in s.step(0.0)] == ["b"]
+
+
+def test_owners_give_the_first_queues():
+    s = JobScheduler(shards(3), ["a", "b"], RateBook(), owners=["b", "b", "a"], window=5)
+    got = sorted((a.peer, a.shard) for a in s.step(0.0))
+    assert got == [("a", 2), ("b", 0), ("b", 1)]
+
+
+def test_twins_never_run_on_the_same_peer():
+    s = JobScheduler(shards(4), ["a", "b"], RateBook(), twins=[2, 3, 0, 1], window=5)
+    run_to_end(s, {"a": 1.0, "b": 1.0})
+    assert s.done[0] != s.done[2] and s.done[1] != s.done[3]
+
+
+def test_twin_with_a_single_worker_runs_locally():
+    s = JobScheduler(shards(2), ["a"], RateBook(), twins=[1, 0], window=5)
+    run_to_end(s, {"a": 1.0, LOCAL: 1.0})
+    assert sorted(map(str, s.done.values())) == ["a", LOCAL]
+
+
+def test_slot_frees_while_a_result_is_verified():
+    s = JobScheduler(shards(3), ["a"], RateBook(), window=1)
+    assert s.step(0.0) == [Assign(0, "a", 1)]
+    s.returned(0, "a")
+    assert s.step(0.1) == [Assign(1, "a", 1)]      # next shard starts during the check
+    s.rejected(0, "a")                              # the check failed: shard 0 is redone
+    assert 0 not in s.done and "a" not in s.workers()
+    assert [a.peer for a in s.step(0.2)] == [LOCAL]   # no honest worker left: solo mode
