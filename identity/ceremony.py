@@ -9,6 +9,7 @@ signature) plus the sign counter, which fido2's server leaves to the relying par
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ _MAX_CRED_ID = 255
 _MAX_AUTH_DATA = 512
 _MAX_CLIENT_DATA = 512
 _MAX_SIGNATURE = 128
+_MAX_CHALLENGE_CHARS = 86  # base64url of a SHA-256 digest is 43; leave room, refuse more
 
 
 class Signable(Protocol):
@@ -183,6 +185,7 @@ class OwnerProof:
         return proof
 
     def parsed(self) -> tuple[AuthenticatorData, CollectedClientData]:
+        _check_client_data_fields(self.client_data)
         try:
             auth_data = AuthenticatorData(self.authenticator_data)
             client_data = CollectedClientData(self.client_data)
@@ -197,6 +200,25 @@ class OwnerProof:
     @property
     def counter(self) -> int:
         return self.parsed()[0].counter
+
+
+def _check_client_data_fields(raw: bytes) -> None:
+    """Type-check clientDataJSON before fido2 sees it.
+
+    fido2's CollectedClientData passes ``challenge`` to ``bytes()``: an integer there would
+    allocate that many bytes (a 26 GB allocation from a 40-byte proof, found by fuzzing).
+    """
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedStatement(f"owner proof: client data is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MalformedStatement("owner proof: client data is not a JSON object")
+    for key in ("type", "challenge", "origin"):
+        if not isinstance(data.get(key), str):
+            raise MalformedStatement(f"owner proof: client data field {key!r} must be a string")
+    if len(data["challenge"]) > _MAX_CHALLENGE_CHARS:
+        raise MalformedStatement("owner proof: client data challenge is too long")
 
 
 # -- the ceremonies ------------------------------------------------------------------------

@@ -260,3 +260,12 @@ def test_fuzzed_client_and_authenticator_data_only_raise_malformed(client, flags
         OwnerProof.from_cbor(m)
     except MalformedStatement:
         pass
+
+
+def test_integer_challenge_is_refused_without_allocating():
+    """Regression: fido2 would turn an integer challenge into bytes(26306674688)."""
+    m = {0: 0, 1: b"id", 2: b"\x00" * 37,
+         3: json.dumps({"type": "webauthn.get", "challenge": 26306674688,
+                         "origin": "http://swarm.localhost"}).encode(), 4: b"sig"}
+    with pytest.raises(MalformedStatement, match="challenge"):
+        OwnerProof.from_cbor(m)
