@@ -6,6 +6,7 @@ Exceptions (all in :mod:`swarm.errors`)::
     +-- ConfigError            bad option, unusable data dir, bad URI (local, before any I/O)
     |   +-- URIError           a join URI that does not parse (names the wrong part)
     +-- ConsentRefused         the user (or a missing terminal) declined to join
+    |   +-- Blocked            this peer is blocked from the swarm (its data dir says so)
     +-- GetTimeoutError        get() ran out of time (also a TimeoutError)
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
@@ -15,6 +16,7 @@ Exceptions (all in :mod:`swarm.errors`)::
         +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
         +-- TaskError          a task failed on every attempt it was allowed
         +-- ActorDiedError     an actor's host was lost beyond max_restarts
+        +-- CharterError       a swarm's charter is missing, forged or not the pinned owner's
         +-- StaleTerm          a command from a term below the highest seen (fencing)
         +-- NotCoordinator     a coordinator-only command reached a peer that is not it
 
@@ -25,6 +27,8 @@ from "a peer misbehaved" (the latter is retried elsewhere and counts against the
 from swarm.errors import (
     ActorDiedError,
     AuthenticationError,
+    Blocked,
+    CharterError,
     ConfigError,
     ConsentRefused,
     GetTimeoutError,
@@ -63,6 +67,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Blocked",
+    "CharterError",
     "ActorDiedError",
     "ActorHandle",
     "Client",

@@ -33,17 +33,13 @@ from identity import (
     verify_chain,
 )
 from swarm.control_state import CoordinatorState
-from swarm.errors import ProtocolError, RemoteError
+from swarm.errors import CharterError, ProtocolError
 
 log = logging.getLogger("swarm.charter")
 
 CHARTER_SALT = b"swarm"
 STATE_SALT = b"swarm/state/"  # + the 20-byte swarm id: each coordinator's own state item
 MAX_HISTORY = 16
-
-
-class CharterError(RemoteError):
-    """The swarm's charter is missing, forged, or does not chain to the pinned owner."""
 
 
 def state_salt(swarm_id: bytes) -> bytes:

@@ -533,8 +533,9 @@ class Controller:
             return True
         if endorsed_by is not None and endorsed_by == cur.coordinator:
             return True
-        # Failover: is the sender whom we elect once the old coordinator is set aside?
-        out = self._candidates_out() | {cur.coordinator}
+        # Failover: is the sender whom we elect once the old coordinator is set aside? (A
+        # heartbeat proves the sender alive: our suspicion of it does not count here.)
+        out = (self._candidates_out() - {state.coordinator}) | {cur.coordinator}
         return elect(self.view.values(), self.blocked(), out) == state.coordinator
 
     def _adopt(self, state: CoordinatorState, now: float) -> None:

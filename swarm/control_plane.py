@@ -91,6 +91,9 @@ class ControlPlane:
         self.clock = clock
         self.ownership = ownership
         self.owner_pin = owner_pin
+        self.passive = not getattr(node.config, "announce", True)
+        """A node that does not announce itself (a client) gets no heartbeats: it follows
+        the coordinator through the DHT state items instead."""
         persisted = load_state(self.data_dir, self.swarm_id)
         self.controller = Controller(self.key.peer_id, self.swarm_id, clock(),
                                      timing or Timing(), persisted)
@@ -216,6 +219,9 @@ class ControlPlane:
 
     async def _check_dht(self) -> None:
         """Slower checks against the DHT, apart from the view so they never delay it."""
+        if self.passive:
+            await self._read_states()
+            return
         await self._catch_up()
         if self.role is Role.COORDINATOR:
             for state in await self._dht_states():
@@ -322,7 +328,10 @@ class ControlPlane:
             elif isinstance(act, control.Left):
                 self.left_reason = act.reason
                 self.left.set()
-        if self._liars and self.controller.coordinator not in (None, self._liars_told):
+        st = self.controller.state
+        now_coord = self.controller.coordinator or (st.coordinator if self.passive and st
+                                                    else None)
+        if self._liars and now_coord not in (None, self._liars_told):
             self._report_liars(self._liars)
 
     async def _put_state(self, act: control.PutState) -> None:
@@ -405,6 +414,8 @@ class ControlPlane:
     def _report_liars(self, reports: list[tuple[PeerId, str, float]]) -> None:
         """Tell the coordinator (sent again to a new one: a dead one heard nothing)."""
         coord = self.controller.coordinator
+        if coord is None and self.passive and self.controller.state is not None:
+            coord = self.controller.state.coordinator  # no heartbeats here to judge by
         self._liars_told = coord
         now = self.clock()
         for peer, reason, at in reports:
@@ -441,8 +452,10 @@ class ControlPlane:
                     await self._on_message(sender, addr, env.endorsement)
                 c.kick_order(KickOrder.decode(env.body), env.sender, now, time.time())
             elif env.kind == "liar":
+                # Trusted from any signed peer (clients need not announce themselves); the
+                # owner can unblock a worker that a lying requester got blocked.
                 o = msgpack.unpackb(env.body, raw=False)
-                if env.sender in self.records and isinstance(o, dict):
+                if isinstance(o, dict) and env.sender not in c.blocked():
                     c.liar_report(PeerId(o["p"]), now, int(time.time()))
             elif env.kind == "cmd":
                 self._command(Signed.decode(env.body), now)

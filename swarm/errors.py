@@ -17,6 +17,10 @@ class ConsentRefused(SwarmError):
     """The user declined to join, or no terminal was there to ask (use --yes)."""
 
 
+class Blocked(ConsentRefused):
+    """This peer is blocked from the swarm (its own data dir says so); it may not rejoin."""
+
+
 class LocalError(SwarmError):
     """Something failed on this machine (no backend, no key plugged in, disk)."""
 
@@ -27,6 +31,10 @@ class RemoteError(SwarmError):
 
 class ProtocolError(RemoteError):
     """A malformed, oversized or out-of-order frame; the link that sent it is closed."""
+
+
+class CharterError(RemoteError):
+    """A swarm's charter is missing, forged, or does not chain to the pinned owner."""
 
 
 class StaleTerm(RemoteError):

@@ -22,7 +22,7 @@ from swarm import charter
 from swarm.control import Timing
 from swarm.control_plane import NO_COORDINATE, ControlPlane
 from swarm.control_state import load_state
-from swarm.errors import ConfigError, ConsentRefused
+from swarm.errors import Blocked, ConfigError
 from swarm.membership import swarm_id
 from swarm.node import Node, NodeConfig
 from swarm.runtime.chaos import ENV as CHAOS_ENV
@@ -57,10 +57,6 @@ class Ready:
     """A join URI naming this node as a bootstrap peer."""
     joined_in: float
     """Seconds from start to joined (charter verified, control plane running)."""
-
-
-class Blocked(ConsentRefused):
-    """This peer is blocked from the swarm (its own data dir says so)."""
 
 
 async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: int = 0,

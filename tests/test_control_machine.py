@@ -346,3 +346,16 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
     sim._run("b")
     sim.run_until(lambda: sim.agreed("b"))
     assert b.term == 2 and sim.nodes["a"].term == 2
+
+
+def test_a_slow_successor_is_still_followed_once_it_speaks():
+    """The successor's claim took longer than failover: followers suspected it too, yet its
+    first heartbeat (a higher term, elected once the dead one is set aside) is accepted."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Health(thermal=95.0)})
+    a = sim.nodes["a"]  # too hot to coordinate: it only follows
+    sim.alive -= {"b", "c"}  # b dead; c too slow to speak for a while
+    t = sim.timing
+    sim.run_until(lambda: sim.ids["c"] in a.suspects, limit=3 * t.failover + 1)
+    state = sim.nodes["b"].state.successor(term=2, coordinator=sim.ids["c"])
+    assert a.heartbeat(state, sim.ids["c"], sim.now)
+    assert a.coordinator == sim.ids["c"] and a.role is Role.FOLLOWER

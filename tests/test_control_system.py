@@ -195,3 +195,9 @@ def test_owner_commands_and_an_admin_block(cluster, tmp_path):
                     timeout=60)
     assert json.loads(res.stdout)["owner"] != shown["owner"]
     assert json.loads(res.stdout)["chain_length"] == 4
+
+
+def test_publish_without_a_security_key_says_how_to_proceed(tmp_path):
+    res = run_swarm("publish", "--name", "lab", "--data-dir", str(tmp_path / "d"), timeout=60)
+    assert res.returncode == 4
+    assert "soft:PATH" in res.stderr and res.stdout == ""
