@@ -43,6 +43,7 @@ from pathlib import Path
 from dht import DHTNode
 from identity.keys import PeerId, PeerKey
 from swarm import __version__, wire
+from swarm.charter import register_validators
 from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
@@ -113,6 +114,7 @@ class Node:
         self.peer_id: PeerId = self.key.peer_id
         self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0,
                            rpc_timeout=config.dht_rpc_timeout)
+        register_validators(self.dht)  # every node refuses forged swarm items
         self.accept_peer: Callable[[PeerId], bool] = lambda peer: True
         self._control: dict[type, ControlHandler] = {}
         self._liar_callbacks: list[Callable[[PeerId, str], None]] = []

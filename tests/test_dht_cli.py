@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from dht import DHTNode
+from dht import DHTNode, ItemError
 from identity import PeerKey
 from swarm.commands.dht import parse_addr
 from swarm.errors import ConfigError
@@ -71,3 +71,34 @@ def test_bad_bootstrap_address_is_a_usage_error(tmp_path):
     with pytest.raises(ConfigError):
         parse_addr("host:99999")
     assert parse_addr("[::1]:6881") == ("::1", 6881)
+
+
+async def test_serve_nodes_refuse_forged_charters(tmp_path):
+    """A bare `swarm dht serve` node runs the swarm validators: a charter without a valid
+    owner proof is refused on store, so no reader can get it from the network."""
+    from identity import Charter, Policy, Signed
+    from swarm import charter
+    from tests.identity_support import owner_key
+
+    proc, addr = await _start(tmp_path / "serve")
+    attacker = DHTNode(rpc_timeout=2)  # runs no validators itself
+    try:
+        await attacker.listen()
+        assert await attacker.bootstrap([addr]) >= 1
+        swarm_key = PeerKey.generate()
+        owner = owner_key(tmp_path, "owner")
+        stmt = Charter(swarm=swarm_key.public_bytes, counter=1, name="lab",
+                       owners=(owner.credential,), policy=Policy(), admins=())
+        with pytest.raises(ItemError, match="charter refused"):
+            await charter.publish(attacker, swarm_key, Signed(stmt, ()))  # no owner proof
+        await attacker.stop()  # from now on only the serve node can answer
+        reader = DHTNode(rpc_timeout=2)  # no validators either: it trusts what it gets
+        await reader.listen()
+        try:
+            await reader.bootstrap([addr])
+            assert await reader.get_mutable(swarm_key.public_bytes, charter.CHARTER_SALT) is None
+        finally:
+            await reader.stop()
+    finally:
+        await attacker.stop()
+        assert await _terminate(proc) == 0
