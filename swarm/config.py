@@ -74,5 +74,8 @@ def setup_logging(verbosity: int = 0, stream=None) -> None:
     # Third-party libraries are chatty at INFO; keep them one step quieter. Not "wgpu": it
     # sets its own logger to WARNING on import, and refuses to import (AssertionError) if a
     # plain logger of that name exists already.
+    # Their WARNINGs are routine in a swarm ("no response from X, removing from router"
+    # whenever a peer leaves), so they show only from -v on.
+    third_party = logging.ERROR if level >= logging.WARNING else max(level, logging.WARNING)
     for noisy in ("kademlia", "rpcudp", "aioice", "aiortc", "fido2"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+        logging.getLogger(noisy).setLevel(third_party)

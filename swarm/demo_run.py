@@ -151,7 +151,7 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
             control = await asyncio.to_thread(_attach_control, client, join)
             t0 = time.monotonic()
             refs: list[ObjectRef] = [client.matmul.remote(a, b) for b in bs]
-            say(f"submitted {JOBS} verified matmuls of {size}x{size}; killing the "
+            say(f"submitted {JOBS} verified matmul{'s' if JOBS != 1 else ''} of {size}x{size}; killing the "
                 f"coordinator ({coord_name}) with SIGKILL")
             killed = time.monotonic()
             procs[coord_name].stop(signal.SIGKILL)

@@ -74,3 +74,13 @@ def test_logging_levels_and_journald_prefix(monkeypatch):
     setup_logging(-1, stream=buf2)
     logging.getLogger("swarm.test").warning("quiet")
     assert buf2.getvalue() == ""
+
+
+def test_routine_third_party_warnings_need_verbose():
+    buf = io.StringIO()
+    setup_logging(0, stream=buf)
+    logging.getLogger("kademlia.protocol").warning("no response from X, removing from router")
+    assert buf.getvalue() == ""
+    setup_logging(1, stream=buf)
+    logging.getLogger("kademlia.protocol").warning("no response from X, removing from router")
+    assert "removing from router" in buf.getvalue()
