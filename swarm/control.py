@@ -121,6 +121,18 @@ class SendKick:
 
 
 @dataclass(frozen=True)
+class ForwardBlocks:
+    """We coordinated at a lower term and the state that replaced ours lacks some of our
+    blocks (a healed partition, or a heartbeat that never reached the new coordinator):
+    hand their proofs to the new coordinator so that the blocks survive."""
+
+    peers: tuple[PeerId, ...]
+    """Blocked in our state, missing from the winner's."""
+    to: PeerId
+    """The coordinator whose state won."""
+
+
+@dataclass(frozen=True)
 class Disconnect:
     """Drop links to ``peer``; the runtime reassigns its shards."""
 
@@ -160,8 +172,8 @@ class Left:
     """Why."""
 
 
-Action = PutState | SendHeartbeat | SendHandoff | SendKick | Disconnect | Persist | RoleChanged \
-    | Left
+Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | Disconnect | Persist \
+    | RoleChanged | Left
 
 
 @dataclass(frozen=True)
@@ -208,6 +220,8 @@ class Controller:
         self._successor: PeerId | None = None
         self._failed_successors: set[PeerId] = set()
         self._liars: dict[PeerId, list[float]] = {}
+        self._unblocked_at: dict[PeerId, int] = {}
+        """When we last applied an unblock of each peer: a forwarded older block loses."""
         self._leave_reason = ""
         self._predecessor: PeerId | None = None
         self._seq_floor = 0
@@ -422,6 +436,7 @@ class Controller:
                 self._actions.append(SendHeartbeat(self.state, (cmd.target,), self.endorsement))
                 self._actions.append(Disconnect(cmd.target, f"blocked: {cmd.reason}", True))
         elif cmd.kind == "unblock":
+            self._unblocked_at[cmd.target] = max(cmd.at, self._unblocked_at.get(cmd.target, 0))
             if cmd.target in self.state.blocked_ids:
                 self._publish(self.state.without_block(cmd.target), now)
         elif cmd.kind == "kick":
@@ -440,6 +455,18 @@ class Controller:
         else:
             raise ProtocolError(f"unknown command {cmd.kind!r}")
         return self.state
+
+    def forwarded_block(self, cmd: Command, now: float) -> None:
+        """A block that a deposed coordinator applied in its term, its owner or admin proof
+        already verified by the adapter: applied unless we unblocked the peer since."""
+        if cmd.kind != "block":
+            raise ProtocolError("only blocks are forwarded")
+        if self.role is not Role.COORDINATOR or self.state is None:
+            raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+        if cmd.target in self.blocked() or self._unblocked_at.get(cmd.target, -1) >= cmd.at:
+            return
+        log.info("keeping %s blocked: forwarded from a deposed coordinator", cmd.target.short())
+        self.command(cmd, now)
 
     def liar_report(self, peer: PeerId, now: float, wall: int) -> None:
         """A requester caught ``peer`` returning a wrong result; block repeat offenders."""
@@ -543,6 +570,12 @@ class Controller:
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
+        if old is not None and old.coordinator == self.me and state.coordinator != self.me \
+                and state.term > old.term and self.role is not Role.HANDING_OFF:
+            lost = tuple(b.peer for b in old.blocked
+                         if b.peer not in state.blocked_ids and b.peer != state.coordinator)
+            if lost:
+                self._actions.append(ForwardBlocks(lost, state.coordinator))
         self.guard.observe(state.term)
         self.state = state
         self.expected = state.coordinator

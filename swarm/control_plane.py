@@ -32,6 +32,7 @@ from identity import (
     UnblockCommand,
     verify_command,
 )
+from identity.roles import Role as AuthRole
 from swarm import control
 from swarm.charter import CharterError, register_validators, state_salt
 from swarm.charter import fetch as fetch_charter
@@ -104,6 +105,8 @@ class ControlPlane:
         self.left_reason = ""
         self.role_changes: list[tuple[float, Role, int]] = []
         self._seen_commands: set[tuple[bytes, int]] = set()
+        self._block_proofs: dict[PeerId, bytes] = {}
+        """Signed owner/admin block commands we applied, forwarded if our state is replaced."""
         self._liars: list[tuple[PeerId, str, float]] = []
         self._liars_told: PeerId | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -316,6 +319,12 @@ class ControlPlane:
                 msg = seal(self.key, self.swarm_id, "kick", act.order.encode(), carried)
                 for peer in act.to:
                     self._spawn(self._send(peer, msg))
+            elif isinstance(act, control.ForwardBlocks):
+                for peer in act.peers:
+                    proof = self._block_proofs.get(peer)
+                    if proof is not None:  # owner/admin blocks; coordinator blocks are re-earned
+                        self._spawn(self._send(act.to, seal(self.key, self.swarm_id, "fwd",
+                                                            proof)))
             elif isinstance(act, control.Disconnect):
                 self._spawn(self._disconnect(act))
             elif isinstance(act, control.Persist):
@@ -459,6 +468,8 @@ class ControlPlane:
                     c.liar_report(PeerId(o["p"]), now, int(time.time()))
             elif env.kind == "cmd":
                 self._command(Signed.decode(env.body), now)
+            elif env.kind == "fwd":
+                self._forwarded(Signed.decode(env.body), now)
         except (StaleTerm, NotCoordinator) as exc:
             log.info("refused %s from %s: %s", env.kind, env.sender.short(), exc)
         except (ProtocolError, IdentityError, ValueError, KeyError, TypeError) as exc:
@@ -492,3 +503,26 @@ class ControlPlane:
         kind = COMMANDS[type(cmd)]
         c.command(Command(kind, cmd.target, cmd.reason, role.value, int(time.time())), now)
         self._seen_commands.add(key)
+        if kind == "block":
+            self._block_proofs[cmd.target] = signed.encode()
+        elif kind == "unblock":
+            self._block_proofs.pop(cmd.target, None)
+
+    def _forwarded(self, signed: Signed, now: float) -> None:
+        """A block with its owner's or admin's proof, from a coordinator our state replaced.
+
+        Its term is below ours (it was issued on the losing side of a partition), so only the
+        proof is checked, not the fencing floor; the controller drops it if we unblocked the
+        peer after it was issued.
+        """
+        if self.ownership is None:
+            raise NotCoordinator("this peer has no verified charter to check commands against")
+        cmd = signed.statement
+        if not isinstance(cmd, BlockCommand):
+            raise ProtocolError("only block commands are forwarded")
+        role = verify_command(signed, self.ownership, now=time.time())
+        if role not in (AuthRole.OWNER, AuthRole.ADMIN):
+            raise NotCoordinator("only owner and admin blocks are forwarded")
+        self.controller.forwarded_block(
+            Command("block", cmd.target, cmd.reason, role.value, cmd.counter // 1000), now)
+        self._block_proofs[cmd.target] = signed.encode()

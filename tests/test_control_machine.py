@@ -14,7 +14,7 @@ from swarm import control
 from swarm.control import Command, Controller, Role, Timing
 from swarm.control_state import CoordinatorState, KickOrder
 from swarm.election import Candidate, Health
-from swarm.errors import NotCoordinator, StaleTerm
+from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 SWARM = bytes(range(20))
 DT = 0.05
@@ -45,6 +45,15 @@ class Sim:
         self.refused: list[tuple[str, str, str]] = []  # (receiver, what, error)
         self.disconnects: dict[str, list[tuple[PeerId, bool]]] = {n: [] for n in tflops}
         self.left: dict[str, str] = {}
+        self.issued: dict[PeerId, Command] = {}  # operator block commands, by target
+
+    def operator(self, at_node: str, kind: str, target: str, at: int) -> None:
+        """An owner's command reaching the coordinator ``at_node``."""
+        cmd = Command(kind, self.ids[target], "by the owner", "owner", at)
+        if kind == "block":
+            self.issued[cmd.target] = cmd
+        self.nodes[at_node].command(cmd, self.now)
+        self._run(at_node)
 
     def add(self, name: str, tflops: float) -> None:
         self.tflops[name] = tflops
@@ -110,6 +119,14 @@ class Sim:
                     if (dst := self._reach(name, to)) is not None:
                         self._deliver(dst, "kick", lambda d=dst, a=act: self.nodes[
                             d].kick_order(a.order, node.me, self.now, a.order.at))
+            elif isinstance(act, control.ForwardBlocks):
+                # The adapter forwards the signed owner/admin commands it holds for these
+                # peers; here the commands an operator issued stand in for those proofs.
+                for peer in act.peers:
+                    cmd = self.issued.get(peer)
+                    if cmd is not None and (dst := self._reach(name, act.to)) is not None:
+                        self._deliver(dst, "fwd", lambda d=dst, c=cmd: self.nodes[
+                            d].forwarded_block(c, self.now))
             elif isinstance(act, control.Disconnect):
                 self.disconnects[name].append((act.peer, act.blocked))
             elif isinstance(act, control.Left):
@@ -359,3 +376,44 @@ def test_a_slow_successor_is_still_followed_once_it_speaks():
     state = sim.nodes["b"].state.successor(term=2, coordinator=sim.ids["c"])
     assert a.heartbeat(state, sim.ids["c"], sim.now)
     assert a.coordinator == sim.ids["c"] and a.role is Role.FOLLOWER
+
+
+def _split_brain_with_a_block(unblock_on_winner_at: int | None):
+    """b coordinates term 1 cut off with x; c wins term 2 on the other side; the owner
+    blocks x through b during the split (and maybe unblocks it through c); then heal."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.cut.add("b")
+    sim.run_until(lambda: sim.agreed("c", but=frozenset({"b"})))
+    sim.cut = {"a", "c"}  # b and x on one side now; a and c on the other
+    sim.operator("b", "block", "x", at=100)
+    assert sim.ids["x"] in sim.nodes["b"].blocked()
+    if unblock_on_winner_at is not None:
+        sim.operator("c", "unblock", "x", at=unblock_on_winner_at)
+    sim.cut.clear()
+    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed(
+        "c", but=frozenset({"x"})))
+    for _ in range(20):
+        sim.step()
+    return sim
+
+
+def test_a_block_made_on_the_losing_side_of_a_partition_survives_the_heal():
+    sim = _split_brain_with_a_block(unblock_on_winner_at=None)
+    assert sim.nodes["c"].term == 2
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] in sim.nodes[n].blocked(), n
+    assert sim.ids["x"] in sim.persisted["c"].blocked_ids  # and in what a restart reads
+
+
+def test_an_unblock_issued_after_the_forwarded_block_wins():
+    sim = _split_brain_with_a_block(unblock_on_winner_at=200)
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] not in sim.nodes[n].blocked(), n
+
+
+def test_only_the_coordinator_takes_forwarded_blocks():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
+    with pytest.raises(NotCoordinator):
+        sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1), sim.now)
+    with pytest.raises(ProtocolError):
+        sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1), sim.now)
