@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import functools
 import itertools
 import json
 import logging
@@ -271,9 +272,12 @@ class Client:
         b, b_oid = await self._resolve(b)
         method_spec("matmul", "matmul").check([a, b], {})
         req = self._node.requester
-        job = jobs.matmul_job(a, b, workers=req.workers(), rates=req.rates,
-                              precision=opts["precision"], backend=self._local_backend(),
-                              verifier=self._verifier, b_oid=b_oid)
+        plan = functools.partial(
+            jobs.matmul_job, a, b, workers=req.workers(), rates=req.rates,
+            precision=opts["precision"], backend=self._local_backend(), verifier=self._verifier,
+            b_oid=b_oid)
+        # hashing a large b (~35 ms per 64 MB) must not stall the links' event loop
+        job = await asyncio.to_thread(plan) if a.nbytes + b.nbytes > 1 << 20 else plan()
         verify = opts["verify"]
         results, report = await req.run(
             job.calls, local=job.local,

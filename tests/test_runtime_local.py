@@ -78,7 +78,7 @@ def test_refs_chain_and_wait(client):
 
 
 def test_get_and_wait_time_out_on_a_slow_swarm():
-    with swarm.local(workers=1, threads=1, chaos="delay=3000") as c:
+    with swarm.local(workers=1, threads=1, chaos="delay=1500") as c:
         x = np.ones((4, 4), np.float32)
         ref = c.matmul.remote(x, x)
         with pytest.raises(GetTimeoutError):
