@@ -11,7 +11,21 @@ Exceptions (all in :mod:`dht.errors`)::
                                207 salt too big, 301 CAS mismatch, 302 seq lower than stored)
     +-- LookupFailed           no responder had a valid value, or the network is unreachable
     +-- PeerUnreachable        a direct request (send_message) got no reply in time
-    +-- MessageRefused         the peer refused a message (forged, replayed, too big); ``.code``
+    +-- MessageRefused         the peer refused a message (forged, replayed, stale); ``.code``
+    +-- MessageTooLarge        a message payload over 4 KiB (also ValueError); nothing sent
+
+Use::
+
+    node = DHTNode(key, data_dir)            # key: identity.PeerKey (generated when None)
+    port = await node.listen(0)              # the real bound port
+    await node.bootstrap([("203.0.113.5", 6881)])
+    item = await node.put_mutable(key, {b"term": 3}, salt=b"state")   # seq = newest + 1
+    item = await node.get_mutable(key.public_bytes, salt=b"state")    # highest valid seq
+    await node.announce(b"swarm-id", msgpack_record, ttl=600)
+    peers = await node.get_peers(b"swarm-id")                         # [Announcement]
+    node.on_message(lambda sender, addr, payload: ...)
+    await node.send_message(peer_addr, b"offer...")
+    await node.stop()
 """
 
 from dht.announce import Announcement, topic_target
@@ -22,6 +36,7 @@ from dht.errors import (
     ItemError,
     LookupFailed,
     MessageRefused,
+    MessageTooLarge,
     PeerUnreachable,
 )
 from dht.items import (
@@ -41,6 +56,7 @@ __all__ = [
     "ItemError",
     "LookupFailed",
     "MessageRefused",
+    "MessageTooLarge",
     "MutableItem",
     "PeerUnreachable",
     "bdecode",

@@ -36,6 +36,10 @@ class PeerUnreachable(DHTError):
     """A direct request (e.g. ``send_message``) got no reply in time."""
 
 
+class MessageTooLarge(DHTError, ValueError):
+    """A ``send_message`` payload over 4 KiB; nothing was sent."""
+
+
 class MessageRefused(DHTError):
     """The peer answered a ``send_message`` with an error; ``code`` says why."""
 

@@ -94,17 +94,22 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
                 pending[asyncio.ensure_future(query(n))] = (n, now)
             # Done when the k closest non-slow nodes all answered and no slow node that would
             # rank among them is still within its grace period (a merely slow node usually
-            # answers within a few estimated RTTs; a dead one never does).
+            # answers within a few estimated RTTs; a dead one never does). Until some node
+            # has answered, every slow query is awaited to its end (an overloaded host).
+            slow = [(n, started) for n, started in pending.values() if state[n.id] == "slow"]
             edge = ranked[-1].long_id ^ t if len(ranked) >= k else None
-            relevant = [started for n, started in pending.values()
-                        if state[n.id] == "slow" and now - started < grace
-                        and (edge is None or (n.long_id ^ t) < edge)]
+            if not any(s == "ok" for s in state.values()):
+                relevant = [started for _, started in slow]
+            else:
+                relevant = [started for n, started in slow if now - started < grace
+                            and (edge is None or (n.long_id ^ t) < edge)]
             if all(state[n.id] == "ok" for n in ranked) and not relevant:
                 break
             if not pending:
                 break
             deadlines = [started + slow_after for n, started in pending.values()
-                         if state[n.id] == "pending"] + [started + grace for started in relevant]
+                         if state[n.id] == "pending"]
+            deadlines += [started + grace for started in relevant if now - started < grace]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             done, _ = await asyncio.wait(pending, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)

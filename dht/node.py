@@ -29,7 +29,14 @@ from kademlia.node import Node
 from dht import errors
 from dht.announce import MAX_TTL, Announcement, check_topic, topic_target
 from dht.bencode import Value, bdecode
-from dht.errors import DHTError, ItemError, LookupFailed, MessageRefused, PeerUnreachable
+from dht.errors import (
+    DHTError,
+    ItemError,
+    LookupFailed,
+    MessageRefused,
+    MessageTooLarge,
+    PeerUnreachable,
+)
 from dht.items import (
     MutableItem,
     Signer,
@@ -280,11 +287,6 @@ class DHTNode(Server):
         tmp = self.data_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, self.data_dir / STATE_FILE)
-
-    @property
-    def saved_neighbours(self) -> list[tuple[str, int]]:
-        """Neighbours read from the data dir at start (used by :meth:`bootstrap`)."""
-        return list(self._saved_neighbours)
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -596,12 +598,12 @@ class DHTNode(Server):
         """Send ``payload`` (<= 4 KiB) to the node at ``addr``, signed by this node's key.
 
         Raises :class:`PeerUnreachable` without a reply, :class:`MessageRefused` when the
-        peer refuses it.
+        peer refuses it, :class:`MessageTooLarge` (also a ValueError) for a bigger payload.
         """
         self._require_listening()
         payload = bytes(payload)
         if len(payload) > MAX_PAYLOAD:
-            raise ValueError(f"payload is {len(payload)} bytes; at most {MAX_PAYLOAD}")
+            raise MessageTooLarge(f"payload is {len(payload)} bytes; at most {MAX_PAYLOAD}")
         addr = (str(addr[0]), int(addr[1]))
         known = self.protocol.router.by_address(addr)
         for attempt in range(2):

@@ -57,7 +57,6 @@ class DHTProtocol(KademliaProtocol):
         self._wait_timeout = dht.rpc_timeout
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
         self.dht = dht
-        self.rpcs_sent = 0
         self.rtt = RttEstimator()
 
     def __getattr__(self, name: str) -> Any:
@@ -72,7 +71,6 @@ class DHTProtocol(KademliaProtocol):
             raise ValueError(f"no request {name!r} with {len(args)} arguments")
         if self.transport is None or self.transport.is_closing():
             return False, None
-        self.rpcs_sent += 1
         try:
             send = RPCProtocol.__getattr__(self, name)
             future = send(tuple(address), self.source_node.id, *args)
@@ -268,5 +266,5 @@ class DHTProtocol(KademliaProtocol):
         self._welcome(sender, nodeid)
         env = Envelope.from_wire(envelope)
         peer = self.dht.replay.admit(env, self.source_node.id, self.dht.clock())
-        self.dht.deliver(peer, sender, env.payload)
+        self.dht.deliver(peer, (sender[0], sender[1]), env.payload)
         return {"ok": True}

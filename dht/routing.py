@@ -18,6 +18,8 @@ class NearestRoutingTable(RoutingTable):
     def find_neighbors(self, node: Node, k: int | None = None,
                        exclude: Node | None = None) -> list[Node]:
         k = k or self.ksize
+        # as kademlia's traverser did: a lookup near a bucket keeps it from counting as lonely
+        self.buckets[self.get_bucket_for(node)].touch_last_updated()
         candidates = (
             n for bucket in self.buckets for n in bucket.nodes.values()
             if n.id != node.id and (exclude is None or not n.same_home_as(exclude))

@@ -1,6 +1,8 @@
 """The RPC wire: request names, reply shapes, and checks on everything a peer sends back.
 
-Requests ride on rpcudp (``b"\\x00" + id + msgpack([name, args])``). Every reply is a msgpack
+Requests ride on rpcudp (``b"\\x00" + id + msgpack([name, args])``), which refuses to send one
+whose msgpack part exceeds 8192 bytes: the largest here (a 4 KiB message, a 1000-byte item
+with its key, salt and signature) stay well under it. Every reply is a msgpack
 map; a refusal is ``{"error": [code, message]}`` with BEP 44 / BEP 5 numbers. Parsers here
 turn untrusted replies into typed values or None, never an exception.
 """
@@ -18,7 +20,6 @@ from dht.errors import ItemError
 from dht.items import MutableItem
 
 ID_LEN = 20
-MAX_REQUEST = 8192  # rpcudp refuses to send a request whose msgpack part is larger
 PEERS_PAGE_BYTES = 7000  # announcements per get_peers reply, so a reply stays one small datagram
 
 # name -> number of arguments after the sender's node id
