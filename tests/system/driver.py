@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         from swarm.demo_run import _attach_control
 
         control = _attach_control(client, parse(args.uri))
+        deadline = time.monotonic() + 30  # reports go to the coordinator: learn it first
+        while control.controller.coordinator is None and time.monotonic() < deadline:
+            time.sleep(0.1)
     totals = {"jobs": 0, "ok": 0, "wrong": 0, "lost": 0, "rejected": 0}
     try:
         i = 0

@@ -61,26 +61,28 @@ class NetCluster:
             "join", self.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
             host.addr, "-v", "--data-dir", str(self.root / name)), env)
 
-    def driver(self, name: str, host: Host, *args: str) -> Proc:
+    def driver(self, name: str, host: Host, *args: str, uri: str = "") -> Proc:
         """A requester process running jobs (:mod:`tests.system.driver`)."""
-        return self.start(name, host, [sys.executable, "-m", "tests.system.driver", self.uri,
+        return self.start(name, host, [sys.executable, "-m", "tests.system.driver",
+                                       uri or self.uri,
                                        "--data-dir", str(self.root / name), *args])
 
-    def status(self, host: Host) -> dict:
-        res = subprocess.run(host.wrap(swarm_cmd("status", self.uri, "--json", "--data-dir",
+    def status(self, host: Host, uri: str = "") -> dict:
+        res = subprocess.run(host.wrap(swarm_cmd("status", uri or self.uri, "--json",
+                                                 "--data-dir",
                                                  str(self.root / "obs"))),
                              capture_output=True, text=True, timeout=60, env=subprocess_env())
         if res.returncode != 0:
             raise AssertionError(res.stderr.strip()[-500:])
         return json.loads(res.stdout)
 
-    def wait_status(self, host: Host, pred, timeout: float, what: str) -> dict:
+    def wait_status(self, host: Host, pred, timeout: float, what: str, uri: str = "") -> dict:
         """Poll ``swarm status`` from ``host`` until ``pred(status)``; bounded."""
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
             try:
-                last = self.status(host)
+                last = self.status(host, uri)
                 if pred(last):
                     return last
             except AssertionError as exc:  # not reachable or items not stored yet
