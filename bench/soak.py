@@ -26,6 +26,9 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DHT_UP = re.compile(r"up: dht \('([\d.]+)', (\d+)\)")
+"""A node's log line with its DHT address."""
 
 
 def _env() -> dict[str, str]:
@@ -60,8 +63,21 @@ def main(argv: list[str] | None = None) -> int:
                                        **kw)
         return procs[name]
 
+    def via_live() -> str:
+        """The URI bootstrapping through a live node (the publisher may be gone)."""
+        from swarm.uri import JoinURI, parse
+
+        for name, proc in procs.items():
+            if proc.poll() is None and name != "driver":
+                m = DHT_UP.search(logs[name].read_text(errors="replace"))
+                if m:
+                    j = parse(uri)
+                    return str(JoinURI(j.pubkey, j.name, j.salt, ((m[1], int(m[2])),),
+                                       j.owner))
+        return uri
+
     def join(name: str) -> None:
-        start(name, ["swarm", "join", uri, "--yes", "--backend", "numpy", "--threads", "1",
+        start(name, ["swarm", "join", via_live(), "--yes", "--backend", "numpy", "--threads", "1",
                      "--max-memory", args.max_memory, "-v", "--data-dir", str(root / name)], stdout=subprocess.DEVNULL)
 
     started = time.monotonic()
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() >= next_churn:
                 alive = sorted(k for k, v in procs.items()
                                if k not in ("driver",) and v.poll() is None)
-                kind = rng.choice(["join", "leave", "kill"]) if len(alive) > 3 else "join"
+                kind = rng.choice(["join", "leave", "kill"]) if len(alive) > 2 else "join"
                 if kind == "join":
                     name = f"w{n}"
                     n += 1
