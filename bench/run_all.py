@@ -2,6 +2,7 @@
 docs/benchmarks.md with tables and PNG plots under docs/img/. `make bench` runs it.
 
     python bench/run_all.py [--quick] [--only NAME ...] [--out docs]
+    python bench/run_all.py --from-json docs/benchmarks.json   # re-render only
 
 Every figure is captioned with how it was measured: machine (CPU model, cores, load),
 date, and the exact command. A script that fails or runs out of time gets a line saying so,
@@ -161,7 +162,8 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
             plots.append(("runtime.png", "swarm vs numpy (vs Ray where installed)"))
     elif name == "identity":
         timings = {k: v for k, v in d.items() if "bytes" not in k}
-        md = [_records([{"figure": k} | v for k, v in d.items()])]
+        md = ["Times in ms (sizes in bytes).", "",
+              _records([{"figure": k} | v for k, v in d.items()])]
         _bars(img / "identity.png", "owner ceremony (software key), ms", list(timings),
               {"median": [v["median"] for v in timings.values()]}, "ms")
         plots.append(("identity.png", "ceremony timings"))
@@ -176,6 +178,40 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
     return "\n".join(md), plots
 
 
+def headlines(results: list[dict]) -> list[str]:
+    """The ratios the README quotes, from whatever scripts produced data."""
+    d = {r["name"]: r["data"] for r in results if r["data"] is not None}
+    out = []
+    try:
+        if "compute" in d:
+            k = d["compute"]["kernels"][-1]
+            f = d["compute"]["freivalds"][-1]
+            out.append(f"tiled WGSL kernel {k['speedup']:.1f}x the naive one at n={k['n']} "
+                       f"({k['adapter']})")
+            out.append(f"Freivalds' check costs {f['cost_pct_median']:.1f}% of the product "
+                       f"at n={f['n']} (median)")
+        if "runtime" in d:
+            for x in d["runtime"]["results"]:
+                if x.get("vs_numpy") and x["runner"].startswith("swarm"):
+                    out.append(f"{x['case']}, {x['runner']}: {x['vs_numpy']:.2f}x numpy's speed")
+        if "transport" in d:
+            t = d["transport"]
+            out.append(f"links: TLS {t['tls_mb_s']} MB/s, tuned WebRTC {t['webrtc_mb_s']} MB/s"
+                       + (f", stock WebRTC {t['webrtc_standard_mb_s']} MB/s"
+                          if t.get("webrtc_standard_mb_s") else ""))
+        if "control" in d:
+            c = d["control"]["summary"]
+            out.append(f"failover after SIGKILL {c['failover']['median']:.2f} s, handoff "
+                       f"after SIGTERM {c['handoff']['median']:.2f} s (medians)")
+        if "dht" in d:
+            g = d["dht"]
+            out.append(f"DHT gets after killing {g['churn']:.0%} of {g['nodes']} nodes: "
+                       f"{g['get_after_churn']['success']:.0%} found the newest value")
+    except (KeyError, TypeError, IndexError, ValueError):
+        pass
+    return out
+
+
 def write(results: list[dict], out: Path, quick: bool) -> Path:
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
@@ -185,6 +221,9 @@ def write(results: list[dict], out: Path, quick: bool) -> Path:
              "The machine was shared with other work while these ran (its 1-minute load is "
              "given per script): compare figures side by side within one run, quote ratios "
              "and medians, not absolute single numbers.", ""]
+    heads = headlines(results)
+    if heads:
+        lines += ["## Headline ratios", ""] + [f"- {h}" for h in heads] + [""]
     for r in results:
         lines += [f"## {r['name']}", "", BENCHES[r["name"]][3] + ".", "",
                   f"Measured {r['date']} with `{r['command']}` in {r['seconds']} s "
@@ -210,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes (minutes, not an hour)")
     p.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES))
     p.add_argument("--out", type=Path, default=ROOT / "docs")
+    p.add_argument("--from-json", type=Path, metavar="FILE",
+                   help="re-render a previous run's benchmarks.json instead of running")
     args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print(write(saved["results"], args.out, saved["quick"]))
+        return 0
     results = []
     for name in args.only:
         print(f"running {name} ...", file=sys.stderr, flush=True)
@@ -218,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         r = results[-1]
         print(f"  {name}: {'ok' if r['data'] is not None else r['error']} "
               f"({r['seconds']} s)", file=sys.stderr, flush=True)
+    (args.out / "benchmarks.json").write_text(json.dumps({"quick": args.quick,
+                                                          "results": results}, indent=1))
     print(write(results, args.out, args.quick))
     return 0 if all(r["data"] is not None for r in results) else 1
 
