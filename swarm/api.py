@@ -46,7 +46,6 @@ from swarm.errors import (
     LinkClosed,
     LocalError,
     RemoteError,
-    VerificationError,
 )
 from swarm.membership import MemberRecord, swarm_id
 from swarm.netaddr import source_address
@@ -56,7 +55,7 @@ from swarm.runtime.actors import REGISTRY, method_spec
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
-from swarm.runtime.requester import Arg, Call, JobReport
+from swarm.runtime.requester import Arg, Call, JobReport, TaskFailure, agree
 
 log = logging.getLogger("swarm.api")
 Operand = np.ndarray | ObjectRef
@@ -83,10 +82,22 @@ class _LoopThread:
         return self.submit(coro).result(timeout)
 
     def stop(self) -> None:
+        """Cancel every task still on the loop, wait for them, then stop and close it."""
+        try:
+            self.run(self._cancel_all(), 10)
+        except Exception as exc:  # a task that ignores cancellation: stop anyway
+            log.debug("client loop shutdown: %r", exc)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self.loop.is_running():
             self.loop.close()
+
+    @staticmethod
+    async def _cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
@@ -152,7 +163,7 @@ class _Kernel:
         method_spec("matmul", "kernel").check(list(arrays), params)
         call = Call("matmul", "kernel", tuple(Arg(np.ascontiguousarray(x)) for x in arrays),
                     dict(params), cost=float(sum(x.size for x in arrays)))
-        fut = client._loop.submit(client._kernel(call, opts))
+        fut = client._submit(client._kernel(call, opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
 
 
@@ -173,6 +184,7 @@ class Client:
         self.last_report: JobReport | None = None
         """The report of the most recent finished job (per-peer shards, bytes, verdicts)."""
         self._closed = False
+        self._inflight: set[cf.Future] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -196,6 +208,13 @@ class Client:
 
             self._backend = compute.get_backend("numpy")
         return self._backend
+
+    def _submit(self, coro: Coroutine) -> cf.Future:
+        """Run a task coroutine on the client's loop; close() cancels it if still pending."""
+        fut = self._loop.submit(coro)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+        return fut
 
     def _check_open(self) -> None:
         if self._closed:
@@ -263,7 +282,7 @@ class Client:
             method_spec("matmul", "matmul").check([a, a.T], {})
         elif isinstance(b, np.ndarray):
             method_spec("matmul", "matmul").check([b.T, b], {})
-        fut = self._loop.submit(self._matmul(a, b, opts))
+        fut = self._submit(self._matmul(a, b, opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
 
     async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
@@ -330,6 +349,8 @@ class Client:
             return
         self._closed = True
         self._refresher.cancel()
+        for fut in list(self._inflight):  # get() on their refs raises CancelledError
+            fut.cancel()
         try:
             self._loop.run(self._node.stop(graceful=False), 30)
         except Exception as exc:
@@ -400,7 +421,7 @@ class ActorHandle:
             return self._peer
 
     async def _invoke(self, method: str, arrays: list[Operand], params: dict[str, Any],
-                      seq: tuple[int, int]) -> Any:
+                      seq: tuple[int, int], verify: str) -> Any:
         client = self._client
         resolved = [(await client._resolve(x)) for x in arrays]
         call = Call(self.name, method,
@@ -420,15 +441,47 @@ class ActorHandle:
                                          "call in flight (max_task_retries=0)") from None
                 retries -= 1
                 seq = self._next_seq()
+        outs = await self._verified(method, call, peer, outs, verify)
+        return outs[0] if len(outs) == 1 else outs
+
+    async def _verified(self, method: str, call: Call, peer: PeerId, outs: list[np.ndarray],
+                        verify: str) -> list[np.ndarray]:
+        """Check an actor call's outputs; a wrong one is reported and redone here."""
+        client = self._client
+        if verify == "none":
+            return outs
         if method == "matmul":
             import compute
 
-            a, b = (np.asarray(r[0], np.float32) for r in resolved)
-            if not await asyncio.to_thread(compute.verify_matmul, a, b, outs[0]):
-                client._node.report_lying_peer(peer, f"actor {self.name}.matmul result wrong")
-                raise VerificationError(f"actor {self.name} on {peer.short()} returned a "
-                                        "wrong matmul result (Freivalds check failed)")
-        return outs[0] if len(outs) == 1 else outs
+            a, b = (np.asarray(arg.array, np.float32) for arg in call.args)
+            if await asyncio.to_thread(compute.verify_matmul, a, b, outs[0]):
+                return outs
+            client._node.report_lying_peer(peer, f"actor {self.name}.matmul result was wrong")
+            return [await asyncio.to_thread(client._local_backend().matmul, a, b)]
+        # kernels: run the same call on another peer (or here) and compare
+        from swarm.runtime.actors import MatmulActor
+
+        def here(_: int = 0) -> list[np.ndarray]:
+            import compute
+
+            return getattr(MatmulActor(compute.get_backend("wgpu")), method)(
+                [arg.array for arg in call.args], call.params)
+
+        req = client._node.requester
+        others = [w for w in req.workers() if w != peer]
+        try:
+            second = (await req.call(others[0], call))[0] if others else \
+                await asyncio.to_thread(here)
+        except (TaskFailure, LinkClosed):
+            second = await asyncio.to_thread(here)
+        if agree(outs, second):
+            return outs
+        truth = await asyncio.to_thread(here)
+        for who, got in ((peer, outs), (others[0] if others else None, second)):
+            if who is not None and not agree(got, truth):
+                client._node.report_lying_peer(who, f"actor {self.name}.{method} replica "
+                                                    "disagreed with the requester's own run")
+        return truth
 
     def _on_death(self, peer: PeerId) -> None:
         """The host of this actor is gone: restart elsewhere if max_restarts allows."""
@@ -456,16 +509,29 @@ class ActorMethod:
         raise TypeError(f"actor methods cannot be called directly; use "
                         f"handle.{self._method}.remote(...) and swarm.get() the ObjectRef")
 
-    def remote(self, *arrays: Operand, **params: Any) -> ObjectRef:
+    def remote(self, *arrays: Operand, verify: str | None = None, **params: Any) -> ObjectRef:
+        """Call the method on the actor; returns an ObjectRef at once.
+
+        ``verify``: "freivalds" (default for matmul), "replicate" (default for kernels: a
+        second run on another peer must agree) or "none". A wrong result is reported through
+        the node's ``on_lying_peer`` hook and redone on the requester.
+        """
         h = self._handle
         h._client._check_open()
+        if verify is None:
+            verify = "freivalds" if self._method == "matmul" else "replicate"
+        validate(TASK_OPTIONS, {"verify": verify}, f"{self._method}.remote()")
+        if verify == "freivalds" and self._method != "matmul":
+            raise ValueError(f"{self._method}.remote(): Freivalds' check is for matmul; use "
+                             "verify='replicate' or 'none'")
         for i, x in enumerate(arrays):
             _check_operand(f"argument {i}", x, h._client)
         spec = method_spec(h.name, self._method)
         if all(isinstance(x, np.ndarray) for x in arrays):
             spec.check(list(arrays), params)
         seq = h._next_seq()
-        fut = h._client._loop.submit(h._invoke(self._method, list(arrays), params, seq))
+        fut = h._client._submit(h._invoke(self._method, list(arrays), params, seq,
+                                               verify))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, h._client)
 
 

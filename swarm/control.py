@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from identity.keys import PeerId
 from swarm.control_state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
@@ -210,6 +210,9 @@ class Controller:
         self._liars: dict[PeerId, list[float]] = {}
         self._leave_reason = ""
         self._predecessor: PeerId | None = None
+        self._seq_floor = 0
+        self._kicked: dict[PeerId, float] = {}
+        """Kicked peers and until when (monotonic) they may not coordinate."""
         self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
 
@@ -258,6 +261,21 @@ class Controller:
                 and (st.admins, st.policy) != self._charter:
             self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
 
+    def note_seq(self, seq: int) -> None:
+        """Our own DHT item already has ``seq``: later claims must number above it."""
+        self._seq_floor = max(self._seq_floor, seq + 1)
+
+    def rival(self, state: CoordinatorState, now: float) -> None:
+        """Another coordinator's state item in the DHT holds our term or a later one (two
+        claims raced, e.g. across a full restart): step down; the next claim goes above."""
+        self.guard.observe(state.term)
+        if self.role is Role.COORDINATOR and self.state is not None \
+                and state.coordinator != self.me and state.term >= self.state.term:
+            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} also "
+                                                    f"holds term {state.term}")
+            if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
+                self._claim(now)  # at once, before our followers miss a heartbeat
+
     def note_term(self, term: int) -> None:
         """A term seen in the DHT (signed state items): our next claim goes above it."""
         self.guard.observe(term)
@@ -270,6 +288,9 @@ class Controller:
 
     def tick(self, now: float) -> None:
         """Timers: heartbeats, failover, claim and handoff deadlines."""
+        for peer, until in list(self._kicked.items()):
+            if now > until:
+                del self._kicked[peer]
         if self.role is Role.FOLLOWER:
             self._follow(now)
         elif self.role is Role.CANDIDATE:
@@ -378,6 +399,7 @@ class Controller:
             log.warning("kicked by the coordinator: %s", order.reason or "no reason given")
             self._set_state(Role.STOPPED, now, why=f"kicked: {order.reason}")
         else:
+            self._kicked[order.target] = now + self.timing.kick_max_age
             self._actions.append(Disconnect(order.target, f"kicked: {order.reason}", False))
 
     def command(self, cmd: Command, now: float) -> CoordinatorState:
@@ -407,6 +429,9 @@ class Controller:
                 self._leave_reason = f"kicked: {cmd.reason}"
                 self.leave(now)
             else:
+                self._kicked[cmd.target] = now + self.timing.kick_max_age
+                # A newcomer may not have heard us yet: our state first, then the order.
+                self._actions.append(SendHeartbeat(self.state, (cmd.target,), self.endorsement))
                 order = KickOrder(self.state.term, cmd.target, cmd.reason, cmd.at)
                 to = tuple(p for p in self.view if p != self.me) + (
                     (cmd.target,) if cmd.target not in self.view else ())
@@ -467,7 +492,8 @@ class Controller:
             self._actions.append(Left(why or "stopped"))
 
     def _candidates_out(self) -> set[PeerId]:
-        return set(self.suspects)
+        """Peers that may not coordinate now: suspected dead, or kicked a moment ago."""
+        return set(self.suspects) | set(self._kicked)
 
     def _follow(self, now: float) -> None:
         if self.expected == self.me:
@@ -493,6 +519,8 @@ class Controller:
             new = CoordinatorState(swarm=self.swarm, term=term, seq=1, coordinator=self.me)
         else:
             new = prev.successor(term=term, coordinator=self.me)
+        if new.seq < self._seq_floor:
+            new = replace(new, seq=self._seq_floor)
         self._pending = new
         self._pending_endorsement = b""
         self._predecessor = None
@@ -505,8 +533,9 @@ class Controller:
             return True
         if endorsed_by is not None and endorsed_by == cur.coordinator:
             return True
-        # Failover: is the sender whom we elect once the old coordinator is set aside?
-        out = self._candidates_out() | {cur.coordinator}
+        # Failover: is the sender whom we elect once the old coordinator is set aside? (A
+        # heartbeat proves the sender alive: our suspicion of it does not count here.)
+        out = (self._candidates_out() - {state.coordinator}) | {cur.coordinator}
         return elect(self.view.values(), self.blocked(), out) == state.coordinator
 
     def _adopt(self, state: CoordinatorState, now: float) -> None:
@@ -557,6 +586,9 @@ class Controller:
         out = self._candidates_out() | self._failed_successors
         succ = to or successor(self.view.values(), self.me, self.blocked(), out)
         if succ is None:
+            log.info("no successor among %s (out: %s)", [
+                (c.peer_id.short(), c.tflops, c.can_coordinate) for c in self.view.values()],
+                [p.short() for p in out])
             if self.leaving:
                 self._set_state(Role.STOPPED, now,
                                 why=self._leave_reason or "left; no successor available")

@@ -91,11 +91,15 @@ class ControlPlane:
         self.clock = clock
         self.ownership = ownership
         self.owner_pin = owner_pin
+        self.passive = not getattr(node.config, "announce", True)
+        """A node that does not announce itself (a client) gets no heartbeats: it follows
+        the coordinator through the DHT state items instead."""
         persisted = load_state(self.data_dir, self.swarm_id)
         self.controller = Controller(self.key.peer_id, self.swarm_id, clock(),
                                      timing or Timing(), persisted)
         self.addrs: dict[PeerId, tuple[str, int]] = {}
         self.records: dict[PeerId, MemberRecord] = {}
+        self._seen: dict[PeerId, tuple[MemberRecord, float]] = {}
         self.left = asyncio.Event()
         self.left_reason = ""
         self.role_changes: list[tuple[float, Role, int]] = []
@@ -132,6 +136,8 @@ class ControlPlane:
     async def leave(self, timeout: float = 10.0) -> str:
         """Leave gracefully (a coordinator hands off first); returns why we left."""
         if not self.left.is_set():
+            if self.role is Role.COORDINATOR:
+                await self._fresh_view()  # so that a member that just joined can take over
             self.controller.leave(self.clock())
             await self._do(self.controller.actions())
             try:
@@ -153,7 +159,8 @@ class ControlPlane:
 
     async def _run(self) -> None:
         next_view = self.clock() + VIEW_INTERVAL
-        next_charter = self.clock()
+        next_charter = next_check = self.clock()
+        check: asyncio.Task | None = None
         while not self.left.is_set():
             now = self.clock()
             if now >= next_view and (self._view_task is None or self._view_task.done()):
@@ -162,6 +169,12 @@ class ControlPlane:
             if now >= next_charter:
                 self._spawn(self._refresh_charter())
                 next_charter = now + CHARTER_REFRESH
+            if now >= next_check and (check is None or check.done()):
+                check = asyncio.get_running_loop().create_task(self._check_dht())
+                check.add_done_callback(_log_crash)
+                self._tasks.add(check)
+                check.add_done_callback(self._tasks.discard)
+                next_check = now + VIEW_INTERVAL
             self.controller.tick(now)
             await self._do(self.controller.actions())
             await asyncio.sleep(TICK)
@@ -173,24 +186,66 @@ class ControlPlane:
             log.info("member lookup failed: %s", exc)
             return
         blocked = self.controller.blocked()
-        view: list[Candidate] = []
         for ann in anns:
-            if ann.peer_id in blocked:
-                continue  # a blocked peer's announcement is refused here
             try:
                 rec = MemberRecord.decode(ann.record, ann.peer_id)
             except ProtocolError as exc:
                 log.info("ignoring member record of %s: %s", ann.peer_id.short(), exc)
                 continue
-            self.records[rec.peer_id] = rec
+            old = self._seen.get(rec.peer_id)
+            if old is None or ann.expires_at >= old[1]:
+                self._seen[rec.peer_id] = (rec, ann.expires_at)
+        # A lookup that missed a slow node lists fewer members; an announcement stays valid
+        # until it expires, so the view keeps what it saw (silence is the controller's to judge).
+        wall = time.time()
+        view: list[Candidate] = []
+        for peer, (rec, expires) in list(self._seen.items()):
+            if expires < wall:
+                del self._seen[peer]
+                continue
+            if peer in blocked:
+                continue  # a blocked peer's announcement is refused here
+            self.records[peer] = rec
             if rec.dht is not None:
-                self.addrs[rec.peer_id] = rec.dht
-            view.append(candidate(rec, ann.expires_at))
+                self.addrs[peer] = rec.dht
+            view.append(candidate(rec, expires))
         me = self.key.peer_id
         if me not in {c.peer_id for c in view} and self.node.record is not None:
             view.append(candidate(self.node.record, float("inf")))
+        if len(view) != len(self.controller.view):
+            log.info("%d members in view", len(view))
         self.controller.members(view, self.clock())
         await self._do(self.controller.actions())
+
+    async def _check_dht(self) -> None:
+        """Slower checks against the DHT, apart from the view so they never delay it."""
+        if self.passive:
+            await self._read_states()
+            return
+        await self._catch_up()
+        if self.role is Role.COORDINATOR:
+            for state in await self._dht_states():
+                self.controller.rival(state, self.clock())
+            await self._do(self.controller.actions())
+
+    async def _catch_up(self) -> None:
+        """Heartbeats are datagrams: read our coordinator's DHT item for anything missed
+        (a block of this very peer is sent to it only once)."""
+        st = self.controller.state
+        if st is None or st.coordinator == self.key.peer_id or self.role is Role.STOPPED:
+            return
+        try:
+            item = await self.node.dht.get_mutable(st.coordinator.raw,
+                                                   state_salt(self.swarm_id))
+            newer = CoordinatorState.decode(item.value) if item is not None else None
+        except (DHTError, ProtocolError):
+            return
+        if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
+            try:
+                self.controller.heartbeat(newer, newer.coordinator, self.clock())
+            except (StaleTerm, NotCoordinator, ProtocolError) as exc:
+                log.info("not adopting %s's newer DHT state: %s", st.coordinator.short(), exc)
+            await self._do(self.controller.actions())
 
     async def _refresh_charter(self) -> None:
         """Pick up ownership changes (new admins, policy, owner) from the DHT."""
@@ -253,7 +308,12 @@ class ControlPlane:
                 msg = seal(self.key, self.swarm_id, "handoff", act.state.encode(), endorse)
                 self._spawn(self._send(act.to, msg))
             elif isinstance(act, control.SendKick):
-                msg = seal(self.key, self.swarm_id, "kick", act.order.encode())
+                # The kick carries our heartbeat, so a peer that has not heard us yet (a
+                # newcomer) learns who we are before it judges the order.
+                hb = self.controller.state
+                carried = seal(self.key, self.swarm_id, "hb", hb.encode(),
+                               self.controller.endorsement) if hb else b""
+                msg = seal(self.key, self.swarm_id, "kick", act.order.encode(), carried)
                 for peer in act.to:
                     self._spawn(self._send(peer, msg))
             elif isinstance(act, control.Disconnect):
@@ -268,13 +328,22 @@ class ControlPlane:
             elif isinstance(act, control.Left):
                 self.left_reason = act.reason
                 self.left.set()
-        if self._liars and self.controller.coordinator not in (None, self._liars_told):
+        st = self.controller.state
+        now_coord = self.controller.coordinator or (st.coordinator if self.passive and st
+                                                    else None)
+        if self._liars and now_coord not in (None, self._liars_told):
             self._report_liars(self._liars)
 
     async def _put_state(self, act: control.PutState) -> None:
         dht = self.node.dht
         salt = state_salt(self.swarm_id)
         ok, why = True, ""
+        st = self.controller.state
+        if act.claim and st is not None and act.state.prev == st.digest():
+            # A failover claim (a handoff carries its own, newer state): catch up first.
+            await self._catch_up()
+            if self.role is not Role.CANDIDATE:
+                return  # what we missed settled it (a newer state, or our own block)
         if act.claim:
             # The CAS across the swarm: nobody may hold this term (or a later one) already.
             higher = [s for s in await self._dht_states()
@@ -291,9 +360,11 @@ class ControlPlane:
                                   seq=act.state.seq)
         except ItemError as exc:
             ok, why = False, str(exc)
-            if act.claim and exc.code == 302:  # our own older item is ahead: catch up past it
+            if act.claim and exc.code == 302:  # our own item from an older chain is ahead
                 item = await dht.get_mutable(self.key.public_bytes, salt)
-                why += f" (stored seq {item.seq if item else '?'})"
+                if item is not None:
+                    self.controller.note_seq(item.seq)
+                    why += f" (stored seq {item.seq}; the next claim numbers above it)"
         except (LookupFailed, DHTError) as exc:
             ok, why = False, str(exc)
         if not ok:
@@ -302,15 +373,30 @@ class ControlPlane:
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
 
+    async def _fresh_view(self) -> None:
+        """Refresh the member view now (sharing a refresh already under way)."""
+        if self._view_task is None or self._view_task.done():
+            self._view_task = asyncio.get_running_loop().create_task(self._refresh_view())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._view_task), 10.0)
+        except TimeoutError:
+            pass
+
     async def _send(self, peer: PeerId, msg: bytes) -> None:
         addr = self.addrs.get(peer)
         if addr is None:
-            log.debug("no DHT address for %s", peer.short())
+            await self._fresh_view()  # a member that joined since the last refresh
+            addr = self.addrs.get(peer)
+        if addr is None:
+            log.info("no DHT address for %s; message dropped", peer.short())
             return
-        try:
-            await self.node.dht.send_message(addr, msg)
-        except (DHTError, OSError) as exc:
-            log.debug("control message to %s failed: %s", peer.short(), exc)
+        for attempt in range(2):  # one retry: a lost datagram must not lose a kick
+            try:
+                await self.node.dht.send_message(addr, msg)
+                return
+            except (DHTError, OSError) as exc:
+                log.debug("control message to %s failed (try %d): %s", peer.short(),
+                          attempt + 1, exc)
 
     async def _disconnect(self, act: control.Disconnect) -> None:
         link = self.node.link_to(act.peer)
@@ -328,6 +414,8 @@ class ControlPlane:
     def _report_liars(self, reports: list[tuple[PeerId, str, float]]) -> None:
         """Tell the coordinator (sent again to a new one: a dead one heard nothing)."""
         coord = self.controller.coordinator
+        if coord is None and self.passive and self.controller.state is not None:
+            coord = self.controller.state.coordinator  # no heartbeats here to judge by
         self._liars_told = coord
         now = self.clock()
         for peer, reason, at in reports:
@@ -349,6 +437,9 @@ class ControlPlane:
         now = self.clock()
         c = self.controller
         try:
+            if env.kind == "kick" and env.endorsement and \
+                    unseal(self.swarm_id, env.endorsement).kind != "hb":
+                raise ProtocolError("a kick carries only a heartbeat")
             if env.kind == "hb":
                 state = CoordinatorState.decode(env.body)
                 self.addrs.setdefault(env.sender, addr)
@@ -357,10 +448,14 @@ class ControlPlane:
                 c.handoff_offer(CoordinatorState.decode(env.body), env.sender, now,
                                 env.endorsement)
             elif env.kind == "kick":
+                if env.endorsement:
+                    await self._on_message(sender, addr, env.endorsement)
                 c.kick_order(KickOrder.decode(env.body), env.sender, now, time.time())
             elif env.kind == "liar":
+                # Trusted from any signed peer (clients need not announce themselves); the
+                # owner can unblock a worker that a lying requester got blocked.
                 o = msgpack.unpackb(env.body, raw=False)
-                if env.sender in self.records and isinstance(o, dict):
+                if isinstance(o, dict) and env.sender not in c.blocked():
                     c.liar_report(PeerId(o["p"]), now, int(time.time()))
             elif env.kind == "cmd":
                 self._command(Signed.decode(env.body), now)

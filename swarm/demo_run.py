@@ -182,7 +182,7 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
             await asyncio.to_thread(_close, client, locals().get("control"))
     correct = err <= 1e-3 * scale
     return {
-        "ok": bool(correct and caught > 0), "name": "demo", "size": size, "jobs": JOBS,
+        "ok": bool(correct and caught > 0 and blocked), "name": "demo", "size": size, "jobs": JOBS,
         "owner": st.charter.ownership.owner.fingerprint().hex(),
         "members": sorted(peers.values()), "join_s": statistics.median(joins),
         "coordinator_before": coord_before, "term_before": term_before,

@@ -31,7 +31,6 @@ from swarm.uri import JoinURI
 
 log = logging.getLogger("swarm.member")
 CHARTER_WAIT = 15.0
-RPC_TIMEOUT = 1.0
 
 
 @dataclass
@@ -81,9 +80,6 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                            bootstrap=tuple(uri.peers), backend=backend, threads=threads,
                            store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
                            roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))
-    # Each lookup waits for its k closest nodes, so one dead node costs a full RPC timeout;
-    # kademlia's 5 s would put a failover claim (two lookups) far past its goal.
-    node.dht.rpc_timeout = RPC_TIMEOUT
     if state is not None and node.peer_id in state.blocked_ids:
         raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
                       f"{uri.name or sid.hex()[:12]}")

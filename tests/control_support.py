@@ -106,7 +106,7 @@ class Cluster:
     def join(self, name: str, uri: str | None = None, env: dict[str, str] | None = None
              ) -> Proc:
         return self.start(name, "join", uri or self.uri, "--yes", "--backend", "numpy",
-                          "--threads", "1", "-v", env=env)
+                          "--threads", "1", "-vv", env=env)
 
     def close(self) -> None:
         for obs in self.observers:

@@ -21,4 +21,5 @@ def test_demo_survives_the_coordinator_and_catches_the_liar(tmp_path):
     assert r["term_after"] > r["term_before"]
     assert r["wrong_results_caught"] > 0
     assert r["peers"][r["chaos_worker"]]["verified"] == 0
+    assert r["chaos_blocked"]  # reported to the (new) coordinator, which blocked it
     assert len(r["members"]) == 4

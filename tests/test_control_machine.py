@@ -283,6 +283,18 @@ def test_kick_disconnects_and_the_kicked_peer_leaves():
     assert (sim.ids["a"], False) in sim.disconnects["b"]
 
 
+def test_a_kicked_peer_is_not_handed_the_role_it_was_kicked_from():
+    sim, _ = _stable({"a": 1.0, "b": 2.0})
+    sim.add("f", 10.0)  # faster: b would hand off to it at once, but b kicks it first
+    sim.nodes["b"].command(Command("kick", sim.ids["f"], "go away", "owner", 0), sim.now)
+    sim._run("b")
+    assert sim.left.get("f") == "kicked: go away"
+    sim.add("f", 10.0)  # rejoins straight away: kicked, not blocked, but not promoted yet
+    for _ in range(40):
+        sim.step()
+    assert sim.coordinators() == {"b"}
+
+
 def test_repeat_liars_are_blocked_by_the_coordinator():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     b = sim.nodes["b"]
@@ -314,3 +326,36 @@ def test_a_coordinator_blocked_by_the_owner_hands_off_with_its_own_block():
     assert sim.left["b"] == "this peer is blocked"
     assert sim.ids["b"] in sim.nodes["a"].blocked() and sim.nodes["c"].term == 2
     assert not any(w == "hb" for _, w, _ in sim.refused)
+
+
+def test_a_claim_numbers_above_our_own_stale_dht_item():
+    sim = Sim({"a": 1.0})
+    a = sim.nodes["a"]
+    a.note_seq(41)  # the adapter found our item at seq 41 from an older chain
+    a.note_term(6)  # and a term-6 state of someone else in the DHT
+    sim.run_until(lambda: a.role is Role.COORDINATOR)
+    assert a.state.seq == 42 and a.term == 7
+
+
+def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
+    sim, _ = _stable({"a": 1.0, "b": 3.0})
+    b = sim.nodes["b"]
+    rival = CoordinatorState(SWARM, 1, 5, sim.ids["a"])  # found in the DHT after a restart
+    b.rival(rival, sim.now)
+    assert b.role is Role.CANDIDATE  # still the one elected: claims above it at once
+    sim._run("b")
+    sim.run_until(lambda: sim.agreed("b"))
+    assert b.term == 2 and sim.nodes["a"].term == 2
+
+
+def test_a_slow_successor_is_still_followed_once_it_speaks():
+    """The successor's claim took longer than failover: followers suspected it too, yet its
+    first heartbeat (a higher term, elected once the dead one is set aside) is accepted."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Health(thermal=95.0)})
+    a = sim.nodes["a"]  # too hot to coordinate: it only follows
+    sim.alive -= {"b", "c"}  # b dead; c too slow to speak for a while
+    t = sim.timing
+    sim.run_until(lambda: sim.ids["c"] in a.suspects, limit=3 * t.failover + 1)
+    state = sim.nodes["b"].state.successor(term=2, coordinator=sim.ids["c"])
+    assert a.heartbeat(state, sim.ids["c"], sim.now)
+    assert a.coordinator == sim.ids["c"] and a.role is Role.FOLLOWER

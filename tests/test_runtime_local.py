@@ -158,6 +158,12 @@ def test_lying_worker_is_caught_and_its_shards_redone():
         assert c.last_report.peers[str(liar)].rejected >= 1
         assert reported and set(reported) == {liar}
         assert c.node.requester.rates.rejected[liar] >= 1
+        # an actor hosted by the liar: its wrong answer is caught, reported and redone here
+        reported.clear()
+        h = c.actor("matmul", peer=liar)
+        np.testing.assert_allclose(swarm.get(h.matmul.remote(a, b), timeout=30), a @ b,
+                                   rtol=1e-4, atol=1e-3)
+        assert reported == [liar]
 
 
 @pytest.mark.slow
@@ -207,6 +213,21 @@ def test_wgsl_kernel_replicated_on_two_peers(client):
     ran = {peer for peer, r in client.last_report.peers.items() if r.shards}
     assert ran == {str(w) for w in client.worker_ids}          # both peers ran it
     assert all(r.verified == r.shards for r in client.last_report.peers.values())
+
+
+@pytest.mark.slow
+def test_actor_kernel_is_checked_against_a_second_peer(client):
+    pytest.importorskip("wgpu")
+    h = client.actor("matmul")
+    x = np.arange(64, dtype=np.float32)
+    p = np.array([np.float32(3.0).view(np.uint32), 64], np.uint32)
+    ref = h.kernel.remote(x, np.zeros(64, np.float32), p, wgsl=SAXPY,
+                          inputs=["x", "y", "params"], outputs=[("y", (64,), "float32")],
+                          dispatch=(1, 1, 1))
+    np.testing.assert_array_equal(swarm.get(ref, timeout=60), 3 * x)
+    with pytest.raises(ValueError, match="Freivalds"):
+        h.kernel.remote(x, wgsl=SAXPY, inputs=["x"], outputs=[("y", (2,), "float32")],
+                        dispatch=(1, 1, 1), verify="freivalds")
 
 
 def test_kernel_misuse(client):
@@ -325,3 +346,18 @@ def test_straggler_is_re_executed_elsewhere():
             assert fast.shards == report.shards and fast.verified == report.shards
         finally:
             c.processes[0].kill()   # it would finish its sleeping task before leaving
+
+
+def test_closing_the_client_cancels_pending_refs():
+    import concurrent.futures as cf
+
+    c = swarm.local(workers=1, threads=1, chaos="delay=5000")
+    try:
+        x = np.ones((2, 2), np.float32)
+        ref = c.matmul.remote(x, x)
+    finally:
+        c.close()
+    with pytest.raises(cf.CancelledError):
+        swarm.get(ref, timeout=10)
+    with pytest.raises(RuntimeError, match="closed"):
+        c.matmul.remote(x, x)

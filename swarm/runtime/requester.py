@@ -499,7 +499,7 @@ class _JobRun:
         if twin not in self.replicas:
             return
         (p1, o1), (p2, o2) = self.replicas[shard], self.replicas[twin]
-        if _agree(o1, o2):
+        if agree(o1, o2):
             for p in (p1, p2):
                 if p != LOCAL:
                     self.report.peer(p).verified += 1
@@ -507,14 +507,15 @@ class _JobRun:
             return
         truth = await asyncio.to_thread(self.local, i)
         for p, o in ((p1, o1), (p2, o2)):
-            if p != LOCAL and not _agree(o, truth):
+            if p != LOCAL and not agree(o, truth):
                 self.report.peer(p).rejected += 1
                 self.req.rates.reject(p)
                 self.req._reject(p, f"replica of call {i} disagreed with the requester's run")
         self.results[i] = truth
 
 
-def _agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+def agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    """Whether two replicas' outputs match (float tolerance for reordered sums)."""
     if len(a) != len(b):
         return False
     return all(x.shape == y.shape and np.allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=False)
