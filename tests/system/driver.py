@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
         control = _attach_control(client, parse(args.uri))
         deadline = time.monotonic() + 30  # reports go to the coordinator: learn it first
-        while control.controller.coordinator is None and time.monotonic() < deadline:
+        while (control.controller.coordinator is None and control.controller.state is None
+               and time.monotonic() < deadline):
             time.sleep(0.1)
     totals = {"jobs": 0, "ok": 0, "wrong": 0, "lost": 0, "rejected": 0}
     try:

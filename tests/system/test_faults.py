@@ -3,10 +3,8 @@
 Churn: while a requester runs jobs, workers join, leave with SIGTERM and are SIGKILLed in a
 seeded random order; every job completes with a verified, correct result. Lying worker
 (``SWARM_CHAOS=corrupt=1``): every wrong shard is caught by Freivalds' check (the liar never
-verifies a shard) and no wrong result reaches the requester. Blocking after repeated offences
-is NOT shown here: the coordinator only counts liar reports from members
-(`ControlPlane._on_message`), and a requester (`swarm submit`, `swarm.connect`) is not one,
-so its reports are dropped; see SECURITY.md."""
+verifies a shard), no wrong result reaches the requester, and the requester's reports make
+the coordinator block it after repeated offences (the liar process exits with 3)."""
 
 from __future__ import annotations
 
@@ -67,7 +65,7 @@ def test_churn_every_job_completes_verified(cluster, net, tmp_path):
     assert req.wait_exit(30) == 0
 
 
-def test_lying_worker_caught_every_time(cluster, net):
+def test_lying_worker_caught_every_time_and_blocked(cluster, net):
     hosts = [net.host("a" if i % 2 else "b") for i in range(5)]
     cluster.publish(hosts[0])
     honest = cluster.join("w1", hosts[1])
@@ -83,6 +81,7 @@ def test_lying_worker_caught_every_time(cluster, net):
     # Caught every time: the liar never got a shard verified; it did get caught.
     assert all(r["peers"].get(bad, {}).get("verified", 0) == 0 for r in rows), rows
     assert summary["rejected"] > 0
-    st = cluster.status(hosts[4])
-    assert bad not in blocked(st) and liar.popen.poll() is None  # the gap above
+    st = cluster.wait_status(hosts[4], lambda s: bad in blocked(s), 60, "the liar blocked")
+    assert next(b for b in st["blocked"] if b["peer_id"] == bad)["by"] == "coordinator"
+    assert liar.wait_exit(30) == 3
     assert honest.popen.poll() is None
