@@ -56,7 +56,7 @@ def test_wan_emulated_with_netem(cluster, net, tmp_path):
     why = netem_unavailable()
     if why:
         pytest.skip(f"{why}; the project's own SWARM_CHAOS=delay=MS faults stand in "
-                    "(tests/system/test_churn.py runs a delayed worker)")
+                    "(tests/system/test_faults.py runs a delayed worker)")
     hosts = [net.host("a"), net.host("a"), net.host("b"), net.host("b")]
     for h in hosts:
         subprocess.run(h.wrap(["tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
