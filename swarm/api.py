@@ -48,6 +48,7 @@ from swarm.errors import (
     RemoteError,
 )
 from swarm.membership import MemberRecord, swarm_id
+from swarm.netaddr import source_address
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
 from swarm.runtime.actors import REGISTRY, method_spec
@@ -580,7 +581,7 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
     base = Path(data_dir) if data_dir is not None else default_dir()
     temp = tempfile.mkdtemp(prefix="client-", dir=base)
     config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers),
-                        announce=False, dht_rpc_timeout=2.0)
+                        announce=False, dht_rpc_timeout=2.0, host=source_address(peers))
     return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],
                          key=PeerKey.generate())
 

@@ -19,6 +19,7 @@ from swarm import charter
 from swarm.control_state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
 from swarm.membership import MemberRecord, membership_topic, swarm_id
+from swarm.netaddr import source_address
 from swarm.uri import JoinURI
 
 
@@ -30,7 +31,7 @@ async def dht_observer(uri: JoinURI, key: PeerKey | None = None):
                           "the swarm")
     node = DHTNode(key or PeerKey.generate(), None, rpc_timeout=1.0)
     charter.register_validators(node)
-    await node.listen(0)
+    await node.listen(0, source_address(uri.peers))
     try:
         try:
             await node.bootstrap(list(uri.peers))

@@ -40,6 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: Path, name: str):
+    from tokenize import TokenError
+
     import numpy as np
 
     from swarm.errors import ConfigError
@@ -48,7 +50,8 @@ def _load(path: Path, name: str):
         arr = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise ConfigError(f"{name}: no such file {path}") from None
-    except ValueError as exc:
+    except (ValueError, SyntaxError, TokenError, EOFError, OverflowError) as exc:
+        # numpy parses the header with tokenize/ast: a garbled one raises these.
         raise ConfigError(f"{name}: {path} is not a plain .npy array ({exc})") from None
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc}") from None

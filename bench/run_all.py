@@ -1,0 +1,273 @@
+"""Run every benchmark script with --json (each in its own process, time-bounded) and write
+docs/benchmarks.md with tables and PNG plots under docs/img/. `make bench` runs it.
+
+    python bench/run_all.py [--quick] [--only NAME ...] [--out docs]
+    python bench/run_all.py --from-json docs/benchmarks.json   # re-render only
+
+Every figure is captioned with how it was measured: machine (CPU model, cores, load),
+date, and the exact command. A script that fails or runs out of time gets a line saying so,
+and the rest still run."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (script args, quick args, time limit s, what it shows)
+BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
+    "compute": ([], ["--quick"], 900,
+                "WGSL kernels (tiled vs naive), numpy backend overhead, Freivalds' cost"),
+    "transport": (["--mb", "64", "--standard-mb", "16"],
+                  ["--mb", "16", "--standard-mb", "4", "--runs", "1", "--pings", "50"], 600,
+                  "peer-link throughput and round trip by link kind (two processes, loopback)"),
+    "dht": (["--nodes", "100", "--items", "30", "--gets", "100"],
+            ["--nodes", "40", "--items", "10", "--gets", "40"], 600,
+            "DHT put/get latency and success before and after killing 30% of the nodes"),
+    "runtime": ([], ["--quick"], 900,
+                "sharded, verified matmul on swarm.local(workers=2) vs numpy (and Ray if "
+                "installed)"),
+    "identity": (["--n", "30"], ["--n", "10"], 300,
+                 "owner ceremony timings with the software authenticator"),
+    "control": (["--rounds", "3"], ["--rounds", "1"], 600,
+                "control plane: join, failover after SIGKILL, handoff after SIGTERM"),
+}
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} "
+            f"{platform.release()}, Python {platform.python_version()}")
+
+
+def run(name: str, quick: bool) -> dict:
+    args, quick_args, limit, _ = BENCHES[name]
+    cmd = [sys.executable, f"bench/{name}.py", "--json", *(quick_args if quick else args)]
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        data = json.loads(res.stdout) if res.returncode == 0 else None
+        error = None if data is not None else (res.stderr.strip()[-400:] or f"rc {res.returncode}")
+    except subprocess.TimeoutExpired:
+        data, error = None, f"no result within {limit} s"
+    except ValueError as exc:
+        data, error = None, f"unreadable JSON: {exc}"
+    return {"name": name, "command": "python " + " ".join(cmd[1:]), "data": data,
+            "error": error, "seconds": round(time.monotonic() - t0, 1), "load_1m": load,
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+# -- tables and plots per script --------------------------------------------------------------
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def _table(cols: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _records(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    return _table(cols, [[r.get(c, "") for c in cols] for r in rows])
+
+
+def _bars(path: Path, title: str, labels: list[str], series: dict[str, list[float]],
+          unit: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 0.45 * len(labels) * max(1, len(series)) + 1.2))
+    h = 0.8 / max(1, len(series))
+    for i, (name, vals) in enumerate(series.items()):
+        ax.barh([j + i * h for j in range(len(labels))], vals, height=h, label=name)
+    ax.set_yticks([j + h * (len(series) - 1) / 2 for j in range(len(labels))], labels,
+                  fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
+def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
+    """Markdown tables and [(png name, caption)] for one script's JSON."""
+    d, name = r["data"], r["name"]
+    plots: list[tuple[str, str]] = []
+    if name == "compute":
+        md = ["Kernels (llvmpipe or the machine's GPU adapter):", "", _records(d["kernels"]),
+              "", "numpy backend vs raw `a @ b`:", "", _records(d["numpy_overhead"]), "",
+              "Freivalds' check:", "", _records(d["freivalds"])]
+        ns = [f"n={k['n']}" for k in d["kernels"]]
+        _bars(img / "compute_kernels.png", "WGSL matmul GFLOPS", ns,
+              {"naive": [k["naive_gflops"] for k in d["kernels"]],
+               "tiled": [k["tiled_gflops"] for k in d["kernels"]]}, "GFLOPS")
+        plots.append(("compute_kernels.png", "tiled vs naive WGSL kernel"))
+        _bars(img / "compute_freivalds.png", "Freivalds' check, % of the product's time",
+              [f"n={f['n']}" for f in d["freivalds"]],
+              {"median": [f["cost_pct_median"] for f in d["freivalds"]],
+               "best": [f["cost_pct_best"] for f in d["freivalds"]]}, "% of matmul time")
+        plots.append(("compute_freivalds.png", "Freivalds overhead"))
+    elif name == "transport":
+        kinds = list(d["detail"])
+        md = [_records([{"link": k} | {x: v for x, v in d["detail"][k].items()}
+                        for k in kinds]), "", f"event loop: {d.get('event_loop')}"]
+        _bars(img / "transport.png", "peer-link throughput (MB/s, loopback)", kinds,
+              {"MB/s": [d["detail"][k]["mb_s"] for k in kinds]}, "MB/s")
+        plots.append(("transport.png", "throughput by link kind"))
+    elif name == "dht":
+        phases = [k for k in ("put", "get", "get_after_churn", "get_after_churn_again")
+                  if k in d]
+        md = [f"{d['nodes']} nodes in one process, {d.get('churn', 0):.0%} killed between "
+              "phases", "", _records([{"phase": p} | d[p] for p in phases])]
+        _bars(img / "dht.png", f"DHT latency, {d['nodes']} nodes", phases,
+              {"median": [d[p]["median_ms"] for p in phases],
+               "p99": [d[p]["p99_ms"] for p in phases]}, "ms")
+        plots.append(("dht.png", "DHT latency before/after churn"))
+    elif name == "runtime":
+        rows = d["results"]
+        md = [_records(rows), "", f"meta: {json.dumps(d.get('meta', {}))}"]
+        timed = [x for x in rows if x.get("gflops")]
+        if timed:
+            _bars(img / "runtime.png", "matmul GFLOPS by runner",
+                  [f"{x['case']} / {x['runner']}"[:48] for x in timed],
+                  {"GFLOPS": [x["gflops"] for x in timed]}, "GFLOPS")
+            plots.append(("runtime.png", "swarm vs numpy (vs Ray where installed)"))
+    elif name == "identity":
+        timings = {k: v for k, v in d.items() if "bytes" not in k}
+        md = ["Times in ms (sizes in bytes).", "",
+              _records([{"figure": k} | v for k, v in d.items()])]
+        _bars(img / "identity.png", "owner ceremony (software key), ms", list(timings),
+              {"median": [v["median"] for v in timings.values()]}, "ms")
+        plots.append(("identity.png", "ceremony timings"))
+    elif name == "control":
+        s = d["summary"]
+        md = [_records([{"measure (s)": k} | v for k, v in s.items()])]
+        _bars(img / "control.png", "control plane on loopback, seconds", list(s),
+              {"median": [v["median"] for v in s.values()]}, "s")
+        plots.append(("control.png", "join, failover and handoff times"))
+    else:
+        md = ["```", json.dumps(d, indent=1)[:4000], "```"]
+    return "\n".join(md), plots
+
+
+def headlines(results: list[dict]) -> list[str]:
+    """The ratios the README quotes, from whatever scripts produced data."""
+    d = {r["name"]: r["data"] for r in results if r["data"] is not None}
+    out = []
+    try:
+        if "compute" in d:
+            k = d["compute"]["kernels"][-1]
+            f = d["compute"]["freivalds"][-1]
+            out.append(f"tiled WGSL kernel {k['speedup']:.1f}x the naive one at n={k['n']} "
+                       f"({k['adapter']})")
+            out.append(f"Freivalds' check costs {f['cost_pct_median']:.1f}% of the product "
+                       f"at n={f['n']} (median)")
+        if "runtime" in d:
+            for x in d["runtime"]["results"]:
+                if x.get("vs_numpy") and x["runner"].startswith("swarm"):
+                    out.append(f"{x['case']}, {x['runner']}: {x['vs_numpy']:.2f}x numpy's speed")
+        if "transport" in d:
+            t = d["transport"]
+            out.append(f"links: TLS {t['tls_mb_s']} MB/s, tuned WebRTC {t['webrtc_mb_s']} MB/s"
+                       + (f", stock WebRTC {t['webrtc_standard_mb_s']} MB/s"
+                          if t.get("webrtc_standard_mb_s") else ""))
+        if "control" in d:
+            c = d["control"]["summary"]
+            out.append(f"failover after SIGKILL {c['failover']['median']:.2f} s, handoff "
+                       f"after SIGTERM {c['handoff']['median']:.2f} s (medians)")
+        if "dht" in d:
+            g = d["dht"]
+            out.append(f"DHT gets after killing {g['churn']:.0%} of {g['nodes']} nodes: "
+                       f"{g['get_after_churn']['success']:.0%} found the newest value")
+    except (KeyError, TypeError, IndexError, ValueError):
+        pass
+    return out
+
+
+def write(results: list[dict], out: Path, quick: bool) -> Path:
+    img = out / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    lines = ["# Benchmarks", "",
+             "Generated by `python bench/run_all.py" + (" --quick" if quick else "") + "` "
+             "(`make bench`); do not edit by hand. Machine: " + machine() + ".", "",
+             "The machine was shared with other work while these ran (its 1-minute load is "
+             "given per script): compare figures side by side within one run, quote ratios "
+             "and medians, not absolute single numbers.", ""]
+    heads = headlines(results)
+    if heads:
+        lines += ["## Headline ratios", ""] + [f"- {h}" for h in heads] + [""]
+    for r in results:
+        lines += [f"## {r['name']}", "", BENCHES[r["name"]][3] + ".", "",
+                  f"Measured {r['date']} with `{r['command']}` in {r['seconds']} s "
+                  f"(load {r['load_1m']:.1f}).", ""]
+        if r["data"] is None:
+            lines += [f"Not measured: {r['error']}", ""]
+            continue
+        try:
+            md, plots = render(r, img)
+        except (KeyError, TypeError, ValueError) as exc:
+            md, plots = f"Could not tabulate ({exc}):\n\n```\n{json.dumps(r['data'])[:3000]}\n```", []
+        lines += [md, ""]
+        for png, caption in plots:
+            lines += [f"![{caption}](img/{png})", "",
+                      f"*{caption}: `{r['command']}`, {r['date']}, {machine()}.*", ""]
+    path = out / "benchmarks.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (minutes, not an hour)")
+    p.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES))
+    p.add_argument("--out", type=Path, default=ROOT / "docs")
+    p.add_argument("--from-json", type=Path, metavar="FILE",
+                   help="re-render a previous run's benchmarks.json instead of running")
+    args = p.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print(write(saved["results"], args.out, saved["quick"]))
+        return 0
+    results = []
+    for name in args.only:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        results.append(run(name, args.quick))
+        r = results[-1]
+        print(f"  {name}: {'ok' if r['data'] is not None else r['error']} "
+              f"({r['seconds']} s)", file=sys.stderr, flush=True)
+    (args.out / "benchmarks.json").write_text(json.dumps({"quick": args.quick,
+                                                          "results": results}, indent=1))
+    print(write(results, args.out, args.quick))
+    return 0 if all(r["data"] is not None for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

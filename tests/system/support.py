@@ -1,0 +1,128 @@
+"""Real `swarm` processes on test hosts (network namespaces, see :mod:`tests.system.netns`):
+publish/join/status/submit run through ``ip netns exec`` inside a host; output is pumped by
+threads (:class:`tests.control_support.Proc`); every wait polls with a bounded deadline."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from identity.keys import SHORT_LEN
+from tests.conftest import subprocess_env, swarm_cmd
+from tests.control_support import Proc
+from tests.system.netns import Host, Net
+
+FOLLOW = re.compile(r"following (\S+) at term (\d+)")
+"""A node's log line when it starts acting on a coordinator's state."""
+LEAD = re.compile(r"-> coordinator at term (\d+)")
+"""A node's log line when it becomes the coordinator itself."""
+
+
+class NetCluster:
+    """Swarm processes on the hosts of one :class:`Net`; :meth:`close` kills what is left."""
+
+    def __init__(self, root: Path, net: Net) -> None:
+        self.root = root
+        self.net = net
+        self.procs: list[Proc] = []
+        self.uri = ""
+        self.hosts: dict[str, Host] = {}
+
+    def start(self, name: str, host: Host, argv: list[str], env: dict[str, str] | None = None
+              ) -> Proc:
+        popen = subprocess.Popen(host.wrap(argv), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                 env=subprocess_env(**(env or {})))
+        import threading
+
+        p = Proc(name, popen, time.monotonic())
+        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
+                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
+        for t in p.threads:
+            t.start()
+        self.procs.append(p)
+        self.hosts[name] = host
+        return p
+
+    def publish(self, host: Host, name: str = "pub") -> Proc:
+        p = self.start(name, host, swarm_cmd(
+            "publish", "--name", "lab", "--owner-key", f"soft:{self.root / 'owner.key'}",
+            "--backend", "numpy", "--host", host.addr, "-v", "--data-dir", str(self.root / name)))
+        self.uri = p.wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
+        return p
+
+    def join(self, name: str, host: Host, env: dict[str, str] | None = None) -> Proc:
+        return self.start(name, host, swarm_cmd(
+            "join", self.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
+            host.addr, "-v", "--data-dir", str(self.root / name)), env)
+
+    def driver(self, name: str, host: Host, *args: str, uri: str = "") -> Proc:
+        """A requester process running jobs (:mod:`tests.system.driver`)."""
+        return self.start(name, host, [sys.executable, "-m", "tests.system.driver",
+                                       uri or self.uri,
+                                       "--data-dir", str(self.root / name), *args])
+
+    def status(self, host: Host, uri: str = "") -> dict:
+        res = subprocess.run(host.wrap(swarm_cmd("status", uri or self.uri, "--json",
+                                                 "--data-dir",
+                                                 str(self.root / "obs"))),
+                             capture_output=True, text=True, timeout=60, env=subprocess_env())
+        if res.returncode != 0:
+            raise AssertionError(res.stderr.strip()[-500:])
+        return json.loads(res.stdout)
+
+    def wait_status(self, host: Host, pred, timeout: float, what: str, uri: str = "") -> dict:
+        """Poll ``swarm status`` from ``host`` until ``pred(status)``; bounded."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.status(host, uri)
+                if pred(last):
+                    return last
+            except AssertionError as exc:  # not reachable or items not stored yet
+                last = exc
+        raise AssertionError(f"status from {host.ns} never showed {what} in {timeout} s; "
+                             f"last: {last}")
+
+    def acted_on(self) -> dict[str, dict[int, set[str]]]:
+        """Per process: term -> coordinators (short ids) it followed or was, from its log."""
+        seen: dict[str, dict[int, set[str]]] = {}
+        for p in self.procs:
+            terms: dict[int, set[str]] = defaultdict(set)
+            me = next((s.split()[1][:SHORT_LEN] for s in p.err if s.startswith("peer: ")), "?")
+            for line in p.err:
+                if m := FOLLOW.search(line):
+                    terms[int(m.group(2))].add(m.group(1))
+                elif m := LEAD.search(line):
+                    terms[int(m.group(1))].add(me)
+            seen[p.name] = dict(terms)
+        return seen
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.popen.kill()
+        for p in self.procs:
+            try:
+                p.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (p.popen.stdout, p.popen.stderr):
+                if stream:
+                    stream.close()
+            (self.root / f"{p.name}-{p.popen.pid}.log").write_text(
+                "\n".join(p.out + ["--- stderr ---"] + p.err))
+
+
+def members(st: dict) -> set[str]:
+    return {m["peer_id"] for m in st["members"]}
+
+
+def blocked(st: dict) -> set[str]:
+    return {b["peer_id"] for b in st["blocked"]}

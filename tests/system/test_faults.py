@@ -1,0 +1,87 @@
+"""Churn and a lying worker across test hosts.
+
+Churn: while a requester runs jobs, workers join, leave with SIGTERM and are SIGKILLed in a
+seeded random order; every job completes with a verified, correct result. Lying worker
+(``SWARM_CHAOS=corrupt=1``): every wrong shard is caught by Freivalds' check (the liar never
+verifies a shard), no wrong result reaches the requester, and the requester's reports make
+the coordinator block it after repeated offences (the liar process exits with 3)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tests.control_support import SIGKILL, SIGTERM
+from tests.system.support import blocked, members
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+def _rows(proc) -> list[dict]:
+    return [json.loads(s) for s in proc.out if s.startswith('{"job"')]
+
+
+def _summary(proc, timeout: float) -> dict:
+    line = proc.wait_line(lambda s: s.startswith('{"summary"'), timeout, "out")
+    return json.loads(line)["summary"]
+
+
+def test_churn_every_job_completes_verified(cluster, net, tmp_path):
+    rng = random.Random(9)
+    hosts = [net.host("a" if i % 2 else "b") for i in range(7)]
+    obs = hosts[-1]
+    cluster.publish(hosts[0])
+    live = {f"w{i}": cluster.join(f"w{i}", hosts[i]) for i in (1, 2)}
+    # A slow worker (the project's own delay fault) stands in for a far-away host.
+    live["w3"] = cluster.join("w3", hosts[3], env={"SWARM_CHAOS": "delay=150"})
+    peers = {n: p.peer for n, p in live.items()}
+    cluster.wait_status(obs, lambda s: set(peers.values()) <= members(s) and s["coordinator"],
+                        90, "3 workers")
+    stop = tmp_path / "stop"
+    req = cluster.driver("req", hosts[5], "--until-file", str(stop), "--size", "256",
+                         "--batch", "3", "--min-workers", "3")
+    req.wait_line(lambda s: s.startswith('{"job": 0'), 120, "out")
+    actions, spare = [], iter(range(4, 9))
+    for _ in range(5):
+        kind = rng.choice(["join", "leave", "kill"]) if len(live) > 2 else "join"
+        if kind == "join":
+            i = next(spare)
+            name = f"w{i}"
+            live[name] = cluster.join(name, hosts[4 if i % 2 else 2] if i > 4 else hosts[4])
+            peers[name] = live[name].peer
+        else:
+            name = rng.choice(sorted(live))
+            live.pop(name).signal(SIGTERM if kind == "leave" else SIGKILL)
+        actions.append((kind, name))
+        done = len(_rows(req))
+        req.wait_line(lambda s, d=done: s.startswith(f'{{"job": {d + 1},'), 120, "out")
+    stop.touch()
+    summary = _summary(req, 180)
+    print(f"\nchurn: {actions}; {summary}")
+    assert summary["jobs"] >= 6 and summary["wrong"] == 0 and summary["lost"] == 0
+    assert summary["ok"] == summary["jobs"], _rows(req)
+    assert req.wait_exit(30) == 0
+
+
+def test_lying_worker_caught_every_time_and_blocked(cluster, net):
+    hosts = [net.host("a" if i % 2 else "b") for i in range(5)]
+    cluster.publish(hosts[0])
+    honest = cluster.join("w1", hosts[1])
+    liar = cluster.join("liar", hosts[2], env={"SWARM_CHAOS": "corrupt=1"})
+    bad = liar.peer
+    cluster.wait_status(hosts[4], lambda s: len(s["members"]) == 3 and s["coordinator"], 90,
+                        "3 members")
+    req = cluster.driver("req", hosts[3], "--jobs", "6", "--size", "256", "--batch", "1",
+                         "--min-workers", "3", "--report-liars")
+    summary = _summary(req, 240)
+    rows = _rows(req)
+    assert summary["wrong"] == 0 and summary["lost"] == 0 and summary["ok"] == 6, rows
+    # Caught every time: the liar never got a shard verified; it did get caught.
+    assert all(r["peers"].get(bad, {}).get("verified", 0) == 0 for r in rows), rows
+    assert summary["rejected"] > 0
+    st = cluster.wait_status(hosts[4], lambda s: bad in blocked(s), 60, "the liar blocked")
+    assert next(b for b in st["blocked"] if b["peer_id"] == bad)["by"] == "coordinator"
+    assert liar.wait_exit(30) == 3
+    assert honest.popen.poll() is None
