@@ -2,8 +2,8 @@
 own at a higher term, both sides complete jobs and the owner blocks a peer during the split;
 after healing, both sides see one coordinator, one term and the same members; no process
 ever acted on two coordinators in the same term (from every node's log). The block must
-survive the heal too: where it does not, the test is marked xfail naming the bug (the
-lower-term side's block is dropped when the higher-term state wins)."""
+survive the heal too: the deposed coordinator forwards the owner's signed block to the
+coordinator whose higher-term state won."""
 
 from __future__ import annotations
 
@@ -91,13 +91,9 @@ def test_partition_and_heal(cluster, net, tmp_path):
 
 
     # The owner's block, made on side a during the split, must survive the heal.
-    try:
-        st = cluster.wait_status(obs["b"], lambda s: peers[target] in blocked(s), 30,
-                                 "the block made during the split", uri=via["b"])
-    except AssertionError:
-        pytest.xfail("known bug (reported to control): when the other side's higher-term "
-                     "state wins the heal, a block applied on this side during the "
-                     "partition is lost")
+    # (The deposed coordinator forwards the owner's signed block to the winner.)
+    st = cluster.wait_status(obs["b"], lambda s: peers[target] in blocked(s), 30,
+                             "the block made during the split", uri=via["b"])
     assert blocked(st) == {peers[target]}
     assert blocked(cluster.status(obs["a"], via["a"])) == {peers[target]}
 
