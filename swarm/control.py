@@ -496,9 +496,11 @@ class Controller:
         if new not in _TRANSITIONS[old]:
             raise IllegalTransition(f"{old.value} -> {new.value}")
         self.role = new
-        log.info("%s -> %s at term %d%s", old.value, new.value, self.term,
-                 f" ({why})" if why else "")
-        self._actions.append(RoleChanged(old, new, self.term))
+        # The term of the state we hold (not the highest seen): after a failed handoff a
+        # coordinator is back at its own term, and logs are evidence of who led which term.
+        term = self.state.term if self.state is not None else self.term
+        log.info("%s -> %s at term %d%s", old.value, new.value, term, f" ({why})" if why else "")
+        self._actions.append(RoleChanged(old, new, term))
         if new is Role.FOLLOWER:
             self._pending = None
             self.last_heard = now
