@@ -54,6 +54,9 @@ def _print(r: dict) -> None:
           f"after {r['failover_s']:.2f} s")
     print(f"  job: {r['jobs']} x matmul {r['size']}x{r['size']} in {r['job_s']:.2f} s, "
           f"result {'correct' if r['correct'] else 'WRONG'} (max error {r['max_error']:.2e})")
+    if r["job_s"] < r["failover_s"]:
+        print("       (done before the new coordinator was elected: jobs run peer to peer and "
+              "do not wait for one; the dead coordinator's shards were redone elsewhere)")
     print(f"  {'peer':<14}{'shards':>7}{'verified':>9}{'rejected':>9}{'failed':>7}")
     for peer, p in sorted(r["peers"].items()):
         tag = "  <- chaos worker" if peer == r["chaos_worker"] else ""
