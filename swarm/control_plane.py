@@ -465,7 +465,17 @@ class ControlPlane:
                 # owner can unblock a worker that a lying requester got blocked.
                 o = msgpack.unpackb(env.body, raw=False)
                 if isinstance(o, dict) and env.sender not in c.blocked():
-                    c.liar_report(PeerId(o["p"]), now, int(time.time()))
+                    liar = PeerId(o["p"])
+                    if c.role is Role.COORDINATOR:
+                        c.liar_report(liar, now, int(time.time()))
+                    elif not o.get("f") and c.coordinator not in (None, self.key.peer_id,
+                                                                   env.sender):
+                        # The reporter's view of the coordinator is stale (a handoff just
+                        # happened, or a client reads the DHT): pass it on, once.
+                        body = msgpack.packb({"p": liar.raw, "r": str(o.get("r", ""))[:100],
+                                              "f": 1}, use_bin_type=True)
+                        self._spawn(self._send(c.coordinator,
+                                               seal(self.key, self.swarm_id, "liar", body)))
             elif env.kind == "cmd":
                 self._command(Signed.decode(env.body), now)
             elif env.kind == "fwd":
