@@ -6,6 +6,11 @@ runs out; ``DHTNode.get_peers`` lists the live ones. A record is msgpack, at mos
 :data:`MAX_RECORD` bytes, decoded strictly (it is untrusted input): a record whose
 ``peer_id`` differs from the announcing key is refused.
 
+``tasks`` and ``serving`` say what a worker is running at announce time (for ``swarm
+status``): a worker re-announces within :data:`ACTIVITY_INTERVAL` seconds of a change, so
+an observer's view of running work is at most that stale (plus one DHT lookup). Both are
+optional on the wire (absent = idle), so records without them still decode.
+
 ``tflops`` is the peer's *own* benchmark: the control plane uses it for the election, the
 scheduler does not (it weights shards by rates it observed itself).
 """
@@ -28,6 +33,11 @@ MAX_RECORD = 900
 RECORD_VERSION = 1
 SWARM_SALT = b"swarm"
 ROLES = ("worker", "requester", "coordinator", "owner")
+MAX_SERVING = 8
+"""Requesters listed in one record (the busiest; ``tasks`` still counts all)."""
+MAX_TASKS = 1 << 31
+ACTIVITY_INTERVAL = 2.0
+"""Least seconds between two announcements caused by a change in running work."""
 
 
 def swarm_id(swarm_pubkey: bytes) -> bytes:
@@ -124,15 +134,29 @@ class MemberRecord:
     """Load, battery, thermal, memory."""
     actors: tuple[str, ...] = ("matmul",)
     """Actor classes installed on it."""
+    tasks: int = 0
+    """Tasks queued or running on it when it announced."""
+    serving: tuple[tuple[PeerId, int], ...] = ()
+    """Requesters with tasks on it and how many each, busiest first (at most
+    :data:`MAX_SERVING`; their counts sum to at most ``tasks``)."""
 
     def encode(self) -> bytes:
+        """msgpack of at most MAX_RECORD bytes; ``serving`` is cut short to fit if need be."""
         h = self.health
-        data = msgpack.packb({
+        m = {
             "v": RECORD_VERSION, "id": self.peer_id.raw, "tf": float(self.tflops),
             "ln": [list(a) for a in self.links], "dht": list(self.dht) if self.dht else None,
             "ver": self.version, "ro": list(self.roles), "ac": list(self.actors),
             "h": [h.load, h.battery, h.plugged, h.thermal, h.mem_free],
-        }, use_bin_type=True)
+        }
+        serving = [[p.raw, n] for p, n in self.serving[:MAX_SERVING]]
+        while True:
+            if self.tasks:
+                m["rt"], m["sv"] = self.tasks, serving
+            data = msgpack.packb(m, use_bin_type=True)
+            if len(data) <= MAX_RECORD or not serving:
+                break
+            serving.pop()
         if len(data) > MAX_RECORD:
             raise ValueError(f"member record is {len(data)} bytes (> {MAX_RECORD}); "
                              "announce fewer addresses")
@@ -182,9 +206,26 @@ class MemberRecord:
             raise ProtocolError("member record: mem_free must be an int >= 0")
         health = Health(_opt_num(h[0], "load"), _opt_num(h[1], "battery"), h[2],
                         _opt_num(h[3], "thermal"), mem)
+        tasks, serving = _activity(m.get("rt", 0), m.get("sv", []))
         return cls(pid, tflops, tuple(_addr(a) for a in links),
                    _addr(m["dht"]) if m.get("dht") is not None else None,
-                   ver, tuple(roles), health, tuple(actors))
+                   ver, tuple(roles), health, tuple(actors), tasks, serving)
+
+
+def _activity(tasks: object, serving: object) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
+    if type(tasks) is not int or not 0 <= tasks < MAX_TASKS:
+        raise ProtocolError("member record: tasks must be an int >= 0")
+    if not isinstance(serving, list) or len(serving) > MAX_SERVING:
+        raise ProtocolError(f"member record: serving must be a list of at most {MAX_SERVING}")
+    out = []
+    for entry in serving:
+        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], bytes)
+                or len(entry[0]) != 32 or type(entry[1]) is not int or entry[1] < 1):
+            raise ProtocolError("member record: serving entries are [peer id, tasks >= 1]")
+        out.append((PeerId(entry[0]), entry[1]))
+    if sum(n for _, n in out) > tasks or len({p for p, _ in out}) != len(out):
+        raise ProtocolError("member record: serving does not add up to its tasks")
+    return tasks, tuple(out)
 
 
 async def announce(dht_node, sid: bytes, record: MemberRecord, ttl: float = 120.0) -> None:

@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,13 @@ from swarm.charter import register_validators
 from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
-from swarm.membership import MemberRecord, announce, live_members, read_health
+from swarm.membership import (
+    ACTIVITY_INTERVAL,
+    MemberRecord,
+    announce,
+    live_members,
+    read_health,
+)
 from swarm.runtime.chaos import ENV as CHAOS_ENV
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.chaos import parse as parse_chaos
@@ -198,16 +205,43 @@ class Node:
         task.add_done_callback(self._tasks.discard)
 
     async def _reannounce(self) -> None:
+        """Re-announce every ``announce_ttl / 3`` s, and within ACTIVITY_INTERVAL s of a
+        change in the work this worker runs (rate-bounded), so status shows running jobs."""
+        period = self.config.announce_ttl / 3
+        changed = self.host.changed if self.host is not None else None
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.announce_ttl / 3)
+            left = last + period - time.monotonic()
+            if changed is None:
+                await asyncio.sleep(max(0.0, left))
+            else:
+                try:
+                    await asyncio.wait_for(changed.wait(), max(0.0, left))
+                except TimeoutError:
+                    pass
+                if changed.is_set():
+                    changed.clear()
+                    if (self._activity() == (self.record.tasks, self.record.serving)
+                            and time.monotonic() < last + period):
+                        continue
+                    await asyncio.sleep(max(0.0, last + ACTIVITY_INTERVAL - time.monotonic()))
             try:
+                tasks, serving = self._activity()
                 self.record = MemberRecord(self.peer_id, self.tflops, self.record.links,
                                            self.dht.address, __version__,
-                                           self.record.roles, read_health())
+                                           self.record.roles, read_health(),
+                                           tasks=tasks, serving=serving)
                 await announce(self.dht, self.config.swarm_id, self.record,
                                self.config.announce_ttl)
             except Exception as exc:  # the DHT may be unreachable for a while
                 log.warning("re-announce failed: %s", exc)
+            last = time.monotonic()
+
+    def _activity(self) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
+        if self.host is None:
+            return 0, ()
+        tasks, per = self.host.activity()
+        return tasks, tuple(per)
 
     async def _serve(self, link: PeerLink) -> None:
         self._incoming[link.remote] = link

@@ -84,10 +84,25 @@ class View:
                 "dht": list(r.dht) if r.dht else None,
                 "version": r.version,
                 "expires_in": round(exp - time.time(), 1),
+                "tasks": r.tasks,
             } for r, exp in self.members],
+            "running_tasks": sum(r.tasks for r, _ in self.members),
+            "jobs": jobs(r for r, _ in self.members),
             "blocked": [{"peer_id": str(b.peer), "reason": b.reason, "by": b.by, "at": b.at}
                         for b in (st.blocked if st else ())],
         }
+
+
+def jobs(records) -> list[dict]:
+    """Running work per requester, from the members' announcements (busiest first):
+    ``{requester, workers, tasks}``. As fresh as the records (see ACTIVITY_INTERVAL)."""
+    per: dict[PeerId, tuple[list[str], int]] = {}
+    for r in records:
+        for requester, n in r.serving:
+            workers, total = per.get(requester, ([], 0))
+            per[requester] = (workers + [str(r.peer_id)], total + n)
+    return [{"requester": str(p), "workers": sorted(w), "tasks": n}
+            for p, (w, n) in sorted(per.items(), key=lambda kv: (-kv[1][1], kv[0]))]
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:

@@ -98,3 +98,35 @@ async def test_evicted_weight_is_resent_and_counted_once_per_loss():
         await req.close()
         await asyncio.wait_for(serving, 5)
         await host.close()
+
+
+async def test_activity_counts_queued_and_running_work_per_requester():
+    from swarm.runtime.chaos import ChaosSpec
+
+    # every task answers 1 s late, so both are certainly held while we look
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=1 << 20,
+                     chaos=ChaosSpec(delay_ms=1000))
+    worker = PeerKey.generate()
+    keys = [PeerKey.generate() for _ in range(2)]
+    pairs = [memory_pair(k, worker) for k in keys]
+    serving = [asyncio.create_task(host.serve(theirs)) for _, theirs in pairs]
+
+    async def until(pred):
+        while not pred(host.activity()):
+            host.changed.clear()
+            await asyncio.wait_for(host.changed.wait(), 10)
+    try:
+        assert host.activity() == (0, [])
+        x = np.eye(2, dtype=np.float32)
+        for i, (mine, _) in enumerate(pairs):
+            await mine.send(matmul_task(i, [TaskArg(array=x), TaskArg(array=x)]))
+        await until(lambda a: a[0] == 2)
+        assert host.activity() == (2, sorted((k.peer_id, 1) for k in keys))
+        for mine, _ in pairs:
+            assert isinstance(await asyncio.wait_for(mine.recv(), 10), TaskResult)
+        await until(lambda a: a == (0, []))
+    finally:
+        for mine, _ in pairs:
+            await mine.close()
+        await asyncio.wait_for(asyncio.gather(*serving), 5)
+        await host.close()

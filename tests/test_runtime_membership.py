@@ -11,6 +11,8 @@ from identity.keys import PeerKey
 from swarm.errors import ProtocolError
 from swarm.membership import (
     MAX_RECORD,
+    MAX_SERVING,
+    MAX_TASKS,
     Health,
     MemberRecord,
     membership_topic,
@@ -69,3 +71,45 @@ def test_ids_and_topics():
     sid = swarm_id(PeerKey.generate().public_bytes)
     assert len(sid) == 20 and membership_topic(sid).endswith(sid)
     assert isinstance(read_health(), Health)
+
+
+def _requesters(n):
+    return tuple((PeerKey.generate().peer_id, n - i) for i in range(n))
+
+
+def test_running_work_round_trips_and_is_optional():
+    busy = record(tasks=9, serving=_requesters(3))
+    assert MemberRecord.decode(busy.encode(), busy.peer_id) == busy
+    idle = record()
+    m = msgpack.unpackb(idle.encode(), raw=False)
+    assert "rt" not in m and "sv" not in m  # an idle record is byte-for-byte the old format
+    assert MemberRecord.decode(idle.encode()).tasks == 0
+    assert MemberRecord.decode(idle.encode()).serving == ()
+
+
+def test_running_work_fits_the_size_bound():
+    full = record(tasks=MAX_TASKS - 1, serving=_requesters(MAX_SERVING))
+    assert len(full.encode()) <= MAX_RECORD
+    assert MemberRecord.decode(full.encode()) == full
+    # big addresses leave less room: the requester list is cut short, the count stays honest
+    crowded = record(links=tuple(("h" * 60, 1000 + i) for i in range(8)), tasks=50,
+                     serving=_requesters(MAX_SERVING))
+    data = crowded.encode()
+    assert len(data) <= MAX_RECORD
+    back = MemberRecord.decode(data)
+    assert back.tasks == 50 and 0 < len(back.serving) < MAX_SERVING
+    assert back.serving == crowded.serving[:len(back.serving)]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda m: m.update(rt=-1), lambda m: m.update(rt="3"), lambda m: m.update(rt=1 << 40),
+    lambda m: m.update(rt=True),
+    lambda m: m.update(sv=[[b"x" * 32, 1]] * 9), lambda m: m.update(sv=[[b"short", 1]]),
+    lambda m: m.update(sv=[[b"x" * 32, 0]]), lambda m: m.update(sv=[[b"x" * 32, 5]]),
+    lambda m: m.update(sv=[[b"x" * 32, 1], [b"x" * 32, 1]]), lambda m: m.update(sv="many"),
+])
+def test_bad_running_work_is_a_protocol_error(mutate):
+    m = msgpack.unpackb(record(tasks=2, serving=_requesters(1)).encode(), raw=False)
+    mutate(m)
+    with pytest.raises(ProtocolError):
+        MemberRecord.decode(msgpack.packb(m, use_bin_type=True))

@@ -1,4 +1,5 @@
-"""`swarm status`: a swarm as seen from the DHT (owner, coordinator, term, members, blocks)."""
+"""`swarm status`: a swarm as seen from the DHT (owner, coordinator, term, members, running
+jobs, blocks)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import argparse
 import asyncio
 import json
 
-HELP = "show a swarm's owner, coordinator and term, members and blocklist"
+HELP = "show a swarm's owner, coordinator and term, members, running jobs and blocklist"
 DESCRIPTION = """\
 Joins the DHT as an observer (no compute, no membership) and reports the verified charter's
 owner (hardware-backed or not), the coordinator and its term, the live members (PeerId,
-TFLOPS, health, role, link kind) and the blocklist. --json prints one JSON object with the
-keys coordinator, term, members [{peer_id, tflops, ...}], blocked, owner.
+TFLOPS, health, role, link kind, tasks queued or running) with the running jobs per
+requester, and the blocklist. --json prints one JSON object with the keys coordinator, term,
+members [{peer_id, tflops, tasks, ...}], running_tasks, jobs [{requester, workers, tasks}],
+blocked, owner.
+
+Running work comes from the members' own announcements: a worker re-announces at most
+every 2 s while its work changes (and every 40 s otherwise), so tasks and jobs are up to
+about 2 s (plus one DHT round trip) stale.
 """
 
 
@@ -42,11 +49,15 @@ def run(args: argparse.Namespace) -> int:
         print("admins: " + ", ".join(a[:12] for a in data["admins"]))
     coord = data["coordinator"]
     print(f"coordinator: {coord[:12] if coord else 'none'}  term {data['term']}")
-    print(f"{'peer':<14}{'TFLOPS':>9}  {'role':<12}{'load':>6}  link")
+    print(f"{'peer':<14}{'TFLOPS':>9}  {'role':<12}{'load':>6}  {'link':<5}{'tasks':>6}")
     for m in data["members"]:
         load = m["health"]["load"]
         print(f"{m['peer_id'][:12]:<14}{m['tflops']:>9.4f}  {m['role']:<12}"
-              f"{'-' if load is None else f'{load:.2f}':>6}  {m['link']}")
+              f"{'-' if load is None else f'{load:.2f}':>6}  {m['link']:<5}{m['tasks']:>6}")
+    print(f"running tasks: {data['running_tasks']}")
+    for j in data["jobs"]:
+        print(f"  job of {j['requester'][:12]}: {j['tasks']} tasks on "
+              + ", ".join(w[:12] for w in j["workers"]))
     if data["blocked"]:
         print("blocked:")
         for b in data["blocked"]:

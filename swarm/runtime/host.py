@@ -4,6 +4,8 @@ One :class:`ActorHost` per worker process. Each incoming link is served by
 :meth:`ActorHost.serve`; objects land in the worker's :class:`ObjectStore` (after their
 content address is checked), tasks run one at a time on a compute thread so the event loop
 keeps moving data, and calls to one actor instance run in the caller's order.
+:meth:`ActorHost.activity` says what is queued or running, per requester; ``changed`` is
+set whenever that may have changed (the node re-announces its member record on it).
 """
 
 from __future__ import annotations
@@ -100,6 +102,9 @@ class ActorHost:
         self._instances: dict[tuple[PeerId, str, int], _Instance] = {}
         self._links: set[PeerLink] = set()
         self._runner: asyncio.Task | None = None
+        self._current: _Call | None = None
+        self.changed = asyncio.Event()
+        """Set when queued or running work may have changed; the watcher clears it."""
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -122,6 +127,7 @@ class ActorHost:
                 elif isinstance(msg, CancelTask):  # a running task cannot be stopped
                     self._queue = deque(c for c in self._queue
                                         if c.link is not link or c.msg.task != msg.task)
+                    self.changed.set()
                 elif fallback is not None:
                     await fallback(link, msg)
         finally:
@@ -129,6 +135,7 @@ class ActorHost:
             self._queue = deque(c for c in self._queue if c.link is not link)
             for key in [k for k in self._instances if k[0] == link.remote]:
                 del self._instances[key]
+            self.changed.set()
 
     async def _put(self, msg: PutObject) -> None:
         arr = msg.array
@@ -166,6 +173,7 @@ class ActorHost:
                 return
             self._queue.extend(inst.order.offer(msg.seq, call))
         self._wake.set()
+        self.changed.set()
 
     def _instance(self, peer: PeerId, actor: str, instance: int) -> _Instance:
         key = (peer, actor, instance)
@@ -181,12 +189,22 @@ class ActorHost:
             while not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
-            call = self._queue.popleft()
+            call = self._current = self._queue.popleft()
             self._idle.clear()
             try:
                 await self._execute(call)
             finally:
+                self._current = None
                 self._idle.set()
+                self.changed.set()
+
+    def activity(self) -> tuple[int, list[tuple[PeerId, int]]]:
+        """Tasks queued or running now, and per requester (busiest first, then by id)."""
+        calls = list(self._queue) + ([self._current] if self._current is not None else [])
+        per: dict[PeerId, int] = {}
+        for call in calls:
+            per[call.link.remote] = per.get(call.link.remote, 0) + 1
+        return len(calls), sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))
 
     async def _execute(self, call: _Call) -> None:
         msg, link = call.msg, call.link
@@ -273,6 +291,7 @@ class ActorHost:
         self.draining = True
         handback = list(self._queue)
         self._queue.clear()
+        self.changed.set()
         for call in handback:
             await self._reply(call.link, TaskFailed(call.msg.task, "busy",
                                                     "worker is shutting down"))
