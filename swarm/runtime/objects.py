@@ -4,7 +4,11 @@ Every peer keeps one: a requester holds what it ``put`` and the results it recei
 worker holds inputs it was sent (weights stay put, so the next task that needs them costs
 no transfer). The requester's store also tracks *where* each object lives
 (:meth:`ObjectStore.holders`), which the scheduler uses to prefer peers that already hold a
-task's large inputs and which guarantees a cached input is never sent to a peer twice.
+task's large inputs and which keeps a cached input from being sent to a peer twice. That
+record is bounded (:data:`MAX_TRACKED` objects, least recently used forgotten first): every
+one-off matmul operand gets an id, and a long-lived requester must not keep one entry per
+job forever (the soak's requester grew ~0.7 KB per job). Forgetting is always safe: the
+worst case is sending an object again, which a worker that may have evicted it needs anyway.
 
 An object id is the SHA-256 of ``dtype|shape|bytes``: equal arrays share one id on every
 peer, and a peer can check that what it received matches the id it was promised.
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 ID_LEN = 32
+MAX_TRACKED = 4096
+"""Objects whose holders a store remembers (~0.4 KB each with a few holders)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +62,16 @@ class ObjectStore:
     silently dropping data it promised to keep.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_tracked: int = MAX_TRACKED) -> None:
         if capacity <= 0:
             raise ValueError("capacity must be a positive number of bytes")
+        if max_tracked <= 0:
+            raise ValueError("max_tracked must be a positive number of objects")
         self.capacity = capacity
+        self.max_tracked = max_tracked
         self._objects: OrderedDict[ObjectId, np.ndarray] = OrderedDict()
         self._pins: dict[ObjectId, int] = {}
-        self._holders: dict[ObjectId, set[bytes]] = {}
+        self._holders: OrderedDict[ObjectId, set[bytes]] = OrderedDict()
         self.used = 0
         self.evictions = 0
 
@@ -131,20 +140,39 @@ class ObjectStore:
 
     # -- locality: which peers hold which object ------------------------------------------
 
+    @property
+    def tracked(self) -> int:
+        """Objects with at least one known holder (at most ``max_tracked``)."""
+        return len(self._holders)
+
     def holders(self, oid: ObjectId) -> frozenset[bytes]:
         """Raw PeerIds known to hold ``oid`` (because we sent it, or they told us)."""
-        return frozenset(self._holders.get(oid, ()))
+        peers = self._holders.get(oid)
+        if peers is None:
+            return frozenset()
+        self._holders.move_to_end(oid)
+        return frozenset(peers)
 
     def add_holder(self, oid: ObjectId, peer: bytes) -> None:
-        self._holders.setdefault(oid, set()).add(peer)
+        """``peer`` holds ``oid`` now; the least recently used record goes past the bound."""
+        peers = self._holders.get(oid)
+        if peers is None:
+            peers = self._holders[oid] = set()
+            while len(self._holders) > self.max_tracked:
+                self._holders.popitem(last=False)
+        else:
+            self._holders.move_to_end(oid)
+        peers.add(peer)
 
     def remove_holder(self, oid: ObjectId, peer: bytes) -> None:
         """``peer`` no longer holds ``oid`` (it evicted it, or it left)."""
         peers = self._holders.get(oid)
         if peers is not None:
             peers.discard(peer)
+            if not peers:
+                del self._holders[oid]
 
     def forget_peer(self, peer: bytes) -> None:
         """``peer`` left: it holds nothing we can count on any more."""
-        for peers in self._holders.values():
-            peers.discard(peer)
+        for oid in [o for o, peers in self._holders.items() if peer in peers]:
+            self.remove_holder(oid, peer)
