@@ -126,7 +126,7 @@ class ForwardBlocks:
     blocks (a healed partition, or a heartbeat that never reached the new coordinator):
     hand their proofs to the new coordinator so that the blocks survive."""
 
-    peers: tuple[PeerId, ...]
+    entries: tuple[BlockEntry, ...]
     """Blocked in our state, missing from the winner's."""
     to: PeerId
     """The coordinator whose state won."""
@@ -220,6 +220,8 @@ class Controller:
         self._successor: PeerId | None = None
         self._failed_successors: set[PeerId] = set()
         self._liars: dict[PeerId, list[float]] = {}
+        self.past_coordinators: set[PeerId] = {state.coordinator} if state else set()
+        """Coordinators whose state we followed: their own blocks are forwarded to us."""
         self._unblocked_at: dict[PeerId, int] = {}
         """When we last applied an unblock of each peer: a forwarded older block loses."""
         self._leave_reason = ""
@@ -336,6 +338,7 @@ class Controller:
             self._set_state(Role.FOLLOWER, now)
             return
         self.guard.observe(self._pending.term)
+        self.past_coordinators.add(self.me)
         self.state = self._pending
         self._pending = None
         self.endorsement = self._pending_endorsement
@@ -468,6 +471,20 @@ class Controller:
         log.info("keeping %s blocked: forwarded from a deposed coordinator", cmd.target.short())
         self.command(cmd, now)
 
+    def forwarded_auto_block(self, entry: BlockEntry, sender: PeerId, now: float) -> None:
+        """A block that a coordinator we followed made itself (a repeat liar) before its
+        state was replaced by ours without it (a failover or a healed partition)."""
+        if self.role is not Role.COORDINATOR or self.state is None:
+            raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+        if sender not in self.past_coordinators or entry.by != "coordinator":
+            raise NotCoordinator(f"{sender.short()} never coordinated here; its blocks need "
+                                 "an owner's or admin's proof")
+        if entry.peer in self.blocked() or entry.peer == self.me \
+                or self._unblocked_at.get(entry.peer, -1) >= entry.at:
+            return
+        log.info("keeping %s blocked: forwarded by %s", entry.peer.short(), sender.short())
+        self.command(Command("block", entry.peer, entry.reason, "coordinator", entry.at), now)
+
     def liar_report(self, peer: PeerId, now: float, wall: int) -> None:
         """A requester caught ``peer`` returning a wrong result; block repeat offenders."""
         if self.role is not Role.COORDINATOR or peer == self.me or peer in self.blocked():
@@ -572,9 +589,10 @@ class Controller:
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
+        self.past_coordinators.add(state.coordinator)
         if old is not None and old.coordinator == self.me and state.coordinator != self.me \
                 and state.term > old.term and self.role is not Role.HANDING_OFF:
-            lost = tuple(b.peer for b in old.blocked
+            lost = tuple(b for b in old.blocked
                          if b.peer not in state.blocked_ids and b.peer != state.coordinator)
             if lost:
                 self._actions.append(ForwardBlocks(lost, state.coordinator))

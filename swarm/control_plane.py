@@ -38,6 +38,7 @@ from swarm.charter import CharterError, register_validators, state_salt
 from swarm.charter import fetch as fetch_charter
 from swarm.control import Command, Controller, Role, Timing
 from swarm.control_state import (
+    BlockEntry,
     CoordinatorState,
     Endorsement,
     KickOrder,
@@ -320,11 +321,17 @@ class ControlPlane:
                 for peer in act.to:
                     self._spawn(self._send(peer, msg))
             elif isinstance(act, control.ForwardBlocks):
-                for peer in act.peers:
-                    proof = self._block_proofs.get(peer)
-                    if proof is not None:  # owner/admin blocks; coordinator blocks are re-earned
-                        self._spawn(self._send(act.to, seal(self.key, self.swarm_id, "fwd",
-                                                            proof)))
+                for entry in act.entries:
+                    proof = self._block_proofs.get(entry.peer)
+                    if proof is not None:  # an owner's or admin's signed command
+                        msg = seal(self.key, self.swarm_id, "fwd", proof)
+                    elif entry.by == "coordinator":  # our own (a repeat liar): our word
+                        msg = seal(self.key, self.swarm_id, "fwdauto", msgpack.packb(
+                            {"p": entry.peer.raw, "r": entry.reason[:100], "a": entry.at},
+                            use_bin_type=True))
+                    else:
+                        continue
+                    self._spawn(self._send(act.to, msg))
             elif isinstance(act, control.Disconnect):
                 self._spawn(self._disconnect(act))
             elif isinstance(act, control.Persist):
@@ -480,6 +487,13 @@ class ControlPlane:
                 self._command(Signed.decode(env.body), now)
             elif env.kind == "fwd":
                 self._forwarded(Signed.decode(env.body), now)
+            elif env.kind == "fwdauto":
+                o = msgpack.unpackb(env.body, raw=False)
+                if not isinstance(o, dict) or not isinstance(o.get("a"), int):
+                    raise ProtocolError("forwarded block without a peer and a time")
+                entry = BlockEntry(PeerId(o["p"]), str(o.get("r", ""))[:100], "coordinator",
+                                   o["a"])
+                c.forwarded_auto_block(entry, env.sender, now)
         except (StaleTerm, NotCoordinator) as exc:
             log.info("refused %s from %s: %s", env.kind, env.sender.short(), exc)
         except (ProtocolError, IdentityError, ValueError, KeyError, TypeError) as exc:

@@ -30,7 +30,7 @@ MAX_POLICY = 4
 BY = ("owner", "admin", "coordinator")  # on the wire as the index
 MAX_ITEM = 1000
 DOMAIN = b"swarm-control/v1\0"
-KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar", "fwd")
+KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar", "fwd", "fwdauto")
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class Envelope:
     """A signed control message between peers."""
 
     kind: str
-    """One of KINDS: hb, handoff, endorse, kick, cmd, liar, fwd (a forwarded block)."""
+    """One of KINDS: hb, handoff, endorse, kick, cmd, liar, fwd/fwdauto (forwarded blocks)."""
     sender: PeerId
     """Who signed it."""
     body: bytes

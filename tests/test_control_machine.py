@@ -12,7 +12,7 @@ import pytest
 from identity.keys import PeerId, PeerKey
 from swarm import control
 from swarm.control import Command, Controller, Role, Timing
-from swarm.control_state import CoordinatorState, KickOrder
+from swarm.control_state import BlockEntry, CoordinatorState, KickOrder
 from swarm.election import Candidate, Health
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
@@ -122,11 +122,16 @@ class Sim:
             elif isinstance(act, control.ForwardBlocks):
                 # The adapter forwards the signed owner/admin commands it holds for these
                 # peers; here the commands an operator issued stand in for those proofs.
-                for peer in act.peers:
-                    cmd = self.issued.get(peer)
-                    if cmd is not None and (dst := self._reach(name, act.to)) is not None:
+                for entry in act.entries:
+                    cmd = self.issued.get(entry.peer)
+                    if (dst := self._reach(name, act.to)) is None:
+                        continue
+                    if cmd is not None:
                         self._deliver(dst, "fwd", lambda d=dst, c=cmd: self.nodes[
                             d].forwarded_block(c, self.now))
+                    elif entry.by == "coordinator":
+                        self._deliver(dst, "fwdauto", lambda d=dst, e=entry: self.nodes[
+                            d].forwarded_auto_block(e, node.me, self.now))
             elif isinstance(act, control.Disconnect):
                 self.disconnects[name].append((act.peer, act.blocked))
             elif isinstance(act, control.Left):
@@ -417,3 +422,32 @@ def test_only_the_coordinator_takes_forwarded_blocks():
         sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1), sim.now)
     with pytest.raises(ProtocolError):
         sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1), sim.now)
+
+
+def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
+    """b blocks a repeat liar x, but c (cut off from b) has already claimed term 2 without
+    the block; once they meet, b forwards its own block and c keeps x blocked."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.cut = {"c"}
+    sim.run_until(lambda: sim.nodes["c"].role is Role.COORDINATOR)  # c's failover, term 2
+    for _ in range(2):
+        sim.nodes["b"].liar_report(sim.ids["x"], sim.now, 100)
+    sim._run("b")
+    assert sim.ids["x"] in sim.nodes["b"].blocked()
+    assert sim.ids["x"] not in sim.nodes["c"].blocked()
+    sim.cut.clear()
+    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed(
+        "c", but=frozenset({"x"})))
+    for _ in range(20):
+        sim.step()
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] in sim.nodes[n].blocked(), n
+
+
+def test_an_auto_block_is_taken_only_from_a_coordinator_we_followed():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
+    stranger = _pid("stranger")
+    entry = BlockEntry(sim.ids["x"], "2 wrong results", "coordinator", 1)
+    with pytest.raises(NotCoordinator, match="never coordinated"):
+        sim.nodes["b"].forwarded_auto_block(entry, stranger, sim.now)
+    assert sim.ids["x"] not in sim.nodes["b"].blocked()
