@@ -67,6 +67,24 @@ class Proc:
             os.kill(self.popen.pid, sig)
 
 
+def stop_all(procs: list[Proc], root: Path) -> None:
+    """Kill what still runs, reap everything, and keep each process's output in ``root``
+    (pytest's tmp dir) for post-mortems."""
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.kill()
+    for p in procs:
+        try:
+            p.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (p.popen.stdout, p.popen.stderr):
+            if stream:
+                stream.close()
+        (root / f"{p.name}-{p.popen.pid}.log").write_text(
+            "\n".join(p.out + ["--- stderr ---"] + p.err))
+
+
 class Cluster:
     """Processes started by one test; :meth:`close` kills whatever is left."""
 
@@ -114,20 +132,7 @@ class Cluster:
                 obs.close()
             except Exception:  # noqa: S110 - best effort at teardown
                 pass
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.popen.kill()
-        for p in self.procs:
-            try:
-                p.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-            for stream in (p.popen.stdout, p.popen.stderr):
-                if stream:
-                    stream.close()
-            # Kept for post-mortems: pytest's tmp dir holds every process's output.
-            (self.root / f"{p.name}-{p.popen.pid}.log").write_text(
-                "\n".join(p.out + ["--- stderr ---"] + p.err))
+        stop_all(self.procs, self.root)
 
 
 class Observer:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from identity.keys import SHORT_LEN
 from tests.conftest import subprocess_env, swarm_cmd
-from tests.control_support import Proc
+from tests.control_support import Proc, stop_all
 from tests.system.netns import Host, Net
 
 FOLLOW = re.compile(r"following (\S+) at term (\d+)")
@@ -105,19 +105,7 @@ class NetCluster:
         return seen
 
     def close(self) -> None:
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.popen.kill()
-        for p in self.procs:
-            try:
-                p.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-            for stream in (p.popen.stdout, p.popen.stderr):
-                if stream:
-                    stream.close()
-            (self.root / f"{p.name}-{p.popen.pid}.log").write_text(
-                "\n".join(p.out + ["--- stderr ---"] + p.err))
+        stop_all(self.procs, self.root)
 
 
 def members(st: dict) -> set[str]:
