@@ -208,13 +208,9 @@ def _to_wire(value: Any, tp: Any, arrays: list, budget: list[int], where: str) -
     inner = _optional_of(tp)
     if inner is not None:
         return None if value is None else _to_wire(value, inner, arrays, budget, where)
-    if tp is bool or tp is str or tp is bytes:
+    if tp is int or tp is str or tp is bytes or tp is bool:
         if type(value) is not tp:
             raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-        return value
-    if tp is int:
-        if type(value) is not int:
-            raise TypeError(f"{where}: expected int, got {type(value).__name__}")
         return value
     if tp is float:
         if type(value) not in (float, int):
