@@ -40,6 +40,8 @@ import numpy as np
 
 from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
+from swarm.control.charter import validators
+from swarm.control.membership import MemberRecord, swarm_id
 from swarm.errors import (
     ActorDiedError,
     ConfigError,
@@ -47,7 +49,6 @@ from swarm.errors import (
     LocalError,
     RemoteError,
 )
-from swarm.membership import MemberRecord, swarm_id
 from swarm.netaddr import source_address
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
@@ -580,7 +581,7 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
 
     base = Path(data_dir) if data_dir is not None else default_dir()
     temp = tempfile.mkdtemp(prefix="client-", dir=base)
-    config = NodeConfig(Path(temp), sid, roles=("requester",), bootstrap=tuple(peers),
+    config = NodeConfig(Path(temp), sid, validators=validators(), roles=("requester",), bootstrap=tuple(peers),
                         announce=False, dht_rpc_timeout=2.0, host=source_address(peers))
     return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],
                          key=PeerKey.generate())
@@ -677,7 +678,7 @@ def local(workers: int = 2, *, threads: int | None = None,
         shutil.rmtree(root, ignore_errors=True)
 
     loop = _LoopThread()
-    config = NodeConfig(root / "client", sid, roles=("requester",), announce=False,
+    config = NodeConfig(root / "client", sid, validators=validators(), roles=("requester",), announce=False,
                         dht_rpc_timeout=1.0)
     try:
         node = loop.run(_make_node(config, None))
@@ -692,7 +693,7 @@ def local(workers: int = 2, *, threads: int | None = None,
             if chaos_list[i]:
                 wenv["SWARM_CHAOS"] = chaos_list[i]
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "swarm.node", "--swarm-id", sid.hex(),
+                [sys.executable, "-m", "swarm.local_worker", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
                  "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
                  "--bench-size", "256", "--exit-with-parent"],
@@ -724,5 +725,5 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> PeerId:
     reader.join(timeout)
     if not result or not result[0]:
         raise LocalError(f"worker process {proc.pid} did not start (exit code "
-                           f"{proc.poll()}); run `python -m swarm.node -v ...` to see why")
+                           f"{proc.poll()}); run `python -m swarm.local_worker -v ...` to see why")
     return PeerId.parse(json.loads(result[0])["peer_id"])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swarm import observer
+from swarm.control import observer
 from swarm.uri import JoinURI, parse
 
 JOBS = 1
@@ -203,7 +203,7 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
 
 def _attach_control(client, join: JoinURI):
     """A control plane on the client's node: it forwards caught liars to the coordinator."""
-    from swarm.control_plane import ControlPlane
+    from swarm.control.plane import ControlPlane
 
     async def make():
         cp = ControlPlane(client.node, join.pubkey, Path(client.node.config.data_dir),

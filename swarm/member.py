@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from identity import PeerKey, Signed
-from swarm import charter
-from swarm.control import Timing
-from swarm.control_plane import NO_COORDINATE, ControlPlane
-from swarm.control_state import load_state
+from swarm.control import charter
+from swarm.control.machine import Timing
+from swarm.control.membership import swarm_id
+from swarm.control.plane import NO_COORDINATE, ControlPlane
+from swarm.control.state import load_state
 from swarm.errors import Blocked, ConfigError
-from swarm.membership import swarm_id
 from swarm.node import Node, NodeConfig
 from swarm.runtime.chaos import ENV as CHAOS_ENV
 from swarm.runtime.chaos import parse as parse_chaos
@@ -72,7 +72,7 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     sid = swarm_id(uri.pubkey)
     state = load_state(data_dir, sid)
 
-    node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, host=host, dht_port=port,
+    node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, validators=charter.validators(), host=host, dht_port=port,
                            bootstrap=tuple(uri.peers), backend=backend, threads=threads,
                            store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
                            roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))

@@ -5,7 +5,7 @@ A :class:`Node` is what ``swarm join`` runs (worker role) and what a client embe
 
 - its :class:`~identity.keys.PeerKey` comes from the data dir (``peer.key``, 0600);
 - a :class:`~dht.DHTNode` joins through bootstrap addresses; the node announces its
-  :class:`~swarm.membership.MemberRecord` under the swarm's topic and re-announces it;
+  :class:`~swarm.control.membership.MemberRecord` under the swarm's topic and re-announces it;
 - a worker listens for TLS links and serves tasks on them with an
   :class:`~swarm.runtime.host.ActorHost`; a requester dials workers found in the member list
   and runs jobs with a :class:`~swarm.runtime.requester.Requester`.
@@ -23,41 +23,34 @@ Hooks for the control plane (all optional, all on the instance):
 ``members()``, ``send_control(peer, msg)``, ``link_to(peer)``
     the live member list, and a way to reach any member over a link.
 
-Run a worker: ``python -m swarm.node --swarm-id HEX --bootstrap HOST:PORT [--data-dir D]``.
+A plain worker process (no control plane): ``python -m swarm.local_worker``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import inspect
-import json
 import logging
-import os
-import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dht import DHTNode
+from dht.validators import Validator
 from identity.keys import PeerId, PeerKey
 from swarm import __version__, wire
-from swarm.charter import register_validators
-from swarm.errors import ConfigError, LinkClosed
-from swarm.links import tls
-from swarm.links.base import PeerLink
-from swarm.membership import (
+from swarm.control.membership import (
     ACTIVITY_INTERVAL,
     MemberRecord,
     announce,
     live_members,
     read_health,
 )
-from swarm.runtime.chaos import ENV as CHAOS_ENV
+from swarm.errors import ConfigError, LinkClosed
+from swarm.links import tls
+from swarm.links.base import PeerLink
 from swarm.runtime.chaos import ChaosSpec
-from swarm.runtime.chaos import parse as parse_chaos
 from swarm.runtime.host import ActorHost
 from swarm.runtime.requester import Requester
 
@@ -73,7 +66,7 @@ class NodeConfig:
     data_dir: Path
     """Keys and DHT state (created 0700)."""
     swarm_id: bytes
-    """The 20-byte swarm id (see :func:`swarm.membership.swarm_id`)."""
+    """The 20-byte swarm id (see :func:`swarm.control.membership.swarm_id`)."""
     roles: tuple[str, ...] = ("worker",)
     """"worker" serves tasks; "requester" submits them."""
     host: str = "127.0.0.1"
@@ -106,6 +99,10 @@ class NodeConfig:
     listen: bool | None = None
     """Take incoming TLS links (None: when a worker). A non-worker that listens serves only
     control messages on them (a coordinator that is not a worker, say)."""
+    validators: Mapping[bytes, Validator] = field(kw_only=True)
+    """DHT item validators by salt, installed before the node serves anything: every node
+    refuses forged swarm items (pass :func:`swarm.control.charter.validators`; required so
+    that no caller forgets it)."""
 
 
 class Node:
@@ -121,7 +118,8 @@ class Node:
         self.peer_id: PeerId = self.key.peer_id
         self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0,
                            rpc_timeout=config.dht_rpc_timeout)
-        register_validators(self.dht)  # every node refuses forged swarm items
+        for salt, validator in config.validators.items():
+            self.dht.register_validator(salt, validator)  # refuse forged swarm items
         self.accept_peer: Callable[[PeerId], bool] = lambda peer: True
         self._control: dict[type, ControlHandler] = {}
         self._liar_callbacks: list[Callable[[PeerId, str], None]] = []
@@ -333,110 +331,3 @@ class Node:
             link = await tls.connect(self.key, host, port, peer)
             self.requester.attach(link, fallback=self._dispatch)
         await link.send(msg)
-
-
-# -- process entry point -------------------------------------------------------------------
-
-
-def _addr(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
-
-
-def _swarm_id(text: str) -> bytes:
-    try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raw = b""
-    if len(raw) != 20:
-        raise argparse.ArgumentTypeError("a swarm id is 40 hex digits")
-    return raw
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m swarm.node",
-                                description="Run one swarm worker node until SIGTERM.")
-    p.add_argument("--swarm-id", type=_swarm_id, required=True, help="40 hex digits")
-    p.add_argument("--bootstrap", type=_addr, action="append", default=[], metavar="HOST:PORT")
-    p.add_argument("--data-dir", default=None, help="default: $SWARM_HOME or the user dir")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--dht-port", type=int, default=0)
-    p.add_argument("--link-port", type=int, default=0)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--threads", type=int, default=None, help="BLAS threads")
-    p.add_argument("--dht-timeout", type=float, default=5.0, help="DHT request timeout (s)")
-    p.add_argument("--bench-size", type=int, action="append", default=None, metavar="N",
-                   help="start-up benchmark size (repeatable; default: compute's quick set)")
-    p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
-    p.add_argument("--exit-with-parent", action="store_true",
-                   help="stop when the parent process exits (embedded local swarms)")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    return p
-
-
-async def run_node(config: NodeConfig, ready: Callable[[Node], None] | None = None,
-                   exit_with_parent: bool = False) -> None:
-    """Start a node, report readiness, run until SIGTERM/SIGINT, stop gracefully.
-
-    ``exit_with_parent``: also stop when the parent process is gone (``swarm.local``'s
-    workers must not outlive a client that was killed without cleaning up).
-    """
-    node = Node(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    parent = os.getppid()
-
-    async def watch_parent() -> None:
-        while os.getppid() == parent:
-            await asyncio.sleep(1.0)
-        log.warning("parent process %d is gone; stopping", parent)
-        stop.set()
-
-    watcher = loop.create_task(watch_parent()) if exit_with_parent else None
-    await node.start()
-    if ready is not None:
-        ready(node)
-    await stop.wait()
-    if watcher is not None:
-        watcher.cancel()
-    await node.stop(graceful=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from swarm.config import data_dir, setup_logging
-
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
-    try:
-        chaos = parse_chaos(os.environ.get(CHAOS_ENV))
-        config = NodeConfig(
-            data_dir=data_dir(args.data_dir), swarm_id=args.swarm_id,
-            roles=tuple(args.role or ["worker"]), host=args.host, dht_port=args.dht_port,
-            link_port=args.link_port, bootstrap=tuple(args.bootstrap), backend=args.backend,
-            threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout,
-            bench_sizes=tuple(args.bench_size) if args.bench_size else None)
-    except ConfigError as exc:
-        print(f"swarm node: {exc}", file=sys.stderr)
-        return 2
-
-    def ready(node: Node) -> None:
-        assert node.record is not None
-        print(json.dumps({"peer_id": str(node.peer_id), "dht": list(node.dht.address),
-                          "links": [list(a) for a in node.record.links],
-                          "tflops": node.tflops}), flush=True)
-
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(run_node(config, ready, args.exit_with_parent))
-    else:
-        uvloop.run(run_node(config, ready, args.exit_with_parent))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarm import observer
+from swarm.control import observer
 from swarm.uri import JoinURI, parse
 from tests.conftest import subprocess_env, swarm_cmd
 

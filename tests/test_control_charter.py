@@ -10,8 +10,8 @@ import pytest
 
 from dht import DHTNode, ItemError
 from identity import Charter, PeerKey, Policy, Signed
-from swarm import charter
-from swarm.control_state import BlockEntry, CoordinatorState
+from swarm.control import charter
+from swarm.control.state import BlockEntry, CoordinatorState
 from tests.identity_support import owner_key
 
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from identity.keys import PeerId
-from swarm.election import Candidate, Health, TermGuard, elect, successor
+from swarm.control.election import Candidate, Health, TermGuard, elect, successor
 from swarm.errors import StaleTerm
 
 peer_ids = st.binary(min_size=32, max_size=32).map(PeerId)

@@ -13,8 +13,8 @@ import msgpack
 
 from dht import DHTNode
 from identity import PeerKey
-from swarm.control_plane import ControlPlane
-from swarm.control_state import CoordinatorState, seal
+from swarm.control.plane import ControlPlane
+from swarm.control.state import CoordinatorState, seal
 
 SWARM = bytes(range(20))
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from identity.keys import PeerId, PeerKey
-from swarm import control
-from swarm.control import Command, Controller, Role, Timing
-from swarm.control_state import BlockEntry, CoordinatorState, KickOrder
-from swarm.election import Candidate, Health
+from swarm.control import machine as control
+from swarm.control.election import Candidate, Health
+from swarm.control.machine import Command, Controller, Role, Timing
+from swarm.control.state import BlockEntry, CoordinatorState, KickOrder
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 SWARM = bytes(range(20))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from identity.keys import PeerId, PeerKey
-from swarm.control_state import (
+from swarm.control.state import (
     BlockEntry,
     CoordinatorState,
     KickOrder,
@@ -105,7 +105,7 @@ def test_persisted_state_is_0600_and_scoped_to_its_swarm(tmp_path):
 
 
 def test_largest_state_fits_one_dht_item_and_one_message():
-    from swarm.control_state import MAX_ADMINS, MAX_BLOCKED, MAX_ITEM, MAX_MESSAGE, MAX_REASON
+    from swarm.control.state import MAX_ADMINS, MAX_BLOCKED, MAX_ITEM, MAX_MESSAGE, MAX_REASON
 
     s = CoordinatorState(SWARM, 2**40, 2**40, KEY.peer_id,
                          admins=tuple(PeerId(bytes([i]) * 32) for i in range(MAX_ADMINS)),

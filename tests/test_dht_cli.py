@@ -77,7 +77,7 @@ async def test_serve_nodes_refuse_forged_charters(tmp_path):
     """A bare `swarm dht serve` node runs the swarm validators: a charter without a valid
     owner proof is refused on store, so no reader can get it from the network."""
     from identity import Charter, Policy, Signed
-    from swarm import charter
+    from swarm.control import charter
     from tests.identity_support import owner_key
 
     proc, addr = await _start(tmp_path / "serve")

@@ -51,3 +51,39 @@ def test_no_pickle_or_eval_anywhere():
             for node in ast.walk(tree):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                     assert node.func.id not in {"eval", "exec"}, f"{py}: {node.func.id}()"
+
+
+# inside swarm/: module prefix -> swarm modules it must never import (DESIGN.md target layout:
+# links and runtime below the control plane, the node below the charter, commands on top)
+_ABOVE_DATA_PLANE = ("swarm.control", "swarm.node", "swarm.api", "swarm.member", "swarm.cli",
+                     "swarm.commands", "swarm.demo_run", "swarm.local_worker")
+SWARM_FORBIDDEN = {
+    "swarm/links": _ABOVE_DATA_PLANE,
+    "swarm/runtime": _ABOVE_DATA_PLANE,
+    "swarm/control": ("swarm.node", "swarm.api", "swarm.member", "swarm.cli", "swarm.commands",
+                      "swarm.demo_run", "swarm.local_worker"),
+    "swarm/node.py": ("swarm.control.charter", "swarm.control.plane", "swarm.control.machine",
+                      "swarm.api", "swarm.member", "swarm.cli", "swarm.commands"),
+}
+
+
+def _imported_modules(py: Path) -> set[str]:
+    mods = set()
+    for node in ast.walk(ast.parse(py.read_text(), str(py))):
+        if isinstance(node, ast.Import):
+            mods |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.add(node.module)
+            mods |= {f"{node.module}.{a.name}" for a in node.names}
+    return mods
+
+
+@pytest.mark.parametrize("where", sorted(SWARM_FORBIDDEN))
+def test_layers_inside_swarm(where):
+    target = ROOT / where
+    files = [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
+    assert files, f"{where} is missing"
+    for py in files:
+        bad = {m for m in _imported_modules(py)
+               if any(m == f or m.startswith(f + ".") for f in SWARM_FORBIDDEN[where])}
+        assert not bad, f"{py.relative_to(ROOT)} imports {sorted(bad)} (a layer above it)"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarm.commands.submit import _load
-from swarm.control_state import CoordinatorState, load_state, save_state, state_path
+from swarm.control.state import CoordinatorState, load_state, save_state, state_path
 from swarm.errors import ConfigError
 from swarm.runtime.actors import method_spec
 from tests.conftest import run_swarm

@@ -8,8 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from identity.keys import PeerKey
-from swarm.errors import ProtocolError
-from swarm.membership import (
+from swarm.control.membership import (
     MAX_RECORD,
     MAX_SERVING,
     MAX_TASKS,
@@ -19,6 +18,7 @@ from swarm.membership import (
     read_health,
     swarm_id,
 )
+from swarm.errors import ProtocolError
 
 
 def record(**kw):

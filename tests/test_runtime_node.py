@@ -8,8 +8,9 @@ import pytest
 
 from identity.keys import PeerKey
 from swarm import wire
+from swarm.control.charter import validators
+from swarm.control.membership import swarm_id
 from swarm.errors import AuthenticationError
-from swarm.membership import swarm_id
 from swarm.node import Node, NodeConfig
 
 
@@ -24,10 +25,10 @@ class Hello(wire.Message):
 @pytest.fixture
 async def two_nodes(tmp_path):
     sid = swarm_id(PeerKey.generate().public_bytes)
-    a = Node(NodeConfig(tmp_path / "a", sid, roles=("requester",), listen=True,
+    a = Node(NodeConfig(tmp_path / "a", sid, validators=validators(), roles=("requester",), listen=True,
                         dht_rpc_timeout=1.0))
     await a.start()
-    b = Node(NodeConfig(tmp_path / "b", sid, roles=("worker",), backend="numpy", threads=1,
+    b = Node(NodeConfig(tmp_path / "b", sid, validators=validators(), roles=("worker",), backend="numpy", threads=1,
                         bootstrap=(a.dht.address,), bench_sizes=(64,), dht_rpc_timeout=1.0))
     await b.start()
     try:

@@ -66,7 +66,7 @@ async def _send(join, target, verb, args, peer_key):
         assert_statement,
         sign_as_peer,
     )
-    from swarm import observer, owned
+    from swarm.control import observer, owned
     from swarm.errors import ConfigError, SwarmError
 
     cls = {"kick": KickCommand, "block": BlockCommand, "unblock": UnblockCommand}[verb]

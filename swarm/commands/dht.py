@@ -56,7 +56,7 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
     import signal
 
     from dht import DHTNode, LookupFailed
-    from swarm.charter import register_validators
+    from swarm.control.charter import register_validators
 
     node = DHTNode(data_dir=args.data_dir / "dht")
     register_validators(node)  # refuse forged charters and coordinator states network-wide

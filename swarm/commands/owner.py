@@ -58,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _show(join, as_json: bool) -> int:
-    from swarm import observer
+    from swarm.control import observer
 
     async def look():
         async with observer.dht_observer(join) as node:
-            from swarm import charter
+            from swarm.control import charter
 
             return await charter.fetch(node, join.pubkey, join.owner or None)
 
@@ -90,7 +90,7 @@ def _show(join, as_json: bool) -> int:
 async def _change(join, args) -> int:
     from identity import Charter, IdentityError, OwnershipTransfer, PeerId, Signed
     from identity.statements import MAX_CHARTER_ADMINS
-    from swarm import charter, observer, owned
+    from swarm.control import charter, observer, owned
     from swarm.errors import ConfigError
 
     mine = owned.find_by_key(args.data_dir, join.pubkey)

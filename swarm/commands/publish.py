@@ -43,8 +43,9 @@ def _policy(items: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm import member, owned
-    from swarm.membership import swarm_id
+    from swarm import member
+    from swarm.control import owned
+    from swarm.control.membership import swarm_id
     from swarm.uri import JoinURI, parse_peer
 
     peers = tuple(parse_peer(b) for b in args.bootstrap)

@@ -28,7 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm import observer, uri
+    from swarm import uri
+    from swarm.control import observer
 
     join = uri.parse(args.uri)
 

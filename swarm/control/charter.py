@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dht import errors as dht_errors
@@ -32,10 +33,10 @@ from identity import (
     genesis,
     verify_chain,
 )
-from swarm.control_state import CoordinatorState
+from swarm.control.state import CoordinatorState
 from swarm.errors import CharterError, ProtocolError
 
-log = logging.getLogger("swarm.charter")
+log = logging.getLogger("swarm.control.charter")
 
 CHARTER_SALT = b"swarm"
 STATE_SALT = b"swarm/state/"  # + the 20-byte swarm id: each coordinator's own state item
@@ -87,10 +88,15 @@ def validate_state_item(item: MutableItem) -> None:
         raise _refuse(dht_errors.PROTOCOL, "coordinator state salt or seq does not match it")
 
 
+def validators() -> dict[bytes, Callable[[MutableItem], None]]:
+    """The swarm's DHT item validators by salt (every node installs them)."""
+    return {CHARTER_SALT: validate_charter_item, STATE_SALT: validate_state_item}
+
+
 def register_validators(dht_node) -> None:
-    """Install the swarm validators on a DHT node (the runtime does this for every node)."""
-    dht_node.register_validator(CHARTER_SALT, validate_charter_item)
-    dht_node.register_validator(STATE_SALT, validate_state_item)
+    """Install the swarm validators on a bare DHT node (``swarm dht serve``, observers)."""
+    for salt, validator in validators().items():
+        dht_node.register_validator(salt, validator)
 
 
 # -- publish and fetch ---------------------------------------------------------------------

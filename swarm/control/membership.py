@@ -27,7 +27,7 @@ from dht.items import mutable_target
 from identity.keys import PeerId
 from swarm.errors import ProtocolError
 
-log = logging.getLogger("swarm.membership")
+log = logging.getLogger("swarm.control.membership")
 
 MAX_RECORD = 900
 RECORD_VERSION = 1

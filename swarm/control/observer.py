@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
-from swarm import charter
-from swarm.control_state import CoordinatorState, seal
+from swarm.control import charter
+from swarm.control.membership import MemberRecord, membership_topic, swarm_id
+from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
-from swarm.membership import MemberRecord, membership_topic, swarm_id
 from swarm.netaddr import source_address
 from swarm.uri import JoinURI
 

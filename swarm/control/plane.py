@@ -1,4 +1,4 @@
-"""The asyncio adapter around :class:`swarm.control.Controller` for one running node.
+"""The asyncio adapter around :class:`swarm.control.machine.Controller` for one running node.
 
 It feeds the controller the member view (DHT announcements), control messages (signed
 envelopes over the DHT's direct messages) and the clock, and carries out its actions:
@@ -33,11 +33,13 @@ from identity import (
     verify_command,
 )
 from identity.roles import Role as AuthRole
-from swarm import control
-from swarm.charter import CharterError, register_validators, state_salt
-from swarm.charter import fetch as fetch_charter
-from swarm.control import Command, Controller, Role, Timing
-from swarm.control_state import (
+from swarm.control import machine as control
+from swarm.control.charter import CharterError, register_validators, state_salt
+from swarm.control.charter import fetch as fetch_charter
+from swarm.control.election import Candidate, Health
+from swarm.control.machine import Command, Controller, Role, Timing
+from swarm.control.membership import MemberRecord, membership_topic
+from swarm.control.state import (
     BlockEntry,
     CoordinatorState,
     Endorsement,
@@ -47,9 +49,7 @@ from swarm.control_state import (
     seal,
     unseal,
 )
-from swarm.election import Candidate, Health
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
-from swarm.membership import MemberRecord, membership_topic
 
 log = logging.getLogger("swarm.control")
 

@@ -7,14 +7,14 @@ which checks the transition table, logs and runs the entry actions.
 
 Who may coordinate: the incumbent keeps the role until it leaves, fails or loses a term.
 A follower that hears no heartbeat for ``Timing.failover`` seconds suspects the coordinator
-and runs :func:`swarm.election.elect` over its view without it; the winner claims the next
+and runs :func:`swarm.control.election.elect` over its view without it; the winner claims the next
 term, the others give it ``failover`` seconds to show up before suspecting it in turn.
 A follower accepts a new coordinator's heartbeats when it is the same coordinator, when
 the previous coordinator endorsed it (handoff), or when it is the peer its own election
 picks once the old coordinator is set aside; commands from lower terms are refused
-(:class:`swarm.election.TermGuard`).
+(:class:`swarm.control.election.TermGuard`).
 
-The asyncio adapter (:mod:`swarm.control_node`) does the I/O: DHT puts, messages, timers.
+The asyncio adapter (:mod:`swarm.control.plane`) does the I/O: DHT puts, messages, timers.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from identity.keys import PeerId
-from swarm.control_state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
-from swarm.election import Candidate, TermGuard, elect, successor
+from swarm.control.election import Candidate, TermGuard, elect, successor
+from swarm.control.state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 log = logging.getLogger("swarm.control")
