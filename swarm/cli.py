@@ -2,7 +2,8 @@
 
 Each subcommand lives in ``swarm/commands/<name>.py`` and exposes ``HELP`` (one line for
 ``swarm --help``), ``configure(parser)`` and ``run(args) -> int``. Modules import their heavy
-dependencies inside ``run`` so that ``swarm --help`` stays fast.
+dependencies inside ``run`` so that ``swarm --help`` stays fast. The global options
+(``--data-dir``, ``-v``, ``-q``) work before and after the subcommand (``_common``).
 
 Exit codes mean the same for every subcommand (see ``EXIT_*``).
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from swarm import __version__
+from swarm.commands._common import add_global_options, verbosity
 from swarm.config import data_dir, setup_logging
 from swarm.errors import ConfigError, ConsentRefused, LocalError, RemoteError, SwarmError
 
@@ -28,8 +30,7 @@ EXIT_UNAVAILABLE = 4  # something this machine lacks: no security key, no backen
 EXIT_INTERRUPTED = 130
 
 # Subcommands in the order `swarm --help` lists them; each is the module swarm.commands.<name>.
-# A name whose module is not built yet is left out of the parser.
-PLANNED: tuple[str, ...] = (
+COMMANDS: tuple[str, ...] = (
     "demo",
     "publish",
     "join",
@@ -40,10 +41,8 @@ PLANNED: tuple[str, ...] = (
     "unblock",
     "owner",
     "bench",
+    "doctor",
     "dht",
-)
-COMMANDS: tuple[str, ...] = tuple(
-    name for name in PLANNED if importlib.util.find_spec(f"swarm.commands.{name}") is not None
 )
 
 EPILOG = f"""\
@@ -62,8 +61,28 @@ Run `swarm COMMAND --help` for each command's options.
 log = logging.getLogger("swarm.cli")
 
 
-def _command_module(name: str):
-    return importlib.import_module(f"swarm.commands.{name}")
+def _command_module(name: str) -> ModuleType:
+    """``swarm.commands.<name>``, or a stand-in that says the installation lacks it: a
+    missing module is listed in --help and fails clearly when run, never vanishes."""
+    qualified = f"swarm.commands.{name}"
+    try:
+        return importlib.import_module(qualified)
+    except ModuleNotFoundError as exc:
+        if exc.name != qualified:
+            raise  # the module is there but imports something missing: a real bug
+        log.debug("no module %s", qualified)
+    missing = ModuleType(qualified)
+    message = (f"this installation lacks the module {qualified}; reinstall the package "
+               "(pip install --force-reinstall swarm-compute)")
+    missing.HELP = f"(unavailable: {qualified} is missing)"
+
+    def run(args: argparse.Namespace) -> int:
+        raise LocalError(message)
+
+    missing.configure = lambda p: p.add_argument("rest", nargs=argparse.REMAINDER,
+                                                 help=argparse.SUPPRESS)
+    missing.run = run
+    return missing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,14 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"swarm {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--data-dir",
-        metavar="DIR",
-        help="where keys, consent and state live (default: $SWARM_HOME or the user data dir)",
-    )
-    common.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
-    common.add_argument("-q", "--quiet", action="count", default=0, help="less log output")
+    add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name in COMMANDS:
         module = _command_module(name)
@@ -90,9 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=module.HELP,
             description=getattr(module, "DESCRIPTION", module.HELP),
-            parents=[common],
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        add_global_options(p)
         module.configure(p)
         p.set_defaults(_run=module.run)
     return parser
@@ -104,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    setup_logging(args.verbose - args.quiet)
+    setup_logging(verbosity(args))
     try:
         args.data_dir = data_dir(args.data_dir)
         return int(args._run(args) or EXIT_OK)

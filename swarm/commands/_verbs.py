@@ -7,6 +7,8 @@ import asyncio
 import sys
 import time
 
+from swarm.commands._common import add_json_option, print_json
+
 ROLES = ("owner", "admin", "coordinator")
 
 
@@ -22,6 +24,7 @@ def configure(p: argparse.ArgumentParser, verb: str) -> None:
     p.add_argument("--key", default=None, metavar="PATH",
                    help="peer key file when acting as admin or coordinator "
                         "(default: the data dir's peer.key)")
+    add_json_option(p, "what was done")
 
 
 def run(args: argparse.Namespace, verb: str) -> int:
@@ -46,7 +49,12 @@ def run(args: argparse.Namespace, verb: str) -> int:
         except KeyFileError as exc:
             raise ConfigError(str(exc)) from None
     state = asyncio.run(_send(join, target, verb, args, peer_key))
-    if verb == "kick":
+    if args.json:
+        # a kick is fire-and-forget; a block or unblock is confirmed in the coordinator's state
+        print_json({"action": verb, "peer": str(target), "role": args.role,
+                    "reason": args.reason, "confirmed": verb != "kick", "term": state.term,
+                    "coordinator": str(state.coordinator)})
+    elif verb == "kick":
         print(f"kicked {target.short()} (order sent to the coordinator)")
     else:
         print(f"{verb}ed {target.short()} at term {state.term} by the coordinator "
@@ -102,4 +110,5 @@ async def _send(join, target, verb, args, peer_key):
             sender = peer_key
         print(f"sending {verb} of {target.short()} to coordinator {view.coordinator.short()} "
               f"(term {view.state.term})", file=sys.stderr)
-        return await observer.send_command(node, join, view, signed, sender)
+        # kick: nothing to wait for, so the state it was sent under
+        return await observer.send_command(node, join, view, signed, sender) or view.state

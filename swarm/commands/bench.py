@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
+
+from swarm.commands._common import add_json_option, print_json, print_table
 
 HELP = "measure this machine's matmul throughput per backend (numpy, wgpu)"
 DESCRIPTION = """\
@@ -27,7 +27,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    add_json_option(p, "the full result")
     p.add_argument("--quick", action="store_true",
                    help="small sizes, about 3 seconds (what `swarm join` runs)")
     p.add_argument("--sizes", type=_sizes, metavar="N,N,...",
@@ -39,37 +39,35 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, metavar="N", help="BLAS threads for numpy")
 
 
-def format_table(result: dict[str, Any]) -> str:
-    """The benchmark result as a readable plain-text report."""
+def print_report(result: dict[str, Any]) -> None:
+    """The benchmark result as a table per backend, then the kernel and announced figures."""
     sizes = sorted({int(n) for row in result["backends"] for n in row["gflops"]})
-    lines = []
-    head = (f"{'backend':<8} {'device':<34} {'kind':<14} "
-            + " ".join(f"{f'n={n}':>9}" for n in sizes))
-    lines += [head, "-" * len(head)]
+    rows = []
     for row in result["backends"]:
         if not row["validated"]:
-            lines.append(f"{row['name']:<8} unusable: {row['reason']}")
+            rows.append((row["name"], f"unusable: {row['reason']}", "", *([None] * len(sizes))))
             continue
         adapter = row["adapter"] or {}
         kind = "/".join(x for x in (adapter.get("type"), adapter.get("api")) if x)
-        cells = " ".join(f"{row['gflops'][str(n)]:>9.1f}" if str(n) in row["gflops"]
-                         else f"{'-':>9}" for n in sizes)
-        lines.append(f"{row['name']:<8} {adapter.get('name', '')[:34]:<34} {kind[:14]:<14} {cells}")
-    lines.append("(GFLOPS per square size n, end to end: upload, multiply, read back)")
+        rows.append((row["name"], adapter.get("name", ""), kind,
+                     *(f"{row['gflops'][str(n)]:.1f}" if str(n) in row["gflops"] else None
+                       for n in sizes)))
+    cols = [f"n={n}" for n in sizes]
+    print_table(("backend", "device", "kind", *cols), rows, right=cols,
+                caption="GFLOPS per square size n, end to end: upload, multiply, read back")
     kernel = result.get("kernel")
     if kernel:
-        lines += ["", f"WGSL kernels on {kernel['adapter']} at n={kernel['n']} (device time): "
-                  f"naive {kernel['naive_gflops']:.2f} GFLOPS, tiled {kernel['tiled_gflops']:.2f} "
-                  f"GFLOPS ({kernel['speedup']:.1f}x; tiles {kernel['tiles']})"]
+        print(f"WGSL kernels on {kernel['adapter']} at n={kernel['n']} (device time): "
+              f"naive {kernel['naive_gflops']:.2f} GFLOPS, tiled {kernel['tiled_gflops']:.2f} "
+              f"GFLOPS ({kernel['speedup']:.1f}x; tiles {kernel['tiles']})")
     best = result.get("best")
     if best:
-        lines += ["", f"announced throughput: {result['tflops']:.4f} TFLOPS "
-                  f"({best['backend']} at n={best['n']})"]
+        print(f"announced throughput: {result['tflops']:.4f} TFLOPS "
+              f"({best['backend']} at n={best['n']})")
     host = result.get("probe", {}).get("host", {})
     if host:
-        lines.append(f"host: {host.get('cpus')} CPUs, {host.get('memory_bytes', 0) / 2**30:.1f} "
-                     f"GiB; measured in {result['elapsed_s']:.1f} s")
-    return "\n".join(lines)
+        print(f"host: {host.get('cpus')} CPUs, {host.get('memory_bytes', 0) / 2**30:.1f} "
+              f"GiB; measured in {result['elapsed_s']:.1f} s")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
     except compute.BackendUnavailable as exc:
         raise LocalError(str(exc)) from exc
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(result)
     else:
-        print(format_table(result))
+        print_report(result)
     return 0

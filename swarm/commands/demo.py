@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from swarm.commands._common import add_json_option, print_json
+
 HELP = "run a local demo swarm on loopback (publish, join, verified matmul, failover)"
 DESCRIPTION = """\
 Runs a whole swarm on this machine: publishes a swarm with a software owner key in a
@@ -18,12 +20,10 @@ caught and the lying worker blocked by the new coordinator.
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=3, metavar="N", help="honest workers (3)")
     p.add_argument("--size", type=int, default=1024, metavar="N", help="matrix size N x N")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_option(p, "the report")
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from swarm.demo_run import run_demo
     from swarm.errors import ConfigError
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--size must be between 64 and 8192")
     report = run_demo(args.workers, args.size, log=None if args.json else _say)
     if args.json:
-        print(json.dumps(report, indent=1, sort_keys=True))
+        print_json(report)
     else:
         _print(report)
     return 0 if report["ok"] else 1

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
+from swarm.commands._common import add_global_options, add_json_option, print_json
 from swarm.errors import ConfigError, LocalError
 
 HELP = "run a DHT-only node (bootstrap point for a swarm)"
 DESCRIPTION = """\
 serve: run an unattended DHT node that stores BEP 44 items and announcements for the swarm
 and answers lookups. It prints `listening on HOST:PORT` once bound and runs until SIGTERM or
-SIGINT. Its key, node id, neighbours and items live in DATA_DIR/dht, so a restarted node keeps
+SIGINT (--json: one JSON object per line instead). Its key, node id, neighbours and items live in DATA_DIR/dht, so a restarted node keeps
 its items and rejoins through the neighbours it saved.
 """
 
@@ -31,15 +32,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="dht_command", metavar="ACTION", required=True)
     serve = sub.add_parser("serve", help="run a DHT node until SIGTERM",
                            description=DESCRIPTION)
-    # the shared options also work after the action (`swarm dht serve --data-dir D`)
-    serve.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS,
-                       help="where the node's key, id, neighbours and items live")
-    serve.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
-    serve.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS)
+    add_global_options(serve)  # also after the action: `swarm dht serve --data-dir D`
     serve.add_argument("--port", type=int, default=0, help="UDP port (0 picks a free one)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
                        help="a node to join through (repeatable)")
+    add_json_option(serve, 'JSON lines: {"event": "listening", "host", "port"}, '
+                           '"bootstrapped" {"contacts"} or "bootstrap_failed" {"error"}, '
+                           '"stopped"')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +66,10 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
         await node.stop()
         raise LocalError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
     host, port = node.address
-    print(f"listening on {host}:{port}", flush=True)
+    if args.json:
+        print_json({"event": "listening", "host": host, "port": port})
+    else:
+        print(f"listening on {host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -75,9 +78,15 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
         try:
             contacts = await node.bootstrap(addrs)
             log.info("joined with %d contacts", contacts)
+            if args.json:
+                print_json({"event": "bootstrapped", "contacts": contacts})
         except LookupFailed as exc:
             log.warning("%s; retrying in the background", exc)
+            if args.json:
+                print_json({"event": "bootstrap_failed", "error": str(exc)})
         await stop.wait()
     finally:
         await node.stop()
+    if args.json:
+        print_json({"event": "stopped"})
     return 0

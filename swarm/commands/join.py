@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import sys
 
+from swarm.commands._common import add_json_option, left_event, member_event, print_json
+
 HELP = "join a swarm by its magnet URI and serve compute tasks until stopped"
 DESCRIPTION = """\
 Asks for consent ("Always join" is remembered for this swarm; --yes joins non-interactively),
@@ -43,6 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="BLAS threads for numpy")
     p.add_argument("--no-coordinate", action="store_true",
                    help="serve tasks but never take the coordinator role")
+    add_json_option(p, 'JSON lines: {"event": "joined", "peer", "role", "gflops", ...} once '
+                       'joined, {"event": "left", "reason", "exit_code"} at exit')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,14 +60,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"peer: {r.node.peer_id}", file=sys.stderr, flush=True)
         print(f"joined swarm {join.name!r} in {r.joined_in:.2f} s as {r.control.role.value}; "
               f"{r.node.tflops * 1000:.1f} GFLOPS", file=sys.stderr, flush=True)
+        if args.json:
+            print_json(member_event("joined", r))
 
     reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
                                       port=args.port, host=args.host, threads=args.threads,
                                       ready=ready, store_capacity=args.max_memory,
                                       coordinate=not args.no_coordinate))
     print(f"swarm join: left ({reason})", file=sys.stderr)
+    code = 0
     if reason.startswith(("kicked", "this peer is blocked")):
         from swarm.cli import EXIT_REFUSED
 
-        return EXIT_REFUSED
-    return 0
+        code = EXIT_REFUSED
+    if args.json:
+        print_json(left_event(reason, code))
+    return code

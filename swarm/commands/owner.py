@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
+
+from swarm.commands._common import add_global_options, add_json_option, print_json
 
 HELP = "show or change a swarm's ownership: show, add-admin, remove-admin, transfer"
 DESCRIPTION = """\
@@ -20,28 +21,24 @@ seconds. Older statements stay in the DHT as the chain every member verifies.
 """
 
 
-def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The shared options, also accepted after the action (SUPPRESS keeps the parent's)."""
-    p.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS,
-                   help="the data dir (the publisher's, to change ownership)")
-    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
-    p.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS)
+def _action(sub, name: str, text: str) -> argparse.ArgumentParser:
+    """One action's parser: the swarm's URI, --json, and the global options after it too."""
+    p = sub.add_parser(name, help=text)
+    add_global_options(p)
+    p.add_argument("uri")
+    add_json_option(p, "the ownership" if name == "show" else "the updated ownership")
     return p
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    show = _common(sub.add_parser("show", help="print the verified ownership"))
-    show.add_argument("uri")
-    show.add_argument("--json", action="store_true")
+    _action(sub, "show", "print the verified ownership")
     for name, text in (("add-admin", "make PEER an admin"),
                        ("remove-admin", "remove PEER from the admins")):
-        s = _common(sub.add_parser(name, help=text))
-        s.add_argument("uri")
+        s = _action(sub, name, text)
         s.add_argument("peer", help="the peer's id (p... or 64 hex digits)")
         s.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH")
-    t = _common(sub.add_parser("transfer", help="transfer ownership to another key"))
-    t.add_argument("uri")
+    t = _action(sub, "transfer", "transfer ownership to another key")
     t.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
                    help="the current owner's key")
     t.add_argument("--new-owner-key", required=True, metavar="fido2|soft:PATH",
@@ -57,33 +54,39 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_change(join, args))
 
 
-def _show(join, as_json: bool) -> int:
-    from swarm.control import observer
-
-    async def look():
-        async with observer.dht_observer(join) as node:
-            from swarm.control import charter
-
-            return await charter.fetch(node, join.pubkey, join.owner or None)
-
-    rec = asyncio.run(look())
+def ownership_json(rec, pinned: bool) -> dict:
+    """A verified charter record as the JSON `owner show` prints (and changes print after)."""
     own = rec.ownership
-    data = {"name": own.name, "owner": own.owner.fingerprint().hex(),
+    return {"name": own.name, "owner": own.owner.fingerprint().hex(),
             "hardware_backed": own.owner.hardware_backed, "attestation": own.owner.attestation,
             "owner_keys": [c.fingerprint().hex() for c in own.owners],
             "admins": sorted(str(p) for p in own.admins),
             "policy": {"require_hardware": own.policy.require_hardware},
-            "chain_length": len(rec.history) + 1, "pinned": bool(join.owner)}
+            "counter": own.counter, "chain_length": len(rec.history) + 1, "pinned": pinned}
+
+
+def _show(join, as_json: bool) -> int:
+    from swarm.commands._common import print_table
+    from swarm.control import charter, observer
+
+    async def look():
+        async with observer.dht_observer(join) as node:
+            return await charter.fetch(node, join.pubkey, join.owner or None)
+
+    data = ownership_json(asyncio.run(look()), bool(join.owner))
     if as_json:
-        print(json.dumps(data, indent=1, sort_keys=True))
+        print_json(data)
         return 0
-    print(f"swarm {own.name!r}: owner key {data['owner'][:12]} "
-          f"({'hardware-backed' if own.owner.hardware_backed else 'NOT hardware-backed'}, "
-          f"{own.owner.attestation} attestation)"
-          + (" [pinned by the URI]" if join.owner else " [URI has no owner pin]"))
-    print(f"admins: {', '.join(a[:12] for a in data['admins']) or 'none'}")
-    print(f"policy: require_hardware={own.policy.require_hardware}; "
-          f"chain of {data['chain_length']} statement(s)")
+    owner = (f"{data['owner'][:12]} ("
+             f"{'hardware-backed' if data['hardware_backed'] else 'NOT hardware-backed'}, "
+             f"{data['attestation']} attestation)")
+    print_table(("", "value"), [
+        ("owner key", owner),
+        ("pinned", "yes, by the URI" if data["pinned"] else "no (the URI has no owner pin)"),
+        ("admins", ", ".join(a[:12] for a in data["admins"]) or "none"),
+        ("policy", f"require_hardware={data['policy']['require_hardware']}"),
+        ("chain", f"{data['chain_length']} statement(s), counter {data['counter']}"),
+    ], title=f"swarm {data['name']!r}")
     return 0
 
 
@@ -153,4 +156,6 @@ async def _change(join, args) -> int:
           f"{check.ownership.owner.short()}, admins "
           f"{', '.join(p.short() for p in sorted(check.ownership.admins)) or 'none'}",
           file=sys.stderr)
+    if args.json:
+        print_json(ownership_json(check, bool(join.owner)))
     return 0

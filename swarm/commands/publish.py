@@ -6,11 +6,14 @@ import argparse
 import asyncio
 import sys
 
+from swarm.commands._common import add_json_option, left_event, member_event, print_json
+
 HELP = "create a swarm owned by your security key, print its join URI, serve it"
 DESCRIPTION = """\
 Creates a swarm (or reopens the one published under the same --name from this data dir):
 enrols the owner key (touch your security key), signs the charter with it, puts the
-charter in the DHT, prints the join URI alone on the first line of stdout, then serves as
+charter in the DHT, prints the join URI alone on the first line of stdout (--json: a JSON
+object with it, one per line as events happen), then serves as
 the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who should join.
 """
 
@@ -27,6 +30,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                    help="charter policy, e.g. require_hardware=true")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
+    add_json_option(p, 'JSON lines instead of the URI: {"event": "published", "uri", "peer", '
+                       '"owner", ...} once up, {"event": "left", "reason"} at exit')
 
 
 def _policy(items: list[str]):
@@ -61,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
     pub = member.Publication(swarm.swarm_key, swarm.head, tuple(swarm.history))
 
     def ready(r: member.Ready) -> None:
-        print(str(r.uri), flush=True)
+        if args.json:
+            print_json({**member_event("published", r), "owner": swarm.credential.fingerprint()
+                        .hex(), "hardware_backed": swarm.credential.hardware_backed})
+        else:
+            print(str(r.uri), flush=True)
         print(f"peer: {r.node.peer_id}", file=sys.stderr, flush=True)
         print(f"swarm {swarm.charter.name!r} ({swarm_id(uri.pubkey).hex()[:12]}) is up; "
               f"owner key {swarm.credential.short()}"
@@ -71,4 +80,6 @@ def run(args: argparse.Namespace) -> int:
     reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
                                       host=args.host, publication=pub, ready=ready))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
+    if args.json:
+        print_json(left_event(reason, 0))
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+
+from swarm.commands._common import add_json_option, print_json, print_table
 
 HELP = "show a swarm's owner, coordinator and term, members, running jobs and blocklist"
 DESCRIPTION = """\
@@ -24,7 +25,7 @@ about 2 s (plus one DHT round trip) stale.
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("uri", help="the swarm's join URI")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_option(p, "the status")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     data = asyncio.run(look())
     if args.json:
-        print(json.dumps(data, indent=1, sort_keys=True))
+        print_json(data)
         return 0
     own = data["owner"]
     print(f"swarm {data['name']!r} ({data['swarm'][:12]})")
@@ -50,17 +51,15 @@ def run(args: argparse.Namespace) -> int:
         print("admins: " + ", ".join(a[:12] for a in data["admins"]))
     coord = data["coordinator"]
     print(f"coordinator: {coord[:12] if coord else 'none'}  term {data['term']}")
-    print(f"{'peer':<14}{'TFLOPS':>9}  {'role':<12}{'load':>6}  {'link':<5}{'tasks':>6}")
-    for m in data["members"]:
-        load = m["health"]["load"]
-        print(f"{m['peer_id'][:12]:<14}{m['tflops']:>9.4f}  {m['role']:<12}"
-              f"{'-' if load is None else f'{load:.2f}':>6}  {m['link']:<5}{m['tasks']:>6}")
+    print_table(("peer", "TFLOPS", "role", "load", "link", "tasks"), [
+        (m["peer_id"][:12], f"{m['tflops']:.4f}", m["role"],
+         None if m["health"]["load"] is None else f"{m['health']['load']:.2f}", m["link"],
+         m["tasks"]) for m in data["members"]], right=("TFLOPS", "load", "tasks"))
     print(f"running tasks: {data['running_tasks']}")
     for j in data["jobs"]:
         print(f"  job of {j['requester'][:12]}: {j['tasks']} tasks on "
               + ", ".join(w[:12] for w in j["workers"]))
     if data["blocked"]:
-        print("blocked:")
-        for b in data["blocked"]:
-            print(f"  {b['peer_id'][:12]}  by {b['by']}: {b['reason'] or '-'}")
+        print_table(("blocked peer", "by", "reason"),
+                    [(b["peer_id"][:12], b["by"], b["reason"] or "-") for b in data["blocked"]])
     return 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from swarm.commands._common import add_json_option, print_json, print_table
 
 HELP = "submit a job (matmul) to a swarm as a requester, verified, with a per-peer report"
 DESCRIPTION = """\
@@ -36,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swarm", metavar="ID", help="swarm id (40 hex) when URI is HOST:PORT")
     p.add_argument("--min-workers", type=int, default=1, metavar="N",
                    help="wait for N workers before starting (0: compute here if none)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_option(p, "the report")
 
 
 def _load(path: Path, name: str):
@@ -124,21 +125,14 @@ def _print_report(report, args, shape, seconds: float) -> None:
              "seconds": round(r.seconds, 4), "verified": r.verified, "rejected": r.rejected,
              "failed": r.failed} for peer, r in sorted(report.peers.items())]
     if args.json:
-        print(json.dumps({"output": str(args.output), "shape": list(shape),
-                          "seconds": round(seconds, 4), "verify": args.verify,
-                          "precision": args.precision, "shards": report.shards,
-                          "peers": rows}))
+        print_json({"output": str(args.output), "shape": list(shape),
+                    "seconds": round(seconds, 4), "verify": args.verify,
+                    "precision": args.precision, "shards": report.shards, "peers": rows})
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{args.output}: {shape[0]}x{shape[1]} in {seconds:.2f} s "
-                        f"({report.shards} shards, verify={args.verify})")
-    for col in ("peer", "shards", "bytes out", "bytes in", "seconds", "verified", "rejected",
-                "failed"):
-        table.add_column(col, justify="left" if col == "peer" else "right")
-    for r in rows:
-        peer = r["peer"] if r["peer"] == "local" else r["peer"][:12]
-        table.add_row(peer, *(str(r[k]) for k in ("shards", "bytes_out", "bytes_in", "seconds",
-                                                  "verified", "rejected", "failed")))
-    Console().print(table)
+    keys = ("shards", "bytes_out", "bytes_in", "seconds", "verified", "rejected", "failed")
+    cols = [k.replace("_", " ") for k in keys]
+    print_table(("peer", *cols), [
+        (r["peer"] if r["peer"] == "local" else r["peer"][:12], *(r[k] for k in keys))
+        for r in rows], right=cols, title=f"{args.output}: {shape[0]}x{shape[1]} in "
+                                          f"{seconds:.2f} s ({report.shards} shards, "
+                                          f"verify={args.verify})")

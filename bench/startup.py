@@ -1,0 +1,103 @@
+"""Start-up time of the `swarm` command: `swarm --help`, and `swarm dht serve` until it prints
+`listening on`. Why: both run often (shell completion, help, unattended bootstrap nodes on
+small machines), and importing aiortc or wgpu there costs a second of CPU for nothing.
+
+    python bench/startup.py [--runs 15] [--tree NAME=PATH ...] [--json]
+
+Each tree is a checkout of this project (default: this one); every run is a fresh process
+with that tree first on PYTHONPATH and the same interpreter. Prints medians side by side, and
+which heavy packages each command imported."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("aiortc", "aioice", "av", "wgpu", "numpy", "cryptography", "fido2", "rich",
+         "kademlia", "psutil", "uvloop")
+PROBE = """\
+import sys
+from swarm import cli
+cli.build_parser()
+print(",".join(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1].split(',')))))
+"""
+
+
+def _env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree)
+    env.pop("SWARM_HOME", None)
+    return env
+
+
+def time_help(tree: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "swarm", "--help"], env=_env(tree), check=True,
+                   capture_output=True, timeout=60)
+    return time.perf_counter() - start
+
+
+def time_dht_serve(tree: Path) -> float:
+    """Seconds from exec to the `listening on` line (the node is then stopped)."""
+    with tempfile.TemporaryDirectory() as home:
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "swarm", "dht", "serve", "--port", "0",
+                                 "--data-dir", home], env=_env(tree), stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = proc.stdout.readline()
+            took = time.perf_counter() - start
+            if "listening" not in line:
+                raise RuntimeError(f"{tree}: dht serve printed {line!r}")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            proc.stdout.close()
+    return took
+
+
+def heavy_imports(tree: Path) -> str:
+    out = subprocess.run([sys.executable, "-c", PROBE, ",".join(HEAVY)], env=_env(tree),
+                         check=True, capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or "-"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    trees = [(n, Path(p)) for n, _, p in (t.partition("=") for t in args.tree)] or \
+        [("this tree", ROOT)]
+    results: dict[str, dict] = {}
+    for name, tree in trees:
+        help_s, serve_s = [], []
+        for _ in range(args.runs):  # interleaved, so load changes hit both alike
+            help_s.append(time_help(tree))
+            serve_s.append(time_dht_serve(tree))
+        results[name] = {"help_ms": statistics.median(help_s) * 1000,
+                         "dht_serve_ms": statistics.median(serve_s) * 1000,
+                         "parser_imports": heavy_imports(tree), "runs": args.runs}
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    names = list(results)
+    print(f"{'median of ' + str(args.runs) + ' runs':<30}" + "".join(f"{n:>16}" for n in names))
+    for key, label in (("help_ms", "swarm --help (ms)"),
+                       ("dht_serve_ms", "swarm dht serve to listening (ms)")):
+        print(f"{label:<30}" + "".join(f"{results[n][key]:>16.0f}" for n in names))
+    for n in names:
+        print(f"heavy packages imported by the parser ({n}): {results[n]['parser_imports']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""What every subcommand shares: the global options, ``--json`` and tables.
+
+The global options (``--data-dir``, ``-v``, ``-q``) are accepted before the subcommand and
+after it (or after a nested action such as ``swarm dht serve``): :func:`add_global_options`
+adds them to each level with a suppressed default, so a level where they are not given leaves
+the outer value alone. Counts given at both places add up (see :func:`verbosity`).
+
+``--json`` prints JSON on stdout and nothing else there: one object for a command that reports
+once, one object per line (``{"event": ...}``) for a command that runs until stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def add_global_options(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """``--data-dir``, ``-v`` and ``-q`` on ``p``; ``top`` for the main parser (real defaults)."""
+    unset = argparse.SUPPRESS
+    p.add_argument("--data-dir", metavar="DIR", default=None if top else unset,
+                   help="where keys, consent and state live "
+                        "(default: $SWARM_HOME or the user data dir)")
+    p.add_argument("-v", "--verbose", action="count", dest="verbose" if top else "verbose_after",
+                   default=0 if top else unset, help="more log output (repeatable)")
+    p.add_argument("-q", "--quiet", action="count", dest="quiet" if top else "quiet_after",
+                   default=0 if top else unset, help="less log output (repeatable)")
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """The log level offset: every ``-v`` minus every ``-q``, wherever they were given."""
+    return (args.verbose + getattr(args, "verbose_after", 0)
+            - args.quiet - getattr(args, "quiet_after", 0))
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout")
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on one line of stdout, flushed (a reader may wait for it)."""
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str = "",
+                caption: str = "", right: Sequence[str] = ()) -> None:
+    """A table through rich; ``right`` names the right-aligned (numeric) columns. Not on a
+    terminal (a pipe, a log) it is printed 160 columns wide, without colour."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title or None, caption=caption or None, title_justify="left",
+                  caption_justify="left")
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else "left")
+    for row in rows:
+        table.add_row(*("-" if cell is None else str(cell) for cell in row))
+    console = Console() if sys.stdout.isatty() else Console(width=160, no_color=True)
+    console.print(table)
+
+
+def member_event(event: str, ready: Any) -> dict[str, Any]:
+    """The JSON line `publish --json` and `join --json` print once the member is up, from
+    a :class:`swarm.member.Ready`."""
+    node, uri = ready.node, ready.uri
+    return {"event": event, "peer": str(node.peer_id), "uri": str(uri), "name": uri.name,
+            "swarm": uri.swarm_id.hex(), "role": ready.control.role.value,
+            "joined_in_s": round(ready.joined_in, 3), "gflops": round(node.tflops * 1000, 3),
+            "dht": list(node.dht.address)}
+
+
+def left_event(reason: str, exit_code: int) -> dict[str, Any]:
+    """The last JSON line of `publish --json` and `join --json`: why the member left."""
+    return {"event": "left", "reason": reason, "exit_code": exit_code}
