@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import stat
 
@@ -84,3 +85,39 @@ def test_routine_third_party_warnings_need_verbose():
     setup_logging(1, stream=buf)
     logging.getLogger("kademlia.protocol").warning("no response from X, removing from router")
     assert "removing from router" in buf.getvalue()
+
+
+@pytest.mark.parametrize("words", [
+    ["status", "URI"],
+    ["owner", "show", "URI"],
+    ["dht", "serve"],
+    ["bench", "--quick"],
+    ["doctor"],
+])
+def test_global_options_before_and_after_the_subcommand(words):
+    parser = cli.build_parser()
+    before = parser.parse_args(["-v", "--data-dir", "D1", *words])
+    after = parser.parse_args([*words, "-v", "--data-dir", "D1"])
+    both = parser.parse_args(["-q", "--data-dir", "D0", *words, "-vv", "--data-dir", "D1"])
+    plain = parser.parse_args(words)
+    from swarm.commands._common import verbosity
+
+    assert before.data_dir == after.data_dir == both.data_dir == "D1"  # the later one wins
+    assert verbosity(before) == verbosity(after) == verbosity(both) == 1
+    assert plain.data_dir is None and verbosity(plain) == 0
+
+
+def test_global_options_before_and_after_in_a_real_run(tmp_path):
+    for args in (["-q", "--data-dir", str(tmp_path / "a"), "doctor", "--no-bench", "--json"],
+                 ["doctor", "--no-bench", "--json", "-q", "--data-dir", str(tmp_path / "b")]):
+        res = run_swarm(*args)
+        assert res.returncode == 0, res.stderr
+        found = {f["check"]: f for f in json.loads(res.stdout)["findings"]}
+        assert args[args.index("--data-dir") + 1] in found["data dir"]["detail"]
+
+
+def test_a_missing_command_module_is_listed_and_fails_clearly(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "nosuch"))
+    assert "nosuch" in cli.build_parser().format_help()
+    assert cli.main(["nosuch", "anything"]) == cli.EXIT_UNAVAILABLE
+    assert "lacks the module swarm.commands.nosuch" in capsys.readouterr().err
