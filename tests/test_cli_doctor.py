@@ -61,6 +61,10 @@ def responders():
         r.close()
 
 
+def _hp(addr: tuple[str, int]) -> str:
+    return f"{addr[0]}:{addr[1]}"
+
+
 def _doctor(capsys, tmp_path, *extra: str) -> tuple[int, dict]:
     code = cli.main(["doctor", "--no-bench", "--json", "--data-dir", str(tmp_path), *extra])
     return code, json.loads(capsys.readouterr().out)
@@ -97,8 +101,8 @@ def test_doctor_on_this_machine(tmp_path):
 
 def test_doctor_sees_no_nat_on_loopback(responders, capsys, tmp_path):
     a, b = responders(), responders()
-    code, report = _doctor(capsys, tmp_path, "--stun", "%s:%d" % a.addr,
-                           "--stun", "stun:%s:%d" % b.addr)
+    code, report = _doctor(capsys, tmp_path, "--stun", _hp(a.addr),
+                           "--stun", "stun:" + _hp(b.addr))
     assert code == 0
     nat = _by_check(report)["nat"]
     assert nat["status"] == "ok" and nat["detail"].startswith("no NAT")
@@ -106,8 +110,8 @@ def test_doctor_sees_no_nat_on_loopback(responders, capsys, tmp_path):
 
 def test_doctor_tells_a_symmetric_nat(responders, capsys, tmp_path):
     a, b = responders(), responders(shift=7)  # b sees another port: endpoint-dependent
-    code, report = _doctor(capsys, tmp_path, "--stun", "%s:%d" % a.addr,
-                           "--stun", "%s:%d" % b.addr)
+    code, report = _doctor(capsys, tmp_path, "--stun", _hp(a.addr),
+                           "--stun", _hp(b.addr))
     nat = _by_check(report)["nat"]
     assert code == 0 and nat["status"] == "warn" and "symmetric NAT" in nat["detail"]
     assert "TURN" in nat["fix"]
@@ -116,7 +120,7 @@ def test_doctor_tells_a_symmetric_nat(responders, capsys, tmp_path):
 def test_doctor_says_when_udp_gets_no_answer(responders, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(doctor, "STUN_TIMEOUT", 1.0)
     quiet = responders(silent=True)
-    code, report = _doctor(capsys, tmp_path, "--stun", "%s:%d" % quiet.addr)
+    code, report = _doctor(capsys, tmp_path, "--stun", _hp(quiet.addr))
     udp = _by_check(report)["udp"]
     assert code == cli.EXIT_UNAVAILABLE and udp["status"] == "fail" and "UDP" in udp["fix"]
 
@@ -140,7 +144,7 @@ def test_doctor_ignores_garbage_from_the_stun_port(capsys, tmp_path, monkeypatch
     t = threading.Thread(target=garble, daemon=True)
     t.start()
     try:
-        code, report = _doctor(capsys, tmp_path, "--stun", "%s:%d" % sock.getsockname())
+        code, report = _doctor(capsys, tmp_path, "--stun", _hp(sock.getsockname()))
     finally:
         stop.set()
         sock.close()

@@ -65,15 +65,15 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
     except OSError as exc:
         await node.stop()
         raise LocalError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a SIGTERM right after
+        loop.add_signal_handler(sig, stop.set)  # `listening` must still stop cleanly
     host, port = node.address
     if args.json:
         print_json({"event": "listening", "host": host, "port": port})
     else:
         print(f"listening on {host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         try:
             contacts = await node.bootstrap(addrs)
