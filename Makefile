@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	@# the distribution was called `swarm` before; its files would shadow swarm-compute's
+	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y swarm 2>/dev/null || true
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 

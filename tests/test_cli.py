@@ -121,3 +121,39 @@ def test_a_missing_command_module_is_listed_and_fails_clearly(monkeypatch, capsy
     assert "nosuch" in cli.build_parser().format_help()
     assert cli.main(["nosuch", "anything"]) == cli.EXIT_UNAVAILABLE
     assert "lacks the module swarm.commands.nosuch" in capsys.readouterr().err
+
+
+def test_packaging_metadata():
+    """A distribution name free on PyPI (`swarm` is taken), an SPDX license with its file,
+    py.typed in every package, and upper bounds on the libraries whose internals we use."""
+    import tomllib
+
+    from tests.conftest import ROOT
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    meta = project["project"]
+    assert meta["name"] == "swarm-compute" and meta["scripts"] == {"swarm": "swarm.cli:main"}
+    assert meta["license"] == "Apache-2.0" and meta["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    package_data = project["tool"]["setuptools"]["package-data"]
+    for package in ("swarm", "dht", "identity", "compute"):
+        assert (ROOT / package / "py.typed").exists() and "py.typed" in package_data[package]
+    deps = {d.split(">")[0].split("<")[0].split("=")[0].strip(): d for d in meta["dependencies"]}
+    for lib in ("kademlia", "rpcudp", "aiortc", "aioice", "wgpu"):
+        assert "<" in deps[lib], f"{lib} internals are used: pin it below the next minor"
+
+
+def test_the_parser_imports_nothing_heavy():
+    """`swarm --help` and parsing any command line stay fast: no aiortc, aioice, wgpu, numpy,
+    fido2 or rich until a command runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    probe = ("import sys; from swarm import cli; cli.build_parser().parse_args(['dht', 'serve']);"
+             "print(','.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=60, check=True).stdout
+    loaded = set(out.strip().split(","))
+    assert not loaded & {"aiortc", "aioice", "av", "wgpu", "numpy", "fido2", "rich"}, loaded
