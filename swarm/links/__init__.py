@@ -6,7 +6,6 @@
 - :mod:`swarm.links.webrtc`: aiortc data channels, for NATs and browsers, with SDP carried
   in signed envelopes over the DHT (no signaling server).
 - :func:`memory_pair`: two connected in-memory links for tests.
-- :mod:`swarm.links.backoff`: redial with exponential backoff and jitter.
 - :mod:`swarm.links.echo`: a stand-alone echo peer (``python -m swarm.links.echo``) for
   two-process tests and ``bench/transport.py``.
 
