@@ -78,23 +78,23 @@ def main() -> None:
     args = ap.parse_args()
     trees = [(n, Path(p)) for n, _, p in (t.partition("=") for t in args.tree)] or \
         [("this tree", ROOT)]
-    results: dict[str, dict] = {}
-    for name, tree in trees:
-        help_s, serve_s = [], []
-        for _ in range(args.runs):  # interleaved, so load changes hit both alike
-            help_s.append(time_help(tree))
-            serve_s.append(time_dht_serve(tree))
-        results[name] = {"help_ms": statistics.median(help_s) * 1000,
-                         "dht_serve_ms": statistics.median(serve_s) * 1000,
-                         "parser_imports": heavy_imports(tree), "runs": args.runs}
+    times: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n, _ in trees}
+    for _ in range(args.runs):  # trees interleaved, so load changes hit them alike
+        for name, tree in trees:
+            times[name][0].append(time_help(tree))
+            times[name][1].append(time_dht_serve(tree))
+    results = {name: {"help_ms": statistics.median(times[name][0]) * 1000,
+                      "dht_serve_ms": statistics.median(times[name][1]) * 1000,
+                      "parser_imports": heavy_imports(tree), "runs": args.runs}
+               for name, tree in trees}
     if args.json:
         print(json.dumps(results, indent=1))
         return
     names = list(results)
-    print(f"{'median of ' + str(args.runs) + ' runs':<30}" + "".join(f"{n:>16}" for n in names))
+    print(f"{'median of ' + str(args.runs) + ' runs':<36}" + "".join(f"{n:>12}" for n in names))
     for key, label in (("help_ms", "swarm --help (ms)"),
                        ("dht_serve_ms", "swarm dht serve to listening (ms)")):
-        print(f"{label:<30}" + "".join(f"{results[n][key]:>16.0f}" for n in names))
+        print(f"{label:<36}" + "".join(f"{results[n][key]:>12.0f}" for n in names))
     for n in names:
         print(f"heavy packages imported by the parser ({n}): {results[n]['parser_imports']}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 
@@ -28,6 +27,8 @@ def configure(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace, verb: str) -> int:
+    import asyncio
+
     from identity import PeerId, PeerKey
     from swarm import uri as uri_mod
     from swarm.errors import ConfigError
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace, verb: str) -> int:
 
 
 async def _send(join, target, verb, args, peer_key):
+    import asyncio
+
     from identity import (
         BlockCommand,
         IdentityError,

@@ -7,7 +7,6 @@ few that need I/O (a STUN exchange, a DHT lookup, the benchmark) feed them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import stat
 import statistics
 import struct
@@ -70,6 +69,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from swarm.commands.dht import parse_addr
 
     stun = [parse_addr(s.removeprefix("stun:")) for s in args.stun]
@@ -265,43 +266,39 @@ async def _announced(join) -> list[float]:
     return [a.expires_at - ANNOUNCE_TTL for a in anns]
 
 
-class _StunClient(asyncio.DatagramProtocol):
-    """Binding requests from one UDP socket (one mapping to compare), answers by transaction."""
-
-    def __init__(self) -> None:
-        self.waiting: dict[bytes, asyncio.Future] = {}
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        from aioice import stun
-
-        try:
-            msg = stun.parse_message(data)
-        except (ValueError, KeyError, IndexError, struct.error):
-            return  # not STUN, or garbled: ignore it
-        fut = self.waiting.get(msg.transaction_id)
-        mapped = msg.attributes.get("XOR-MAPPED-ADDRESS") or msg.attributes.get(
-            "MAPPED-ADDRESS")
-        if (fut is None or fut.done() or msg.message_class != stun.Class.RESPONSE
-                or not isinstance(mapped, tuple)):
-            return
-        fut.set_result((str(mapped[0]), int(mapped[1])))
-
-
 async def stun_probe(servers: Sequence[tuple[str, int]], timeout: float = STUN_TIMEOUT
                      ) -> tuple[int, list[tuple[tuple[str, int], str, tuple[str, int] | None]]]:
-    """Ask each STUN server, from one local UDP port, which address it sees; bounded."""
+    """Ask each STUN server, from one local UDP port (one mapping to compare), which address
+    it sees; bounded. Answers are matched by transaction id; anything else is dropped."""
+    import asyncio
+
     from aioice import stun
 
     from swarm.netaddr import source_address
 
+    waiting: dict[bytes, asyncio.Future] = {}
+
+    class Client(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            try:
+                msg = stun.parse_message(data)
+            except (ValueError, KeyError, IndexError, struct.error):
+                return  # not STUN, or garbled
+            fut = waiting.get(msg.transaction_id)
+            mapped = msg.attributes.get("XOR-MAPPED-ADDRESS") or msg.attributes.get(
+                "MAPPED-ADDRESS")
+            if (fut is not None and not fut.done() and msg.message_class == stun.Class.RESPONSE
+                    and isinstance(mapped, tuple)):
+                fut.set_result((str(mapped[0]), int(mapped[1])))
+
     loop = asyncio.get_running_loop()
-    transport, proto = await loop.create_datagram_endpoint(_StunClient, local_addr=("0.0.0.0", 0))
+    transport, _ = await loop.create_datagram_endpoint(Client, local_addr=("0.0.0.0", 0))
     port = transport.get_extra_info("sockname")[1]
 
     async def ask(server: tuple[str, int]):
         request = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
         fut = loop.create_future()
-        proto.waiting[request.transaction_id] = fut
+        waiting[request.transaction_id] = fut
         deadline = loop.time() + timeout
         resend = 0.5
         try:
@@ -315,7 +312,7 @@ async def stun_probe(servers: Sequence[tuple[str, int]], timeout: float = STUN_T
         except OSError:  # no route, unreachable
             return None
         finally:
-            proto.waiting.pop(request.transaction_id, None)
+            waiting.pop(request.transaction_id, None)
 
     try:
         mapped = await asyncio.gather(*(ask(s) for s in servers))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from swarm.commands._common import add_json_option, left_event, member_event, print_json
@@ -50,6 +49,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from swarm import consent, member, uri
 
     join = uri.parse(args.uri)

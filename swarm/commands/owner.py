@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from swarm.commands._common import add_global_options, add_json_option, print_json
@@ -46,6 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from swarm import uri as uri_mod
 
     join = uri_mod.parse(args.uri)
@@ -66,6 +67,8 @@ def ownership_json(rec, pinned: bool) -> dict:
 
 
 def _show(join, as_json: bool) -> int:
+    import asyncio
+
     from swarm.commands._common import print_table
     from swarm.control import charter, observer
 

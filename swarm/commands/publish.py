@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from swarm.commands._common import add_json_option, left_event, member_event, print_json
@@ -48,6 +47,8 @@ def _policy(items: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from swarm import member
     from swarm.control import owned
     from swarm.control.membership import swarm_id

@@ -4,7 +4,6 @@ jobs, blocks)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from swarm.commands._common import add_json_option, print_json, print_table
 
@@ -29,6 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from swarm import uri
     from swarm.control import observer
 
