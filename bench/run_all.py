@@ -39,6 +39,8 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                  "owner ceremony timings with the software authenticator"),
     "control": (["--rounds", "3"], ["--rounds", "1"], 600,
                 "control plane: join, failover after SIGKILL, handoff after SIGTERM"),
+    "startup": (["--runs", "30"], ["--runs", "5"], 300,
+                "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
 }
 
 
@@ -173,6 +175,8 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         _bars(img / "control.png", "control plane on loopback, seconds", list(s),
               {"median": [v["median"] for v in s.values()]}, "s")
         plots.append(("control.png", "join, failover and handoff times"))
+    elif name == "startup":
+        md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
     else:
         md = ["```", json.dumps(d, indent=1)[:4000], "```"]
     return "\n".join(md), plots
