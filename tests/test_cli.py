@@ -157,3 +157,14 @@ def test_the_parser_imports_nothing_heavy():
                          env=subprocess_env(), timeout=60, check=True).stdout
     loaded = set(out.strip().split(","))
     assert not loaded & {"aiortc", "aioice", "av", "wgpu", "numpy", "fido2", "rich"}, loaded
+
+
+def test_tables_print_peer_text_as_is(capsys):
+    """Table cells come from peers (block reasons, names): rich markup in them is printed
+    literally, never interpreted (a stray "[/x]" used to be a MarkupError)."""
+    from swarm.commands._common import print_table
+
+    print_table(("peer", "reason"), [("p1", "[/bold] [red]x[/red] :smile:"), ("p2", None)],
+                title="[b]blocked")
+    out = capsys.readouterr().out
+    assert "[/bold] [red]x[/red] :smile:" in out and "[b]blocked" in out and "-" in out

@@ -49,16 +49,21 @@ def print_json(obj: Any) -> None:
 def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str = "",
                 caption: str = "", right: Sequence[str] = ()) -> None:
     """A table through rich; ``right`` names the right-aligned (numeric) columns. Not on a
-    terminal (a pipe, a log) it is printed 160 columns wide, without colour."""
+    terminal (a pipe, a log) it is printed 160 columns wide, without colour.
+
+    Cells are plain text, never rich markup: they carry what peers chose (block reasons,
+    names), and ``[`` in them must print as is, not style the table or raise."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title or None, caption=caption or None, title_justify="left",
+    table = Table(title=Text(title) if title else None,
+                  caption=Text(caption) if caption else None, title_justify="left",
                   caption_justify="left")
     for col in columns:
-        table.add_column(col, justify="right" if col in right else "left")
+        table.add_column(Text(col), justify="right" if col in right else "left")
     for row in rows:
-        table.add_row(*("-" if cell is None else str(cell) for cell in row))
+        table.add_row(*(Text("-" if cell is None else str(cell)) for cell in row))
     console = Console() if sys.stdout.isatty() else Console(width=160, no_color=True)
     console.print(table)
 
