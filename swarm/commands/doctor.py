@@ -157,8 +157,8 @@ def permission_findings(data_dir: Path, key_modes: Iterable[tuple[Path, int]],
                            f"chmod 700 {data_dir}"))
     else:
         out.append(Finding("data dir", OK, f"{data_dir} (mode {dir_mode:o})"))
-    loose = [(p, m) for p, m in key_modes if m & 0o077]
     keys = list(key_modes)
+    loose = [(p, m) for p, m in keys if m & 0o077]
     for path, mode in loose:
         out.append(Finding("key file", FAIL, f"{path} has mode {mode:o}: swarm refuses "
                            "to load it", f"chmod 600 {path}"))
