@@ -5,14 +5,16 @@ small machines), and importing aiortc or wgpu there costs a second of CPU for no
     python bench/startup.py [--runs 15] [--tree NAME=PATH ...] [--json]
 
 Each tree is a checkout of this project (default: this one); every run is a fresh process
-with that tree first on PYTHONPATH and the same interpreter. Prints medians side by side, and
-which heavy packages each command imported."""
+with that tree first on PYTHONPATH and the same interpreter. Prints medians side by side (wall
+and CPU time: on a shared machine CPU time is the steadier figure), and which heavy packages
+the parser imported."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,17 +40,24 @@ def _env(tree: Path) -> dict[str, str]:
     return env
 
 
-def time_help(tree: Path) -> float:
-    start = time.perf_counter()
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_help(tree: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of `swarm --help`."""
+    cpu, start = _child_cpu(), time.perf_counter()
     subprocess.run([sys.executable, "-m", "swarm", "--help"], env=_env(tree), check=True,
                    capture_output=True, timeout=60)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _child_cpu() - cpu
 
 
-def time_dht_serve(tree: Path) -> float:
-    """Seconds from exec to the `listening on` line (the node is then stopped)."""
+def time_dht_serve(tree: Path) -> tuple[float, float]:
+    """Wall seconds from exec to the `listening on` line, and CPU seconds of the whole run
+    (start, listen, stop on SIGTERM): CPU time holds still when the machine is loaded."""
     with tempfile.TemporaryDirectory() as home:
-        start = time.perf_counter()
+        cpu, start = _child_cpu(), time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "swarm", "dht", "serve", "--port", "0",
                                  "--data-dir", home], env=_env(tree), stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)
@@ -61,7 +70,7 @@ def time_dht_serve(tree: Path) -> float:
             proc.terminate()
             proc.wait(30)
             proc.stdout.close()
-    return took
+    return took, _child_cpu() - cpu
 
 
 def heavy_imports(tree: Path) -> str:
@@ -78,13 +87,14 @@ def main() -> None:
     args = ap.parse_args()
     trees = [(n, Path(p)) for n, _, p in (t.partition("=") for t in args.tree)] or \
         [("this tree", ROOT)]
-    times: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n, _ in trees}
+    keys = ("help_ms", "help_cpu_ms", "dht_serve_ms", "dht_serve_cpu_ms")
+    samples: dict[str, dict[str, list[float]]] = {n: {k: [] for k in keys} for n, _ in trees}
     for _ in range(args.runs):  # trees interleaved, so load changes hit them alike
         for name, tree in trees:
-            times[name][0].append(time_help(tree))
-            times[name][1].append(time_dht_serve(tree))
-    results = {name: {"help_ms": statistics.median(times[name][0]) * 1000,
-                      "dht_serve_ms": statistics.median(times[name][1]) * 1000,
+            figures = (*time_help(tree), *time_dht_serve(tree))
+            for key, value in zip(keys, figures, strict=True):
+                samples[name][key].append(value * 1000)
+    results = {name: {**{k: round(statistics.median(v), 1) for k, v in samples[name].items()},
                       "parser_imports": heavy_imports(tree), "runs": args.runs}
                for name, tree in trees}
     if args.json:
@@ -92,8 +102,10 @@ def main() -> None:
         return
     names = list(results)
     print(f"{'median of ' + str(args.runs) + ' runs':<36}" + "".join(f"{n:>12}" for n in names))
-    for key, label in (("help_ms", "swarm --help (ms)"),
-                       ("dht_serve_ms", "swarm dht serve to listening (ms)")):
+    for key, label in (("help_ms", "swarm --help, wall (ms)"),
+                       ("help_cpu_ms", "swarm --help, CPU (ms)"),
+                       ("dht_serve_ms", "dht serve to listening, wall (ms)"),
+                       ("dht_serve_cpu_ms", "dht serve start+stop, CPU (ms)")):
         print(f"{label:<36}" + "".join(f"{results[n][key]:>12.0f}" for n in names))
     for n in names:
         print(f"heavy packages imported by the parser ({n}): {results[n]['parser_imports']}")
