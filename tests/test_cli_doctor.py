@@ -181,3 +181,18 @@ def test_permission_and_backend_findings(tmp_path):
     none = doctor.backend_findings({"backends": [
         {"name": "numpy", "validated": False, "reason": "wrong products", "gflops": {}}]})
     assert [f.status for f in none] == ["warn", "fail"]
+
+
+def test_doctor_with_an_unreachable_swarm_still_reports(capsys, tmp_path):
+    """A URI whose bootstrap peer is silent is one finding, not a failed doctor run."""
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        uri = (f"magnet:?xs=urn:btpk:{'11' * 32}&dn=lab&x.pe=127.0.0.1:"
+               f"{silent.getsockname()[1]}")
+        code, report = _doctor(capsys, tmp_path, uri)
+    finally:
+        silent.close()
+    found = _by_check(report)
+    assert code == 0 and found["swarm"]["status"] == "warn" and "x.pe" in found["swarm"]["fix"]
+    assert "data dir" in found

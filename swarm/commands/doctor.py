@@ -89,7 +89,14 @@ def run(args: argparse.Namespace) -> int:
         local_port, answers = asyncio.run(stun_probe(stun, STUN_TIMEOUT))
         findings.append(nat_finding(local_port, answers))
     if join is not None:
-        findings.append(clock_finding(asyncio.run(_announced(join)), time.time()))
+        from swarm.errors import RemoteError
+
+        try:
+            findings.append(clock_finding(asyncio.run(_announced(join)), time.time()))
+        except RemoteError as exc:
+            findings.append(Finding("swarm", WARN, f"cannot reach the swarm: {exc}",
+                                    "check the URI's bootstrap address (x.pe=HOST:PORT) and "
+                                    "that UDP to it is allowed (see the udp check: --stun)"))
     ok = not any(f.status == FAIL for f in findings)
     if args.json:
         print_json({"ok": ok, "findings": [asdict(f) for f in findings]})
