@@ -11,9 +11,10 @@ from swarm.errors import ConfigError, LocalError
 HELP = "run a DHT-only node (bootstrap point for a swarm)"
 DESCRIPTION = """\
 serve: run an unattended DHT node that stores BEP 44 items and announcements for the swarm
-and answers lookups. It prints `listening on HOST:PORT` once bound and runs until SIGTERM or
-SIGINT (--json: one JSON object per line instead). Its key, node id, neighbours and items live in DATA_DIR/dht, so a restarted node keeps
-its items and rejoins through the neighbours it saved.
+and answers lookups. It prints `listening on HOST:PORT` once bound (--json: one JSON object
+per line instead) and runs until SIGTERM or SIGINT. Its key, node id, neighbours and items
+live in DATA_DIR/dht, so a restarted node keeps its items and rejoins through the neighbours
+it saved.
 """
 
 log = logging.getLogger("swarm.dht")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from swarm.commands._common import add_global_options, add_json_option, print_json
+from swarm.commands._common import add_global_options, add_json_option, print_json, print_table
 
 HELP = "show or change a swarm's ownership: show, add-admin, remove-admin, transfer"
 DESCRIPTION = """\
@@ -69,7 +69,6 @@ def ownership_json(rec, pinned: bool) -> dict:
 def _show(join, as_json: bool) -> int:
     import asyncio
 
-    from swarm.commands._common import print_table
     from swarm.control import charter, observer
 
     async def look():
