@@ -37,7 +37,8 @@ def verbosity(args: argparse.Namespace) -> int:
 
 
 def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
-    p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout")
+    """``--json``; ``what`` says what stdout then holds."""
+    p.add_argument("--json", action="store_true", help=f"print JSON on stdout: {what}")
 
 
 def print_json(obj: Any) -> None:

@@ -38,9 +38,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     serve.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
                        help="a node to join through (repeatable)")
-    add_json_option(serve, 'JSON lines: {"event": "listening", "host", "port"}, '
-                           '"bootstrapped" {"contacts"} or "bootstrap_failed" {"error"}, '
-                           '"stopped"')
+    add_json_option(serve, 'one object per line: {"event": "listening", "host", '
+                           '"port"}, "bootstrapped" {"contacts"} or "bootstrap_failed" '
+                           '{"error"}, "stopped"')
 
 
 def run(args: argparse.Namespace) -> int:

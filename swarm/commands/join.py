@@ -44,8 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="BLAS threads for numpy")
     p.add_argument("--no-coordinate", action="store_true",
                    help="serve tasks but never take the coordinator role")
-    add_json_option(p, 'JSON lines: {"event": "joined", "peer", "role", "gflops", ...} once '
-                       'joined, {"event": "left", "reason", "exit_code"} at exit')
+    add_json_option(p, 'one object per line: {"event": "joined", "peer", "role", '
+                       '"gflops", ...} once joined, {"event": "left", "reason", "exit_code"} '
+                       'at exit')
 
 
 def run(args: argparse.Namespace) -> int:

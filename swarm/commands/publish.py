@@ -29,8 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                    help="charter policy, e.g. require_hardware=true")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
-    add_json_option(p, 'JSON lines instead of the URI: {"event": "published", "uri", "peer", '
-                       '"owner", ...} once up, {"event": "left", "reason"} at exit')
+    add_json_option(p, 'one object per line instead of the URI: {"event": '
+                       '"published", "uri", "peer", "owner", ...} once up, {"event": "left", '
+                       '"reason", "exit_code"} at exit')
 
 
 def _policy(items: list[str]):
