@@ -20,8 +20,8 @@ from pathlib import Path
 from identity import PeerKey, Signed
 from swarm.control import charter
 from swarm.control.machine import Timing
-from swarm.control.membership import swarm_id
-from swarm.control.plane import NO_COORDINATE, ControlPlane
+from swarm.control.membership import NO_COORDINATE, swarm_id
+from swarm.control.plane import ControlPlane
 from swarm.control.state import load_state
 from swarm.errors import Blocked, ConfigError
 from swarm.node import Node, NodeConfig

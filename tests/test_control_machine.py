@@ -11,7 +11,7 @@ import pytest
 
 from identity.keys import PeerId, PeerKey
 from swarm.control import machine as control
-from swarm.control.election import Candidate, Health
+from swarm.control.election import Candidate, Fitness
 from swarm.control.machine import Command, Controller, Role, Timing
 from swarm.control.state import BlockEntry, CoordinatorState, KickOrder
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
@@ -29,7 +29,7 @@ class Sim:
 
     def __init__(self, tflops: dict[str, float], timing: Timing | None = None,
                  persisted: dict[str, CoordinatorState] | None = None,
-                 health: dict[str, Health] | None = None) -> None:
+                 health: dict[str, Fitness] | None = None) -> None:
         self.now = 0.0
         self.timing = timing = timing or Timing()
         self.tflops = dict(tflops)
@@ -64,7 +64,7 @@ class Sim:
         self.disconnects[name] = []
 
     def view(self) -> list[Candidate]:
-        return [Candidate(self.ids[n], t, self.health.get(n, Health()))
+        return [Candidate(self.ids[n], t, self.health.get(n, Fitness()))
                 for n, t in self.tflops.items() if n not in self.left]
 
     def step(self) -> None:
@@ -218,7 +218,7 @@ def test_fencing_a_deposed_coordinator_is_refused():
 
 
 def test_graceful_handoff_to_the_healthiest_carries_state():
-    health = {"c": Health(battery=30.0, plugged=False), "d": Health(load=0.1)}
+    health = {"c": Fitness(battery=30.0, plugged=False), "d": Fitness(load=0.1)}
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "d": 2.0}, health=health)
     b = sim.nodes["b"]
     b.command(Command("block", sim.ids["a"], "test", "admin", 5), sim.now)
@@ -373,7 +373,7 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
 def test_a_slow_successor_is_still_followed_once_it_speaks():
     """The successor's claim took longer than failover: followers suspected it too, yet its
     first heartbeat (a higher term, elected once the dead one is set aside) is accepted."""
-    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Health(thermal=95.0)})
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Fitness(thermal=95.0)})
     a = sim.nodes["a"]  # too hot to coordinate: it only follows
     sim.alive -= {"b", "c"}  # b dead; c too slow to speak for a while
     t = sim.timing

@@ -9,14 +9,21 @@ the whole chain with :func:`identity.verify_chain` and the owner pin from the jo
 Every DHT node refuses (on store and on get) a charter item whose head is not a charter
 signed by an owner key it lists, and a coordinator-state item not signed by the
 coordinator it names; BEP 44 itself refuses stale seqs and bad item signatures.
+
+A charter's counter only moves forward: :func:`fetch` refuses one below the ``floor`` the
+caller saw before (a validly signed but older charter, e.g. from before a revocation), and
+:func:`load_floor` / :func:`save_floor` keep that floor in the data dir across restarts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from dht import errors as dht_errors
 from dht.errors import ItemError
@@ -33,7 +40,7 @@ from identity import (
     genesis,
     verify_chain,
 )
-from swarm.control.state import CoordinatorState
+from swarm.control.state import StateItem
 from swarm.errors import CharterError, ProtocolError
 
 log = logging.getLogger("swarm.control.charter")
@@ -79,7 +86,7 @@ def validate_state_item(item: MutableItem) -> None:
     if not isinstance(item.value, bytes):
         raise _refuse(dht_errors.PROTOCOL, "coordinator state must be bytes")
     try:
-        state = CoordinatorState.decode(item.value)
+        state = StateItem.decode(item.value).head
     except ProtocolError as exc:
         raise _refuse(dht_errors.PROTOCOL, str(exc)) from None
     if state.coordinator.raw != item.pubkey:
@@ -134,8 +141,9 @@ async def append_history(dht_node, signed: Signed) -> bytes:
 
 
 async def fetch(dht_node, swarm_pubkey: bytes, owner_pin: bytes | None = None,
-                now: float | None = None) -> CharterRecord:
-    """Fetch and verify the charter chain; :class:`CharterError` says what is wrong."""
+                now: float | None = None, floor: int = 0) -> CharterRecord:
+    """Fetch and verify the charter chain; :class:`CharterError` says what is wrong,
+    including a chain whose counter is below ``floor`` (a rollback)."""
     item = await dht_node.get_mutable(swarm_pubkey, CHARTER_SALT)
     if item is None:
         raise CharterError("no charter found in the DHT for this swarm (is any member "
@@ -154,5 +162,33 @@ async def fetch(dht_node, swarm_pubkey: bytes, owner_pin: bytes | None = None,
                                  now=time.time() if now is None else now, owner_pin=owner_pin)
     except (ChainError, SignatureError, MalformedStatement) as exc:
         raise CharterError(f"charter chain does not verify: {exc}") from None
+    if ownership.counter < floor:
+        raise CharterError(f"charter counter {ownership.counter} is below {floor}, already "
+                           "seen: an old charter (rollback) refused")
     head = Signed.decode(value[b"h"])
     return CharterRecord(ownership, head, tuple(value[b"p"]), item.seq)
+
+
+def _floor_path(data_dir: Path, swarm_pubkey: bytes) -> Path:
+    return Path(data_dir) / f"charter-floor-{swarm_pubkey.hex()[:40]}.json"
+
+
+def load_floor(data_dir: Path, swarm_pubkey: bytes) -> int:
+    """The highest charter counter this data dir has accepted for the swarm (0 if none)."""
+    try:
+        n = json.loads(_floor_path(data_dir, swarm_pubkey).read_text())["counter"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return n if type(n) is int and n >= 0 else 0
+
+
+def save_floor(data_dir: Path, swarm_pubkey: bytes, counter: int) -> None:
+    """Raise the persisted floor to ``counter`` (never lowers it; 0600, atomic)."""
+    if counter <= load_floor(data_dir, swarm_pubkey):
+        return
+    path = _floor_path(data_dir, swarm_pubkey)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"counter": counter}))
+    os.replace(tmp, path)

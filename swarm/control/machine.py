@@ -20,13 +20,15 @@ The asyncio adapter (:mod:`swarm.control.plane`) does the I/O: DHT puts, message
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from identity.keys import PeerId
 from swarm.control.election import Candidate, TermGuard, elect, successor
-from swarm.control.state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
+from swarm.control.state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 log = logging.getLogger("swarm.control")
@@ -49,6 +51,76 @@ _TRANSITIONS: dict[Role, frozenset[Role]] = {
 }
 
 
+MAX_TERM_STEP = 64
+"""A term counts only within this many of a term already counted: each claim adds one, so
+an honest swarm never jumps further, and no signer can push the term to the integer limit."""
+MAX_LIAR_SUSPECTS = 256
+"""Peers with pending checked wrong-result evidence held by a coordinator (oldest dropped)."""
+MAX_SEEN_REPORTS = 1024
+"""Liar reports remembered (by digest) so that none is judged or passed on twice."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the coordinator's own check made of a liar report's evidence."""
+
+    guilty: bool
+    """True when the evidence proves a wrong result by the accused peer."""
+    evidence: bytes = b""
+    """An id of the evidence acted on (a digest), shown in the block's reason."""
+    why: str = ""
+    """Why not, for the log."""
+
+
+EvidenceCheck = Callable[[LiarReport, PeerId], Verdict]
+"""``check(report, reporter)``: the coordinator's own check of a report's evidence (the
+runtime's signed result receipts plug in here)."""
+
+
+def refuse_unchecked(report: LiarReport, reporter: PeerId) -> Verdict:
+    """The default check: no evidence check is installed, so no report is acted on (a bare
+    report is anyone's word, and a few fresh keys could get an honest worker blocked)."""
+    return Verdict(False, why="no evidence check installed; report not acted on")
+
+
+def entitled(state: CoordinatorState, view: Mapping[PeerId, Candidate],
+             blocked: Iterable[PeerId]) -> bool:
+    """May ``state``'s signer coordinate at all: a live member whose announced roles make it
+    eligible, not blocked. (Who coordinates *now* is the election's and the handoff's.)"""
+    c = view.get(state.coordinator)
+    return c is not None and c.can_coordinate and state.coordinator not in set(blocked)
+
+
+def counted_states(states: Iterable[CoordinatorState], view: Mapping[PeerId, Candidate],
+                   blocked: Iterable[PeerId], floor: int | None = None,
+                   ) -> list[CoordinatorState]:
+    """The coordinator-state items (read from the DHT) that count, lowest term first.
+
+    Only items of entitled signers count, and only while each term is within
+    :data:`MAX_TERM_STEP` of one already counted, starting from ``floor`` (the term of the
+    state we follow). A node with no state (a newcomer, an observer) starts from the chain
+    of terms that most signers share, ties to the lowest: one key, or a few fresh ones,
+    cannot lift the term out of reach of the honest chain.
+    """
+    out = set(blocked)
+    ok = sorted((s for s in states if entitled(s, view, out)), key=lambda s: (s.term, s.seq))
+    if floor is not None:
+        top, kept = floor, []
+        for s in ok:
+            if s.term > top + MAX_TERM_STEP:
+                break
+            kept.append(s)
+            top = max(top, s.term)
+        return kept
+    runs: list[list[CoordinatorState]] = []
+    for s in ok:
+        if runs and s.term <= runs[-1][-1].term + MAX_TERM_STEP:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return max(runs, key=lambda r: (len({s.coordinator for s in r}), -r[0].term), default=[])
+
+
 class IllegalTransition(RuntimeError):
     """A bug: the state machine tried a move its table does not allow."""
 
@@ -67,12 +139,15 @@ class Timing:
     """How long a successor has to take over before the next one is tried."""
     rebalance: float = 1.5
     """Hand the role to an elected member this many times faster than the incumbent."""
-    liar_threshold: int = 2
-    """Wrong results reported against a peer before the coordinator blocks it."""
+    liar_threshold: int = 1
+    """Wrong results, each shown by evidence the coordinator checked itself, before it
+    blocks the peer (one checked proof suffices; bare reports count nothing)."""
     liar_window: float = 600.0
     """Seconds over which those reports count."""
     kick_max_age: float = 120.0
     """Kick orders older than this (by their timestamp) are ignored as replays."""
+    forward_max_age: float = 3600.0
+    """Forwarded blocks issued longer ago than this are ignored as replays."""
 
 
 # -- actions: what the adapter must do --------------------------------------------------------
@@ -130,6 +205,18 @@ class ForwardBlocks:
     """Blocked in our state, missing from the winner's."""
     to: PeerId
     """The coordinator whose state won."""
+    term: int
+    """The term in which we applied them."""
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    """Pass a liar report on to the coordinator (once: ``report.relayed`` is set)."""
+
+    report: LiarReport
+    """The report, marked relayed."""
+    to: PeerId
+    """The coordinator as we know it."""
 
 
 @dataclass(frozen=True)
@@ -172,8 +259,8 @@ class Left:
     """Why."""
 
 
-Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | Disconnect | Persist \
-    | RoleChanged | Left
+Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | RelayReport \
+    | Disconnect | Persist | RoleChanged | Left
 
 
 @dataclass(frozen=True)
@@ -190,6 +277,12 @@ class Command:
     """The role that issued it: owner, admin or coordinator."""
     at: int = 0
     """Unix time it was issued."""
+    term: int = 0
+    """The coordinator term it was issued in (its fencing token)."""
+
+
+MAX_UNBLOCKED = 4096
+"""Unblocks remembered (peer -> term seen) to refuse replays of older forwarded blocks."""
 
 
 class Controller:
@@ -197,7 +290,8 @@ class Controller:
 
     def __init__(self, me: PeerId, swarm: bytes, now: float, timing: Timing = Timing(),
                  state: CoordinatorState | None = None,
-                 charter_blocked: Iterable[PeerId] = ()) -> None:
+                 charter_blocked: Iterable[PeerId] = (),
+                 check_evidence: EvidenceCheck = refuse_unchecked) -> None:
         self.me = me
         self.swarm = swarm
         self.timing = timing
@@ -219,11 +313,18 @@ class Controller:
         self._next_beat = 0.0
         self._successor: PeerId | None = None
         self._failed_successors: set[PeerId] = set()
-        self._liars: dict[PeerId, list[float]] = {}
+        self.check_evidence = check_evidence
+        self._reports: OrderedDict[bytes, None] = OrderedDict()
+        """Digests of liar reports already handled (bounded)."""
+        self._liars: OrderedDict[PeerId, dict[bytes, float]] = OrderedDict()
+        """Checked wrong-result evidence per suspect (evidence id -> when), bounded."""
         self.past_coordinators: set[PeerId] = {state.coordinator} if state else set()
         """Coordinators whose state we followed: their own blocks are forwarded to us."""
         self._unblocked_at: dict[PeerId, int] = {}
         """When we last applied an unblock of each peer: a forwarded older block loses."""
+        self._unblocked_term: OrderedDict[PeerId, int] = OrderedDict()
+        """The highest term in which we saw each peer unblocked (ours or a state we
+        followed): a forwarded block issued in that term or before is a replay."""
         self._leave_reason = ""
         self._predecessor: PeerId | None = None
         self._seq_floor = 0
@@ -283,18 +384,28 @@ class Controller:
 
     def rival(self, state: CoordinatorState, now: float) -> None:
         """Another coordinator's state item in the DHT holds our term or a later one (two
-        claims raced, e.g. across a full restart): step down; the next claim goes above."""
+        claims raced, e.g. across a full restart): step down for an entitled rival within
+        the term bound; the next claim goes above. Anyone else's item is ignored."""
+        if self.role is not Role.COORDINATOR or self.state is None \
+                or state.coordinator == self.me or state.swarm != self.swarm \
+                or not entitled(state, self.view, self.blocked()) \
+                or state.term > self.term + MAX_TERM_STEP or state.term < self.state.term:
+            return
         self.guard.observe(state.term)
-        if self.role is Role.COORDINATOR and self.state is not None \
-                and state.coordinator != self.me and state.term >= self.state.term:
-            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} also "
-                                                    f"holds term {state.term}")
-            if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
-                self._claim(now)  # at once, before our followers miss a heartbeat
+        self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} also "
+                                                f"holds term {state.term}")
+        if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
+            self._claim(now)  # at once, before our followers miss a heartbeat
 
-    def note_term(self, term: int) -> None:
-        """A term seen in the DHT (signed state items): our next claim goes above it."""
-        self.guard.observe(term)
+    def dht_states(self, states: Iterable[CoordinatorState]) -> list[CoordinatorState]:
+        """Coordinator-state items read from the DHT: the ones that count (see
+        :func:`counted_states`), lowest term first; our next claim goes above them."""
+        floor = self.state.term if self.state is not None else None
+        kept = counted_states((s for s in states if s.swarm == self.swarm), self.view,
+                              self.blocked(), floor)
+        for s in kept:
+            self.guard.observe(s.term)
+        return kept
 
     def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
         new = frozenset(peers) - self.charter_blocked
@@ -363,8 +474,15 @@ class Controller:
             raise ProtocolError("heartbeat not from the coordinator it names, or another swarm")
         if sender in self.blocked():
             raise NotCoordinator(f"{sender.short()} is blocked and cannot coordinate")
-        self.guard.check(state.term, "heartbeat")
+        if not self.guard.admits(state.term):
+            raise StaleTerm(f"heartbeat from term {state.term} refused: term {self.term} "
+                            "is current")
+        if state.term > self.term + MAX_TERM_STEP:
+            raise StaleTerm(f"heartbeat at term {state.term} jumps more than {MAX_TERM_STEP} "
+                            f"terms above {self.term}")
         cur = self.state
+        if cur is None and not entitled(state, self.view, self.blocked()):
+            raise NotCoordinator(f"{sender.short()} is no member eligible to coordinate")
         if cur is not None:
             if state.term == cur.term and state.coordinator != cur.coordinator \
                     and state.coordinator.raw > cur.coordinator.raw:
@@ -394,8 +512,8 @@ class Controller:
             raise NotCoordinator("handoff offered by a peer that is not the coordinator")
         if state.coordinator != self.me or state.swarm != self.swarm:
             raise ProtocolError("handoff state names another coordinator or swarm")
-        if state.term <= self.guard.highest:
-            raise StaleTerm(f"handoff at term {state.term} is not above term {self.term}")
+        if state.term <= self.guard.highest or (cur is not None and state.term != cur.term + 1):
+            raise StaleTerm(f"handoff at term {state.term} is not the next after {self.term}")
         log.info("taking over from %s at term %d", sender.short(), state.term)
         self._pending = state
         self._pending_endorsement = endorsement
@@ -405,12 +523,13 @@ class Controller:
 
     def kick_order(self, order: KickOrder, sender: PeerId, now: float, wall: float) -> None:
         """A coordinator's kick order; refused from a stale term (fencing) or a non-coordinator."""
-        self.guard.check(order.term, "kick")
+        if not self.guard.admits(order.term):
+            raise StaleTerm(f"kick from term {order.term} refused: term {self.term} is current")
         cur = self.state
         if cur is None or order.term != cur.term or sender != cur.coordinator:
             raise NotCoordinator(f"kick from {sender.short()} at term {order.term}: not the "
                                  "coordinator we follow")
-        if abs(wall - order.at) > self.timing.kick_max_age:
+        if not abs(wall - order.at) <= self.timing.kick_max_age:  # NaN fails too
             raise StaleTerm(f"kick order from {int(wall - order.at)} s ago ignored (replay?)")
         if order.target == self.me:
             log.warning("kicked by the coordinator: %s", order.reason or "no reason given")
@@ -440,6 +559,7 @@ class Controller:
                 self._actions.append(Disconnect(cmd.target, f"blocked: {cmd.reason}", True))
         elif cmd.kind == "unblock":
             self._unblocked_at[cmd.target] = max(cmd.at, self._unblocked_at.get(cmd.target, 0))
+            self._note_unblocked(cmd.target, self.state.term)
             if cmd.target in self.state.blocked_ids:
                 self._publish(self.state.without_block(cmd.target), now)
         elif cmd.kind == "kick":
@@ -459,44 +579,93 @@ class Controller:
             raise ProtocolError(f"unknown command {cmd.kind!r}")
         return self.state
 
-    def forwarded_block(self, cmd: Command, now: float) -> None:
+    def forwarded_block(self, cmd: Command, sender: PeerId, now: float, wall: float) -> None:
         """A block that a deposed coordinator applied in its term, its owner or admin proof
-        already verified by the adapter: applied unless we unblocked the peer since."""
+        already verified by the adapter: applied unless it is a replay.
+
+        Replays are refused: from a peer that never coordinated here, older than
+        ``forward_max_age`` (by its issue time), issued more than :data:`MAX_TERM_STEP` terms
+        back or not below our term, issued no later than a term in which we saw the peer
+        unblocked, or older than an unblock we applied."""
         if cmd.kind != "block":
             raise ProtocolError("only blocks are forwarded")
         if self.role is not Role.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+        self._check_forward(cmd, sender, wall)
+        if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
+            raise StaleTerm(f"forwarded block from term {cmd.term} at term {self.state.term}")
+        if self._unblocked_term.get(cmd.target, -1) >= cmd.term:
+            raise StaleTerm(f"{cmd.target.short()} was unblocked in term "
+                            f"{self._unblocked_term[cmd.target]}: forwarded block is a replay")
         if cmd.target in self.blocked() or self._unblocked_at.get(cmd.target, -1) >= cmd.at:
             return
         log.info("keeping %s blocked: forwarded from a deposed coordinator", cmd.target.short())
         self.command(cmd, now)
 
-    def forwarded_auto_block(self, entry: BlockEntry, sender: PeerId, now: float) -> None:
-        """A block that a coordinator we followed made itself (a repeat liar) before its
-        state was replaced by ours without it (a failover or a healed partition)."""
-        if self.role is not Role.COORDINATOR or self.state is None:
-            raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+    def _check_forward(self, cmd: Command, sender: PeerId, wall: float) -> None:
+        if sender == self.me or sender not in self.past_coordinators:
+            raise NotCoordinator(f"{sender.short()} never coordinated here; it forwards no "
+                                 "blocks")
+        if not abs(wall - cmd.at) <= self.timing.forward_max_age:  # NaN fails too
+            raise StaleTerm(f"forwarded block issued {wall - cmd.at:.0f} s ago (replay?)")
+
+    def forwarded_auto_block(self, entry: BlockEntry, term: int, sender: PeerId, now: float,
+                             wall: float) -> None:
+        """A block that a coordinator we followed made itself (a repeat liar) in ``term``,
+        before its state was replaced by ours without it (a failover or a healed
+        partition); the same replay checks as :meth:`forwarded_block`."""
         if sender not in self.past_coordinators or entry.by != "coordinator":
             raise NotCoordinator(f"{sender.short()} never coordinated here; its blocks need "
                                  "an owner's or admin's proof")
-        if entry.peer in self.blocked() or entry.peer == self.me \
-                or self._unblocked_at.get(entry.peer, -1) >= entry.at:
+        if entry.peer == self.me:
             return
-        log.info("keeping %s blocked: forwarded by %s", entry.peer.short(), sender.short())
-        self.command(Command("block", entry.peer, entry.reason, "coordinator", entry.at), now)
+        self.forwarded_block(Command("block", entry.peer, entry.reason, "coordinator",
+                                     entry.at, term), sender, now, wall)
 
-    def liar_report(self, peer: PeerId, now: float, wall: int) -> None:
-        """A requester caught ``peer`` returning a wrong result; block repeat offenders."""
-        if self.role is not Role.COORDINATOR or peer == self.me or peer in self.blocked():
-            return
-        times = [t for t in self._liars.get(peer, []) if now - t < self.timing.liar_window]
-        times.append(now)
-        self._liars[peer] = times
-        if len(times) >= self.timing.liar_threshold:
-            log.warning("blocking %s: %d wrong results", peer.short(), len(times))
-            self.command(Command("block", peer, f"{len(times)} wrong results", "coordinator",
-                                 wall), now)
+    def liar_report(self, report: LiarReport, reporter: PeerId, now: float,
+                    wall: int) -> Verdict | None:
+        """A report that ``report.peer`` returned a wrong result.
+
+        The coordinator acts only on evidence it checked itself (:attr:`check_evidence`),
+        and blocks once ``liar_threshold`` distinct pieces of evidence agree within
+        ``liar_window``; the block's reason names them. Another member passes a report
+        with evidence on to the coordinator, once. Each report is handled once (bounded
+        memory); a blocked reporter is not heard. Returns the verdict when we judged it.
+        """
+        digest = hashlib.sha256(reporter.raw + report.encode()).digest()
+        if digest in self._reports or reporter in self.blocked() \
+                or self.role is Role.STOPPED:
+            return None
+        self._reports[digest] = None
+        while len(self._reports) > MAX_SEEN_REPORTS:
+            self._reports.popitem(last=False)
+        peer = report.peer
+        if self.role is not Role.COORDINATOR:
+            coord = self.coordinator
+            if not report.relayed and report.evidence and coord not in (None, self.me,
+                                                                         reporter):
+                self._actions.append(RelayReport(replace(report, relayed=True), coord))
+            return None
+        if peer == self.me or peer in self.blocked():
+            return None
+        verdict = self.check_evidence(report, reporter)
+        if not verdict.guilty:
+            log.info("liar report against %s from %s not acted on: %s", peer.short(),
+                     reporter.short(), verdict.why)
+            return verdict
+        seen = {e: t for e, t in self._liars.pop(peer, {}).items()
+                if now - t < self.timing.liar_window}
+        seen[verdict.evidence] = now
+        self._liars[peer] = seen
+        while len(self._liars) > MAX_LIAR_SUSPECTS:
+            self._liars.popitem(last=False)
+        if len(seen) >= self.timing.liar_threshold:
+            ids = ",".join(sorted(e.hex()[:12] for e in seen))
+            log.warning("blocking %s: wrong results shown by evidence %s", peer.short(), ids)
+            self.command(Command("block", peer, f"wrong result; evidence {ids}"[:100],
+                                 "coordinator", wall), now)
             del self._liars[peer]
+        return verdict
 
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
@@ -536,6 +705,11 @@ class Controller:
             self._deadline = now + self.timing.handoff
         elif new is Role.STOPPED:
             self._actions.append(Left(why or "stopped"))
+
+    def _note_unblocked(self, peer: PeerId, term: int) -> None:
+        self._unblocked_term[peer] = max(term, self._unblocked_term.pop(peer, term))
+        while len(self._unblocked_term) > MAX_UNBLOCKED:
+            self._unblocked_term.popitem(last=False)
 
     def _candidates_out(self) -> set[PeerId]:
         """Peers that may not coordinate now: suspected dead, or kicked a moment ago."""
@@ -589,13 +763,15 @@ class Controller:
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
+        for peer in (old.blocked_ids if old else frozenset()) - state.blocked_ids:
+            self._note_unblocked(peer, state.term)
         self.past_coordinators.add(state.coordinator)
         if old is not None and old.coordinator == self.me and state.coordinator != self.me \
                 and state.term > old.term and self.role is not Role.HANDING_OFF:
             lost = tuple(b for b in old.blocked
                          if b.peer not in state.blocked_ids and b.peer != state.coordinator)
             if lost:
-                self._actions.append(ForwardBlocks(lost, state.coordinator))
+                self._actions.append(ForwardBlocks(lost, state.coordinator, old.term))
         self.guard.observe(state.term)
         self.state = state
         self.expected = state.coordinator

@@ -25,6 +25,7 @@ import msgpack
 
 from dht.items import mutable_target
 from identity.keys import PeerId
+from swarm.control.election import Candidate, Fitness
 from swarm.errors import ProtocolError
 
 log = logging.getLogger("swarm.control.membership")
@@ -242,3 +243,19 @@ async def live_members(dht_node, sid: bytes) -> list[MemberRecord]:
         except ProtocolError as exc:
             log.info("ignoring member record from %s: %s", ann.peer_id.short(), exc)
     return out
+
+
+NO_COORDINATE = "no-coordinate"
+"""A member role: serves tasks, never coordinates."""
+
+
+def candidate(record: MemberRecord, freshness: float) -> Candidate:
+    """A member record as the election sees it (members and observers alike)."""
+    h = record.health
+    return Candidate(
+        record.peer_id, record.tflops,
+        Fitness(load=h.load or 0.0, battery=h.battery,
+                plugged=True if h.plugged is None else h.plugged, thermal=h.thermal),
+        eligible=("worker" in record.roles or "coordinator" in record.roles)
+        and NO_COORDINATE not in record.roles,
+        freshness=freshness)
