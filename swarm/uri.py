@@ -124,8 +124,12 @@ def _hex(part: str, value: str) -> bytes:
         raise URIError(f"{part}: {value[:70]!r} is not hex") from None
 
 
-def parse(text: str) -> JoinURI:
-    """Parse a join URI; :class:`URIError` names the part that is wrong."""
+def parse(text: str, require_owner: bool = True) -> JoinURI:
+    """Parse a join URI; :class:`URIError` names the part that is wrong.
+
+    A URI without the owner pin ``x.op`` is refused unless ``require_owner`` is False (a
+    caller that never verifies a charter, e.g. an embedded local swarm): without the pin a
+    stolen swarm key could found a new ownership chain unnoticed."""
     if not isinstance(text, str):
         raise URIError("a join URI is text")
     text = text.strip()
@@ -165,5 +169,9 @@ def parse(text: str) -> JoinURI:
     pubkey = _hex("xs", key_hex)
     salt = _hex("s", fields["s"]) if "s" in fields else DEFAULT_SALT
     owner = _hex("x.op", fields["x.op"]) if "x.op" in fields else b""
-    return JoinURI(pubkey=pubkey, name=fields.get("dn", ""), salt=salt, peers=tuple(peers),
+    join = JoinURI(pubkey=pubkey, name=fields.get("dn", ""), salt=salt, peers=tuple(peers),
                    owner=owner)
+    if require_owner and not owner:
+        raise URIError("x.op: missing; the URI does not pin the swarm's owner key (ask the "
+                       "owner for the URI that `swarm publish` printed)")
+    return join

@@ -12,7 +12,7 @@ from swarm.errors import StaleTerm
 
 peer_ids = st.binary(min_size=32, max_size=32).map(PeerId)
 healths = st.builds(
-    Health,
+    Fitness,
     load=st.floats(0, 4),
     battery=st.none() | st.floats(0, 100),
     plugged=st.booleans(),

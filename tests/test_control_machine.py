@@ -13,7 +13,7 @@ from identity.keys import PeerId, PeerKey
 from swarm.control import machine as control
 from swarm.control.election import Candidate, Fitness
 from swarm.control.machine import Command, Controller, Role, Timing
-from swarm.control.state import BlockEntry, CoordinatorState, KickOrder
+from swarm.control.state import BlockEntry, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 SWARM = bytes(range(20))
@@ -22,6 +22,17 @@ DT = 0.05
 
 def _pid(name: str) -> PeerId:
     return PeerKey.from_seed(name.encode().ljust(32, b".")).peer_id
+
+
+def _check(report: LiarReport, reporter: PeerId) -> control.Verdict:
+    """Stands in for the runtime's evidence check: evidence b"proof..." proves the lie."""
+    if report.evidence.startswith(b"proof"):
+        return control.Verdict(True, report.evidence)
+    return control.refuse_unchecked(report, reporter)
+
+
+def _lie(peer: PeerId, n: int) -> LiarReport:
+    return LiarReport(peer, "wrong shard", b"proof%d" % n)
 
 
 class Sim:
@@ -37,8 +48,8 @@ class Sim:
         self.ids = {n: _pid(n) for n in tflops}
         self.names = {v: k for k, v in self.ids.items()}
         persisted = persisted or {}
-        self.nodes = {n: Controller(self.ids[n], SWARM, 0.0, timing, persisted.get(n))
-                      for n in tflops}
+        self.nodes = {n: Controller(self.ids[n], SWARM, 0.0, timing, persisted.get(n),
+                                    check_evidence=_check) for n in tflops}
         self.alive = set(tflops)
         self.cut: set[str] = set()  # partitioned: sends and receives nothing
         self.persisted: dict[str, CoordinatorState] = dict(persisted)
@@ -49,7 +60,8 @@ class Sim:
 
     def operator(self, at_node: str, kind: str, target: str, at: int) -> None:
         """An owner's command reaching the coordinator ``at_node``."""
-        cmd = Command(kind, self.ids[target], "by the owner", "owner", at)
+        cmd = Command(kind, self.ids[target], "by the owner", "owner", at,
+                      self.nodes[at_node].term)
         if kind == "block":
             self.issued[cmd.target] = cmd
         self.nodes[at_node].command(cmd, self.now)
@@ -59,9 +71,11 @@ class Sim:
         self.tflops[name] = tflops
         self.ids[name] = _pid(name)
         self.names[self.ids[name]] = name
-        self.nodes[name] = Controller(self.ids[name], SWARM, self.now, self.timing)
+        self.nodes[name] = Controller(self.ids[name], SWARM, self.now, self.timing,
+                                      check_evidence=_check)
         self.alive.add(name)
         self.disconnects[name] = []
+        self.nodes[name].members(self.view(), self.now)  # a node starts by reading the view
 
     def view(self) -> list[Candidate]:
         return [Candidate(self.ids[n], t, self.health.get(n, Fitness()))
@@ -128,10 +142,11 @@ class Sim:
                         continue
                     if cmd is not None:
                         self._deliver(dst, "fwd", lambda d=dst, c=cmd: self.nodes[
-                            d].forwarded_block(c, self.now))
+                            d].forwarded_block(c, node.me, self.now, c.at))
                     elif entry.by == "coordinator":
-                        self._deliver(dst, "fwdauto", lambda d=dst, e=entry: self.nodes[
-                            d].forwarded_auto_block(e, node.me, self.now))
+                        self._deliver(dst, "fwdauto", lambda d=dst, e=entry, t=act.term:
+                                      self.nodes[d].forwarded_auto_block(e, t, node.me,
+                                                                         self.now, e.at))
             elif isinstance(act, control.Disconnect):
                 self.disconnects[name].append((act.peer, act.blocked))
             elif isinstance(act, control.Left):
@@ -320,12 +335,14 @@ def test_a_kicked_peer_is_not_handed_the_role_it_was_kicked_from():
 def test_repeat_liars_are_blocked_by_the_coordinator():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     b = sim.nodes["b"]
-    for i in range(sim.timing.liar_threshold - 1):
-        b.liar_report(sim.ids["a"], sim.now + i, 100)
+    b.timing = Timing(liar_threshold=2)
+    b.liar_report(_lie(sim.ids["a"], 1), sim.ids["c"], sim.now, 100)
+    b.liar_report(_lie(sim.ids["a"], 1), sim.ids["c"], sim.now, 100)  # the same one again
     assert sim.ids["a"] not in b.blocked()
-    b.liar_report(sim.ids["a"], sim.now + 5, 100)
+    b.liar_report(_lie(sim.ids["a"], 2), sim.ids["c"], sim.now + 5, 100)
     assert sim.ids["a"] in b.blocked()
     assert b.state.blocked[0].by == "coordinator"
+    assert "evidence" in b.state.blocked[0].reason  # what it acted on
 
 
 def test_commands_need_the_coordinator_and_transitions_are_checked():
@@ -354,7 +371,10 @@ def test_a_claim_numbers_above_our_own_stale_dht_item():
     sim = Sim({"a": 1.0})
     a = sim.nodes["a"]
     a.note_seq(41)  # the adapter found our item at seq 41 from an older chain
-    a.note_term(6)  # and a term-6 state of someone else in the DHT
+    sim.step()
+    # and a term-6 state of someone entitled in the DHT (a member that left since)
+    a.members([*sim.view(), Candidate(_pid("old"), 0.5)], sim.now)
+    a.dht_states([CoordinatorState(SWARM, 6, 9, _pid("old"))])
     sim.run_until(lambda: a.role is Role.COORDINATOR)
     assert a.state.seq == 42 and a.term == 7
 
@@ -419,9 +439,11 @@ def test_an_unblock_issued_after_the_forwarded_block_wins():
 def test_only_the_coordinator_takes_forwarded_blocks():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
     with pytest.raises(NotCoordinator):
-        sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1), sim.now)
+        sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1),
+                                       sim.ids["b"], sim.now, 1)
     with pytest.raises(ProtocolError):
-        sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1), sim.now)
+        sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1),
+                                       sim.ids["a"], sim.now, 1)
 
 
 def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
@@ -430,8 +452,7 @@ def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
     sim.cut = {"c"}
     sim.run_until(lambda: sim.nodes["c"].role is Role.COORDINATOR)  # c's failover, term 2
-    for _ in range(2):
-        sim.nodes["b"].liar_report(sim.ids["x"], sim.now, 100)
+    sim.nodes["b"].liar_report(_lie(sim.ids["x"], 1), sim.ids["a"], sim.now, 100)
     sim._run("b")
     assert sim.ids["x"] in sim.nodes["b"].blocked()
     assert sim.ids["x"] not in sim.nodes["c"].blocked()
@@ -449,5 +470,5 @@ def test_an_auto_block_is_taken_only_from_a_coordinator_we_followed():
     stranger = _pid("stranger")
     entry = BlockEntry(sim.ids["x"], "2 wrong results", "coordinator", 1)
     with pytest.raises(NotCoordinator, match="never coordinated"):
-        sim.nodes["b"].forwarded_auto_block(entry, stranger, sim.now)
+        sim.nodes["b"].forwarded_auto_block(entry, 0, stranger, sim.now, 1)
     assert sim.ids["x"] not in sim.nodes["b"].blocked()
