@@ -530,7 +530,7 @@ class Controller:
             raise NotCoordinator(f"kick from {sender.short()} at term {order.term}: not the "
                                  "coordinator we follow")
         if not abs(wall - order.at) <= self.timing.kick_max_age:  # NaN fails too
-            raise StaleTerm(f"kick order from {int(wall - order.at)} s ago ignored (replay?)")
+            raise StaleTerm(f"kick order from {wall - order.at:.0f} s ago ignored (replay?)")
         if order.target == self.me:
             log.warning("kicked by the coordinator: %s", order.reason or "no reason given")
             self._set_state(Role.STOPPED, now, why=f"kicked: {order.reason}")
