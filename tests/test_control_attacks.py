@@ -253,8 +253,7 @@ def test_the_charter_counter_only_moves_forward_across_restarts(tmp_path):
 def test_nan_timestamps_fail_both_replay_guards():
     key = PeerKey.generate()
     me = bytes(20)
-    env = Envelope.seal(key, key.peer_id, me, b"x", 0.0)
-    nan = Envelope(env.sender, env.recipient, math.nan, env.nonce, env.payload, env.signature)
+    nan = Envelope.seal(key, key.peer_id, me, b"x", math.nan)  # validly signed
     with pytest.raises(ItemError, match="window"):
         ReplayGuard().admit(nan, me, 1000.0)
     sim, best = _stable({"a": 1.0, "b": 3.0})
