@@ -26,7 +26,9 @@ def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the data dir (the publisher's, to change ownership)")
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
     p.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS)
-    return p
+    from swarm.commands._network import add_network_options
+
+    return add_network_options(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -50,8 +52,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from swarm import uri as uri_mod
+    from swarm.commands._network import bootstrap_addresses
 
-    join = uri_mod.parse(args.uri)
+    join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
     if args.action == "show":
         return _show(join, args.json)
     return asyncio.run(_change(join, args))

@@ -140,6 +140,33 @@ async def observe(node: DHTNode, uri: JoinURI) -> View:
     return View(rec, members, best, addrs)
 
 
+JOIN_PEERS = 4
+"""Peers a fresh join URI names."""
+
+
+async def join_uri(node: DHTNode, uri: JoinURI, view: View, timeout: float = 2.0) -> JoinURI:
+    """A fresh join URI: the swarm of ``uri``, naming up to :data:`JOIN_PEERS` live members
+    whose DHT address answered a ping just now (freshest announcements first), or, when none
+    did, the bootstrap peers that answered; owner pin and name as in ``uri``."""
+    members = sorted(view.members, key=lambda m: -m[1])
+    candidates = list(dict.fromkeys(r.dht for r, _ in members if r.dht is not None))
+
+    async def answers(addr: tuple[str, int]) -> bool:
+        try:
+            ok, _ = await asyncio.wait_for(node.protocol.ping(addr, b""), timeout)
+        except (TimeoutError, OSError, DHTError):
+            return False
+        return bool(ok)
+
+    for pool in (candidates, list(uri.peers)):
+        alive = [a for a, ok in zip(pool, await asyncio.gather(*(answers(a) for a in pool)),
+                                    strict=True) if ok]
+        if alive:
+            return JoinURI(uri.pubkey, uri.name, uri.salt, tuple(alive[:JOIN_PEERS]),
+                           uri.owner)
+    return uri
+
+
 async def send_command(node: DHTNode, uri: JoinURI, view: View, signed: Signed,
                        sender: PeerKey, wait: float = 5.0) -> CoordinatorState | None:
     """Deliver a signed command to the coordinator; wait until its DHT state reflects it."""

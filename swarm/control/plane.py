@@ -51,7 +51,12 @@ from swarm.control.machine import (
     Timing,
     refuse_unchecked,
 )
-from swarm.control.membership import MemberRecord, candidate, membership_topic
+from swarm.control.membership import (
+    MemberRecord,
+    candidate,
+    membership_topic,
+    save_seen_peers,
+)
 from swarm.control.replay import CommandGuard
 from swarm.control.state import (
     CoordinatorState,
@@ -125,6 +130,7 @@ class ControlPlane:
         nothing)."""
         self._reports_told: PeerId | None = None
         self._pages_put: deque[bytes] = deque(maxlen=4096)
+        self._saved_peers: list[tuple[str, int]] = []
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
@@ -240,6 +246,14 @@ class ControlPlane:
             view.append(candidate(self.node.record, float("inf")))
         if len(view) != len(self.controller.view):
             log.info("%d members in view", len(view))
+        seen = [self.addrs[c.peer_id] for c in sorted(view, key=lambda c: -c.freshness)
+                if c.peer_id in self.addrs and c.peer_id != me]
+        if sorted(seen) != sorted(self._saved_peers):
+            self._saved_peers = seen
+            try:
+                save_seen_peers(self.data_dir, self.swarm_id, seen)
+            except OSError as exc:
+                log.info("cannot keep the peers seen in the data dir: %s", exc)
         self.controller.members(view, self.clock())
         await self._do(self.controller.actions())
 
