@@ -71,11 +71,10 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         raise ConfigError(f"s: this swarm version only knows the salt {charter.CHARTER_SALT!r}")
     sid = swarm_id(uri.pubkey)
     state = load_state(data_dir, sid)
-    # The URI's peers (and --bootstrap ones) first, then the members seen last time.
-    bootstrap = tuple(dict.fromkeys([*uri.peers, *load_seen_peers(data_dir, sid)]))
+    seen = tuple(load_seen_peers(data_dir, sid))  # tried too: they may outlive the URI's
 
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, validators=charter.validators(), host=host, dht_port=port,
-                           bootstrap=bootstrap, backend=backend, threads=threads,
+                           bootstrap=tuple(uri.peers), hints=seen, backend=backend, threads=threads,
                            store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
                            roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))
     if state is not None and node.peer_id in state.blocked_ids:
