@@ -26,9 +26,9 @@ from swarm.control.machine import (
     MAX_TERM_STEP,
     Command,
     Controller,
+    Duty,
     counted_states,
 )
-from swarm.control.machine import Role as Duty
 from swarm.control.plane import ControlPlane
 from swarm.control.state import (
     MAX_ITEM,

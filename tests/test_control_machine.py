@@ -12,7 +12,7 @@ import pytest
 from identity.keys import PeerId, PeerKey
 from swarm.control import machine as control
 from swarm.control.election import Candidate, Fitness
-from swarm.control.machine import Command, Controller, Role, Timing
+from swarm.control.machine import Command, Controller, Duty, Timing
 from swarm.control.state import BlockEntry, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
@@ -156,11 +156,11 @@ class Sim:
     # -- helpers ---------------------------------------------------------------------------
 
     def coordinators(self) -> set[str]:
-        return {n for n in self.alive if self.nodes[n].role is Role.COORDINATOR}
+        return {n for n in self.alive if self.nodes[n].role is Duty.COORDINATOR}
 
     def agreed(self, name: str, but: frozenset[str] = frozenset()) -> bool:
         """Everybody alive and connected (but ``but``) follows ``name``, which coordinates."""
-        if self.nodes[name].role is not Role.COORDINATOR:
+        if self.nodes[name].role is not Duty.COORDINATOR:
             return False
         return all(self.nodes[n].coordinator == self.ids[name]
                    for n in self.alive - self.cut - but)
@@ -215,7 +215,7 @@ def test_fencing_a_deposed_coordinator_is_refused():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     sim.cut.add("b")  # partitioned: b still thinks it coordinates at term 1
     sim.run_until(lambda: sim.agreed("c"))
-    assert sim.nodes["b"].role is Role.COORDINATOR and sim.nodes["b"].term == 1
+    assert sim.nodes["b"].role is Duty.COORDINATOR and sim.nodes["b"].term == 1
     old = sim.nodes["b"].state
     # b's stale heartbeat and kick order reach a: refused, nothing applied.
     with pytest.raises(StaleTerm, match="term 1 refused: term 2"):
@@ -227,7 +227,7 @@ def test_fencing_a_deposed_coordinator_is_refused():
     assert sim.nodes["a"].coordinator == sim.ids["c"]
     # Healed: b hears term 2 and steps down; its term-1 heartbeats were refused meanwhile.
     sim.cut.clear()
-    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed("c"))
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed("c"))
     assert any(what == "hb" and "term 1 refused" in err for _, what, err in sim.refused)
     assert sim.nodes["b"].term == 2
 
@@ -308,7 +308,7 @@ def test_faster_newcomer_gets_the_role_by_handoff():
     sim, _ = _stable({"a": 1.0, "b": 2.0})
     sim.add("f", 10.0)
     sim.run_until(lambda: sim.agreed("f"))
-    assert sim.nodes["f"].term == 2 and sim.nodes["b"].role is Role.FOLLOWER
+    assert sim.nodes["f"].term == 2 and sim.nodes["b"].role is Duty.FOLLOWER
 
 
 def test_kick_disconnects_and_the_kicked_peer_leaves():
@@ -350,11 +350,11 @@ def test_commands_need_the_coordinator_and_transitions_are_checked():
     with pytest.raises(NotCoordinator, match="follower"):
         sim.nodes["a"].command(Command("block", sim.ids["b"]), sim.now)
     with pytest.raises(control.IllegalTransition):
-        sim.nodes["a"]._set_state(Role.COORDINATOR, sim.now)
+        sim.nodes["a"]._set_state(Duty.COORDINATOR, sim.now)
     sim.nodes["a"].leave(sim.now)
-    assert sim.nodes["a"].role is Role.STOPPED
+    assert sim.nodes["a"].role is Duty.STOPPED
     with pytest.raises(control.IllegalTransition):
-        sim.nodes["a"]._set_state(Role.FOLLOWER, sim.now)
+        sim.nodes["a"]._set_state(Duty.FOLLOWER, sim.now)
 
 
 def test_a_coordinator_blocked_by_the_owner_hands_off_with_its_own_block():
@@ -375,7 +375,7 @@ def test_a_claim_numbers_above_our_own_stale_dht_item():
     # and a term-6 state of someone entitled in the DHT (a member that left since)
     a.members([*sim.view(), Candidate(_pid("old"), 0.5)], sim.now)
     a.dht_states([CoordinatorState(SWARM, 6, 9, _pid("old"))])
-    sim.run_until(lambda: a.role is Role.COORDINATOR)
+    sim.run_until(lambda: a.role is Duty.COORDINATOR)
     assert a.state.seq == 42 and a.term == 7
 
 
@@ -384,7 +384,7 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
     b = sim.nodes["b"]
     rival = CoordinatorState(SWARM, 1, 5, sim.ids["a"])  # found in the DHT after a restart
     b.rival(rival, sim.now)
-    assert b.role is Role.CANDIDATE  # still the one elected: claims above it at once
+    assert b.role is Duty.CANDIDATE  # still the one elected: claims above it at once
     sim._run("b")
     sim.run_until(lambda: sim.agreed("b"))
     assert b.term == 2 and sim.nodes["a"].term == 2
@@ -400,7 +400,7 @@ def test_a_slow_successor_is_still_followed_once_it_speaks():
     sim.run_until(lambda: sim.ids["c"] in a.suspects, limit=3 * t.failover + 1)
     state = sim.nodes["b"].state.successor(term=2, coordinator=sim.ids["c"])
     assert a.heartbeat(state, sim.ids["c"], sim.now)
-    assert a.coordinator == sim.ids["c"] and a.role is Role.FOLLOWER
+    assert a.coordinator == sim.ids["c"] and a.role is Duty.FOLLOWER
 
 
 def _split_brain_with_a_block(unblock_on_winner_at: int | None):
@@ -415,7 +415,7 @@ def _split_brain_with_a_block(unblock_on_winner_at: int | None):
     if unblock_on_winner_at is not None:
         sim.operator("c", "unblock", "x", at=unblock_on_winner_at)
     sim.cut.clear()
-    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed(
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed(
         "c", but=frozenset({"x"})))
     for _ in range(20):
         sim.step()
@@ -451,13 +451,13 @@ def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
     the block; once they meet, b forwards its own block and c keeps x blocked."""
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
     sim.cut = {"c"}
-    sim.run_until(lambda: sim.nodes["c"].role is Role.COORDINATOR)  # c's failover, term 2
+    sim.run_until(lambda: sim.nodes["c"].role is Duty.COORDINATOR)  # c's failover, term 2
     sim.nodes["b"].liar_report(_lie(sim.ids["x"], 1), sim.ids["a"], sim.now, 100)
     sim._run("b")
     assert sim.ids["x"] in sim.nodes["b"].blocked()
     assert sim.ids["x"] not in sim.nodes["c"].blocked()
     sim.cut.clear()
-    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed(
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed(
         "c", but=frozenset({"x"})))
     for _ in range(20):
         sim.step()

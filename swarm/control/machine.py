@@ -1,6 +1,6 @@
 """The coordinator state machine (sans-IO): fed events and ``now``, it returns actions.
 
-Roles: FOLLOWER -> CANDIDATE (claiming term N+1 by a CAS put) -> COORDINATOR, which
+Duties: FOLLOWER -> CANDIDATE (claiming term N+1 by a CAS put) -> COORDINATOR, which
 heartbeats its state to every member; HANDING_OFF while a successor takes over at
 term+1; STOPPED after leaving. Every role change goes through :meth:`Controller._set_state`,
 which checks the transition table, logs and runs the entry actions.
@@ -34,7 +34,10 @@ from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 log = logging.getLogger("swarm.control")
 
 
-class Role(enum.Enum):
+class Duty(enum.Enum):
+    """What a node does in the control plane now (``identity.Role`` is the authority an
+    operator acts under: owner, admin, coordinator)."""
+
     FOLLOWER = "follower"
     CANDIDATE = "candidate"
     COORDINATOR = "coordinator"
@@ -42,12 +45,12 @@ class Role(enum.Enum):
     STOPPED = "stopped"
 
 
-_TRANSITIONS: dict[Role, frozenset[Role]] = {
-    Role.FOLLOWER: frozenset({Role.CANDIDATE, Role.STOPPED}),
-    Role.CANDIDATE: frozenset({Role.COORDINATOR, Role.FOLLOWER, Role.STOPPED}),
-    Role.COORDINATOR: frozenset({Role.HANDING_OFF, Role.FOLLOWER, Role.STOPPED}),
-    Role.HANDING_OFF: frozenset({Role.COORDINATOR, Role.FOLLOWER, Role.STOPPED}),
-    Role.STOPPED: frozenset(),
+_TRANSITIONS: dict[Duty, frozenset[Duty]] = {
+    Duty.FOLLOWER: frozenset({Duty.CANDIDATE, Duty.STOPPED}),
+    Duty.CANDIDATE: frozenset({Duty.COORDINATOR, Duty.FOLLOWER, Duty.STOPPED}),
+    Duty.COORDINATOR: frozenset({Duty.HANDING_OFF, Duty.FOLLOWER, Duty.STOPPED}),
+    Duty.HANDING_OFF: frozenset({Duty.COORDINATOR, Duty.FOLLOWER, Duty.STOPPED}),
+    Duty.STOPPED: frozenset(),
 }
 
 
@@ -243,9 +246,9 @@ class Persist:
 class RoleChanged:
     """Our role changed (for logs, status and tests)."""
 
-    old: Role
+    old: Duty
     """Previous role."""
-    new: Role
+    new: Duty
     """New role."""
     term: int
     """Highest term seen."""
@@ -295,7 +298,7 @@ class Controller:
         self.me = me
         self.swarm = swarm
         self.timing = timing
-        self.role = Role.FOLLOWER
+        self.role = Duty.FOLLOWER
         self.state = state
         """The latest coordinator state we accepted (ours when we coordinate)."""
         self.guard = TermGuard(state.term if state else 0)
@@ -342,7 +345,7 @@ class Controller:
     @property
     def coordinator(self) -> PeerId | None:
         """Who we believe coordinates now (None while nobody does)."""
-        if self.role is Role.COORDINATOR or self.role is Role.HANDING_OFF:
+        if self.role is Duty.COORDINATOR or self.role is Duty.HANDING_OFF:
             return self.me
         if self.state is None or self.state.coordinator in self.suspects:
             return None
@@ -367,14 +370,14 @@ class Controller:
             if c is not None and c.freshness > fresh:
                 log.info("%s re-announced itself; no longer suspected", peer.short())
                 del self.suspects[peer]
-        if self.role is Role.COORDINATOR:
+        if self.role is Duty.COORDINATOR:
             self._maybe_rebalance(now)
 
     def charter_changed(self, admins: Iterable[PeerId], policy: dict, now: float) -> None:
         """The verified charter's admins or policy changed: a coordinator carries them."""
         self._charter = (tuple(sorted(admins))[:MAX_ADMINS], dict(policy))
         st = self.state
-        if self.role is Role.COORDINATOR and st is not None \
+        if self.role is Duty.COORDINATOR and st is not None \
                 and (st.admins, st.policy) != self._charter:
             self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
 
@@ -386,13 +389,13 @@ class Controller:
         """Another coordinator's state item in the DHT holds our term or a later one (two
         claims raced, e.g. across a full restart): step down for an entitled rival within
         the term bound; the next claim goes above. Anyone else's item is ignored."""
-        if self.role is not Role.COORDINATOR or self.state is None \
+        if self.role is not Duty.COORDINATOR or self.state is None \
                 or state.coordinator == self.me or state.swarm != self.swarm \
                 or not entitled(state, self.view, self.blocked()) \
                 or state.term > self.term + MAX_TERM_STEP or state.term < self.state.term:
             return
         self.guard.observe(state.term)
-        self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} also "
+        self._set_state(Duty.FOLLOWER, now, why=f"{state.coordinator.short()} also "
                                                 f"holds term {state.term}")
         if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
             self._claim(now)  # at once, before our followers miss a heartbeat
@@ -418,17 +421,17 @@ class Controller:
         for peer, until in list(self._kicked.items()):
             if now > until:
                 del self._kicked[peer]
-        if self.role is Role.FOLLOWER:
+        if self.role is Duty.FOLLOWER:
             self._follow(now)
-        elif self.role is Role.CANDIDATE:
+        elif self.role is Duty.CANDIDATE:
             if now > self._deadline:
                 log.warning("claim of term %d timed out", self._pending.term if self._pending
                             else -1)
-                self._set_state(Role.FOLLOWER, now)
-        elif self.role is Role.COORDINATOR:
+                self._set_state(Duty.FOLLOWER, now)
+        elif self.role is Duty.COORDINATOR:
             if now >= self._next_beat:
                 self._beat(now)
-        elif self.role is Role.HANDING_OFF:
+        elif self.role is Duty.HANDING_OFF:
             if now >= self._next_beat:
                 self._beat(now)
             if now > self._deadline:
@@ -436,17 +439,17 @@ class Controller:
                             self._successor.short() if self._successor else "?")
                 if self._successor is not None:
                     self._failed_successors.add(self._successor)
-                self._set_state(Role.COORDINATOR, now)
+                self._set_state(Duty.COORDINATOR, now)
                 if self.leaving:
                     self._start_handoff(now)
 
     def claim_result(self, ok: bool, now: float, why: str = "") -> None:
         """The outcome of a :class:`PutState` with ``claim=True``."""
-        if self.role is not Role.CANDIDATE or self._pending is None:
+        if self.role is not Duty.CANDIDATE or self._pending is None:
             return
         if not ok:
             log.warning("claim of term %d failed: %s", self._pending.term, why)
-            self._set_state(Role.FOLLOWER, now)
+            self._set_state(Duty.FOLLOWER, now)
             return
         self.guard.observe(self._pending.term)
         self.past_coordinators.add(self.me)
@@ -454,7 +457,7 @@ class Controller:
         self._pending = None
         self.endorsement = self._pending_endorsement
         self._actions.append(Persist(self.state))
-        self._set_state(Role.COORDINATOR, now)
+        self._set_state(Duty.COORDINATOR, now)
         if self._predecessor is not None:
             # It may be blocked (out of our heartbeat list) but waits to hear we took over.
             self._actions.append(SendHeartbeat(self.state, (self._predecessor,),
@@ -468,7 +471,7 @@ class Controller:
         Raises :class:`StaleTerm` for a lower term (fencing) and :class:`NotCoordinator`
         for a sender we have no reason to follow.
         """
-        if self.role is Role.STOPPED or sender == self.me:
+        if self.role is Duty.STOPPED or sender == self.me:
             return False
         if sender != state.coordinator or state.swarm != self.swarm:
             raise ProtocolError("heartbeat not from the coordinator it names, or another swarm")
@@ -506,7 +509,7 @@ class Controller:
         ``endorsement`` is the signed offer itself: our heartbeats show it to followers.
         """
         cur = self.state
-        if self.role is not Role.FOLLOWER or self.leaving:
+        if self.role is not Duty.FOLLOWER or self.leaving:
             raise NotCoordinator(f"cannot take over while {self.role.value}")
         if cur is not None and sender != cur.coordinator:
             raise NotCoordinator("handoff offered by a peer that is not the coordinator")
@@ -518,7 +521,7 @@ class Controller:
         self._pending = state
         self._pending_endorsement = endorsement
         self._predecessor = sender
-        self._set_state(Role.CANDIDATE, now)
+        self._set_state(Duty.CANDIDATE, now)
         self._actions.append(PutState(state, claim=True))
 
     def kick_order(self, order: KickOrder, sender: PeerId, now: float, wall: float) -> None:
@@ -533,14 +536,14 @@ class Controller:
             raise StaleTerm(f"kick order from {wall - order.at:.0f} s ago ignored (replay?)")
         if order.target == self.me:
             log.warning("kicked by the coordinator: %s", order.reason or "no reason given")
-            self._set_state(Role.STOPPED, now, why=f"kicked: {order.reason}")
+            self._set_state(Duty.STOPPED, now, why=f"kicked: {order.reason}")
         else:
             self._kicked[order.target] = now + self.timing.kick_max_age
             self._actions.append(Disconnect(order.target, f"kicked: {order.reason}", False))
 
     def command(self, cmd: Command, now: float) -> CoordinatorState:
         """Apply an authorised operator command; only the coordinator does this."""
-        if self.role is not Role.COORDINATOR or self.state is None:
+        if self.role is not Duty.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator"
                                  + (f"; try {self.coordinator}" if self.coordinator else ""))
         if cmd.kind == "block":
@@ -589,7 +592,7 @@ class Controller:
         unblocked, or older than an unblock we applied."""
         if cmd.kind != "block":
             raise ProtocolError("only blocks are forwarded")
-        if self.role is not Role.COORDINATOR or self.state is None:
+        if self.role is not Duty.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
         self._check_forward(cmd, sender, wall)
         if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
@@ -634,13 +637,13 @@ class Controller:
         """
         digest = hashlib.sha256(reporter.raw + report.encode()).digest()
         if digest in self._reports or reporter in self.blocked() \
-                or self.role is Role.STOPPED:
+                or self.role is Duty.STOPPED:
             return None
         self._reports[digest] = None
         while len(self._reports) > MAX_SEEN_REPORTS:
             self._reports.popitem(last=False)
         peer = report.peer
-        if self.role is not Role.COORDINATOR:
+        if self.role is not Duty.COORDINATOR:
             coord = self.coordinator
             if not report.relayed and report.evidence and coord not in (None, self.me,
                                                                          reporter):
@@ -670,14 +673,14 @@ class Controller:
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
         self.leaving = True
-        if self.role is Role.COORDINATOR:
+        if self.role is Duty.COORDINATOR:
             self._start_handoff(now)
-        elif self.role is not Role.HANDING_OFF and self.role is not Role.STOPPED:
-            self._set_state(Role.STOPPED, now, why="left")
+        elif self.role is not Duty.HANDING_OFF and self.role is not Duty.STOPPED:
+            self._set_state(Duty.STOPPED, now, why="left")
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _set_state(self, new: Role, now: float, why: str = "") -> None:
+    def _set_state(self, new: Duty, now: float, why: str = "") -> None:
         old = self.role
         if new not in _TRANSITIONS[old]:
             raise IllegalTransition(f"{old.value} -> {new.value}")
@@ -687,23 +690,23 @@ class Controller:
         term = self.state.term if self.state is not None else self.term
         log.info("%s -> %s at term %d%s", old.value, new.value, term, f" ({why})" if why else "")
         self._actions.append(RoleChanged(old, new, term))
-        if new is Role.FOLLOWER:
+        if new is Duty.FOLLOWER:
             self._pending = None
             self.last_heard = now
             if self.state is not None and self.state.coordinator != self.me:
                 self.expected = self.state.coordinator
-        elif new is Role.CANDIDATE:
+        elif new is Duty.CANDIDATE:
             self._deadline = now + self.timing.claim
-        elif new is Role.COORDINATOR:
+        elif new is Duty.COORDINATOR:
             self.expected = self.me
             if self._charter is not None and self.state is not None \
                     and (self.state.admins, self.state.policy) != self._charter:
                 self._publish(self.state.successor(admins=self._charter[0],
                                                    policy=self._charter[1]), now)
             self._beat(now)
-        elif new is Role.HANDING_OFF:
+        elif new is Duty.HANDING_OFF:
             self._deadline = now + self.timing.handoff
-        elif new is Role.STOPPED:
+        elif new is Duty.STOPPED:
             self._actions.append(Left(why or "stopped"))
 
     def _note_unblocked(self, peer: PeerId, term: int) -> None:
@@ -744,7 +747,7 @@ class Controller:
         self._pending = new
         self._pending_endorsement = b""
         self._predecessor = None
-        self._set_state(Role.CANDIDATE, now, why=f"claiming term {term}")
+        self._set_state(Duty.CANDIDATE, now, why=f"claiming term {term}")
         self._actions.append(PutState(new, claim=True))
 
     def _legitimate(self, state: CoordinatorState, endorsed_by: PeerId | None) -> bool:
@@ -767,7 +770,7 @@ class Controller:
             self._note_unblocked(peer, state.term)
         self.past_coordinators.add(state.coordinator)
         if old is not None and old.coordinator == self.me and state.coordinator != self.me \
-                and state.term > old.term and self.role is not Role.HANDING_OFF:
+                and state.term > old.term and self.role is not Duty.HANDING_OFF:
             lost = tuple(b for b in old.blocked
                          if b.peer not in state.blocked_ids and b.peer != state.coordinator)
             if lost:
@@ -783,18 +786,18 @@ class Controller:
                 self._actions.append(Disconnect(entry.peer, f"blocked: {entry.reason}", True))
         if self.me in newly:
             self.leaving = True
-            self._set_state(Role.STOPPED, now, why="this peer is blocked")
+            self._set_state(Duty.STOPPED, now, why="this peer is blocked")
             return
-        if self.role is Role.CANDIDATE or self.role is Role.COORDINATOR:
-            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} holds term "
+        if self.role is Duty.CANDIDATE or self.role is Duty.COORDINATOR:
+            self._set_state(Duty.FOLLOWER, now, why=f"{state.coordinator.short()} holds term "
                                                     f"{state.term}")
-        elif self.role is Role.HANDING_OFF:
+        elif self.role is Duty.HANDING_OFF:
             done = state.coordinator == self._successor
             if self.leaving:
-                self._set_state(Role.STOPPED, now, why=self._leave_reason
+                self._set_state(Duty.STOPPED, now, why=self._leave_reason
                                 or ("handed off" if done else "left"))
             else:
-                self._set_state(Role.FOLLOWER, now, why="handed off")
+                self._set_state(Duty.FOLLOWER, now, why="handed off")
 
     def _publish(self, state: CoordinatorState, now: float) -> None:
         self.state = state
@@ -819,12 +822,12 @@ class Controller:
                 (c.peer_id.short(), c.tflops, c.can_coordinate) for c in self.view.values()],
                 [p.short() for p in out])
             if self.leaving:
-                self._set_state(Role.STOPPED, now,
+                self._set_state(Duty.STOPPED, now,
                                 why=self._leave_reason or "left; no successor available")
             return
         offer = self.state.successor(term=self.state.term + 1, coordinator=succ)
         self._successor = succ
-        self._set_state(Role.HANDING_OFF, now, why=f"handing off to {succ.short()}")
+        self._set_state(Duty.HANDING_OFF, now, why=f"handing off to {succ.short()}")
         self._actions.append(SendHandoff(offer, succ))
 
     def _maybe_rebalance(self, now: float) -> None:

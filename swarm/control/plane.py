@@ -32,7 +32,7 @@ from identity import (
     verify_command,
 )
 from identity.ceremony import AuthenticatorData, OwnerProof
-from identity.roles import Role as AuthRole
+from identity.roles import Role
 from swarm.control import machine as control
 from swarm.control.charter import (
     CharterError,
@@ -46,8 +46,8 @@ from swarm.control.election import Candidate
 from swarm.control.machine import (
     Command,
     Controller,
+    Duty,
     EvidenceCheck,
-    Role,
     Timing,
     refuse_unchecked,
 )
@@ -122,7 +122,7 @@ class ControlPlane:
         self._seen: dict[PeerId, tuple[MemberRecord, float]] = {}
         self.left = asyncio.Event()
         self.left_reason = ""
-        self.role_changes: list[tuple[float, Role, int]] = []
+        self.role_changes: list[tuple[float, Duty, int]] = []
         self._block_proofs: dict[PeerId, bytes] = {}
         """Signed owner/admin block commands we applied, forwarded if our state is replaced."""
         self._pending_reports: deque[LiarReport] = deque(maxlen=MAX_PENDING_REPORTS)
@@ -142,7 +142,7 @@ class ControlPlane:
     # -- public --------------------------------------------------------------------------
 
     @property
-    def role(self) -> Role:
+    def role(self) -> Duty:
         return self.controller.role
 
     def accept_peer(self, peer: PeerId) -> bool:
@@ -167,7 +167,7 @@ class ControlPlane:
     async def leave(self, timeout: float = 10.0) -> str:
         """Leave gracefully (a coordinator hands off first); returns why we left."""
         if not self.left.is_set():
-            if self.role is Role.COORDINATOR:
+            if self.role is Duty.COORDINATOR:
                 await self._fresh_view()  # so that a member that just joined can take over
             self.controller.leave(self.clock())
             await self._do(self.controller.actions())
@@ -263,7 +263,7 @@ class ControlPlane:
             await self._read_states()
             return
         await self._catch_up()
-        if self.role is Role.COORDINATOR:
+        if self.role is Duty.COORDINATOR:
             for state in self.controller.dht_states(await self._dht_states()):
                 self.controller.rival(state, self.clock())
             await self._do(self.controller.actions())
@@ -288,7 +288,7 @@ class ControlPlane:
         """Heartbeats are datagrams: read our coordinator's DHT item for anything missed
         (a block of this very peer is sent to it only once)."""
         st = self.controller.state
-        if st is None or st.coordinator == self.key.peer_id or self.role is Role.STOPPED:
+        if st is None or st.coordinator == self.key.peer_id or self.role is Duty.STOPPED:
             return
         newer = await self._state_of(st.coordinator)
         if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
@@ -397,7 +397,7 @@ class ControlPlane:
                 save_state(self.data_dir, act.state)
             elif isinstance(act, control.RoleChanged):
                 self.role_changes.append((self.wall(), act.new, act.term))
-                level = logging.WARNING if act.new is Role.COORDINATOR else logging.INFO
+                level = logging.WARNING if act.new is Duty.COORDINATOR else logging.INFO
                 log.log(level, "%s: %s -> %s at term %d", self.key.peer_id.short(),
                         act.old.value, act.new.value, act.term)
             elif isinstance(act, control.Left):
@@ -414,7 +414,7 @@ class ControlPlane:
         if act.claim and st is not None and act.state.prev == st.digest():
             # A failover claim (a handoff carries its own, newer state): catch up first.
             await self._catch_up()
-            if self.role is not Role.CANDIDATE:
+            if self.role is not Duty.CANDIDATE:
                 return  # what we missed settled it (a newer state, or our own block)
         if act.claim:
             # The CAS across the swarm: nobody entitled may hold this term (or a later one).
@@ -596,7 +596,7 @@ class ControlPlane:
             raise ProtocolError("only block commands are forwarded")
         wall = self.wall()
         role = verify_command(signed, self.ownership, now=wall)
-        if role not in (AuthRole.OWNER, AuthRole.ADMIN):
+        if role not in (Role.OWNER, Role.ADMIN):
             raise NotCoordinator("only owner and admin blocks are forwarded")
         self.controller.forwarded_block(
             Command("block", cmd.target, cmd.reason, role.value, cmd.counter // 1000, cmd.term),
