@@ -131,6 +131,7 @@ class ControlPlane:
         self._reports_told: PeerId | None = None
         self._pages_put: deque[bytes] = deque(maxlen=4096)
         self._saved_peers: list[tuple[str, int]] = []
+        self._pages_of: tuple[tuple, list] = ((), [])
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
@@ -360,14 +361,13 @@ class ControlPlane:
             elif isinstance(act, control.SendHeartbeat):
                 msg = seal(self.key, self.swarm_id, "hb", act.state.encode_item(),
                            act.endorsement)
-                for peer in act.to:
-                    self._spawn(self._send(peer, msg))
+                self._spawn(self._send_state(act.state, act.to, msg))
             elif isinstance(act, control.SendHandoff):
                 endorse = seal(self.key, self.swarm_id, "endorse",
                                Endorsement(act.state.term, act.to).encode())
                 msg = seal(self.key, self.swarm_id, "handoff", act.state.encode_item(),
                            endorse)
-                self._spawn(self._send(act.to, msg))
+                self._spawn(self._send_state(act.state, (act.to,), msg))
             elif isinstance(act, control.SendKick):
                 # The kick carries our heartbeat, so a peer that has not heard us yet (a
                 # newcomer) learns who we are before it judges the order.
@@ -427,10 +427,7 @@ class ControlPlane:
                 await self._do(self.controller.actions())
                 return
         try:
-            for page in act.state.pages():  # the blocklist first: the item pins its pages
-                if page.target not in self._pages_put:
-                    await dht.put_immutable(page.encode())
-                    self._pages_put.append(page.target)
+            await self._put_pages(act.state)  # the blocklist first: the item pins its pages
             await dht.put_mutable(self.key, act.state.encode_item(), salt=salt,
                                   seq=act.state.seq)
         except ItemError as exc:
@@ -447,6 +444,25 @@ class ControlPlane:
         if act.claim:
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
+
+    async def _put_pages(self, state: CoordinatorState) -> None:
+        """Store ``state``'s blocklist pages in the DHT (each once) before anything that
+        names them is put or sent."""
+        if self._pages_of[0] is not state.blocked:
+            self._pages_of = (state.blocked, state.pages())
+        for page in self._pages_of[1]:
+            if page.target not in self._pages_put:
+                await self.node.dht.put_immutable(page.encode())
+                self._pages_put.append(page.target)
+
+    async def _send_state(self, state: CoordinatorState, to: tuple[PeerId, ...],
+                          msg: bytes) -> None:
+        """Send a message carrying ``state``'s item once its pages can be fetched."""
+        try:
+            await self._put_pages(state)
+        except (ItemError, LookupFailed, DHTError) as exc:
+            log.info("blocklist pages not stored (%s); sending anyway", exc)
+        await asyncio.gather(*(self._send(peer, msg) for peer in to))
 
     async def _fresh_view(self) -> None:
         """Refresh the member view now (sharing a refresh already under way)."""
