@@ -26,8 +26,16 @@ def add_network_options(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def bootstrap_addresses(args: argparse.Namespace) -> list[tuple[str, int]]:
     """``--bootstrap`` then ``SWARM_BOOTSTRAP`` addresses, parsed and deduplicated;
     :class:`swarm.errors.URIError` (a usage error) names a bad one."""
+    from swarm.errors import ConfigError, URIError
     from swarm.uri import parse_peer
 
-    texts = list(getattr(args, "bootstrap", None) or [])
-    texts += [t.strip() for t in os.environ.get(ENV, "").split(",") if t.strip()]
-    return list(dict.fromkeys(parse_peer(t) for t in texts))
+    given = [("--bootstrap", t) for t in getattr(args, "bootstrap", None) or []]
+    given += [(ENV, t.strip()) for t in os.environ.get(ENV, "").split(",") if t.strip()]
+    out: list[tuple[str, int]] = []
+    for where, text in given:
+        try:
+            out.append(parse_peer(text))
+        except URIError as exc:
+            why = str(exc).removeprefix("x.pe: ")
+            raise ConfigError(f"{where} {text[:60]!r}: expected HOST:PORT ({why})") from None
+    return list(dict.fromkeys(out))
