@@ -292,3 +292,28 @@ def test_a_controller_keeps_no_unchecked_state_from_fresh_reports():
     for _ in range(100):
         c.liar_report(LiarReport(_pid("w"), "x"), PeerKey.generate().peer_id, 0.0, 1)
     assert not c._liars
+
+
+def test_validators_verify_each_item_once_and_a_borrowed_signature_poisons_nothing(
+        monkeypatch):
+    """Issue 19 groundwork: the charter/state validators cache their verdict per (target,
+    seq, signature, value); an item with the real signature but another value is judged on
+    its own."""
+    from dht.items import MutableItem
+    from swarm.control import charter
+
+    coord = PeerKey.generate()
+    good = CoordinatorState(SWARM, 1, 1, coord.peer_id)
+    salt = charter.state_salt(SWARM)
+    item = MutableItem(coord.public_bytes, salt, 1, good.encode_item(), b"s" * 64)
+    calls = []
+    real = StateItem.decode
+    monkeypatch.setattr(charter.StateItem, "decode",
+                        lambda data: calls.append(1) or real(data))
+    for _ in range(5):
+        charter.validate_state_item(item)
+    assert len(calls) == 1
+    lie = MutableItem(coord.public_bytes, salt, 1, b"\x00junk", b"s" * 64)
+    with pytest.raises(ItemError):
+        charter.validate_state_item(lie)
+    charter.validate_state_item(item)  # still fine

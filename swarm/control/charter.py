@@ -17,10 +17,12 @@ caller saw before (a validly signed but older charter, e.g. from before a revoca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,9 @@ log = logging.getLogger("swarm.control.charter")
 CHARTER_SALT = b"swarm"
 STATE_SALT = b"swarm/state/"  # + the 20-byte swarm id: each coordinator's own state item
 MAX_HISTORY = 16
+VERDICTS = 4096
+"""Validator verdicts cached (per process), so a swarm of hundreds re-serving the same items
+verifies each one once."""
 
 
 def state_salt(swarm_id: bytes) -> bytes:
@@ -61,6 +66,36 @@ def _refuse(code: int, why: str) -> ItemError:
     return ItemError(code, why)
 
 
+_verdicts: OrderedDict[tuple, ItemError | None] = OrderedDict()
+
+
+def _cached(check: Callable[[MutableItem], None]) -> Callable[[MutableItem], None]:
+    """Run ``check`` once per (target, seq, signature, value digest): the value is part of
+    the key, so an item with a borrowed signature cannot poison the verdict of the real
+    one. Bounded LRU of :data:`VERDICTS` entries."""
+    def cached(item: MutableItem) -> None:
+        key = (check.__name__, item.target, item.seq, item.signature,
+               hashlib.sha256(item.encoded_value).digest())
+        if key in _verdicts:
+            _verdicts.move_to_end(key)
+            verdict = _verdicts[key]
+        else:
+            try:
+                check(item)
+                verdict = None
+            except ItemError as exc:
+                verdict = exc
+            _verdicts[key] = verdict
+            while len(_verdicts) > VERDICTS:
+                _verdicts.popitem(last=False)
+        if verdict is not None:
+            raise ItemError(verdict.code, verdict.message)
+    cached.__name__ = check.__name__
+    cached.__doc__ = check.__doc__
+    return cached
+
+
+@_cached
 def validate_charter_item(item: MutableItem) -> None:
     """Refuse a charter item whose head lacks a valid owner proof (runs on every DHT node)."""
     if item.salt != CHARTER_SALT:
@@ -79,6 +114,7 @@ def validate_charter_item(item: MutableItem) -> None:
         raise _refuse(dht_errors.BAD_SIGNATURE, f"charter refused: {exc}") from None
 
 
+@_cached
 def validate_state_item(item: MutableItem) -> None:
     """Refuse a coordinator-state item not signed by the coordinator it names."""
     if not item.salt.startswith(STATE_SALT):
