@@ -24,18 +24,10 @@ from swarm.control.membership import MemberRecord, announce, swarm_id
 from swarm.control.state import CoordinatorState
 from swarm.uri import parse
 from tests.conftest import run_swarm, subprocess_env
-from tests.control_support import SIGKILL, Cluster
+from tests.control_support import SIGKILL
+from tests.test_control_system import cluster  # noqa: F401 - the shared fixture
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _status(uri: str, env: dict[str, str] | None = None) -> dict:
@@ -59,7 +51,7 @@ def _wait_status(uri: str, pred, timeout: float, what: str,
     raise AssertionError(f"status never showed {what} in {timeout} s; last: {last}")
 
 
-def test_term_inflation_through_the_cli(cluster, tmp_path):
+def test_term_inflation_through_the_cli(cluster, tmp_path):  # noqa: F811 - the fixture
     pub = cluster.publish()
     w1, w2 = cluster.join("w1"), cluster.join("w2")
     honest = {pub.peer, w1.peer, w2.peer}
@@ -105,7 +97,7 @@ def test_term_inflation_through_the_cli(cluster, tmp_path):
         obs._run(node.stop(), 10)
 
 
-def test_newcomers_find_the_swarm_after_the_publisher_is_gone(cluster, tmp_path):
+def test_newcomers_find_the_swarm_after_the_publisher_is_gone(cluster, tmp_path):  # noqa: F811
     dht = cluster.start("dht", "dht", "serve", "--port", "0")
     addr = dht.wait_line(lambda s: s.startswith("listening on"), 60, "out").split()[-1]
     boot = {"SWARM_BOOTSTRAP": addr}

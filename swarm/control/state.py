@@ -294,6 +294,15 @@ def _need(ok: bool, what: str) -> None:
         raise ValueError(f"bad {what}")
 
 
+def _decoded(data: bytes, what: str, build):
+    """``build(map)`` on a decoded control message; any shape error names ``what``."""
+    o = _unpack(data)
+    try:
+        return build(o)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {what}: {exc}") from None
+
+
 def _unpack(data: bytes, unbounded: bool = False) -> object:
     if not isinstance(data, bytes) or (len(data) > MAX_MESSAGE and not unbounded):
         raise ProtocolError(f"control message over {MAX_MESSAGE} bytes or not bytes")
@@ -366,12 +375,11 @@ class Endorsement:
 
     @classmethod
     def decode(cls, data: bytes) -> Endorsement:
-        o = _unpack(data)
-        try:
+        def build(o):
             _need(type(o["t"]) is int, "endorsement")
             return cls(o["t"], PeerId(o["c"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed endorsement: {exc}") from None
+
+        return _decoded(data, "endorsement", build)
 
 
 @dataclass(frozen=True)
@@ -393,13 +401,12 @@ class KickOrder:
 
     @classmethod
     def decode(cls, data: bytes) -> KickOrder:
-        o = _unpack(data)
-        try:
+        def build(o):
             _need(type(o["t"]) is int and type(o["at"]) is int and isinstance(o["r"], str)
                   and len(o["r"]) <= MAX_REASON, "kick order")
             return cls(o["t"], PeerId(o["p"]), o["r"], o["at"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed kick order: {exc}") from None
+
+        return _decoded(data, "kick order", build)
 
 
 @dataclass(frozen=True)
@@ -421,14 +428,13 @@ class LiarReport:
 
     @classmethod
     def decode(cls, data: bytes) -> LiarReport:
-        o = _unpack(data)
-        try:
+        def build(o):
             _need(isinstance(o["r"], str) and len(o["r"]) <= MAX_REASON
                   and isinstance(o["e"], bytes) and len(o["e"]) <= MAX_EVIDENCE
                   and type(o["f"]) is bool, "liar report")
             return cls(PeerId(o["p"]), o["r"], o["e"], o["f"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed liar report: {exc}") from None
+
+        return _decoded(data, "liar report", build)
 
 
 @dataclass(frozen=True)
@@ -445,12 +451,11 @@ class ForwardedBlock:
 
     @classmethod
     def decode(cls, data: bytes) -> ForwardedBlock:
-        o = _unpack(data)
-        try:
+        def build(o):
             _need(type(o["t"]) is int and o["t"] >= 0, "forwarded block")
             return cls(_entry_from(o["b"]), o["t"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed forwarded block: {exc}") from None
+
+        return _decoded(data, "forwarded block", build)
 
 
 # -- the copy in each node's data dir --------------------------------------------------------
