@@ -103,6 +103,15 @@ def test_a_newcomer_with_no_state_follows_only_an_eligible_member():
     assert sim.nodes["n"].state is None and sim.nodes["n"].term == 0
 
 
+def test_a_stranger_cannot_hand_a_newcomer_the_role_at_any_term():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    sim.add("n", 0.5)
+    offer = CoordinatorState(SWARM, HUGE, 1, sim.ids["n"])
+    with pytest.raises(NotCoordinator):
+        sim.nodes["n"].handoff_offer(offer, _pid("mallory"), sim.now)
+    assert sim.nodes["n"].role is Duty.FOLLOWER and sim.nodes["n"].term == 0
+
+
 def test_terms_advance_within_a_bound_even_for_an_elected_member():
     sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     b = sim.ids[best]

@@ -464,6 +464,15 @@ class Controller:
                                                self.endorsement))
             self._predecessor = None
 
+    def plausible(self, head: CoordinatorState) -> bool:
+        """Worth fetching the blocklist pages of this state item for: its term is within
+        bounds and its signer is the coordinator we follow or an entitled member (so that
+        a stranger's heartbeats cost no DHT lookups)."""
+        cur = self.state
+        return self.guard.admits(head.term) and head.term <= self.term + MAX_TERM_STEP and (
+            (cur is not None and head.coordinator == cur.coordinator)
+            or entitled(head, self.view, self.blocked()))
+
     def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
                   endorsed_by: PeerId | None = None) -> bool:
         """A coordinator's heartbeat (or its state read from the DHT); True if adopted.
@@ -511,8 +520,14 @@ class Controller:
         cur = self.state
         if self.role is not Duty.FOLLOWER or self.leaving:
             raise NotCoordinator(f"cannot take over while {self.role.value}")
-        if cur is not None and sender != cur.coordinator:
-            raise NotCoordinator("handoff offered by a peer that is not the coordinator")
+        if cur is None:  # a newcomer: the same rule as for a first heartbeat
+            c = self.view.get(sender)
+            if c is None or not c.can_coordinate or sender in self.blocked() \
+                    or state.term > self.term + MAX_TERM_STEP:
+                raise NotCoordinator("handoff offered by a peer that may not coordinate here")
+        elif sender != cur.coordinator:
+            raise NotCoordinator("handoff offered by a peer that is not the coordinator we "
+                                 "follow")
         if state.coordinator != self.me or state.swarm != self.swarm:
             raise ProtocolError("handoff state names another coordinator or swarm")
         if state.term <= self.guard.highest or (cur is not None and state.term != cur.term + 1):

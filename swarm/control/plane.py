@@ -17,6 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from dht.errors import DHTError, ItemError, LookupFailed
@@ -536,11 +537,18 @@ class ControlPlane:
                     unseal(self.swarm_id, env.endorsement).kind != "hb":
                 raise ProtocolError("a kick carries only a heartbeat")
             if env.kind == "hb":
-                state = await resolve(StateItem.decode(env.body), self._page, c.state)
-                self.addrs.setdefault(env.sender, addr)
+                item = StateItem.decode(env.body)
+                if not c.plausible(item.head):
+                    raise NotCoordinator(f"heartbeat at term {item.head.term} from a peer "
+                                         "that may not coordinate here")
+                state = await resolve(item, self._page, c.state)
                 c.heartbeat(state, env.sender, now, self._endorser(env.endorsement, state))
+                self.addrs.setdefault(env.sender, addr)  # only a coordinator we follow
             elif env.kind == "handoff":
-                state = await resolve(StateItem.decode(env.body), self._page, c.state)
+                item = StateItem.decode(env.body)
+                if not c.plausible(replace(item.head, coordinator=env.sender)):
+                    raise NotCoordinator("handoff offered by a peer that may not coordinate")
+                state = await resolve(item, self._page, c.state)
                 c.handoff_offer(state, env.sender, now, env.endorsement)
             elif env.kind == "kick":
                 if env.endorsement:
