@@ -464,6 +464,15 @@ class Controller:
                                                self.endorsement))
             self._predecessor = None
 
+    def claim_conflict(self, claim: CoordinatorState, states: Iterable[CoordinatorState],
+                       ) -> CoordinatorState | None:
+        """The CAS of a claim across the swarm: the highest state item that counts and
+        holds the claimed term or a later one under another signer (the claim fails), or
+        None."""
+        higher = [s for s in self.dht_states(states)
+                  if s.term >= claim.term and s.coordinator != self.me]
+        return max(higher, key=lambda s: s.term, default=None)
+
     def plausible(self, head: CoordinatorState) -> bool:
         """Worth fetching the blocklist pages of this state item for: its term is within
         bounds and its signer is the coordinator we follow or an entitled member (so that

@@ -419,10 +419,8 @@ class ControlPlane:
                 return  # what we missed settled it (a newer state, or our own block)
         if act.claim:
             # The CAS across the swarm: nobody entitled may hold this term (or a later one).
-            higher = [s for s in self.controller.dht_states(await self._dht_states())
-                      if s.term >= act.state.term and s.coordinator != self.key.peer_id]
-            if higher:
-                top = max(higher, key=lambda s: s.term)
+            top = self.controller.claim_conflict(act.state, await self._dht_states())
+            if top is not None:
                 self.controller.claim_result(False, self.clock(),
                                              f"{top.coordinator.short()} holds term {top.term}")
                 await self._do(self.controller.actions())
