@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import msgpack
@@ -115,6 +116,10 @@ class CoordinatorState:
 
     def pages(self) -> list[BlockPage]:
         """The blocklist as chained pages, first page first (empty for no blocks)."""
+        return list(self._pages)
+
+    @cached_property
+    def _pages(self) -> tuple[BlockPage, ...]:
         chunks: list[list[BlockEntry]] = [[]]
         size = 0
         for entry in self.blocked:
@@ -132,12 +137,17 @@ class CoordinatorState:
             page = BlockPage(tuple(chunk), nxt)
             nxt = page.target
             out.append(page)
-        return out[::-1]
+        return tuple(out[::-1])
 
     def encode_item(self) -> bytes:
         """The signed item stored in the DHT and sent in heartbeats (one BEP 44 value): the
-        state with the blocklist replaced by its size, digest and first page's target."""
-        pages = self.pages()
+        state with the blocklist replaced by its size, digest and first page's target.
+        Computed once per state (heartbeats resend it every half second)."""
+        return self._item
+
+    @cached_property
+    def _item(self) -> bytes:
+        pages = self._pages
         data = msgpack.packb(self._head() | {
             "v": 2, "bn": len(self.blocked), "bd": blocklist_digest(self.blocked),
             "bh": pages[0].target if pages else b""}, use_bin_type=True)
@@ -146,6 +156,10 @@ class CoordinatorState:
         return data
 
     def digest(self) -> bytes:
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> bytes:
         return hashlib.sha256(self.encode()).digest()
 
     @classmethod
