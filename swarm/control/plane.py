@@ -261,9 +261,10 @@ class ControlPlane:
 
     async def _check_dht(self) -> None:
         """Slower checks against the DHT, apart from the view so they never delay it."""
-        if self.passive:
-            await self._read_states()
-            return
+        if self.passive or self.controller.state is None:
+            await self._read_states()  # a newcomer counts the terms before it follows
+            if self.passive:
+                return
         await self._catch_up()
         if self.role is Duty.COORDINATOR:
             for state in self.controller.dht_states(await self._dht_states()):
