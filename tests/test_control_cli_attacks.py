@@ -4,7 +4,7 @@ Finding 1: a peer that holds only the join URI announces itself (as a requester)
 coordinator-state item at term 2^62 - 1; ``swarm status`` must still name an honest
 coordinator within 10 s, and the owner's ``swarm block`` / ``swarm unblock`` take effect.
 
-Finding 6: the publisher (the coordinator) is SIGKILLed; a newcomer given the original URI
+Finding 6: the publisher (the coordinator, unless a faster worker took the role) is SIGKILLed; a newcomer given the original URI
 plus ``SWARM_BOOTSTRAP`` (a ``swarm dht serve`` node) joins and computes, and so does one
 given only the ``join_uri`` that ``swarm status --json`` prints.
 """
@@ -110,7 +110,7 @@ def test_newcomers_find_the_swarm_after_the_publisher_is_gone(cluster, tmp_path)
     workers = [cluster.join(n) for n in ("w1", "w2", "w3")]
     peers = {pub.peer, *(w.peer for w in workers)}
     _wait_status(uri, lambda s: {m["peer_id"] for m in s["members"]} == peers
-                 and s["coordinator"] == pub.peer, 90, "4 members, the publisher coordinating")
+                 and s["coordinator"] in peers, 90, "4 members and a coordinator")
 
     pub.signal(SIGKILL)
     pub.wait_exit(10)

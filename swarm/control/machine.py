@@ -473,14 +473,20 @@ class Controller:
                   if s.term >= claim.term and s.coordinator != self.me]
         return max(higher, key=lambda s: s.term, default=None)
 
-    def plausible(self, head: CoordinatorState) -> bool:
-        """Worth fetching the blocklist pages of this state item for: its term is within
-        bounds and its signer is the coordinator we follow or an entitled member (so that
-        a stranger's heartbeats cost no DHT lookups)."""
+    def implausible(self, head: CoordinatorState) -> str:
+        """Why this state item is not worth fetching its blocklist pages for ("" when it
+        is): its term must be within bounds and its signer the coordinator we follow or an
+        entitled member (so that a stranger's heartbeats cost no DHT lookups)."""
         cur = self.state
-        return self.guard.admits(head.term) and head.term <= self.term + MAX_TERM_STEP and (
-            (cur is not None and head.coordinator == cur.coordinator)
-            or entitled(head, self.view, self.blocked()))
+        if not self.guard.admits(head.term) or head.term > self.term + MAX_TERM_STEP:
+            return f"term {head.term} is outside {self.term}..{self.term + MAX_TERM_STEP}"
+        if (cur is not None and head.coordinator == cur.coordinator) \
+                or entitled(head, self.view, self.blocked()):
+            return ""
+        c = self.view.get(head.coordinator)
+        return (f"{head.coordinator.short()} is " + ("not in our member view" if c is None
+                else "blocked" if head.coordinator in self.blocked()
+                else "not eligible to coordinate"))
 
     def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
                   endorsed_by: PeerId | None = None) -> bool:

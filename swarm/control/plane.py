@@ -427,7 +427,9 @@ class ControlPlane:
                 await self._do(self.controller.actions())
                 return
         try:
-            await self._put_pages(act.state)  # the blocklist first: the item pins its pages
+            # The blocklist first (the item pins its pages), stored again with every change:
+            # a page put during a partition reached only that side's nodes.
+            await self._put_pages(act.state, again=True)
             await dht.put_mutable(self.key, act.state.encode_item(), salt=salt,
                                   seq=act.state.seq)
         except ItemError as exc:
@@ -445,13 +447,13 @@ class ControlPlane:
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
 
-    async def _put_pages(self, state: CoordinatorState) -> None:
-        """Store ``state``'s blocklist pages in the DHT (each once) before anything that
-        names them is put or sent."""
+    async def _put_pages(self, state: CoordinatorState, again: bool = False) -> None:
+        """Store ``state``'s blocklist pages in the DHT before anything that names them is
+        put or sent (once per page for heartbeats; ``again`` with every state put)."""
         if self._pages_of[0] is not state.blocked:
             self._pages_of = (state.blocked, state.pages())
         for page in self._pages_of[1]:
-            if page.target not in self._pages_put:
+            if again or page.target not in self._pages_put:
                 await self.node.dht.put_immutable(page.encode())
                 self._pages_put.append(page.target)
 
@@ -537,16 +539,15 @@ class ControlPlane:
                 raise ProtocolError("a kick carries only a heartbeat")
             if env.kind == "hb":
                 item = StateItem.decode(env.body)
-                if not c.plausible(item.head):
-                    raise NotCoordinator(f"heartbeat at term {item.head.term} from a peer "
-                                         "that may not coordinate here")
+                if why := c.implausible(item.head):
+                    raise NotCoordinator(f"heartbeat at term {item.head.term}: {why}")
                 state = await resolve(item, self._page, c.state)
                 c.heartbeat(state, env.sender, now, self._endorser(env.endorsement, state))
                 self.addrs.setdefault(env.sender, addr)  # only a coordinator we follow
             elif env.kind == "handoff":
                 item = StateItem.decode(env.body)
-                if not c.plausible(replace(item.head, coordinator=env.sender)):
-                    raise NotCoordinator("handoff offered by a peer that may not coordinate")
+                if why := c.implausible(replace(item.head, coordinator=env.sender)):
+                    raise NotCoordinator(f"handoff offer refused: {why}")
                 state = await resolve(item, self._page, c.state)
                 c.handoff_offer(state, env.sender, now, env.endorsement)
             elif env.kind == "kick":
