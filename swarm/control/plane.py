@@ -540,6 +540,8 @@ class ControlPlane:
             if env.kind == "hb":
                 item = StateItem.decode(env.body)
                 if why := c.implausible(item.head):
+                    if env.sender not in c.view:  # joined since our last lookup, maybe
+                        self._spawn(self._fresh_view())
                     raise NotCoordinator(f"heartbeat at term {item.head.term}: {why}")
                 state = await resolve(item, self._page, c.state)
                 c.heartbeat(state, env.sender, now, self._endorser(env.endorsement, state))
