@@ -326,3 +326,23 @@ def test_validators_verify_each_item_once_and_a_borrowed_signature_poisons_nothi
     with pytest.raises(ItemError):
         charter.validate_state_item(lie)
     charter.validate_state_item(item)  # still fine
+
+
+async def test_a_strangers_heartbeat_costs_no_dht_lookup(tmp_path):
+    """A heartbeat naming blocklist pages is judged by its head first: from a peer that
+    may not coordinate here, no page is fetched."""
+    plane = _plane(tmp_path)
+    fetched = []
+
+    async def page(target: bytes) -> bytes | None:
+        fetched.append(target)
+        return None
+
+    plane._page = page
+    mallory = PeerKey.generate()
+    lie = CoordinatorState(SWARM, 3, 1, mallory.peer_id, (BlockEntry(_pid("x")),))
+    await plane._on_message(mallory.peer_id, ("127.0.0.1", 9),
+                            seal(mallory, SWARM, "hb", lie.encode_item()))
+    assert fetched == [] and plane.controller.state is None
+    assert mallory.peer_id not in plane.addrs
+    await plane.close()
