@@ -24,10 +24,10 @@ def _pid(name: str) -> PeerId:
     return PeerKey.from_seed(name.encode().ljust(32, b".")).peer_id
 
 
-def _check(report: LiarReport, reporter: PeerId) -> control.Verdict:
+def _check(report: LiarReport, reporter: PeerId) -> control.Judgement:
     """Stands in for the runtime's evidence check: evidence b"proof..." proves the lie."""
     if report.evidence.startswith(b"proof"):
-        return control.Verdict(True, report.evidence)
+        return control.Judgement(True, report.evidence)
     return control.refuse_unchecked(report, reporter)
 
 

@@ -5,7 +5,7 @@ Sans-IO cores, fed events and ``now``, and one thin asyncio adapter:
 ==================  ==================================================================
 ``machine.py``      :class:`Controller`, the coordinator state machine (duties, terms,
                     heartbeats, claims, handoff, kicks, blocks, liar reports and their
-                    :class:`Verdict` hook); :func:`counted_states`, the rule for which
+                    :class:`Judgement` hook); :func:`counted_states`, the rule for which
                     state items count (entitled signers, terms within a bound)
 ``state.py``        :class:`CoordinatorState`, the signed coordinator-state item
                     (:class:`StateItem`) with its blocklist in chained

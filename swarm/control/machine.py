@@ -64,7 +64,7 @@ MAX_SEEN_REPORTS = 1024
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Judgement:
     """What the coordinator's own check made of a liar report's evidence."""
 
     guilty: bool
@@ -75,15 +75,16 @@ class Verdict:
     """Why not, for the log."""
 
 
-EvidenceCheck = Callable[[LiarReport, PeerId], Verdict]
+EvidenceCheck = Callable[[LiarReport, PeerId], Judgement]
 """``check(report, reporter)``: the coordinator's own check of a report's evidence (the
-runtime's signed result receipts plug in here)."""
+runtime's signed result receipts plug in here: ``swarm.runtime.evidence.check_evidence``
+maps onto it as ``Judgement(verdict.proven, evidence.key, verdict.why)``)."""
 
 
-def refuse_unchecked(report: LiarReport, reporter: PeerId) -> Verdict:
+def refuse_unchecked(report: LiarReport, reporter: PeerId) -> Judgement:
     """The default check: no evidence check is installed, so no report is acted on (a bare
     report is anyone's word, and a few fresh keys could get an honest worker blocked)."""
-    return Verdict(False, why="no evidence check installed; report not acted on")
+    return Judgement(False, why="no evidence check installed; report not acted on")
 
 
 def entitled(state: CoordinatorState, view: Mapping[PeerId, Candidate],
@@ -656,7 +657,7 @@ class Controller:
                                      entry.at, term), sender, now, wall)
 
     def liar_report(self, report: LiarReport, reporter: PeerId, now: float,
-                    wall: int) -> Verdict | None:
+                    wall: int) -> Judgement | None:
         """A report that ``report.peer`` returned a wrong result.
 
         The coordinator acts only on evidence it checked itself (:attr:`check_evidence`),
