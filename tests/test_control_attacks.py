@@ -143,6 +143,17 @@ def test_observers_pick_the_chain_most_signers_share():
     assert counted_states([low, *honest], view, ()) == honest
 
 
+def test_a_blocked_peers_later_claim_counts_for_nobody():
+    """Seen under load: a peer blocked at term 3 (it missed the block) claims term 4; the
+    members refuse it, and so must a newcomer or ``swarm status``."""
+    w1, w2 = _pid("w1"), _pid("w2")
+    three = CoordinatorState(SWARM, 3, 5, w1, (BlockEntry(w2, "by an admin"),))
+    four = CoordinatorState(SWARM, 4, 6, w2)
+    view = {p: Candidate(p, 1.0) for p in (w1, w2)}
+    assert counted_states([four, three], view, ()) == [three]
+    assert counted_states([four, three], view, (), floor=3) == [three]
+
+
 # -- finding 2: a blocklist without a cap ---------------------------------------------------
 
 

@@ -104,25 +104,37 @@ def counted_states(states: Iterable[CoordinatorState], view: Mapping[PeerId, Can
     :data:`MAX_TERM_STEP` of one already counted, starting from ``floor`` (the term of the
     state we follow). A node with no state (a newcomer, an observer) starts from the chain
     of terms that most signers share, ties to the lowest: one key, or a few fresh ones,
-    cannot lift the term out of reach of the honest chain.
+    cannot lift the term out of reach of the honest chain. An item whose signer the item
+    before it blocks does not count.
     """
     out = set(blocked)
     ok = sorted((s for s in states if entitled(s, view, out)), key=lambda s: (s.term, s.seq))
     if floor is not None:
-        top, kept = floor, []
+        top, chain = floor, []
         for s in ok:
             if s.term > top + MAX_TERM_STEP:
                 break
-            kept.append(s)
+            chain.append(s)
             top = max(top, s.term)
-        return kept
+        return _unblocked(chain)
     runs: list[list[CoordinatorState]] = []
     for s in ok:
         if runs and s.term <= runs[-1][-1].term + MAX_TERM_STEP:
             runs[-1].append(s)
         else:
             runs.append([s])
-    return max(runs, key=lambda r: (len({s.coordinator for s in r}), -r[0].term), default=[])
+    return _unblocked(max(runs, key=lambda r: (len({s.coordinator for s in r}), -r[0].term),
+                          default=[]))
+
+
+def _unblocked(chain: list[CoordinatorState]) -> list[CoordinatorState]:
+    """Drop an item signed by a peer that an earlier item of the chain blocks (members
+    refuse such a peer's heartbeats; its later claim must not count for anyone)."""
+    kept: list[CoordinatorState] = []
+    for s in chain:
+        if not kept or s.coordinator not in kept[-1].blocked_ids:
+            kept.append(s)
+    return kept
 
 
 class IllegalTransition(RuntimeError):
