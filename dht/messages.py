@@ -87,7 +87,7 @@ class ReplayGuard:
         """Return the sender's PeerId or raise :class:`ItemError` (forged, stale, replayed)."""
         if env.recipient != own_id:
             raise ItemError(errors.PROTOCOL, "message is addressed to another node")
-        if abs(now - env.sent_at) > self.window_s:
+        if not abs(now - env.sent_at) <= self.window_s:  # NaN fails too
             raise ItemError(errors.PROTOCOL, "message timestamp outside the accepted window")
         buf = message_buffer(env.recipient, env.sent_at, env.nonce, env.payload)
         if not verify(env.sender, env.signature, buf):

@@ -546,7 +546,7 @@ def _parse_target(target: str) -> tuple[bytes | None, list[tuple[str, int]]]:
     if target.startswith("magnet:"):
         from swarm.uri import parse
 
-        uri = parse(target)
+        uri = parse(target, require_owner=False)  # no charter is verified here
         return uri.swarm_id, list(uri.peers)
     peers = []
     for part in target.split(","):

@@ -20,8 +20,8 @@ from pathlib import Path
 from identity import PeerKey, Signed
 from swarm.control import charter
 from swarm.control.machine import Timing
-from swarm.control.membership import swarm_id
-from swarm.control.plane import NO_COORDINATE, ControlPlane
+from swarm.control.membership import NO_COORDINATE, load_seen_peers, swarm_id
+from swarm.control.plane import ControlPlane
 from swarm.control.state import load_state
 from swarm.errors import Blocked, ConfigError
 from swarm.node import Node, NodeConfig
@@ -71,9 +71,10 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         raise ConfigError(f"s: this swarm version only knows the salt {charter.CHARTER_SALT!r}")
     sid = swarm_id(uri.pubkey)
     state = load_state(data_dir, sid)
+    seen = tuple(load_seen_peers(data_dir, sid))  # tried too: they may outlive the URI's
 
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, validators=charter.validators(), host=host, dht_port=port,
-                           bootstrap=tuple(uri.peers), backend=backend, threads=threads,
+                           bootstrap=tuple(uri.peers), hints=seen, backend=backend, threads=threads,
                            store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
                            roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))
     if state is not None and node.peer_id in state.blocked_ids:
@@ -91,10 +92,10 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
             targets = [await node.dht.put_immutable(h) for h in publication.history]
             await charter.publish(node.dht, publication.swarm_key, publication.head,
                                   tuple(targets))
-        control.ownership = (await _fetch_charter(node, uri)).ownership
+        control.accept_charter((await _fetch_charter(node, uri, control.charter_floor)).ownership)
         await control.start()
         dht_host, dht_port = node.dht.address
-        me = JoinURI(uri.pubkey, uri.name, uri.salt, ((dht_host, dht_port),), uri.owner)
+        me = uri.with_peers([(dht_host, dht_port)])
         if ready is not None:
             ready(Ready(node, control, me, time.monotonic() - started))
         left = asyncio.ensure_future(control.left.wait())
@@ -111,13 +112,13 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         await node.stop(graceful=True)
 
 
-async def _fetch_charter(node: Node, uri: JoinURI) -> charter.CharterRecord:
+async def _fetch_charter(node: Node, uri: JoinURI, floor: int) -> charter.CharterRecord:
     """The verified charter; the DHT may need a moment after the publisher put it."""
     deadline = time.monotonic() + CHARTER_WAIT
     delay = 0.1
     while True:
         try:
-            return await charter.fetch(node.dht, uri.pubkey, uri.owner or None)
+            return await charter.fetch(node.dht, uri.pubkey, uri.owner or None, floor=floor)
         except charter.CharterError as exc:
             if "no charter" not in str(exc) or time.monotonic() > deadline:
                 raise

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dht import DHTNode
+from dht import DHTNode, LookupFailed
 from dht.validators import Validator
 from identity.keys import PeerId, PeerKey
 from swarm import __version__, wire
@@ -76,7 +76,9 @@ class NodeConfig:
     link_port: int = 0
     """TCP port of the TLS listener (0 = any free one)."""
     bootstrap: tuple[tuple[str, int], ...] = ()
-    """DHT nodes to join through."""
+    """DHT nodes to join through (one of them must answer)."""
+    hints: tuple[tuple[str, int], ...] = ()
+    """More DHT nodes to try, not required to answer (peers seen on an earlier run)."""
     backend: str = "auto"
     """Compute backend name for a worker (see ``compute.get_backend``)."""
     threads: int | None = None
@@ -172,8 +174,13 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         await self.dht.listen(cfg.dht_port, cfg.host)
-        if cfg.bootstrap:
-            await self.dht.bootstrap(list(cfg.bootstrap))
+        if cfg.bootstrap or cfg.hints:
+            try:
+                await self.dht.bootstrap(list(dict.fromkeys([*cfg.bootstrap, *cfg.hints])))
+            except LookupFailed:
+                if cfg.bootstrap:
+                    raise
+                log.info("none of the %d peers seen before answered", len(cfg.hints))
         links: tuple[tuple[str, int], ...] = ()
         if "worker" in cfg.roles:
             import compute

@@ -6,7 +6,8 @@
 The key and salt locate the swarm's charter (a BEP 44 mutable item); ``dn`` is only a
 display name (the charter is the authority); ``x.op`` pins the founding owner's FIDO2 key
 (16-byte fingerprint), so a stolen swarm key cannot found a new chain; ``x.pe`` entries
-are bootstrap hints. A URI is
+are bootstrap hints, several allowed (``swarm status --json`` prints a fresh ``join_uri``
+naming live peers). A URI is
 untrusted input (it arrives by chat or e-mail), so it is size-limited and every part is
 checked; a parse error says which part is wrong.
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote
 
 from swarm.errors import URIError
@@ -67,6 +69,12 @@ class JoinURI:
     def swarm_id(self) -> bytes:
         """The BEP 44 target of the charter: SHA-1(pubkey + salt), 20 bytes."""
         return hashlib.sha1(self.pubkey + self.salt).digest()  # noqa: S324 - BEP 44 target
+
+    def with_peers(self, extra: Iterable[tuple[str, int]]) -> JoinURI:
+        """This URI with ``extra`` bootstrap peers first (deduplicated, at most MAX_PEERS):
+        ``--bootstrap`` addresses are known to answer more often than old ``x.pe`` hints."""
+        peers = tuple(dict.fromkeys([*extra, *self.peers]))[:MAX_PEERS]
+        return replace(self, peers=peers)
 
     def __str__(self) -> str:
         parts = [f"xs={_XS}{self.pubkey.hex()}", f"s={self.salt.hex()}"]
@@ -124,8 +132,12 @@ def _hex(part: str, value: str) -> bytes:
         raise URIError(f"{part}: {value[:70]!r} is not hex") from None
 
 
-def parse(text: str) -> JoinURI:
-    """Parse a join URI; :class:`URIError` names the part that is wrong."""
+def parse(text: str, require_owner: bool = True) -> JoinURI:
+    """Parse a join URI; :class:`URIError` names the part that is wrong.
+
+    A URI without the owner pin ``x.op`` is refused unless ``require_owner`` is False (a
+    caller that never verifies a charter, e.g. an embedded local swarm): without the pin a
+    stolen swarm key could found a new ownership chain unnoticed."""
     if not isinstance(text, str):
         raise URIError("a join URI is text")
     text = text.strip()
@@ -165,5 +177,9 @@ def parse(text: str) -> JoinURI:
     pubkey = _hex("xs", key_hex)
     salt = _hex("s", fields["s"]) if "s" in fields else DEFAULT_SALT
     owner = _hex("x.op", fields["x.op"]) if "x.op" in fields else b""
-    return JoinURI(pubkey=pubkey, name=fields.get("dn", ""), salt=salt, peers=tuple(peers),
+    join = JoinURI(pubkey=pubkey, name=fields.get("dn", ""), salt=salt, peers=tuple(peers),
                    owner=owner)
+    if require_owner and not owner:
+        raise URIError("x.op: missing; the URI does not pin the swarm's owner key (ask the "
+                       "owner for the URI that `swarm publish` printed)")
+    return join

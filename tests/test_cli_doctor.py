@@ -188,7 +188,7 @@ def test_doctor_with_an_unreachable_swarm_still_reports(capsys, tmp_path):
     silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     silent.bind(("127.0.0.1", 0))
     try:
-        uri = (f"magnet:?xs=urn:btpk:{'11' * 32}&dn=lab&x.pe=127.0.0.1:"
+        uri = (f"magnet:?xs=urn:btpk:{'11' * 32}&dn=lab&x.op={'22' * 16}&x.pe=127.0.0.1:"
                f"{silent.getsockname()[1]}")
         code, report = _doctor(capsys, tmp_path, uri)
     finally:

@@ -11,7 +11,7 @@ import pytest
 from dht import DHTNode, ItemError
 from identity import Charter, PeerKey, Policy, Signed
 from swarm.control import charter
-from swarm.control.state import BlockEntry, CoordinatorState
+from swarm.control.state import BlockEntry, CoordinatorState, StateItem
 from tests.identity_support import owner_key
 
 
@@ -134,15 +134,15 @@ async def test_coordinator_state_items_must_be_signed_by_their_coordinator():
         sid = bytes(range(20))
         coord = PeerKey.generate()
         good = CoordinatorState(sid, 1, 1, coord.peer_id)
-        await nodes[0].put_mutable(coord, good.encode_compact(), salt=charter.state_salt(sid),
+        await nodes[0].put_mutable(coord, good.encode_item(), salt=charter.state_salt(sid),
                                    seq=1)
         item = await nodes[2].get_mutable(coord.public_bytes, charter.state_salt(sid))
-        assert CoordinatorState.decode(item.value) == good
+        assert StateItem.decode(item.value).head == good
         # A state naming another coordinator, under the attacker's key: refused.
         mallory = PeerKey.generate()
         lie = good.with_block(BlockEntry(coord.peer_id, "coup"))
         with pytest.raises(ItemError):
-            await attacker.put_mutable(mallory, lie.encode_compact(),
+            await attacker.put_mutable(mallory, lie.encode_item(),
                                        salt=charter.state_salt(sid), seq=lie.seq)
         for node in nodes:
             assert await node.get_mutable(mallory.public_bytes, charter.state_salt(sid)) is None

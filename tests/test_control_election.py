@@ -7,12 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from identity.keys import PeerId
-from swarm.control.election import Candidate, Health, TermGuard, elect, successor
+from swarm.control.election import Candidate, Fitness, TermGuard, elect, successor
 from swarm.errors import StaleTerm
 
 peer_ids = st.binary(min_size=32, max_size=32).map(PeerId)
 healths = st.builds(
-    Health,
+    Fitness,
     load=st.floats(0, 4),
     battery=st.none() | st.floats(0, 100),
     plugged=st.booleans(),
@@ -64,8 +64,8 @@ def test_highest_tflops_wins_then_lowest_peer_id():
     assert elect([Candidate(a, 1.0), Candidate(b, 2.0)], blocked=[b]) == a
     assert elect([Candidate(a, 1.0), Candidate(b, 2.0)], exclude=[b]) == a
     assert elect([Candidate(b, 9.0, eligible=False)]) is None
-    hot = Health(thermal=95.0)
-    low = Health(battery=10.0, plugged=False)
+    hot = Fitness(thermal=95.0)
+    low = Fitness(battery=10.0, plugged=False)
     assert elect([Candidate(a, 1.0), Candidate(b, 5.0, hot), Candidate(c, 5.0, low)]) == a
 
 
@@ -73,9 +73,9 @@ def test_successor_is_the_healthiest_other_member():
     a, b, c, d = _pid(1), _pid(2), _pid(3), _pid(4)
     members = [
         Candidate(a, 9.0),  # the leaving coordinator
-        Candidate(b, 2.0, Health(battery=40.0, plugged=False)),
-        Candidate(c, 2.0, Health(load=0.9)),
-        Candidate(d, 2.0, Health(load=0.1)),
+        Candidate(b, 2.0, Fitness(battery=40.0, plugged=False)),
+        Candidate(c, 2.0, Fitness(load=0.9)),
+        Candidate(d, 2.0, Fitness(load=0.1)),
     ]
     assert successor(members, leaving=a) == d  # same TFLOPS: mains beats battery, then load
     assert successor(members, leaving=a, exclude=[d]) == c

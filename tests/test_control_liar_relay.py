@@ -13,8 +13,9 @@ import msgpack
 
 from dht import DHTNode
 from identity import PeerKey
+from swarm.control.election import Candidate
 from swarm.control.plane import ControlPlane
-from swarm.control.state import CoordinatorState, seal
+from swarm.control.state import CoordinatorState, LiarReport, seal
 
 SWARM = bytes(range(20))
 
@@ -38,21 +39,22 @@ async def _plane(tmp_path, key: PeerKey) -> tuple[ControlPlane, list]:
 
 
 def _report(reporter: PeerKey, liar: PeerKey, forwarded: bool = False) -> bytes:
-    body = {"p": liar.public_bytes, "r": "wrong shard"} | ({"f": 1} if forwarded else {})
-    return seal(reporter, SWARM, "liar", msgpack.packb(body, use_bin_type=True))
+    body = LiarReport(liar.peer_id, "wrong shard", b"receipts", forwarded).encode()
+    return seal(reporter, SWARM, "liar", body)
 
 
 async def test_a_follower_passes_a_liar_report_on_to_its_coordinator(tmp_path):
     me, coord, reporter, liar = (PeerKey.generate() for _ in range(4))
     plane, sent = await _plane(tmp_path, me)
     state = CoordinatorState(swarm=SWARM, term=3, seq=1, coordinator=coord.peer_id)
+    plane.controller.members([Candidate(coord.peer_id, 1.0)], plane.clock())
     assert plane.controller.heartbeat(state, coord.peer_id, plane.clock())
     await plane._on_message(reporter.peer_id, ("127.0.0.1", 1), _report(reporter, liar))
     await asyncio.gather(*list(plane._tasks))
     [(to, msg)] = [(p, m) for p, m in sent if msgpack.unpackb(m)["k"] == "liar"]
     assert to == coord.peer_id
-    body = msgpack.unpackb(msgpack.unpackb(msg)["b"])
-    assert body["p"] == liar.public_bytes and body["f"] == 1
+    body = LiarReport.decode(msgpack.unpackb(msg)["b"])
+    assert body.peer == liar.peer_id and body.relayed and body.evidence == b"receipts"
     # A report that was already passed on once is not passed on again (no loops).
     sent.clear()
     await plane._on_message(reporter.peer_id, ("127.0.0.1", 1),

@@ -11,9 +11,9 @@ import pytest
 
 from identity.keys import PeerId, PeerKey
 from swarm.control import machine as control
-from swarm.control.election import Candidate, Health
-from swarm.control.machine import Command, Controller, Role, Timing
-from swarm.control.state import BlockEntry, CoordinatorState, KickOrder
+from swarm.control.election import Candidate, Fitness
+from swarm.control.machine import Command, Controller, Duty, Timing
+from swarm.control.state import BlockEntry, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 SWARM = bytes(range(20))
@@ -24,12 +24,23 @@ def _pid(name: str) -> PeerId:
     return PeerKey.from_seed(name.encode().ljust(32, b".")).peer_id
 
 
+def _check(report: LiarReport, reporter: PeerId) -> control.Judgement:
+    """Stands in for the runtime's evidence check: evidence b"proof..." proves the lie."""
+    if report.evidence.startswith(b"proof"):
+        return control.Judgement(True, report.evidence)
+    return control.refuse_unchecked(report, reporter)
+
+
+def _lie(peer: PeerId, n: int) -> LiarReport:
+    return LiarReport(peer, "wrong shard", b"proof%d" % n)
+
+
 class Sim:
     """Controllers wired together; dead peers keep their stale DHT records in the view."""
 
     def __init__(self, tflops: dict[str, float], timing: Timing | None = None,
                  persisted: dict[str, CoordinatorState] | None = None,
-                 health: dict[str, Health] | None = None) -> None:
+                 health: dict[str, Fitness] | None = None) -> None:
         self.now = 0.0
         self.timing = timing = timing or Timing()
         self.tflops = dict(tflops)
@@ -37,8 +48,8 @@ class Sim:
         self.ids = {n: _pid(n) for n in tflops}
         self.names = {v: k for k, v in self.ids.items()}
         persisted = persisted or {}
-        self.nodes = {n: Controller(self.ids[n], SWARM, 0.0, timing, persisted.get(n))
-                      for n in tflops}
+        self.nodes = {n: Controller(self.ids[n], SWARM, 0.0, timing, persisted.get(n),
+                                    check_evidence=_check) for n in tflops}
         self.alive = set(tflops)
         self.cut: set[str] = set()  # partitioned: sends and receives nothing
         self.persisted: dict[str, CoordinatorState] = dict(persisted)
@@ -49,7 +60,8 @@ class Sim:
 
     def operator(self, at_node: str, kind: str, target: str, at: int) -> None:
         """An owner's command reaching the coordinator ``at_node``."""
-        cmd = Command(kind, self.ids[target], "by the owner", "owner", at)
+        cmd = Command(kind, self.ids[target], "by the owner", "owner", at,
+                      self.nodes[at_node].term)
         if kind == "block":
             self.issued[cmd.target] = cmd
         self.nodes[at_node].command(cmd, self.now)
@@ -59,12 +71,14 @@ class Sim:
         self.tflops[name] = tflops
         self.ids[name] = _pid(name)
         self.names[self.ids[name]] = name
-        self.nodes[name] = Controller(self.ids[name], SWARM, self.now, self.timing)
+        self.nodes[name] = Controller(self.ids[name], SWARM, self.now, self.timing,
+                                      check_evidence=_check)
         self.alive.add(name)
         self.disconnects[name] = []
+        self.nodes[name].members(self.view(), self.now)  # a node starts by reading the view
 
     def view(self) -> list[Candidate]:
-        return [Candidate(self.ids[n], t, self.health.get(n, Health()))
+        return [Candidate(self.ids[n], t, self.health.get(n, Fitness()))
                 for n, t in self.tflops.items() if n not in self.left]
 
     def step(self) -> None:
@@ -128,10 +142,11 @@ class Sim:
                         continue
                     if cmd is not None:
                         self._deliver(dst, "fwd", lambda d=dst, c=cmd: self.nodes[
-                            d].forwarded_block(c, self.now))
+                            d].forwarded_block(c, node.me, self.now, c.at))
                     elif entry.by == "coordinator":
-                        self._deliver(dst, "fwdauto", lambda d=dst, e=entry: self.nodes[
-                            d].forwarded_auto_block(e, node.me, self.now))
+                        self._deliver(dst, "fwdauto", lambda d=dst, e=entry, t=act.term:
+                                      self.nodes[d].forwarded_auto_block(e, t, node.me,
+                                                                         self.now, e.at))
             elif isinstance(act, control.Disconnect):
                 self.disconnects[name].append((act.peer, act.blocked))
             elif isinstance(act, control.Left):
@@ -141,11 +156,11 @@ class Sim:
     # -- helpers ---------------------------------------------------------------------------
 
     def coordinators(self) -> set[str]:
-        return {n for n in self.alive if self.nodes[n].role is Role.COORDINATOR}
+        return {n for n in self.alive if self.nodes[n].role is Duty.COORDINATOR}
 
     def agreed(self, name: str, but: frozenset[str] = frozenset()) -> bool:
         """Everybody alive and connected (but ``but``) follows ``name``, which coordinates."""
-        if self.nodes[name].role is not Role.COORDINATOR:
+        if self.nodes[name].role is not Duty.COORDINATOR:
             return False
         return all(self.nodes[n].coordinator == self.ids[name]
                    for n in self.alive - self.cut - but)
@@ -200,7 +215,7 @@ def test_fencing_a_deposed_coordinator_is_refused():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     sim.cut.add("b")  # partitioned: b still thinks it coordinates at term 1
     sim.run_until(lambda: sim.agreed("c"))
-    assert sim.nodes["b"].role is Role.COORDINATOR and sim.nodes["b"].term == 1
+    assert sim.nodes["b"].role is Duty.COORDINATOR and sim.nodes["b"].term == 1
     old = sim.nodes["b"].state
     # b's stale heartbeat and kick order reach a: refused, nothing applied.
     with pytest.raises(StaleTerm, match="term 1 refused: term 2"):
@@ -212,13 +227,13 @@ def test_fencing_a_deposed_coordinator_is_refused():
     assert sim.nodes["a"].coordinator == sim.ids["c"]
     # Healed: b hears term 2 and steps down; its term-1 heartbeats were refused meanwhile.
     sim.cut.clear()
-    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed("c"))
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed("c"))
     assert any(what == "hb" and "term 1 refused" in err for _, what, err in sim.refused)
     assert sim.nodes["b"].term == 2
 
 
 def test_graceful_handoff_to_the_healthiest_carries_state():
-    health = {"c": Health(battery=30.0, plugged=False), "d": Health(load=0.1)}
+    health = {"c": Fitness(battery=30.0, plugged=False), "d": Fitness(load=0.1)}
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "d": 2.0}, health=health)
     b = sim.nodes["b"]
     b.command(Command("block", sim.ids["a"], "test", "admin", 5), sim.now)
@@ -293,7 +308,7 @@ def test_faster_newcomer_gets_the_role_by_handoff():
     sim, _ = _stable({"a": 1.0, "b": 2.0})
     sim.add("f", 10.0)
     sim.run_until(lambda: sim.agreed("f"))
-    assert sim.nodes["f"].term == 2 and sim.nodes["b"].role is Role.FOLLOWER
+    assert sim.nodes["f"].term == 2 and sim.nodes["b"].role is Duty.FOLLOWER
 
 
 def test_kick_disconnects_and_the_kicked_peer_leaves():
@@ -320,12 +335,14 @@ def test_a_kicked_peer_is_not_handed_the_role_it_was_kicked_from():
 def test_repeat_liars_are_blocked_by_the_coordinator():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     b = sim.nodes["b"]
-    for i in range(sim.timing.liar_threshold - 1):
-        b.liar_report(sim.ids["a"], sim.now + i, 100)
+    b.timing = Timing(liar_threshold=2)
+    b.liar_report(_lie(sim.ids["a"], 1), sim.ids["c"], sim.now, 100)
+    b.liar_report(_lie(sim.ids["a"], 1), sim.ids["c"], sim.now, 100)  # the same one again
     assert sim.ids["a"] not in b.blocked()
-    b.liar_report(sim.ids["a"], sim.now + 5, 100)
+    b.liar_report(_lie(sim.ids["a"], 2), sim.ids["c"], sim.now + 5, 100)
     assert sim.ids["a"] in b.blocked()
     assert b.state.blocked[0].by == "coordinator"
+    assert "evidence" in b.state.blocked[0].reason  # what it acted on
 
 
 def test_commands_need_the_coordinator_and_transitions_are_checked():
@@ -333,11 +350,11 @@ def test_commands_need_the_coordinator_and_transitions_are_checked():
     with pytest.raises(NotCoordinator, match="follower"):
         sim.nodes["a"].command(Command("block", sim.ids["b"]), sim.now)
     with pytest.raises(control.IllegalTransition):
-        sim.nodes["a"]._set_state(Role.COORDINATOR, sim.now)
+        sim.nodes["a"]._set_state(Duty.COORDINATOR, sim.now)
     sim.nodes["a"].leave(sim.now)
-    assert sim.nodes["a"].role is Role.STOPPED
+    assert sim.nodes["a"].role is Duty.STOPPED
     with pytest.raises(control.IllegalTransition):
-        sim.nodes["a"]._set_state(Role.FOLLOWER, sim.now)
+        sim.nodes["a"]._set_state(Duty.FOLLOWER, sim.now)
 
 
 def test_a_coordinator_blocked_by_the_owner_hands_off_with_its_own_block():
@@ -354,8 +371,11 @@ def test_a_claim_numbers_above_our_own_stale_dht_item():
     sim = Sim({"a": 1.0})
     a = sim.nodes["a"]
     a.note_seq(41)  # the adapter found our item at seq 41 from an older chain
-    a.note_term(6)  # and a term-6 state of someone else in the DHT
-    sim.run_until(lambda: a.role is Role.COORDINATOR)
+    sim.step()
+    # and a term-6 state of someone entitled in the DHT (a member that left since)
+    a.members([*sim.view(), Candidate(_pid("old"), 0.5)], sim.now)
+    a.dht_states([CoordinatorState(SWARM, 6, 9, _pid("old"))])
+    sim.run_until(lambda: a.role is Duty.COORDINATOR)
     assert a.state.seq == 42 and a.term == 7
 
 
@@ -364,7 +384,7 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
     b = sim.nodes["b"]
     rival = CoordinatorState(SWARM, 1, 5, sim.ids["a"])  # found in the DHT after a restart
     b.rival(rival, sim.now)
-    assert b.role is Role.CANDIDATE  # still the one elected: claims above it at once
+    assert b.role is Duty.CANDIDATE  # still the one elected: claims above it at once
     sim._run("b")
     sim.run_until(lambda: sim.agreed("b"))
     assert b.term == 2 and sim.nodes["a"].term == 2
@@ -373,14 +393,14 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
 def test_a_slow_successor_is_still_followed_once_it_speaks():
     """The successor's claim took longer than failover: followers suspected it too, yet its
     first heartbeat (a higher term, elected once the dead one is set aside) is accepted."""
-    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Health(thermal=95.0)})
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Fitness(thermal=95.0)})
     a = sim.nodes["a"]  # too hot to coordinate: it only follows
     sim.alive -= {"b", "c"}  # b dead; c too slow to speak for a while
     t = sim.timing
     sim.run_until(lambda: sim.ids["c"] in a.suspects, limit=3 * t.failover + 1)
     state = sim.nodes["b"].state.successor(term=2, coordinator=sim.ids["c"])
     assert a.heartbeat(state, sim.ids["c"], sim.now)
-    assert a.coordinator == sim.ids["c"] and a.role is Role.FOLLOWER
+    assert a.coordinator == sim.ids["c"] and a.role is Duty.FOLLOWER
 
 
 def _split_brain_with_a_block(unblock_on_winner_at: int | None):
@@ -395,7 +415,7 @@ def _split_brain_with_a_block(unblock_on_winner_at: int | None):
     if unblock_on_winner_at is not None:
         sim.operator("c", "unblock", "x", at=unblock_on_winner_at)
     sim.cut.clear()
-    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed(
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed(
         "c", but=frozenset({"x"})))
     for _ in range(20):
         sim.step()
@@ -419,9 +439,11 @@ def test_an_unblock_issued_after_the_forwarded_block_wins():
 def test_only_the_coordinator_takes_forwarded_blocks():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
     with pytest.raises(NotCoordinator):
-        sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1), sim.now)
+        sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1),
+                                       sim.ids["b"], sim.now, 1)
     with pytest.raises(ProtocolError):
-        sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1), sim.now)
+        sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1),
+                                       sim.ids["a"], sim.now, 1)
 
 
 def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
@@ -429,14 +451,13 @@ def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
     the block; once they meet, b forwards its own block and c keeps x blocked."""
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
     sim.cut = {"c"}
-    sim.run_until(lambda: sim.nodes["c"].role is Role.COORDINATOR)  # c's failover, term 2
-    for _ in range(2):
-        sim.nodes["b"].liar_report(sim.ids["x"], sim.now, 100)
+    sim.run_until(lambda: sim.nodes["c"].role is Duty.COORDINATOR)  # c's failover, term 2
+    sim.nodes["b"].liar_report(_lie(sim.ids["x"], 1), sim.ids["a"], sim.now, 100)
     sim._run("b")
     assert sim.ids["x"] in sim.nodes["b"].blocked()
     assert sim.ids["x"] not in sim.nodes["c"].blocked()
     sim.cut.clear()
-    sim.run_until(lambda: sim.nodes["b"].role is Role.FOLLOWER and sim.agreed(
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed(
         "c", but=frozenset({"x"})))
     for _ in range(20):
         sim.step()
@@ -449,5 +470,5 @@ def test_an_auto_block_is_taken_only_from_a_coordinator_we_followed():
     stranger = _pid("stranger")
     entry = BlockEntry(sim.ids["x"], "2 wrong results", "coordinator", 1)
     with pytest.raises(NotCoordinator, match="never coordinated"):
-        sim.nodes["b"].forwarded_auto_block(entry, stranger, sim.now)
+        sim.nodes["b"].forwarded_auto_block(entry, 0, stranger, sim.now, 1)
     assert sim.ids["x"] not in sim.nodes["b"].blocked()

@@ -115,7 +115,7 @@ def test_kick_disconnects_the_peer(cluster, tmp_path):
 
 
 def test_consent_refused_without_a_terminal_names_yes(tmp_path):
-    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + "&dn=lab&x.pe=127.0.0.1:9"
+    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + "&dn=lab&x.pe=127.0.0.1:9&x.op=" + "ab" * 16
     res = run_swarm("join", uri, "--data-dir", str(tmp_path / "d"), timeout=60)
     assert res.returncode == 3
     assert "--yes" in res.stderr

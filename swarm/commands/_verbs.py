@@ -12,6 +12,9 @@ ROLES = ("owner", "admin", "coordinator")
 
 
 def configure(p: argparse.ArgumentParser, verb: str) -> None:
+    from swarm.commands._network import add_network_options
+
+    add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
     p.add_argument("peer", help="the peer's id (p... or 64 hex digits)")
     p.add_argument("--reason", default="", help="why (shown to operators, at most 200 bytes)")
@@ -31,9 +34,10 @@ def run(args: argparse.Namespace, verb: str) -> int:
 
     from identity import PeerId, PeerKey
     from swarm import uri as uri_mod
+    from swarm.commands._network import bootstrap_addresses
     from swarm.errors import ConfigError
 
-    join = uri_mod.parse(args.uri)
+    join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
     try:
         target = PeerId.parse(args.peer)
     except ValueError as exc:

@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from swarm.commands._common import add_global_options, add_json_option, print_json
+from swarm.commands._network import add_network_options, bootstrap_addresses
 from swarm.errors import ConfigError, LocalError
 
 HELP = "run a DHT-only node (bootstrap point for a swarm)"
@@ -21,12 +22,10 @@ log = logging.getLogger("swarm.dht")
 
 
 def parse_addr(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"bad address {text!r}: expected HOST:PORT")
-    return host, int(port)
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); a bad one is a usage error."""
+    from swarm.uri import parse_peer
+
+    return parse_peer(text)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -36,17 +35,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_global_options(serve)  # also after the action: `swarm dht serve --data-dir D`
     serve.add_argument("--port", type=int, default=0, help="UDP port (0 picks a free one)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
-    serve.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
-                       help="a node to join through (repeatable)")
     add_json_option(serve, 'one object per line: {"event": "listening", "host", '
                            '"port"}, "bootstrapped" {"contacts"} or "bootstrap_failed" '
                            '{"error"}, "stopped"')
+    add_network_options(serve)
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    addrs = [parse_addr(a) for a in args.bootstrap]
+    addrs = bootstrap_addresses(args)
     if not 0 <= args.port < 65536:
         raise ConfigError(f"bad port {args.port}")
     return asyncio.run(_serve(args, addrs))

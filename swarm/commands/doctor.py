@@ -227,9 +227,9 @@ def clock_finding(announced_at: Sequence[float], now: float) -> Finding:
 
 
 def _command_age() -> float:
-    from swarm.control.plane import COMMAND_AGE
+    from swarm.control.replay import COMMAND_AGE
 
-    return COMMAND_AGE / 1000
+    return COMMAND_AGE
 
 
 # -- what the checks are fed (I/O) ----------------------------------------------------------

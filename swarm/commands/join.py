@@ -33,6 +33,9 @@ def _size(text: str) -> int:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from swarm.commands._network import add_network_options
+
+    add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
     p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
@@ -53,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from swarm import consent, member, uri
+    from swarm.commands._network import bootstrap_addresses
 
-    join = uri.parse(args.uri)
+    join = uri.parse(args.uri).with_peers(bootstrap_addresses(args))
     consent.obtain(args.data_dir, join.swarm_id, join.name or join.swarm_id.hex()[:12],
                    yes=args.yes)
 

@@ -22,11 +22,13 @@ seconds. Older statements stay in the DHT as the chain every member verifies.
 
 def _action(sub, name: str, text: str) -> argparse.ArgumentParser:
     """One action's parser: the swarm's URI, --json, and the global options after it too."""
+    from swarm.commands._network import add_network_options
+
     p = sub.add_parser(name, help=text)
     add_global_options(p)
     p.add_argument("uri")
     add_json_option(p, "the ownership" if name == "show" else "the updated ownership")
-    return p
+    return add_network_options(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -48,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from swarm import uri as uri_mod
+    from swarm.commands._network import bootstrap_addresses
 
-    join = uri_mod.parse(args.uri)
+    join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
     if args.action == "show":
         return _show(join, args.json)
     return asyncio.run(_change(join, args))

@@ -18,14 +18,15 @@ the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who shou
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from swarm.commands._network import add_network_options
+
+    add_network_options(p)
     p.add_argument("--name", required=True, help="the swarm's name (at most 32 bytes)")
     p.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
                    help="owner key: a FIDO2 security key (default), or a software key file "
                         "(not hardware-backed; for tests and demos)")
     p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind and announce")
-    p.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
-                   help="existing DHT nodes to join through (repeatable)")
     p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                    help="charter policy, e.g. require_hardware=true")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
@@ -51,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from swarm import member
+    from swarm.commands._network import bootstrap_addresses
     from swarm.control import owned
     from swarm.control.membership import swarm_id
-    from swarm.uri import JoinURI, parse_peer
+    from swarm.uri import JoinURI
 
-    peers = tuple(parse_peer(b) for b in args.bootstrap)
+    peers = tuple(bootstrap_addresses(args))
     swarm = owned.load(args.data_dir, args.name)
     if swarm is None:
         auth = owned.open_owner_key(args.owner_key)

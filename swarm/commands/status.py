@@ -14,7 +14,8 @@ owner (hardware-backed or not), the coordinator and its term, the live members (
 TFLOPS, health, role, link kind, tasks queued or running) with the running jobs per
 requester, and the blocklist. --json prints one JSON object with the keys coordinator, term,
 members [{peer_id, tflops, tasks, ...}], running_tasks, jobs [{requester, workers, tasks}],
-blocked, owner.
+blocked, owner, join_uri (a fresh join URI naming up to four live members that answered
+just now: share it when the peers in the original URI are gone).
 
 Running work comes from the members' own announcements: a worker re-announces at most
 every 2 s while its work changes (and every 40 s otherwise), so tasks and jobs are up to
@@ -23,6 +24,9 @@ about 2 s (plus one DHT round trip) stale.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from swarm.commands._network import add_network_options
+
+    add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
     add_json_option(p, "the status")
 
@@ -31,13 +35,17 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from swarm import uri
+    from swarm.commands._network import bootstrap_addresses
     from swarm.control import observer
 
-    join = uri.parse(args.uri)
+    join = uri.parse(args.uri).with_peers(bootstrap_addresses(args))
 
     async def look() -> dict:
         async with observer.dht_observer(join) as node:
-            return (await observer.observe(node, join)).to_json()
+            view = await observer.observe(node, join)
+            data = view.to_json()
+            data["join_uri"] = str(await observer.join_uri(node, join, view))
+            return data
 
     data = asyncio.run(look())
     if args.json:
@@ -57,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
          None if m["health"]["load"] is None else f"{m['health']['load']:.2f}", m["link"],
          m["tasks"]) for m in data["members"]], right=("TFLOPS", "load", "tasks"))
     print(f"running tasks: {data['running_tasks']}")
+    print(f"join URI: {data['join_uri']}")
     for j in data["jobs"]:
         print(f"  job of {j['requester'][:12]}: {j['tasks']} tasks on "
               + ", ".join(w[:12] for w in j["workers"]))

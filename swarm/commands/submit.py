@@ -23,6 +23,9 @@ finish the job, 2 bad arguments or input files.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from swarm.commands._network import add_network_options
+
+    add_network_options(p)
     p.add_argument("uri", metavar="URI", help="join URI (magnet:?xs=...) or HOST:PORT bootstrap")
     p.add_argument("op", choices=["matmul"], help="the job: matmul computes A @ B")
     p.add_argument("a", type=Path, metavar="A.npy")
@@ -61,6 +64,20 @@ def _load(path: Path, name: str):
     return arr
 
 
+def _with_bootstrap(args: argparse.Namespace) -> str:
+    """The target with ``--bootstrap``/``SWARM_BOOTSTRAP`` addresses added to it."""
+    from swarm.commands._network import bootstrap_addresses
+    from swarm.uri import parse
+
+    extra = bootstrap_addresses(args)
+    if not extra:
+        return args.uri
+    if args.uri.startswith("magnet:"):
+        return str(parse(args.uri, require_owner=False).with_peers(extra))
+    shown = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in extra]
+    return ",".join([args.uri, *shown])
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
@@ -81,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"output directory {args.output.parent} does not exist")
     started = time.monotonic()
     try:
-        client = swarm.connect(args.uri, swarm=args.swarm, data_dir=args.data_dir,
+        client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
                                min_workers=args.min_workers, timeout=min(args.timeout, 60.0))
     except TimeoutError:
         raise RemoteError(f"no worker of the swarm answered within "

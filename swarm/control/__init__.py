@@ -3,21 +3,30 @@
 Sans-IO cores, fed events and ``now``, and one thin asyncio adapter:
 
 ==================  ==================================================================
-``machine.py``      :class:`Controller`, the coordinator state machine (roles, terms,
-                    heartbeats, claims, handoff, kicks and blocks) and its commands
-``state.py``        :class:`CoordinatorState`, the signed coordinator-state item, and
-                    the blocklist it carries; persistence in the data dir
-``election.py``     deterministic election (:func:`elect`, :func:`successor`) and the
-                    term guard (fencing)
-``charter.py``      the owner-signed swarm charter item and the DHT validators for it
+``machine.py``      :class:`Controller`, the coordinator state machine (duties, terms,
+                    heartbeats, claims, handoff, kicks, blocks, liar reports and their
+                    :class:`Judgement` hook); :func:`counted_states`, the rule for which
+                    state items count (entitled signers, terms within a bound)
+``state.py``        :class:`CoordinatorState`, the signed coordinator-state item
+                    (:class:`StateItem`) with its blocklist in chained
+                    :class:`BlockPage` s; every control message's typed codec
+                    (:class:`SignedMessage`, :class:`LiarReport`, ...); the data dir copy
+``election.py``     deterministic election (:func:`elect`, :func:`successor`) over
+                    :class:`Candidate` s and their :class:`Fitness`; the term guard
+``replay.py``       :class:`CommandGuard`: operator commands once, fresh, with a forward-
+                    moving authenticator sign counter
+``charter.py``      the owner-signed swarm charter item, the DHT validators for it, and
+                    the charter counter floor kept in the data dir
 ``membership.py``   :class:`MemberRecord`, the signed announcements under the swarm topic
-``observer.py``     a read-only view of a swarm for ``swarm status`` and owner commands
+                    (its :class:`Health`); the peers seen, kept in the data dir
+``observer.py``     a read-only view of a swarm for ``swarm status`` and owner commands,
+                    by the members' own rules; a fresh ``join_uri`` of live peers
 ``owned.py``        swarms this machine published (swarm key, owner credential, chain)
 ``plane.py``        :class:`ControlPlane`, the asyncio adapter: frames, sends, receives,
                     persists
 ==================  ==================================================================
 
-Roles of one node (``machine.Role``; the table ``machine._TRANSITIONS`` is the law)::
+Duties of one node (``machine.Duty``; the table ``machine._TRANSITIONS`` is the law)::
 
                   claim term N+1 (CAS put)         won the claim
     FOLLOWER  -------------------------->  CANDIDATE  ----------->  COORDINATOR
@@ -29,7 +38,14 @@ Roles of one node (``machine.Role``; the table ``machine._TRANSITIONS`` is the l
 
     any role --leave--> STOPPED
 
-Observers (``observer.py``) read the same items and apply the same checks, but never claim.
+Who counts. A heartbeat is followed only from the coordinator we follow, one its
+predecessor endorsed (handoff), or the one our own election picks once the old one is set
+aside; a node with no state yet follows only a member whose announced roles make it
+eligible. A term is recorded only after its sender is shown legitimate, and never more
+than ``MAX_TERM_STEP`` above a term already counted. State items read from the DHT count
+only when signed by an entitled member (:func:`machine.counted_states`); a coordinator
+steps down only for such a rival. Observers (``observer.py``) read the same items and
+apply the same rules, but never claim.
 
 The data plane (``swarm.links``, ``swarm.runtime``) never imports this package; the node and
 the commands sit above it.

@@ -9,14 +9,23 @@ the whole chain with :func:`identity.verify_chain` and the owner pin from the jo
 Every DHT node refuses (on store and on get) a charter item whose head is not a charter
 signed by an owner key it lists, and a coordinator-state item not signed by the
 coordinator it names; BEP 44 itself refuses stale seqs and bad item signatures.
+
+A charter's counter only moves forward: :func:`fetch` refuses one below the ``floor`` the
+caller saw before (a validly signed but older charter, e.g. from before a revocation), and
+:func:`load_floor` / :func:`save_floor` keep that floor in the data dir across restarts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from dht import errors as dht_errors
 from dht.errors import ItemError
@@ -33,7 +42,7 @@ from identity import (
     genesis,
     verify_chain,
 )
-from swarm.control.state import CoordinatorState
+from swarm.control.state import StateItem
 from swarm.errors import CharterError, ProtocolError
 
 log = logging.getLogger("swarm.control.charter")
@@ -41,6 +50,9 @@ log = logging.getLogger("swarm.control.charter")
 CHARTER_SALT = b"swarm"
 STATE_SALT = b"swarm/state/"  # + the 20-byte swarm id: each coordinator's own state item
 MAX_HISTORY = 16
+VERDICTS = 4096
+"""Validator verdicts cached (per process), so a swarm of hundreds re-serving the same items
+verifies each one once."""
 
 
 def state_salt(swarm_id: bytes) -> bytes:
@@ -54,6 +66,36 @@ def _refuse(code: int, why: str) -> ItemError:
     return ItemError(code, why)
 
 
+_verdicts: OrderedDict[tuple, ItemError | None] = OrderedDict()
+
+
+def _cached(check: Callable[[MutableItem], None]) -> Callable[[MutableItem], None]:
+    """Run ``check`` once per (target, seq, signature, value digest): the value is part of
+    the key, so an item with a borrowed signature cannot poison the verdict of the real
+    one. Bounded LRU of :data:`VERDICTS` entries."""
+    def cached(item: MutableItem) -> None:
+        key = (check.__name__, item.target, item.seq, item.signature,
+               hashlib.sha256(item.encoded_value).digest())
+        if key in _verdicts:
+            _verdicts.move_to_end(key)
+            verdict = _verdicts[key]
+        else:
+            try:
+                check(item)
+                verdict = None
+            except ItemError as exc:
+                verdict = exc
+            _verdicts[key] = verdict
+            while len(_verdicts) > VERDICTS:
+                _verdicts.popitem(last=False)
+        if verdict is not None:
+            raise ItemError(verdict.code, verdict.message)
+    cached.__name__ = check.__name__
+    cached.__doc__ = check.__doc__
+    return cached
+
+
+@_cached
 def validate_charter_item(item: MutableItem) -> None:
     """Refuse a charter item whose head lacks a valid owner proof (runs on every DHT node)."""
     if item.salt != CHARTER_SALT:
@@ -72,6 +114,7 @@ def validate_charter_item(item: MutableItem) -> None:
         raise _refuse(dht_errors.BAD_SIGNATURE, f"charter refused: {exc}") from None
 
 
+@_cached
 def validate_state_item(item: MutableItem) -> None:
     """Refuse a coordinator-state item not signed by the coordinator it names."""
     if not item.salt.startswith(STATE_SALT):
@@ -79,7 +122,7 @@ def validate_state_item(item: MutableItem) -> None:
     if not isinstance(item.value, bytes):
         raise _refuse(dht_errors.PROTOCOL, "coordinator state must be bytes")
     try:
-        state = CoordinatorState.decode(item.value)
+        state = StateItem.decode(item.value).head
     except ProtocolError as exc:
         raise _refuse(dht_errors.PROTOCOL, str(exc)) from None
     if state.coordinator.raw != item.pubkey:
@@ -134,8 +177,9 @@ async def append_history(dht_node, signed: Signed) -> bytes:
 
 
 async def fetch(dht_node, swarm_pubkey: bytes, owner_pin: bytes | None = None,
-                now: float | None = None) -> CharterRecord:
-    """Fetch and verify the charter chain; :class:`CharterError` says what is wrong."""
+                now: float | None = None, floor: int = 0) -> CharterRecord:
+    """Fetch and verify the charter chain; :class:`CharterError` says what is wrong,
+    including a chain whose counter is below ``floor`` (a rollback)."""
     item = await dht_node.get_mutable(swarm_pubkey, CHARTER_SALT)
     if item is None:
         raise CharterError("no charter found in the DHT for this swarm (is any member "
@@ -154,5 +198,33 @@ async def fetch(dht_node, swarm_pubkey: bytes, owner_pin: bytes | None = None,
                                  now=time.time() if now is None else now, owner_pin=owner_pin)
     except (ChainError, SignatureError, MalformedStatement) as exc:
         raise CharterError(f"charter chain does not verify: {exc}") from None
+    if ownership.counter < floor:
+        raise CharterError(f"charter counter {ownership.counter} is below {floor}, already "
+                           "seen: an old charter (rollback) refused")
     head = Signed.decode(value[b"h"])
     return CharterRecord(ownership, head, tuple(value[b"p"]), item.seq)
+
+
+def _floor_path(data_dir: Path, swarm_pubkey: bytes) -> Path:
+    return Path(data_dir) / f"charter-floor-{swarm_pubkey.hex()[:40]}.json"
+
+
+def load_floor(data_dir: Path, swarm_pubkey: bytes) -> int:
+    """The highest charter counter this data dir has accepted for the swarm (0 if none)."""
+    try:
+        n = json.loads(_floor_path(data_dir, swarm_pubkey).read_text())["counter"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return n if type(n) is int and n >= 0 else 0
+
+
+def save_floor(data_dir: Path, swarm_pubkey: bytes, counter: int) -> None:
+    """Raise the persisted floor to ``counter`` (never lowers it; 0600, atomic)."""
+    if counter <= load_floor(data_dir, swarm_pubkey):
+        return
+    path = _floor_path(data_dir, swarm_pubkey)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"counter": counter}))
+    os.replace(tmp, path)

@@ -20,8 +20,9 @@ HOT = 90.0  # degrees C: not eligible to coordinate
 
 
 @dataclass(frozen=True)
-class Health:
-    """A member's health as it announced it (psutil figures where the platform has them)."""
+class Fitness:
+    """What decides whether a member is fit to coordinate: the health figures from its
+    announcement (:class:`swarm.control.membership.Health`), defaults filled in."""
 
     load: float = 0.0
     """CPU load as a fraction of all cores (0..1+)."""
@@ -48,7 +49,7 @@ class Candidate:
     """The member's identity; ties go to the lowest bytes."""
     tflops: float
     """Measured (benchmarked) throughput."""
-    health: Health = Health()
+    health: Fitness = Fitness()
     """Health figures from the member's announcement."""
     eligible: bool = True
     """False when the member's roles say it must not coordinate (an observer, a browser)."""

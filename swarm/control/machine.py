@@ -1,6 +1,6 @@
 """The coordinator state machine (sans-IO): fed events and ``now``, it returns actions.
 
-Roles: FOLLOWER -> CANDIDATE (claiming term N+1 by a CAS put) -> COORDINATOR, which
+Duties: FOLLOWER -> CANDIDATE (claiming term N+1 by a CAS put) -> COORDINATOR, which
 heartbeats its state to every member; HANDING_OFF while a successor takes over at
 term+1; STOPPED after leaving. Every role change goes through :meth:`Controller._set_state`,
 which checks the transition table, logs and runs the entry actions.
@@ -20,19 +20,24 @@ The asyncio adapter (:mod:`swarm.control.plane`) does the I/O: DHT puts, message
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from identity.keys import PeerId
 from swarm.control.election import Candidate, TermGuard, elect, successor
-from swarm.control.state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder
+from swarm.control.state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 log = logging.getLogger("swarm.control")
 
 
-class Role(enum.Enum):
+class Duty(enum.Enum):
+    """What a node does in the control plane now (``identity.Role`` is the authority an
+    operator acts under: owner, admin, coordinator)."""
+
     FOLLOWER = "follower"
     CANDIDATE = "candidate"
     COORDINATOR = "coordinator"
@@ -40,13 +45,96 @@ class Role(enum.Enum):
     STOPPED = "stopped"
 
 
-_TRANSITIONS: dict[Role, frozenset[Role]] = {
-    Role.FOLLOWER: frozenset({Role.CANDIDATE, Role.STOPPED}),
-    Role.CANDIDATE: frozenset({Role.COORDINATOR, Role.FOLLOWER, Role.STOPPED}),
-    Role.COORDINATOR: frozenset({Role.HANDING_OFF, Role.FOLLOWER, Role.STOPPED}),
-    Role.HANDING_OFF: frozenset({Role.COORDINATOR, Role.FOLLOWER, Role.STOPPED}),
-    Role.STOPPED: frozenset(),
+_TRANSITIONS: dict[Duty, frozenset[Duty]] = {
+    Duty.FOLLOWER: frozenset({Duty.CANDIDATE, Duty.STOPPED}),
+    Duty.CANDIDATE: frozenset({Duty.COORDINATOR, Duty.FOLLOWER, Duty.STOPPED}),
+    Duty.COORDINATOR: frozenset({Duty.HANDING_OFF, Duty.FOLLOWER, Duty.STOPPED}),
+    Duty.HANDING_OFF: frozenset({Duty.COORDINATOR, Duty.FOLLOWER, Duty.STOPPED}),
+    Duty.STOPPED: frozenset(),
 }
+
+
+MAX_TERM_STEP = 64
+"""A term counts only within this many of a term already counted: each claim adds one, so
+an honest swarm never jumps further, and no signer can push the term to the integer limit."""
+MAX_LIAR_SUSPECTS = 256
+"""Peers with pending checked wrong-result evidence held by a coordinator (oldest dropped)."""
+MAX_SEEN_REPORTS = 1024
+"""Liar reports remembered (by digest) so that none is judged or passed on twice."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the coordinator's own check made of a liar report's evidence."""
+
+    guilty: bool
+    """True when the evidence proves a wrong result by the accused peer."""
+    evidence: bytes = b""
+    """An id of the evidence acted on (a digest), shown in the block's reason."""
+    why: str = ""
+    """Why not, for the log."""
+
+
+EvidenceCheck = Callable[[LiarReport, PeerId], Judgement]
+"""``check(report, reporter)``: the coordinator's own check of a report's evidence (the
+runtime's signed result receipts plug in here: ``swarm.runtime.evidence.check_evidence``
+maps onto it as ``Judgement(verdict.proven, evidence.key, verdict.why)``)."""
+
+
+def refuse_unchecked(report: LiarReport, reporter: PeerId) -> Judgement:
+    """The default check: no evidence check is installed, so no report is acted on (a bare
+    report is anyone's word, and a few fresh keys could get an honest worker blocked)."""
+    return Judgement(False, why="no evidence check installed; report not acted on")
+
+
+def entitled(state: CoordinatorState, view: Mapping[PeerId, Candidate],
+             blocked: Iterable[PeerId]) -> bool:
+    """May ``state``'s signer coordinate at all: a live member whose announced roles make it
+    eligible, not blocked. (Who coordinates *now* is the election's and the handoff's.)"""
+    c = view.get(state.coordinator)
+    return c is not None and c.can_coordinate and state.coordinator not in set(blocked)
+
+
+def counted_states(states: Iterable[CoordinatorState], view: Mapping[PeerId, Candidate],
+                   blocked: Iterable[PeerId], floor: int | None = None,
+                   ) -> list[CoordinatorState]:
+    """The coordinator-state items (read from the DHT) that count, lowest term first.
+
+    Only items of entitled signers count, and only while each term is within
+    :data:`MAX_TERM_STEP` of one already counted, starting from ``floor`` (the term of the
+    state we follow). A node with no state (a newcomer, an observer) starts from the chain
+    of terms that most signers share, ties to the lowest: one key, or a few fresh ones,
+    cannot lift the term out of reach of the honest chain. An item whose signer the item
+    before it blocks does not count.
+    """
+    out = set(blocked)
+    ok = sorted((s for s in states if entitled(s, view, out)), key=lambda s: (s.term, s.seq))
+    if floor is not None:
+        top, chain = floor, []
+        for s in ok:
+            if s.term > top + MAX_TERM_STEP:
+                break
+            chain.append(s)
+            top = max(top, s.term)
+        return _unblocked(chain)
+    runs: list[list[CoordinatorState]] = []
+    for s in ok:
+        if runs and s.term <= runs[-1][-1].term + MAX_TERM_STEP:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return _unblocked(max(runs, key=lambda r: (len({s.coordinator for s in r}), -r[0].term),
+                          default=[]))
+
+
+def _unblocked(chain: list[CoordinatorState]) -> list[CoordinatorState]:
+    """Drop an item signed by a peer that an earlier item of the chain blocks (members
+    refuse such a peer's heartbeats; its later claim must not count for anyone)."""
+    kept: list[CoordinatorState] = []
+    for s in chain:
+        if not kept or s.coordinator not in kept[-1].blocked_ids:
+            kept.append(s)
+    return kept
 
 
 class IllegalTransition(RuntimeError):
@@ -67,12 +155,15 @@ class Timing:
     """How long a successor has to take over before the next one is tried."""
     rebalance: float = 1.5
     """Hand the role to an elected member this many times faster than the incumbent."""
-    liar_threshold: int = 2
-    """Wrong results reported against a peer before the coordinator blocks it."""
+    liar_threshold: int = 1
+    """Wrong results, each shown by evidence the coordinator checked itself, before it
+    blocks the peer (one checked proof suffices; bare reports count nothing)."""
     liar_window: float = 600.0
     """Seconds over which those reports count."""
     kick_max_age: float = 120.0
     """Kick orders older than this (by their timestamp) are ignored as replays."""
+    forward_max_age: float = 3600.0
+    """Forwarded blocks issued longer ago than this are ignored as replays."""
 
 
 # -- actions: what the adapter must do --------------------------------------------------------
@@ -130,6 +221,18 @@ class ForwardBlocks:
     """Blocked in our state, missing from the winner's."""
     to: PeerId
     """The coordinator whose state won."""
+    term: int
+    """The term in which we applied them."""
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    """Pass a liar report on to the coordinator (once: ``report.relayed`` is set)."""
+
+    report: LiarReport
+    """The report, marked relayed."""
+    to: PeerId
+    """The coordinator as we know it."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +259,9 @@ class Persist:
 class RoleChanged:
     """Our role changed (for logs, status and tests)."""
 
-    old: Role
+    old: Duty
     """Previous role."""
-    new: Role
+    new: Duty
     """New role."""
     term: int
     """Highest term seen."""
@@ -172,8 +275,8 @@ class Left:
     """Why."""
 
 
-Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | Disconnect | Persist \
-    | RoleChanged | Left
+Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | RelayReport \
+    | Disconnect | Persist | RoleChanged | Left
 
 
 @dataclass(frozen=True)
@@ -190,6 +293,12 @@ class Command:
     """The role that issued it: owner, admin or coordinator."""
     at: int = 0
     """Unix time it was issued."""
+    term: int = 0
+    """The coordinator term it was issued in (its fencing token)."""
+
+
+MAX_UNBLOCKED = 4096
+"""Unblocks remembered (peer -> term seen) to refuse replays of older forwarded blocks."""
 
 
 class Controller:
@@ -197,11 +306,12 @@ class Controller:
 
     def __init__(self, me: PeerId, swarm: bytes, now: float, timing: Timing = Timing(),
                  state: CoordinatorState | None = None,
-                 charter_blocked: Iterable[PeerId] = ()) -> None:
+                 charter_blocked: Iterable[PeerId] = (),
+                 check_evidence: EvidenceCheck = refuse_unchecked) -> None:
         self.me = me
         self.swarm = swarm
         self.timing = timing
-        self.role = Role.FOLLOWER
+        self.role = Duty.FOLLOWER
         self.state = state
         """The latest coordinator state we accepted (ours when we coordinate)."""
         self.guard = TermGuard(state.term if state else 0)
@@ -219,11 +329,18 @@ class Controller:
         self._next_beat = 0.0
         self._successor: PeerId | None = None
         self._failed_successors: set[PeerId] = set()
-        self._liars: dict[PeerId, list[float]] = {}
+        self.check_evidence = check_evidence
+        self._reports: OrderedDict[bytes, None] = OrderedDict()
+        """Digests of liar reports already handled (bounded)."""
+        self._liars: OrderedDict[PeerId, dict[bytes, float]] = OrderedDict()
+        """Checked wrong-result evidence per suspect (evidence id -> when), bounded."""
         self.past_coordinators: set[PeerId] = {state.coordinator} if state else set()
         """Coordinators whose state we followed: their own blocks are forwarded to us."""
         self._unblocked_at: dict[PeerId, int] = {}
         """When we last applied an unblock of each peer: a forwarded older block loses."""
+        self._unblocked_term: OrderedDict[PeerId, int] = OrderedDict()
+        """The highest term in which we saw each peer unblocked (ours or a state we
+        followed): a forwarded block issued in that term or before is a replay."""
         self._leave_reason = ""
         self._predecessor: PeerId | None = None
         self._seq_floor = 0
@@ -241,7 +358,7 @@ class Controller:
     @property
     def coordinator(self) -> PeerId | None:
         """Who we believe coordinates now (None while nobody does)."""
-        if self.role is Role.COORDINATOR or self.role is Role.HANDING_OFF:
+        if self.role is Duty.COORDINATOR or self.role is Duty.HANDING_OFF:
             return self.me
         if self.state is None or self.state.coordinator in self.suspects:
             return None
@@ -266,14 +383,14 @@ class Controller:
             if c is not None and c.freshness > fresh:
                 log.info("%s re-announced itself; no longer suspected", peer.short())
                 del self.suspects[peer]
-        if self.role is Role.COORDINATOR:
+        if self.role is Duty.COORDINATOR:
             self._maybe_rebalance(now)
 
     def charter_changed(self, admins: Iterable[PeerId], policy: dict, now: float) -> None:
         """The verified charter's admins or policy changed: a coordinator carries them."""
         self._charter = (tuple(sorted(admins))[:MAX_ADMINS], dict(policy))
         st = self.state
-        if self.role is Role.COORDINATOR and st is not None \
+        if self.role is Duty.COORDINATOR and st is not None \
                 and (st.admins, st.policy) != self._charter:
             self._publish(st.successor(admins=self._charter[0], policy=self._charter[1]), now)
 
@@ -283,18 +400,28 @@ class Controller:
 
     def rival(self, state: CoordinatorState, now: float) -> None:
         """Another coordinator's state item in the DHT holds our term or a later one (two
-        claims raced, e.g. across a full restart): step down; the next claim goes above."""
+        claims raced, e.g. across a full restart): step down for an entitled rival within
+        the term bound; the next claim goes above. Anyone else's item is ignored."""
+        if self.role is not Duty.COORDINATOR or self.state is None \
+                or state.coordinator == self.me or state.swarm != self.swarm \
+                or not entitled(state, self.view, self.blocked()) \
+                or state.term > self.term + MAX_TERM_STEP or state.term < self.state.term:
+            return
         self.guard.observe(state.term)
-        if self.role is Role.COORDINATOR and self.state is not None \
-                and state.coordinator != self.me and state.term >= self.state.term:
-            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} also "
-                                                    f"holds term {state.term}")
-            if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
-                self._claim(now)  # at once, before our followers miss a heartbeat
+        self._set_state(Duty.FOLLOWER, now, why=f"{state.coordinator.short()} also "
+                                                f"holds term {state.term}")
+        if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
+            self._claim(now)  # at once, before our followers miss a heartbeat
 
-    def note_term(self, term: int) -> None:
-        """A term seen in the DHT (signed state items): our next claim goes above it."""
-        self.guard.observe(term)
+    def dht_states(self, states: Iterable[CoordinatorState]) -> list[CoordinatorState]:
+        """Coordinator-state items read from the DHT: the ones that count (see
+        :func:`counted_states`), lowest term first; our next claim goes above them."""
+        floor = self.state.term if self.state is not None else None
+        kept = counted_states((s for s in states if s.swarm == self.swarm), self.view,
+                              self.blocked(), floor)
+        for s in kept:
+            self.guard.observe(s.term)
+        return kept
 
     def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
         new = frozenset(peers) - self.charter_blocked
@@ -307,17 +434,17 @@ class Controller:
         for peer, until in list(self._kicked.items()):
             if now > until:
                 del self._kicked[peer]
-        if self.role is Role.FOLLOWER:
+        if self.role is Duty.FOLLOWER:
             self._follow(now)
-        elif self.role is Role.CANDIDATE:
+        elif self.role is Duty.CANDIDATE:
             if now > self._deadline:
                 log.warning("claim of term %d timed out", self._pending.term if self._pending
                             else -1)
-                self._set_state(Role.FOLLOWER, now)
-        elif self.role is Role.COORDINATOR:
+                self._set_state(Duty.FOLLOWER, now)
+        elif self.role is Duty.COORDINATOR:
             if now >= self._next_beat:
                 self._beat(now)
-        elif self.role is Role.HANDING_OFF:
+        elif self.role is Duty.HANDING_OFF:
             if now >= self._next_beat:
                 self._beat(now)
             if now > self._deadline:
@@ -325,17 +452,17 @@ class Controller:
                             self._successor.short() if self._successor else "?")
                 if self._successor is not None:
                     self._failed_successors.add(self._successor)
-                self._set_state(Role.COORDINATOR, now)
+                self._set_state(Duty.COORDINATOR, now)
                 if self.leaving:
                     self._start_handoff(now)
 
     def claim_result(self, ok: bool, now: float, why: str = "") -> None:
         """The outcome of a :class:`PutState` with ``claim=True``."""
-        if self.role is not Role.CANDIDATE or self._pending is None:
+        if self.role is not Duty.CANDIDATE or self._pending is None:
             return
         if not ok:
             log.warning("claim of term %d failed: %s", self._pending.term, why)
-            self._set_state(Role.FOLLOWER, now)
+            self._set_state(Duty.FOLLOWER, now)
             return
         self.guard.observe(self._pending.term)
         self.past_coordinators.add(self.me)
@@ -343,12 +470,36 @@ class Controller:
         self._pending = None
         self.endorsement = self._pending_endorsement
         self._actions.append(Persist(self.state))
-        self._set_state(Role.COORDINATOR, now)
+        self._set_state(Duty.COORDINATOR, now)
         if self._predecessor is not None:
             # It may be blocked (out of our heartbeat list) but waits to hear we took over.
             self._actions.append(SendHeartbeat(self.state, (self._predecessor,),
                                                self.endorsement))
             self._predecessor = None
+
+    def claim_conflict(self, claim: CoordinatorState, states: Iterable[CoordinatorState],
+                       ) -> CoordinatorState | None:
+        """The CAS of a claim across the swarm: the highest state item that counts and
+        holds the claimed term or a later one under another signer (the claim fails), or
+        None."""
+        higher = [s for s in self.dht_states(states)
+                  if s.term >= claim.term and s.coordinator != self.me]
+        return max(higher, key=lambda s: s.term, default=None)
+
+    def implausible(self, head: CoordinatorState) -> str:
+        """Why this state item is not worth fetching its blocklist pages for ("" when it
+        is): its term must be within bounds and its signer the coordinator we follow or an
+        entitled member (so that a stranger's heartbeats cost no DHT lookups)."""
+        cur = self.state
+        if not self.guard.admits(head.term) or head.term > self.term + MAX_TERM_STEP:
+            return f"term {head.term} is outside {self.term}..{self.term + MAX_TERM_STEP}"
+        if (cur is not None and head.coordinator == cur.coordinator) \
+                or entitled(head, self.view, self.blocked()):
+            return ""
+        c = self.view.get(head.coordinator)
+        return (f"{head.coordinator.short()} is " + ("not in our member view" if c is None
+                else "blocked" if head.coordinator in self.blocked()
+                else "not eligible to coordinate"))
 
     def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
                   endorsed_by: PeerId | None = None) -> bool:
@@ -357,14 +508,21 @@ class Controller:
         Raises :class:`StaleTerm` for a lower term (fencing) and :class:`NotCoordinator`
         for a sender we have no reason to follow.
         """
-        if self.role is Role.STOPPED or sender == self.me:
+        if self.role is Duty.STOPPED or sender == self.me:
             return False
         if sender != state.coordinator or state.swarm != self.swarm:
             raise ProtocolError("heartbeat not from the coordinator it names, or another swarm")
         if sender in self.blocked():
             raise NotCoordinator(f"{sender.short()} is blocked and cannot coordinate")
-        self.guard.check(state.term, "heartbeat")
+        if not self.guard.admits(state.term):
+            raise StaleTerm(f"heartbeat from term {state.term} refused: term {self.term} "
+                            "is current")
+        if state.term > self.term + MAX_TERM_STEP:
+            raise StaleTerm(f"heartbeat at term {state.term} jumps more than {MAX_TERM_STEP} "
+                            f"terms above {self.term}")
         cur = self.state
+        if cur is None and not entitled(state, self.view, self.blocked()):
+            raise NotCoordinator(f"{sender.short()} is no member eligible to coordinate")
         if cur is not None:
             if state.term == cur.term and state.coordinator != cur.coordinator \
                     and state.coordinator.raw > cur.coordinator.raw:
@@ -388,40 +546,47 @@ class Controller:
         ``endorsement`` is the signed offer itself: our heartbeats show it to followers.
         """
         cur = self.state
-        if self.role is not Role.FOLLOWER or self.leaving:
+        if self.role is not Duty.FOLLOWER or self.leaving:
             raise NotCoordinator(f"cannot take over while {self.role.value}")
-        if cur is not None and sender != cur.coordinator:
-            raise NotCoordinator("handoff offered by a peer that is not the coordinator")
+        if cur is None:  # a newcomer: the same rule as for a first heartbeat
+            c = self.view.get(sender)
+            if c is None or not c.can_coordinate or sender in self.blocked() \
+                    or state.term > self.term + MAX_TERM_STEP:
+                raise NotCoordinator("handoff offered by a peer that may not coordinate here")
+        elif sender != cur.coordinator:
+            raise NotCoordinator("handoff offered by a peer that is not the coordinator we "
+                                 "follow")
         if state.coordinator != self.me or state.swarm != self.swarm:
             raise ProtocolError("handoff state names another coordinator or swarm")
-        if state.term <= self.guard.highest:
-            raise StaleTerm(f"handoff at term {state.term} is not above term {self.term}")
+        if state.term <= self.guard.highest or (cur is not None and state.term != cur.term + 1):
+            raise StaleTerm(f"handoff at term {state.term} is not the next after {self.term}")
         log.info("taking over from %s at term %d", sender.short(), state.term)
         self._pending = state
         self._pending_endorsement = endorsement
         self._predecessor = sender
-        self._set_state(Role.CANDIDATE, now)
+        self._set_state(Duty.CANDIDATE, now)
         self._actions.append(PutState(state, claim=True))
 
     def kick_order(self, order: KickOrder, sender: PeerId, now: float, wall: float) -> None:
         """A coordinator's kick order; refused from a stale term (fencing) or a non-coordinator."""
-        self.guard.check(order.term, "kick")
+        if not self.guard.admits(order.term):
+            raise StaleTerm(f"kick from term {order.term} refused: term {self.term} is current")
         cur = self.state
         if cur is None or order.term != cur.term or sender != cur.coordinator:
             raise NotCoordinator(f"kick from {sender.short()} at term {order.term}: not the "
                                  "coordinator we follow")
-        if abs(wall - order.at) > self.timing.kick_max_age:
-            raise StaleTerm(f"kick order from {int(wall - order.at)} s ago ignored (replay?)")
+        if not abs(wall - order.at) <= self.timing.kick_max_age:  # NaN fails too
+            raise StaleTerm(f"kick order from {wall - order.at:.0f} s ago ignored (replay?)")
         if order.target == self.me:
             log.warning("kicked by the coordinator: %s", order.reason or "no reason given")
-            self._set_state(Role.STOPPED, now, why=f"kicked: {order.reason}")
+            self._set_state(Duty.STOPPED, now, why=f"kicked: {order.reason}")
         else:
             self._kicked[order.target] = now + self.timing.kick_max_age
             self._actions.append(Disconnect(order.target, f"kicked: {order.reason}", False))
 
     def command(self, cmd: Command, now: float) -> CoordinatorState:
         """Apply an authorised operator command; only the coordinator does this."""
-        if self.role is not Role.COORDINATOR or self.state is None:
+        if self.role is not Duty.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator"
                                  + (f"; try {self.coordinator}" if self.coordinator else ""))
         if cmd.kind == "block":
@@ -440,6 +605,7 @@ class Controller:
                 self._actions.append(Disconnect(cmd.target, f"blocked: {cmd.reason}", True))
         elif cmd.kind == "unblock":
             self._unblocked_at[cmd.target] = max(cmd.at, self._unblocked_at.get(cmd.target, 0))
+            self._note_unblocked(cmd.target, self.state.term)
             if cmd.target in self.state.blocked_ids:
                 self._publish(self.state.without_block(cmd.target), now)
         elif cmd.kind == "kick":
@@ -459,56 +625,105 @@ class Controller:
             raise ProtocolError(f"unknown command {cmd.kind!r}")
         return self.state
 
-    def forwarded_block(self, cmd: Command, now: float) -> None:
+    def forwarded_block(self, cmd: Command, sender: PeerId, now: float, wall: float) -> None:
         """A block that a deposed coordinator applied in its term, its owner or admin proof
-        already verified by the adapter: applied unless we unblocked the peer since."""
+        already verified by the adapter: applied unless it is a replay.
+
+        Replays are refused: from a peer that never coordinated here, older than
+        ``forward_max_age`` (by its issue time), issued more than :data:`MAX_TERM_STEP` terms
+        back or not below our term, issued no later than a term in which we saw the peer
+        unblocked, or older than an unblock we applied."""
         if cmd.kind != "block":
             raise ProtocolError("only blocks are forwarded")
-        if self.role is not Role.COORDINATOR or self.state is None:
+        if self.role is not Duty.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+        self._check_forward(cmd, sender, wall)
+        if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
+            raise StaleTerm(f"forwarded block from term {cmd.term} at term {self.state.term}")
+        if self._unblocked_term.get(cmd.target, -1) >= cmd.term:
+            raise StaleTerm(f"{cmd.target.short()} was unblocked in term "
+                            f"{self._unblocked_term[cmd.target]}: forwarded block is a replay")
         if cmd.target in self.blocked() or self._unblocked_at.get(cmd.target, -1) >= cmd.at:
             return
         log.info("keeping %s blocked: forwarded from a deposed coordinator", cmd.target.short())
         self.command(cmd, now)
 
-    def forwarded_auto_block(self, entry: BlockEntry, sender: PeerId, now: float) -> None:
-        """A block that a coordinator we followed made itself (a repeat liar) before its
-        state was replaced by ours without it (a failover or a healed partition)."""
-        if self.role is not Role.COORDINATOR or self.state is None:
-            raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+    def _check_forward(self, cmd: Command, sender: PeerId, wall: float) -> None:
+        if sender == self.me or sender not in self.past_coordinators:
+            raise NotCoordinator(f"{sender.short()} never coordinated here; it forwards no "
+                                 "blocks")
+        if not abs(wall - cmd.at) <= self.timing.forward_max_age:  # NaN fails too
+            raise StaleTerm(f"forwarded block issued {wall - cmd.at:.0f} s ago (replay?)")
+
+    def forwarded_auto_block(self, entry: BlockEntry, term: int, sender: PeerId, now: float,
+                             wall: float) -> None:
+        """A block that a coordinator we followed made itself (a repeat liar) in ``term``,
+        before its state was replaced by ours without it (a failover or a healed
+        partition); the same replay checks as :meth:`forwarded_block`."""
         if sender not in self.past_coordinators or entry.by != "coordinator":
             raise NotCoordinator(f"{sender.short()} never coordinated here; its blocks need "
                                  "an owner's or admin's proof")
-        if entry.peer in self.blocked() or entry.peer == self.me \
-                or self._unblocked_at.get(entry.peer, -1) >= entry.at:
+        if entry.peer == self.me:
             return
-        log.info("keeping %s blocked: forwarded by %s", entry.peer.short(), sender.short())
-        self.command(Command("block", entry.peer, entry.reason, "coordinator", entry.at), now)
+        self.forwarded_block(Command("block", entry.peer, entry.reason, "coordinator",
+                                     entry.at, term), sender, now, wall)
 
-    def liar_report(self, peer: PeerId, now: float, wall: int) -> None:
-        """A requester caught ``peer`` returning a wrong result; block repeat offenders."""
-        if self.role is not Role.COORDINATOR or peer == self.me or peer in self.blocked():
-            return
-        times = [t for t in self._liars.get(peer, []) if now - t < self.timing.liar_window]
-        times.append(now)
-        self._liars[peer] = times
-        if len(times) >= self.timing.liar_threshold:
-            log.warning("blocking %s: %d wrong results", peer.short(), len(times))
-            self.command(Command("block", peer, f"{len(times)} wrong results", "coordinator",
-                                 wall), now)
+    def liar_report(self, report: LiarReport, reporter: PeerId, now: float,
+                    wall: int) -> Judgement | None:
+        """A report that ``report.peer`` returned a wrong result.
+
+        The coordinator acts only on evidence it checked itself (:attr:`check_evidence`),
+        and blocks once ``liar_threshold`` distinct pieces of evidence agree within
+        ``liar_window``; the block's reason names them. Another member passes a report
+        with evidence on to the coordinator, once. Each report is handled once (bounded
+        memory); a blocked reporter is not heard. Returns the verdict when we judged it.
+        """
+        digest = hashlib.sha256(reporter.raw + report.encode()).digest()
+        if digest in self._reports or reporter in self.blocked() \
+                or self.role is Duty.STOPPED:
+            return None
+        self._reports[digest] = None
+        while len(self._reports) > MAX_SEEN_REPORTS:
+            self._reports.popitem(last=False)
+        peer = report.peer
+        if self.role is not Duty.COORDINATOR:
+            coord = self.coordinator
+            if not report.relayed and report.evidence and coord not in (None, self.me,
+                                                                         reporter):
+                self._actions.append(RelayReport(replace(report, relayed=True), coord))
+            return None
+        if peer == self.me or peer in self.blocked():
+            return None
+        verdict = self.check_evidence(report, reporter)
+        if not verdict.guilty:
+            log.info("liar report against %s from %s not acted on: %s", peer.short(),
+                     reporter.short(), verdict.why)
+            return verdict
+        seen = {e: t for e, t in self._liars.pop(peer, {}).items()
+                if now - t < self.timing.liar_window}
+        seen[verdict.evidence] = now
+        self._liars[peer] = seen
+        while len(self._liars) > MAX_LIAR_SUSPECTS:
+            self._liars.popitem(last=False)
+        if len(seen) >= self.timing.liar_threshold:
+            ids = ",".join(sorted(e.hex()[:12] for e in seen))
+            log.warning("blocking %s: wrong results shown by evidence %s", peer.short(), ids)
+            self.command(Command("block", peer, f"wrong result; evidence {ids}"[:100],
+                                 "coordinator", wall), now)
             del self._liars[peer]
+        return verdict
 
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
         self.leaving = True
-        if self.role is Role.COORDINATOR:
+        if self.role is Duty.COORDINATOR:
             self._start_handoff(now)
-        elif self.role is not Role.HANDING_OFF and self.role is not Role.STOPPED:
-            self._set_state(Role.STOPPED, now, why="left")
+        elif self.role is not Duty.HANDING_OFF and self.role is not Duty.STOPPED:
+            self._set_state(Duty.STOPPED, now, why="left")
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _set_state(self, new: Role, now: float, why: str = "") -> None:
+    def _set_state(self, new: Duty, now: float, why: str = "") -> None:
         old = self.role
         if new not in _TRANSITIONS[old]:
             raise IllegalTransition(f"{old.value} -> {new.value}")
@@ -518,24 +733,29 @@ class Controller:
         term = self.state.term if self.state is not None else self.term
         log.info("%s -> %s at term %d%s", old.value, new.value, term, f" ({why})" if why else "")
         self._actions.append(RoleChanged(old, new, term))
-        if new is Role.FOLLOWER:
+        if new is Duty.FOLLOWER:
             self._pending = None
             self.last_heard = now
             if self.state is not None and self.state.coordinator != self.me:
                 self.expected = self.state.coordinator
-        elif new is Role.CANDIDATE:
+        elif new is Duty.CANDIDATE:
             self._deadline = now + self.timing.claim
-        elif new is Role.COORDINATOR:
+        elif new is Duty.COORDINATOR:
             self.expected = self.me
             if self._charter is not None and self.state is not None \
                     and (self.state.admins, self.state.policy) != self._charter:
                 self._publish(self.state.successor(admins=self._charter[0],
                                                    policy=self._charter[1]), now)
             self._beat(now)
-        elif new is Role.HANDING_OFF:
+        elif new is Duty.HANDING_OFF:
             self._deadline = now + self.timing.handoff
-        elif new is Role.STOPPED:
+        elif new is Duty.STOPPED:
             self._actions.append(Left(why or "stopped"))
+
+    def _note_unblocked(self, peer: PeerId, term: int) -> None:
+        self._unblocked_term[peer] = max(term, self._unblocked_term.pop(peer, term))
+        while len(self._unblocked_term) > MAX_UNBLOCKED:
+            self._unblocked_term.popitem(last=False)
 
     def _candidates_out(self) -> set[PeerId]:
         """Peers that may not coordinate now: suspected dead, or kicked a moment ago."""
@@ -570,7 +790,7 @@ class Controller:
         self._pending = new
         self._pending_endorsement = b""
         self._predecessor = None
-        self._set_state(Role.CANDIDATE, now, why=f"claiming term {term}")
+        self._set_state(Duty.CANDIDATE, now, why=f"claiming term {term}")
         self._actions.append(PutState(new, claim=True))
 
     def _legitimate(self, state: CoordinatorState, endorsed_by: PeerId | None) -> bool:
@@ -589,13 +809,15 @@ class Controller:
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
+        for peer in (old.blocked_ids if old else frozenset()) - state.blocked_ids:
+            self._note_unblocked(peer, state.term)
         self.past_coordinators.add(state.coordinator)
         if old is not None and old.coordinator == self.me and state.coordinator != self.me \
-                and state.term > old.term and self.role is not Role.HANDING_OFF:
+                and state.term > old.term and self.role is not Duty.HANDING_OFF:
             lost = tuple(b for b in old.blocked
                          if b.peer not in state.blocked_ids and b.peer != state.coordinator)
             if lost:
-                self._actions.append(ForwardBlocks(lost, state.coordinator))
+                self._actions.append(ForwardBlocks(lost, state.coordinator, old.term))
         self.guard.observe(state.term)
         self.state = state
         self.expected = state.coordinator
@@ -607,18 +829,18 @@ class Controller:
                 self._actions.append(Disconnect(entry.peer, f"blocked: {entry.reason}", True))
         if self.me in newly:
             self.leaving = True
-            self._set_state(Role.STOPPED, now, why="this peer is blocked")
+            self._set_state(Duty.STOPPED, now, why="this peer is blocked")
             return
-        if self.role is Role.CANDIDATE or self.role is Role.COORDINATOR:
-            self._set_state(Role.FOLLOWER, now, why=f"{state.coordinator.short()} holds term "
+        if self.role is Duty.CANDIDATE or self.role is Duty.COORDINATOR:
+            self._set_state(Duty.FOLLOWER, now, why=f"{state.coordinator.short()} holds term "
                                                     f"{state.term}")
-        elif self.role is Role.HANDING_OFF:
+        elif self.role is Duty.HANDING_OFF:
             done = state.coordinator == self._successor
             if self.leaving:
-                self._set_state(Role.STOPPED, now, why=self._leave_reason
+                self._set_state(Duty.STOPPED, now, why=self._leave_reason
                                 or ("handed off" if done else "left"))
             else:
-                self._set_state(Role.FOLLOWER, now, why="handed off")
+                self._set_state(Duty.FOLLOWER, now, why="handed off")
 
     def _publish(self, state: CoordinatorState, now: float) -> None:
         self.state = state
@@ -643,12 +865,12 @@ class Controller:
                 (c.peer_id.short(), c.tflops, c.can_coordinate) for c in self.view.values()],
                 [p.short() for p in out])
             if self.leaving:
-                self._set_state(Role.STOPPED, now,
+                self._set_state(Duty.STOPPED, now,
                                 why=self._leave_reason or "left; no successor available")
             return
         offer = self.state.successor(term=self.state.term + 1, coordinator=succ)
         self._successor = succ
-        self._set_state(Role.HANDING_OFF, now, why=f"handing off to {succ.short()}")
+        self._set_state(Duty.HANDING_OFF, now, why=f"handing off to {succ.short()}")
         self._actions.append(SendHandoff(offer, succ))
 
     def _maybe_rebalance(self, now: float) -> None:

@@ -17,14 +17,18 @@ scheduler does not (it weights shards by rates it observed itself).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgpack
 
 from dht.items import mutable_target
 from identity.keys import PeerId
+from swarm.control.election import Candidate, Fitness
 from swarm.errors import ProtocolError
 
 log = logging.getLogger("swarm.control.membership")
@@ -242,3 +246,58 @@ async def live_members(dht_node, sid: bytes) -> list[MemberRecord]:
         except ProtocolError as exc:
             log.info("ignoring member record from %s: %s", ann.peer_id.short(), exc)
     return out
+
+
+NO_COORDINATE = "no-coordinate"
+"""A member role: serves tasks, never coordinates."""
+
+
+def candidate(record: MemberRecord, freshness: float) -> Candidate:
+    """A member record as the election sees it (members and observers alike)."""
+    h = record.health
+    return Candidate(
+        record.peer_id, record.tflops,
+        Fitness(load=h.load or 0.0, battery=h.battery,
+                plugged=True if h.plugged is None else h.plugged, thermal=h.thermal),
+        eligible=("worker" in record.roles or "coordinator" in record.roles)
+        and NO_COORDINATE not in record.roles,
+        freshness=freshness)
+
+
+MAX_SEEN_PEERS = 32
+"""DHT addresses of members kept in the data dir to start from next time."""
+
+
+def _seen_path(data_dir: Path, sid: bytes) -> Path:
+    return Path(data_dir) / f"peers-{sid.hex()}.json"
+
+
+def save_seen_peers(data_dir: Path, sid: bytes, addrs: list[tuple[str, int]]) -> None:
+    """Keep the members' DHT addresses we saw (freshest first) so that a restart joins
+    through them even when every peer the URI names is gone (0600, atomic)."""
+    kept = [[h, p] for h, p in dict.fromkeys(addrs)][:MAX_SEEN_PEERS]
+    path = _seen_path(data_dir, sid)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(kept))
+    os.replace(tmp, path)
+
+
+def load_seen_peers(data_dir: Path, sid: bytes) -> list[tuple[str, int]]:
+    """The addresses :func:`save_seen_peers` kept (bad entries skipped)."""
+    from swarm.errors import URIError
+    from swarm.uri import parse_peer
+
+    try:
+        raw = json.loads(_seen_path(data_dir, sid).read_text())
+    except (OSError, ValueError):
+        return []
+    out: list[tuple[str, int]] = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            host, port = item
+            out.append(parse_peer(f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"))
+        except (TypeError, ValueError, URIError):
+            continue
+    return out[:MAX_SEEN_PEERS]

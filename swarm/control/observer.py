@@ -16,8 +16,9 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.membership import MemberRecord, membership_topic, swarm_id
-from swarm.control.state import CoordinatorState, seal
+from swarm.control.machine import counted_states
+from swarm.control.membership import MemberRecord, candidate, membership_topic, swarm_id
+from swarm.control.state import CoordinatorState, StateItem, resolve, seal
 from swarm.errors import ProtocolError, RemoteError
 from swarm.netaddr import source_address
 from swarm.uri import JoinURI
@@ -51,7 +52,8 @@ class View:
     members: list[tuple[MemberRecord, float]]
     """Live member records with their announcement expiry (unix time)."""
     state: CoordinatorState | None
-    """The highest-term coordinator state among the members' DHT items."""
+    """The highest-term coordinator state among the members' DHT items that count (the
+    members' own rules: entitled signers, terms within the bound)."""
     addrs: dict[PeerId, tuple[str, int]]
     """DHT addresses of members."""
 
@@ -115,19 +117,54 @@ async def observe(node: DHTNode, uri: JoinURI) -> View:
         except ProtocolError:
             continue
 
+    async def page(target: bytes) -> bytes | None:
+        value = await node.get_immutable(target)
+        return value if isinstance(value, bytes) else None
+
     async def state_of(peer: PeerId) -> CoordinatorState | None:
         try:
             item = await node.get_mutable(peer.raw, charter.state_salt(sid))
-            return CoordinatorState.decode(item.value) if item is not None else None
-        except (DHTError, ProtocolError):
+            if item is None:
+                return None
+            return await resolve(StateItem.decode(item.value), page)
+        except (DHTError, ProtocolError, ValueError):
             return None
 
-    states = [s for s in await asyncio.gather(*(state_of(r.peer_id) for r, _ in members)) if s]
-    best = max(states, key=lambda s: (s.term, s.seq), default=None)
+    states = [s for s in await asyncio.gather(*(state_of(r.peer_id) for r, _ in members))
+              if s is not None and s.swarm == sid]
+    view = {r.peer_id: candidate(r, e) for r, e in members}
+    best = max(counted_states(states, view, ()), key=lambda s: (s.term, s.seq), default=None)
     blocked = best.blocked_ids if best else frozenset()
     addrs = {r.peer_id: r.dht for r, _ in members if r.dht is not None}
     members = [(r, e) for r, e in members if r.peer_id not in blocked]
     return View(rec, members, best, addrs)
+
+
+JOIN_PEERS = 4
+"""Peers a fresh join URI names."""
+
+
+async def join_uri(node: DHTNode, uri: JoinURI, view: View, timeout: float = 2.0) -> JoinURI:
+    """A fresh join URI: the swarm of ``uri``, naming up to :data:`JOIN_PEERS` live members
+    whose DHT address answered a ping just now (freshest announcements first), or, when none
+    did, the bootstrap peers that answered; owner pin and name as in ``uri``."""
+    members = sorted(view.members, key=lambda m: -m[1])
+    candidates = list(dict.fromkeys(r.dht for r, _ in members if r.dht is not None))
+
+    async def answers(addr: tuple[str, int]) -> bool:
+        try:
+            ok, _ = await asyncio.wait_for(node.protocol.ping(addr, b""), timeout)
+        except (TimeoutError, OSError, DHTError):
+            return False
+        return bool(ok)
+
+    for pool in (candidates, list(uri.peers)):
+        alive = [a for a, ok in zip(pool, await asyncio.gather(*(answers(a) for a in pool)),
+                                    strict=True) if ok]
+        if alive:
+            return JoinURI(uri.pubkey, uri.name, uri.salt, tuple(alive[:JOIN_PEERS]),
+                           uri.owner)
+    return uri
 
 
 async def send_command(node: DHTNode, uri: JoinURI, view: View, signed: Signed,

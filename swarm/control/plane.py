@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-
-import msgpack
 
 from dht.errors import DHTError, ItemError, LookupFailed
 from identity import (
@@ -32,19 +32,42 @@ from identity import (
     UnblockCommand,
     verify_command,
 )
-from identity.roles import Role as AuthRole
+from identity.ceremony import AuthenticatorData, OwnerProof
+from identity.roles import Role
 from swarm.control import machine as control
-from swarm.control.charter import CharterError, register_validators, state_salt
+from swarm.control.charter import (
+    CharterError,
+    load_floor,
+    register_validators,
+    save_floor,
+    state_salt,
+)
 from swarm.control.charter import fetch as fetch_charter
-from swarm.control.election import Candidate, Health
-from swarm.control.machine import Command, Controller, Role, Timing
-from swarm.control.membership import MemberRecord, membership_topic
+from swarm.control.election import Candidate
+from swarm.control.machine import (
+    Command,
+    Controller,
+    Duty,
+    EvidenceCheck,
+    Timing,
+    refuse_unchecked,
+)
+from swarm.control.membership import (
+    MemberRecord,
+    candidate,
+    membership_topic,
+    save_seen_peers,
+)
+from swarm.control.replay import CommandGuard
 from swarm.control.state import (
-    BlockEntry,
     CoordinatorState,
     Endorsement,
+    ForwardedBlock,
     KickOrder,
+    LiarReport,
+    StateItem,
     load_state,
+    resolve,
     save_state,
     seal,
     unseal,
@@ -54,23 +77,11 @@ from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 log = logging.getLogger("swarm.control")
 
 TICK = 0.1
-NO_COORDINATE = "no-coordinate"  # a member role: serves tasks, never coordinates
 VIEW_INTERVAL = 1.0
 CHARTER_REFRESH = 5.0
-COMMAND_AGE = 120_000  # ms: older (or future) commands are refused as replays
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
-
-
-def candidate(record: MemberRecord, freshness: float) -> Candidate:
-    """A member record as the election sees it."""
-    h = record.health
-    return Candidate(
-        record.peer_id, record.tflops,
-        Health(load=h.load or 0.0, battery=h.battery,
-               plugged=True if h.plugged is None else h.plugged, thermal=h.thermal),
-        eligible=("worker" in record.roles or "coordinator" in record.roles)
-        and NO_COORDINATE not in record.roles,
-        freshness=freshness)
+MAX_PENDING_REPORTS = 64
+"""Our own liar reports kept to resend to a new coordinator (oldest dropped)."""
 
 
 def _log_crash(task: asyncio.Task) -> None:
@@ -84,13 +95,17 @@ class ControlPlane:
     def __init__(self, node, swarm_pubkey: bytes, data_dir: Path, *,
                  timing: Timing | None = None, ownership: Ownership | None = None,
                  owner_pin: bytes | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 check_evidence: EvidenceCheck = refuse_unchecked) -> None:
         self.node = node
         self.key: PeerKey = node.key
         self.swarm_pubkey = swarm_pubkey
         self.swarm_id: bytes = node.config.swarm_id
         self.data_dir = Path(data_dir)
         self.clock = clock
+        self.wall = wall
+        """Unix time, for issue times and record expiry (injected: tests fake it)."""
         self.ownership = ownership
         self.owner_pin = owner_pin
         self.passive = not getattr(node.config, "announce", True)
@@ -98,18 +113,26 @@ class ControlPlane:
         the coordinator through the DHT state items instead."""
         persisted = load_state(self.data_dir, self.swarm_id)
         self.controller = Controller(self.key.peer_id, self.swarm_id, clock(),
-                                     timing or Timing(), persisted)
+                                     timing or Timing(), persisted,
+                                     check_evidence=check_evidence)
+        self.commands = CommandGuard()
+        self.charter_floor = load_floor(self.data_dir, swarm_pubkey)
+        """The highest charter counter accepted here (persisted: no rollback on restart)."""
         self.addrs: dict[PeerId, tuple[str, int]] = {}
         self.records: dict[PeerId, MemberRecord] = {}
         self._seen: dict[PeerId, tuple[MemberRecord, float]] = {}
         self.left = asyncio.Event()
         self.left_reason = ""
-        self.role_changes: list[tuple[float, Role, int]] = []
-        self._seen_commands: set[tuple[bytes, int]] = set()
+        self.role_changes: list[tuple[float, Duty, int]] = []
         self._block_proofs: dict[PeerId, bytes] = {}
         """Signed owner/admin block commands we applied, forwarded if our state is replaced."""
-        self._liars: list[tuple[PeerId, str, float]] = []
-        self._liars_told: PeerId | None = None
+        self._pending_reports: deque[LiarReport] = deque(maxlen=MAX_PENDING_REPORTS)
+        """Our own liar reports, sent again to each new coordinator (a dead one heard
+        nothing)."""
+        self._reports_told: PeerId | None = None
+        self._pages_put: deque[bytes] = deque(maxlen=4096)
+        self._saved_peers: list[tuple[str, int]] = []
+        self._pages_of: tuple[tuple, list] = ((), [])
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
@@ -121,12 +144,18 @@ class ControlPlane:
     # -- public --------------------------------------------------------------------------
 
     @property
-    def role(self) -> Role:
+    def role(self) -> Duty:
         return self.controller.role
 
     def accept_peer(self, peer: PeerId) -> bool:
         """The node's hook: refuse blocked peers' links and keep shards off them."""
         return peer not in self.controller.blocked()
+
+    def live_peers(self) -> list[tuple[str, int]]:
+        """DHT addresses of live, unblocked members (for a fresh join URI)."""
+        blocked = self.controller.blocked()
+        return [self.addrs[p] for p in self.controller.view if p in self.addrs
+                and p not in blocked]
 
     async def start(self) -> None:
         if self.controller.state is not None and \
@@ -140,7 +169,7 @@ class ControlPlane:
     async def leave(self, timeout: float = 10.0) -> str:
         """Leave gracefully (a coordinator hands off first); returns why we left."""
         if not self.left.is_set():
-            if self.role is Role.COORDINATOR:
+            if self.role is Duty.COORDINATOR:
                 await self._fresh_view()  # so that a member that just joined can take over
             self.controller.leave(self.clock())
             await self._do(self.controller.actions())
@@ -201,11 +230,12 @@ class ControlPlane:
                 self._seen[rec.peer_id] = (rec, ann.expires_at)
         # A lookup that missed a slow node lists fewer members; an announcement stays valid
         # until it expires, so the view keeps what it saw (silence is the controller's to judge).
-        wall = time.time()
+        wall = self.wall()
         view: list[Candidate] = []
         for peer, (rec, expires) in list(self._seen.items()):
             if expires < wall:
                 del self._seen[peer]
+                self.records.pop(peer, None)
                 continue
             if peer in blocked:
                 continue  # a blocked peer's announcement is refused here
@@ -218,32 +248,52 @@ class ControlPlane:
             view.append(candidate(self.node.record, float("inf")))
         if len(view) != len(self.controller.view):
             log.info("%d members in view", len(view))
+        seen = [self.addrs[c.peer_id] for c in sorted(view, key=lambda c: -c.freshness)
+                if c.peer_id in self.addrs and c.peer_id != me]
+        if sorted(seen) != sorted(self._saved_peers):
+            self._saved_peers = seen
+            try:
+                save_seen_peers(self.data_dir, self.swarm_id, seen)
+            except OSError as exc:
+                log.info("cannot keep the peers seen in the data dir: %s", exc)
         self.controller.members(view, self.clock())
         await self._do(self.controller.actions())
 
     async def _check_dht(self) -> None:
         """Slower checks against the DHT, apart from the view so they never delay it."""
-        if self.passive:
-            await self._read_states()
-            return
+        if self.passive or self.controller.state is None:
+            await self._read_states()  # a newcomer counts the terms before it follows
+            if self.passive:
+                return
         await self._catch_up()
-        if self.role is Role.COORDINATOR:
-            for state in await self._dht_states():
+        if self.role is Duty.COORDINATOR:
+            for state in self.controller.dht_states(await self._dht_states()):
                 self.controller.rival(state, self.clock())
             await self._do(self.controller.actions())
+
+    async def _page(self, target: bytes) -> bytes | None:
+        value = await self.node.dht.get_immutable(target)
+        return value if isinstance(value, bytes) else None
+
+    async def _state_of(self, peer: PeerId) -> CoordinatorState | None:
+        """``peer``'s coordinator-state item, blocklist pages resolved; None if unusable."""
+        try:
+            raw = await self.node.dht.get_mutable(peer.raw, state_salt(self.swarm_id))
+            if raw is None:
+                return None
+            return await resolve(StateItem.decode(raw.value), self._page,
+                                 self.controller.state)
+        except (DHTError, ProtocolError, ValueError) as exc:
+            log.debug("state item of %s unusable: %s", peer.short(), exc)
+            return None
 
     async def _catch_up(self) -> None:
         """Heartbeats are datagrams: read our coordinator's DHT item for anything missed
         (a block of this very peer is sent to it only once)."""
         st = self.controller.state
-        if st is None or st.coordinator == self.key.peer_id or self.role is Role.STOPPED:
+        if st is None or st.coordinator == self.key.peer_id or self.role is Duty.STOPPED:
             return
-        try:
-            item = await self.node.dht.get_mutable(st.coordinator.raw,
-                                                   state_salt(self.swarm_id))
-            newer = CoordinatorState.decode(item.value) if item is not None else None
-        except (DHTError, ProtocolError):
-            return
+        newer = await self._state_of(st.coordinator)
         if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
             try:
                 self.controller.heartbeat(newer, newer.coordinator, self.clock())
@@ -252,36 +302,44 @@ class ControlPlane:
             await self._do(self.controller.actions())
 
     async def _refresh_charter(self) -> None:
-        """Pick up ownership changes (new admins, policy, owner) from the DHT."""
+        """Pick up ownership changes (new admins, policy, owner) from the DHT; never an
+        older charter than one already accepted (the floor survives restarts)."""
         try:
-            rec = await fetch_charter(self.node.dht, self.swarm_pubkey, self.owner_pin)
+            rec = await fetch_charter(self.node.dht, self.swarm_pubkey, self.owner_pin,
+                                      now=self.wall(), floor=self.charter_floor)
         except (CharterError, DHTError) as exc:
             log.info("charter refresh failed: %s", exc)
             return
-        self.ownership = rec.ownership
-        self.controller.charter_changed(
-            [p for p, g in rec.ownership.admins.items() if g.expires is None],
-            {"require_hardware": rec.ownership.policy.require_hardware}, self.clock())
+        self.accept_charter(rec.ownership)
         await self._do(self.controller.actions())
+
+    def accept_charter(self, ownership: Ownership) -> None:
+        """Take a verified charter (from :func:`swarm.control.charter.fetch` with our floor)
+        and raise the floor to its counter."""
+        if ownership.counter < self.charter_floor:
+            raise CharterError(f"charter counter {ownership.counter} is below "
+                               f"{self.charter_floor}: rollback refused")
+        self.ownership = ownership
+        if ownership.counter > self.charter_floor:
+            self.charter_floor = ownership.counter
+            save_floor(self.data_dir, self.swarm_pubkey, ownership.counter)
+        for cred, n in ownership.sign_counts.items():
+            if n > self.commands.sign_counts.get(cred, 0):
+                self.commands.sign_counts[cred] = n
+        self.controller.charter_changed(
+            [p for p, g in ownership.admins.items() if g.expires is None],
+            {"require_hardware": ownership.policy.require_hardware}, self.clock())
 
     async def _dht_states(self) -> list[CoordinatorState]:
         """The members' coordinator-state items in the DHT (validated on the way)."""
-        async def one(peer: PeerId) -> CoordinatorState | None:
-            try:
-                item = await self.node.dht.get_mutable(peer.raw, state_salt(self.swarm_id))
-                return CoordinatorState.decode(item.value) if item is not None else None
-            except (DHTError, ProtocolError):
-                return None
-
-        found = await asyncio.gather(*(one(p) for p in self.records))
+        found = await asyncio.gather(*(self._state_of(p) for p in self.records))
         return [s for s in found if s is not None and s.swarm == self.swarm_id]
 
     async def _read_states(self) -> None:
-        """Learn the current term and coordinator from members' state items in the DHT."""
-        states = await self._dht_states()
-        for s in states:
-            self.controller.note_term(s.term)
-        for state in sorted(states, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
+        """Learn the current term and coordinator from the state items in the DHT that
+        count (entitled signers, terms within the bound: the controller's rules)."""
+        counted = self.controller.dht_states(await self._dht_states())
+        for state in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
             cur = self.controller.state
             if cur is None or state.term > cur.term:
                 try:
@@ -303,19 +361,20 @@ class ControlPlane:
             if isinstance(act, control.PutState):
                 self._spawn(self._put_state(act))
             elif isinstance(act, control.SendHeartbeat):
-                msg = seal(self.key, self.swarm_id, "hb", act.state.encode(), act.endorsement)
-                for peer in act.to:
-                    self._spawn(self._send(peer, msg))
+                msg = seal(self.key, self.swarm_id, "hb", act.state.encode_item(),
+                           act.endorsement)
+                self._spawn(self._send_state(act.state, act.to, msg))
             elif isinstance(act, control.SendHandoff):
                 endorse = seal(self.key, self.swarm_id, "endorse",
                                Endorsement(act.state.term, act.to).encode())
-                msg = seal(self.key, self.swarm_id, "handoff", act.state.encode(), endorse)
-                self._spawn(self._send(act.to, msg))
+                msg = seal(self.key, self.swarm_id, "handoff", act.state.encode_item(),
+                           endorse)
+                self._spawn(self._send_state(act.state, (act.to,), msg))
             elif isinstance(act, control.SendKick):
                 # The kick carries our heartbeat, so a peer that has not heard us yet (a
                 # newcomer) learns who we are before it judges the order.
                 hb = self.controller.state
-                carried = seal(self.key, self.swarm_id, "hb", hb.encode(),
+                carried = seal(self.key, self.swarm_id, "hb", hb.encode_item(),
                                self.controller.endorsement) if hb else b""
                 msg = seal(self.key, self.swarm_id, "kick", act.order.encode(), carried)
                 for peer in act.to:
@@ -326,29 +385,28 @@ class ControlPlane:
                     if proof is not None:  # an owner's or admin's signed command
                         msg = seal(self.key, self.swarm_id, "fwd", proof)
                     elif entry.by == "coordinator":  # our own (a repeat liar): our word
-                        msg = seal(self.key, self.swarm_id, "fwdauto", msgpack.packb(
-                            {"p": entry.peer.raw, "r": entry.reason[:100], "a": entry.at},
-                            use_bin_type=True))
+                        msg = seal(self.key, self.swarm_id, "fwdauto",
+                                   ForwardedBlock(entry, act.term).encode())
                     else:
                         continue
                     self._spawn(self._send(act.to, msg))
+            elif isinstance(act, control.RelayReport):
+                self._spawn(self._send(act.to, seal(self.key, self.swarm_id, "liar",
+                                                    act.report.encode())))
             elif isinstance(act, control.Disconnect):
                 self._spawn(self._disconnect(act))
             elif isinstance(act, control.Persist):
                 save_state(self.data_dir, act.state)
             elif isinstance(act, control.RoleChanged):
-                self.role_changes.append((time.time(), act.new, act.term))
-                level = logging.WARNING if act.new is Role.COORDINATOR else logging.INFO
+                self.role_changes.append((self.wall(), act.new, act.term))
+                level = logging.WARNING if act.new is Duty.COORDINATOR else logging.INFO
                 log.log(level, "%s: %s -> %s at term %d", self.key.peer_id.short(),
                         act.old.value, act.new.value, act.term)
             elif isinstance(act, control.Left):
                 self.left_reason = act.reason
                 self.left.set()
-        st = self.controller.state
-        now_coord = self.controller.coordinator or (st.coordinator if self.passive and st
-                                                    else None)
-        if self._liars and now_coord not in (None, self._liars_told):
-            self._report_liars(self._liars)
+        if self._pending_reports and self._report_to() not in (None, self._reports_told):
+            self._report_liars(list(self._pending_reports))
 
     async def _put_state(self, act: control.PutState) -> None:
         dht = self.node.dht
@@ -358,21 +416,21 @@ class ControlPlane:
         if act.claim and st is not None and act.state.prev == st.digest():
             # A failover claim (a handoff carries its own, newer state): catch up first.
             await self._catch_up()
-            if self.role is not Role.CANDIDATE:
+            if self.role is not Duty.CANDIDATE:
                 return  # what we missed settled it (a newer state, or our own block)
         if act.claim:
-            # The CAS across the swarm: nobody may hold this term (or a later one) already.
-            higher = [s for s in await self._dht_states()
-                      if s.term >= act.state.term and s.coordinator != self.key.peer_id]
-            if higher:
-                top = max(higher, key=lambda s: s.term)
-                self.controller.note_term(top.term)
+            # The CAS across the swarm: nobody entitled may hold this term (or a later one).
+            top = self.controller.claim_conflict(act.state, await self._dht_states())
+            if top is not None:
                 self.controller.claim_result(False, self.clock(),
                                              f"{top.coordinator.short()} holds term {top.term}")
                 await self._do(self.controller.actions())
                 return
         try:
-            await dht.put_mutable(self.key, act.state.encode_compact(), salt=salt,
+            # The blocklist first (the item pins its pages), stored again with every change:
+            # a page put during a partition reached only that side's nodes.
+            await self._put_pages(act.state, again=True)
+            await dht.put_mutable(self.key, act.state.encode_item(), salt=salt,
                                   seq=act.state.seq)
         except ItemError as exc:
             ok, why = False, str(exc)
@@ -388,6 +446,25 @@ class ControlPlane:
         if act.claim:
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
+
+    async def _put_pages(self, state: CoordinatorState, again: bool = False) -> None:
+        """Store ``state``'s blocklist pages in the DHT before anything that names them is
+        put or sent (once per page for heartbeats; ``again`` with every state put)."""
+        if self._pages_of[0] is not state.blocked:
+            self._pages_of = (state.blocked, state.pages())
+        for page in self._pages_of[1]:
+            if again or page.target not in self._pages_put:
+                await self.node.dht.put_immutable(page.encode())
+                self._pages_put.append(page.target)
+
+    async def _send_state(self, state: CoordinatorState, to: tuple[PeerId, ...],
+                          msg: bytes) -> None:
+        """Send a message carrying ``state``'s item once its pages can be fetched."""
+        try:
+            await self._put_pages(state)
+        except (ItemError, LookupFailed, DHTError) as exc:
+            log.info("blocklist pages not stored (%s); sending anyway", exc)
+        await asyncio.gather(*(self._send(peer, msg) for peer in to))
 
     async def _fresh_view(self) -> None:
         """Refresh the member view now (sharing a refresh already under way)."""
@@ -423,25 +500,29 @@ class ControlPlane:
 
     # -- incoming --------------------------------------------------------------------------
 
-    def _on_liar(self, peer: PeerId, reason: str) -> None:
-        self._liars.append((peer, reason, self.clock()))
-        self._report_liars(self._liars[-1:])
+    def _on_liar(self, peer: PeerId, reason: str, evidence: bytes = b"") -> None:
+        """The node caught ``peer`` returning a wrong result (``evidence``: the runtime's
+        proof, checked by the coordinator before it acts)."""
+        report = LiarReport(peer, reason[:100], evidence)
+        self._pending_reports.append(report)
+        self._report_liars([report])
 
-    def _report_liars(self, reports: list[tuple[PeerId, str, float]]) -> None:
-        """Tell the coordinator (sent again to a new one: a dead one heard nothing)."""
+    def _report_to(self) -> PeerId | None:
         coord = self.controller.coordinator
         if coord is None and self.passive and self.controller.state is not None:
             coord = self.controller.state.coordinator  # no heartbeats here to judge by
-        self._liars_told = coord
-        now = self.clock()
-        for peer, reason, at in reports:
-            if now - at > self.controller.timing.liar_window:
-                continue
+        return coord
+
+    def _report_liars(self, reports: list[LiarReport]) -> None:
+        """Tell the coordinator (sent again to a new one: a dead one heard nothing)."""
+        coord = self._report_to()
+        self._reports_told = coord
+        for report in reports:
             if coord == self.key.peer_id:
-                self.controller.liar_report(peer, now, int(time.time()))
+                self.controller.liar_report(report, coord, self.clock(), int(self.wall()))
             elif coord is not None:
-                body = msgpack.packb({"p": peer.raw, "r": reason[:100]}, use_bin_type=True)
-                self._spawn(self._send(coord, seal(self.key, self.swarm_id, "liar", body)))
+                self._spawn(self._send(coord, seal(self.key, self.swarm_id, "liar",
+                                                   report.encode())))
         self._spawn(self._do(self.controller.actions()))
 
     async def _on_message(self, sender: PeerId, addr: tuple[str, int], payload: bytes) -> None:
@@ -457,43 +538,33 @@ class ControlPlane:
                     unseal(self.swarm_id, env.endorsement).kind != "hb":
                 raise ProtocolError("a kick carries only a heartbeat")
             if env.kind == "hb":
-                state = CoordinatorState.decode(env.body)
-                self.addrs.setdefault(env.sender, addr)
+                item = StateItem.decode(env.body)
+                if why := c.implausible(item.head):
+                    if env.sender not in c.view:  # joined since our last lookup, maybe
+                        self._spawn(self._fresh_view())
+                    raise NotCoordinator(f"heartbeat at term {item.head.term}: {why}")
+                state = await resolve(item, self._page, c.state)
                 c.heartbeat(state, env.sender, now, self._endorser(env.endorsement, state))
+                self.addrs.setdefault(env.sender, addr)  # only a coordinator we follow
             elif env.kind == "handoff":
-                c.handoff_offer(CoordinatorState.decode(env.body), env.sender, now,
-                                env.endorsement)
+                item = StateItem.decode(env.body)
+                if why := c.implausible(replace(item.head, coordinator=env.sender)):
+                    raise NotCoordinator(f"handoff offer refused: {why}")
+                state = await resolve(item, self._page, c.state)
+                c.handoff_offer(state, env.sender, now, env.endorsement)
             elif env.kind == "kick":
                 if env.endorsement:
                     await self._on_message(sender, addr, env.endorsement)
-                c.kick_order(KickOrder.decode(env.body), env.sender, now, time.time())
+                c.kick_order(KickOrder.decode(env.body), env.sender, now, self.wall())
             elif env.kind == "liar":
-                # Trusted from any signed peer (clients need not announce themselves); the
-                # owner can unblock a worker that a lying requester got blocked.
-                o = msgpack.unpackb(env.body, raw=False)
-                if isinstance(o, dict) and env.sender not in c.blocked():
-                    liar = PeerId(o["p"])
-                    if c.role is Role.COORDINATOR:
-                        c.liar_report(liar, now, int(time.time()))
-                    elif not o.get("f") and c.coordinator not in (None, self.key.peer_id,
-                                                                   env.sender):
-                        # The reporter's view of the coordinator is stale (a handoff just
-                        # happened, or a client reads the DHT): pass it on, once.
-                        body = msgpack.packb({"p": liar.raw, "r": str(o.get("r", ""))[:100],
-                                              "f": 1}, use_bin_type=True)
-                        self._spawn(self._send(c.coordinator,
-                                               seal(self.key, self.swarm_id, "liar", body)))
+                c.liar_report(LiarReport.decode(env.body), env.sender, now, int(self.wall()))
             elif env.kind == "cmd":
                 self._command(Signed.decode(env.body), now)
             elif env.kind == "fwd":
-                self._forwarded(Signed.decode(env.body), now)
+                self._forwarded(Signed.decode(env.body), env.sender, now)
             elif env.kind == "fwdauto":
-                o = msgpack.unpackb(env.body, raw=False)
-                if not isinstance(o, dict) or not isinstance(o.get("a"), int):
-                    raise ProtocolError("forwarded block without a peer and a time")
-                entry = BlockEntry(PeerId(o["p"]), str(o.get("r", ""))[:100], "coordinator",
-                                   o["a"])
-                c.forwarded_auto_block(entry, env.sender, now)
+                fwd = ForwardedBlock.decode(env.body)
+                c.forwarded_auto_block(fwd.entry, fwd.term, env.sender, now, self.wall())
         except (StaleTerm, NotCoordinator) as exc:
             log.info("refused %s from %s: %s", env.kind, env.sender.short(), exc)
         except (ProtocolError, IdentityError, ValueError, KeyError, TypeError) as exc:
@@ -516,37 +587,44 @@ class ControlPlane:
         if self.ownership is None:
             raise NotCoordinator("this peer has no verified charter to check commands against")
         c = self.controller
-        role = verify_command(signed, self.ownership, now=time.time(),
+        wall = self.wall()
+        role = verify_command(signed, self.ownership, now=wall,
                               coordinator=c.coordinator, min_term=c.term)
         cmd = signed.statement
-        issuer = bytes(getattr(signed.proofs[0], "credential_id", b"")) or \
-            signed.proofs[0].signer.raw
-        key = (issuer, cmd.counter)
-        if key in self._seen_commands or abs(time.time() * 1000 - cmd.counter) > COMMAND_AGE:
-            raise StaleTerm("replayed or stale command (its counter is the issue time in ms)")
+        self._admit(signed, wall)
         kind = COMMANDS[type(cmd)]
-        c.command(Command(kind, cmd.target, cmd.reason, role.value, int(time.time())), now)
-        self._seen_commands.add(key)
+        c.command(Command(kind, cmd.target, cmd.reason, role.value, int(wall), cmd.term), now)
         if kind == "block":
             self._block_proofs[cmd.target] = signed.encode()
         elif kind == "unblock":
             self._block_proofs.pop(cmd.target, None)
 
-    def _forwarded(self, signed: Signed, now: float) -> None:
+    def _admit(self, signed: Signed, wall: float) -> None:
+        """The replay guard: once, fresh, and an owner key's sign counter moving forward."""
+        proof = signed.proofs[0]
+        if isinstance(proof, OwnerProof):
+            self.commands.admit(proof.credential_id, signed.statement.counter, wall,
+                                AuthenticatorData(proof.authenticator_data).counter)
+        else:
+            self.commands.admit(proof.signer.raw, signed.statement.counter, wall)
+
+    def _forwarded(self, signed: Signed, sender: PeerId, now: float) -> None:
         """A block with its owner's or admin's proof, from a coordinator our state replaced.
 
         Its term is below ours (it was issued on the losing side of a partition), so only the
-        proof is checked, not the fencing floor; the controller drops it if we unblocked the
-        peer after it was issued.
+        proof is checked here, not the fencing floor; the controller refuses replays (see
+        :meth:`Controller.forwarded_block`).
         """
         if self.ownership is None:
             raise NotCoordinator("this peer has no verified charter to check commands against")
         cmd = signed.statement
         if not isinstance(cmd, BlockCommand):
             raise ProtocolError("only block commands are forwarded")
-        role = verify_command(signed, self.ownership, now=time.time())
-        if role not in (AuthRole.OWNER, AuthRole.ADMIN):
+        wall = self.wall()
+        role = verify_command(signed, self.ownership, now=wall)
+        if role not in (Role.OWNER, Role.ADMIN):
             raise NotCoordinator("only owner and admin blocks are forwarded")
         self.controller.forwarded_block(
-            Command("block", cmd.target, cmd.reason, role.value, cmd.counter // 1000), now)
+            Command("block", cmd.target, cmd.reason, role.value, cmd.counter // 1000, cmd.term),
+            sender, now, wall)
         self._block_proofs[cmd.target] = signed.encode()

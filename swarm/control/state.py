@@ -5,8 +5,16 @@ token), the blocklist, the admins and the policy. Each coordinator signs its own
 the DHT (under its peer key) and sends it in every heartbeat; followers keep the latest one
 in their data dir, so the blocklist outlives the coordinator and a full restart.
 
-Control messages are :class:`Envelope` s: msgpack, size-limited, signed by the sender's
-peer key over a domain tag and the swarm id (so nothing replays into another swarm).
+The blocklist has no fixed cap: the signed item (:meth:`CoordinatorState.encode_item`,
+at most one BEP 44 value) carries the number of blocked peers, a digest of the whole list
+and the target of its first :class:`BlockPage`; pages are immutable DHT items chained by
+target, so the signed item pins every page. :func:`resolve` rebuilds the full state.
+
+Control messages are :class:`SignedMessage` s: msgpack, size-limited, signed by the
+sender's peer key over a domain tag and the swarm id (so nothing replays into another
+swarm). Every body has one typed codec here: :class:`CoordinatorState` (hb, handoff),
+:class:`Endorsement`, :class:`KickOrder`, :class:`LiarReport`, :class:`ForwardedBlock`;
+``cmd`` and ``fwd`` carry an :class:`identity.Signed` command.
 """
 
 from __future__ import annotations
@@ -15,16 +23,21 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import msgpack
 
+from dht.items import immutable_target
 from identity.keys import PeerId, PeerKey, verify
 from swarm.errors import ProtocolError
 
 MAX_MESSAGE = 3800  # fits one DHT message (4096 bytes) with room for its envelope
 MAX_REASON = 100
-MAX_BLOCKED = 12  # the compact form must fit one BEP 44 item (1000 bytes)
+MAX_BLOCKLIST = 1 << 20
+"""Sanity bound on a decoded blocklist (about 900 pages), not a cap a swarm meets."""
+PAGE_BYTES = 900  # one page's msgpack; bencoding and the DHT item fit in 1000 bytes
+MAX_EVIDENCE = 3000
 MAX_ADMINS = 4
 MAX_POLICY = 4
 BY = ("owner", "admin", "coordinator")  # on the wire as the index
@@ -78,8 +91,8 @@ class CoordinatorState:
 
     def with_block(self, entry: BlockEntry) -> CoordinatorState:
         kept = [b for b in self.blocked if b.peer != entry.peer]
-        if len(kept) >= MAX_BLOCKED:
-            raise ProtocolError(f"blocklist full ({MAX_BLOCKED} entries)")
+        if len(kept) >= MAX_BLOCKLIST:
+            raise ProtocolError(f"blocklist over {MAX_BLOCKLIST} entries")
         return self.successor(blocked=tuple(sorted([*kept, entry], key=lambda b: b.peer.raw)))
 
     def without_block(self, peer: PeerId) -> CoordinatorState:
@@ -87,64 +100,207 @@ class CoordinatorState:
 
     # -- encoding ------------------------------------------------------------------------
 
-    def to_obj(self, compact: bool = False) -> dict:
-        """As a msgpack-ready map; ``compact`` leaves out block reasons (the DHT copy)."""
-        return {
-            "v": 1, "sw": self.swarm, "t": self.term, "q": self.seq, "c": self.coordinator.raw,
-            "b": [[b.peer.raw, "" if compact else b.reason, BY.index(b.by), b.at]
-                  for b in self.blocked],
-            "a": [a.raw for a in self.admins], "p": dict(sorted(self.policy.items())),
-            "pr": self.prev,
-        }
+    def to_obj(self) -> dict:
+        """The whole state (any number of blocks) as a msgpack-ready map: the data dir's
+        copy and the input of :meth:`digest`."""
+        return self._head() | {"b": [_entry(b) for b in self.blocked]}
+
+    def _head(self) -> dict:
+        return {"v": 1, "sw": self.swarm, "t": self.term, "q": self.seq,
+                "c": self.coordinator.raw, "a": [a.raw for a in self.admins],
+                "p": dict(sorted(self.policy.items())), "pr": self.prev}
 
     def encode(self) -> bytes:
+        """The whole state, for hashing and the data dir (no size bound)."""
         return msgpack.packb(self.to_obj(), use_bin_type=True)
 
-    def encode_compact(self) -> bytes:
-        """The form stored in the DHT: at most MAX_ITEM bytes."""
-        data = msgpack.packb(self.to_obj(compact=True), use_bin_type=True)
+    def pages(self) -> list[BlockPage]:
+        """The blocklist as chained pages, first page first (empty for no blocks)."""
+        return list(self._pages)
+
+    @cached_property
+    def _pages(self) -> tuple[BlockPage, ...]:
+        chunks: list[list[BlockEntry]] = [[]]
+        size = 0
+        for entry in self.blocked:
+            n = len(msgpack.packb(_entry(entry), use_bin_type=True))
+            if chunks[-1] and size + n > PAGE_BYTES - 40:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(entry)
+            size += n
+        if not chunks[-1]:
+            return []
+        out: list[BlockPage] = []
+        nxt = b""
+        for chunk in reversed(chunks):
+            page = BlockPage(tuple(chunk), nxt)
+            nxt = page.target
+            out.append(page)
+        return tuple(out[::-1])
+
+    def encode_item(self) -> bytes:
+        """The signed item stored in the DHT and sent in heartbeats (one BEP 44 value): the
+        state with the blocklist replaced by its size, digest and first page's target.
+        Computed once per state (heartbeats resend it every half second)."""
+        return self._item
+
+    @cached_property
+    def _item(self) -> bytes:
+        pages = self._pages
+        data = msgpack.packb(self._head() | {
+            "v": 2, "bn": len(self.blocked), "bd": blocklist_digest(self.blocked),
+            "bh": pages[0].target if pages else b""}, use_bin_type=True)
         if len(data) > MAX_ITEM - 20:  # bencoding adds a length prefix
-            raise ProtocolError(f"coordinator state is {len(data)} bytes compacted")
+            raise ProtocolError(f"coordinator state item is {len(data)} bytes")
         return data
 
     def digest(self) -> bytes:
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> bytes:
         return hashlib.sha256(self.encode()).digest()
 
     @classmethod
     def from_obj(cls, o: object) -> CoordinatorState:
+        """The whole state (version 1, with its blocklist inline)."""
         try:
             if not isinstance(o, dict) or o.get("v") != 1:
                 raise ValueError("not a version-1 state")
-            sw, t, q, c, pr = o["sw"], o["t"], o["q"], o["c"], o["pr"]
-            _need(isinstance(sw, bytes) and len(sw) == 20, "swarm id")
-            _need(type(t) is int and 0 <= t < 2**62 and type(q) is int and 0 <= q < 2**62,
-                  "term/seq")
-            _need(isinstance(pr, bytes) and len(pr) in (0, 32), "prev")
-            blocked = []
-            _need(isinstance(o["b"], list) and len(o["b"]) <= MAX_BLOCKED, "blocklist")
-            for item in o["b"]:
-                _need(isinstance(item, list) and len(item) == 4, "block entry")
-                peer, reason, by, at = item
-                _need(isinstance(reason, str) and len(reason) <= MAX_REASON
-                      and type(by) is int and 0 <= by < len(BY) and type(at) is int,
-                      "block entry")
-                blocked.append(BlockEntry(PeerId(peer), reason, BY[by], at))
-            _need(isinstance(o["a"], list) and len(o["a"]) <= MAX_ADMINS, "admins")
-            policy = o["p"]
-            _need(isinstance(policy, dict) and len(policy) <= MAX_POLICY and all(
-                isinstance(k, str) and len(k) <= 24 and isinstance(v, str | int | float | bool)
-                and (not isinstance(v, str) or len(v) <= 24) for k, v in policy.items()),
-                "policy")
-            return cls(swarm=sw, term=t, seq=q, coordinator=PeerId(c),
-                       blocked=tuple(sorted(blocked, key=lambda b: b.peer.raw)),
-                       admins=tuple(sorted(PeerId(a) for a in o["a"])), policy=dict(policy),
-                       prev=pr)
+            _need(isinstance(o["b"], list) and len(o["b"]) <= MAX_BLOCKLIST, "blocklist")
+            return _head_from(o, tuple(_entry_from(item) for item in o["b"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed coordinator state: {exc}") from None
 
     @classmethod
     def decode(cls, data: bytes) -> CoordinatorState:
-        return cls.from_obj(_unpack(data))
+        return cls.from_obj(_unpack(data, unbounded=True))
+
+
+@dataclass(frozen=True)
+class StateItem:
+    """A decoded signed item: the state without its blocklist, and how to fetch it."""
+
+    head: CoordinatorState
+    """The state, ``blocked`` left empty."""
+    count: int
+    """How many peers are blocked."""
+    blocklist: bytes
+    """:func:`blocklist_digest` of the full blocklist."""
+    first_page: bytes
+    """Target of the first :class:`BlockPage` (empty when nothing is blocked)."""
+
+    @classmethod
+    def decode(cls, data: bytes) -> StateItem:
+        o = _unpack(data)
+        try:
+            if not isinstance(o, dict) or o.get("v") != 2:
+                raise ValueError("not a version-2 state item")
+            n, bd, bh = o["bn"], o["bd"], o["bh"]
+            _need(type(n) is int and 0 <= n <= MAX_BLOCKLIST and isinstance(bd, bytes)
+                  and len(bd) == 32 and isinstance(bh, bytes) and len(bh) in (0, 20)
+                  and (n == 0) == (bh == b""), "blocklist reference")
+            return cls(_head_from(o, ()), n, bd, bh)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed coordinator state: {exc}") from None
+
+    def complete(self, blocked: tuple[BlockEntry, ...]) -> CoordinatorState:
+        """The full state, given the blocklist its pages hold (checked against the item)."""
+        if len(blocked) != self.count or blocklist_digest(blocked) != self.blocklist:
+            raise ProtocolError("blocklist pages do not match the signed state item")
+        return replace(self.head, blocked=blocked)
+
+
+@dataclass(frozen=True)
+class BlockPage:
+    """One page of a blocklist: an immutable DHT item (``<= PAGE_BYTES``) naming the next."""
+
+    entries: tuple[BlockEntry, ...]
+    """Blocks on this page, in blocklist order."""
+    next: bytes = b""
+    """Target of the next page; empty on the last."""
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"e": [_entry(e) for e in self.entries], "n": self.next},
+                             use_bin_type=True)
+
+    @property
+    def target(self) -> bytes:
+        """Its DHT target (SHA-1 of the bencoded value, as BEP 44 computes it)."""
+        return immutable_target(self.encode())
+
+    @classmethod
+    def decode(cls, data: object) -> BlockPage:
+        if not isinstance(data, bytes) or len(data) > PAGE_BYTES:
+            raise ProtocolError("blocklist page is not bytes or too long")
+        o = _unpack(data)
+        try:
+            _need(isinstance(o, dict) and isinstance(o["e"], list) and o["e"]
+                  and isinstance(o["n"], bytes) and len(o["n"]) in (0, 20), "page")
+            return cls(tuple(_entry_from(e) for e in o["e"]), o["n"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed blocklist page: {exc}") from None
+
+
+def blocklist_digest(blocked: tuple[BlockEntry, ...]) -> bytes:
+    return hashlib.sha256(msgpack.packb([_entry(b) for b in blocked],
+                                        use_bin_type=True)).digest()
+
+
+async def resolve(item: StateItem, fetch, known: CoordinatorState | None = None,
+                  ) -> CoordinatorState:
+    """The full state of ``item``, its pages fetched with ``fetch(target) -> bytes | None``
+    (a DHT get) unless ``known`` already holds the same blocklist; :class:`ProtocolError`
+    when a page is missing or does not match."""
+    if known is not None and known.blocked and len(known.blocked) == item.count \
+            and blocklist_digest(known.blocked) == item.blocklist:
+        return item.complete(known.blocked)
+    entries: list[BlockEntry] = []
+    target, seen = item.first_page, set()
+    while target:
+        if target in seen or len(entries) > item.count:
+            raise ProtocolError("blocklist pages loop or run past the count")
+        seen.add(target)
+        data = await fetch(target)
+        if data is None:
+            raise ProtocolError(f"blocklist page {target.hex()[:12]} not found")
+        page = BlockPage.decode(data)
+        if page.target != target:
+            raise ProtocolError("blocklist page does not match its target")
+        entries.extend(page.entries)
+        target = page.next
+    return item.complete(tuple(entries))
+
+
+def _entry(b: BlockEntry) -> list:
+    return [b.peer.raw, b.reason, BY.index(b.by), b.at]
+
+
+def _entry_from(item: object) -> BlockEntry:
+    _need(isinstance(item, list) and len(item) == 4, "block entry")
+    peer, reason, by, at = item  # type: ignore[misc]
+    _need(isinstance(reason, str) and len(reason) <= MAX_REASON
+          and type(by) is int and 0 <= by < len(BY) and type(at) is int, "block entry")
+    return BlockEntry(PeerId(peer), reason, BY[by], at)
+
+
+def _head_from(o: dict, blocked: tuple[BlockEntry, ...]) -> CoordinatorState:
+    sw, t, q, c, pr = o["sw"], o["t"], o["q"], o["c"], o["pr"]
+    _need(isinstance(sw, bytes) and len(sw) == 20, "swarm id")
+    _need(type(t) is int and 0 <= t < 2**62 and type(q) is int and 0 <= q < 2**62,
+          "term/seq")
+    _need(isinstance(pr, bytes) and len(pr) in (0, 32), "prev")
+    _need(isinstance(o["a"], list) and len(o["a"]) <= MAX_ADMINS, "admins")
+    policy = o["p"]
+    _need(isinstance(policy, dict) and len(policy) <= MAX_POLICY and all(
+        isinstance(k, str) and len(k) <= 24 and isinstance(v, str | int | float | bool)
+        and (not isinstance(v, str) or len(v) <= 24) for k, v in policy.items()),
+        "policy")
+    return CoordinatorState(swarm=sw, term=t, seq=q, coordinator=PeerId(c),
+                            blocked=tuple(sorted(blocked, key=lambda b: b.peer.raw)),
+                            admins=tuple(sorted(PeerId(a) for a in o["a"])),
+                            policy=dict(policy), prev=pr)
 
 
 def _need(ok: bool, what: str) -> None:
@@ -152,8 +308,17 @@ def _need(ok: bool, what: str) -> None:
         raise ValueError(f"bad {what}")
 
 
-def _unpack(data: bytes) -> object:
-    if not isinstance(data, bytes) or len(data) > MAX_MESSAGE:
+def _decoded(data: bytes, what: str, build):
+    """``build(map)`` on a decoded control message; any shape error names ``what``."""
+    o = _unpack(data)
+    try:
+        return build(o)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {what}: {exc}") from None
+
+
+def _unpack(data: bytes, unbounded: bool = False) -> object:
+    if not isinstance(data, bytes) or (len(data) > MAX_MESSAGE and not unbounded):
         raise ProtocolError(f"control message over {MAX_MESSAGE} bytes or not bytes")
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True,
@@ -166,7 +331,7 @@ def _unpack(data: bytes) -> object:
 
 
 @dataclass(frozen=True)
-class Envelope:
+class SignedMessage:
     """A signed control message between peers."""
 
     kind: str
@@ -195,7 +360,7 @@ def seal(key: PeerKey, swarm: bytes, kind: str, body: bytes, endorsement: bytes 
     return out
 
 
-def unseal(swarm: bytes, data: bytes) -> Envelope:
+def unseal(swarm: bytes, data: bytes) -> SignedMessage:
     """Decode and verify a control message; :class:`ProtocolError` when it is bad."""
     o = _unpack(data)
     try:
@@ -207,7 +372,7 @@ def unseal(swarm: bytes, data: bytes) -> Envelope:
         raise ProtocolError(f"malformed control message: {exc}") from None
     if not verify(sender, sig, _signed_part(swarm, kind, body)):
         raise ProtocolError(f"bad signature on {kind!r} message from {sender.short()}")
-    return Envelope(kind, sender, body, endorsement)
+    return SignedMessage(kind, sender, body, endorsement)
 
 
 @dataclass(frozen=True)
@@ -224,12 +389,11 @@ class Endorsement:
 
     @classmethod
     def decode(cls, data: bytes) -> Endorsement:
-        o = _unpack(data)
-        try:
+        def build(o):
             _need(type(o["t"]) is int, "endorsement")
             return cls(o["t"], PeerId(o["c"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed endorsement: {exc}") from None
+
+        return _decoded(data, "endorsement", build)
 
 
 @dataclass(frozen=True)
@@ -251,13 +415,61 @@ class KickOrder:
 
     @classmethod
     def decode(cls, data: bytes) -> KickOrder:
-        o = _unpack(data)
-        try:
+        def build(o):
             _need(type(o["t"]) is int and type(o["at"]) is int and isinstance(o["r"], str)
                   and len(o["r"]) <= MAX_REASON, "kick order")
             return cls(o["t"], PeerId(o["p"]), o["r"], o["at"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed kick order: {exc}") from None
+
+        return _decoded(data, "kick order", build)
+
+
+@dataclass(frozen=True)
+class LiarReport:
+    """A requester's report that ``peer`` returned a wrong result, with its evidence."""
+
+    peer: PeerId
+    """The accused peer."""
+    reason: str = ""
+    """For operators."""
+    evidence: bytes = b""
+    """Opaque proof for the coordinator's evidence check (signed result receipts)."""
+    relayed: bool = False
+    """Passed on once by a peer that is not the coordinator (never passed on again)."""
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"p": self.peer.raw, "r": self.reason[:MAX_REASON],
+                              "e": self.evidence, "f": self.relayed}, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> LiarReport:
+        def build(o):
+            _need(isinstance(o["r"], str) and len(o["r"]) <= MAX_REASON
+                  and isinstance(o["e"], bytes) and len(o["e"]) <= MAX_EVIDENCE
+                  and type(o["f"]) is bool, "liar report")
+            return cls(PeerId(o["p"]), o["r"], o["e"], o["f"])
+
+        return _decoded(data, "liar report", build)
+
+
+@dataclass(frozen=True)
+class ForwardedBlock:
+    """A deposed coordinator's own block (of a liar), forwarded to its successor."""
+
+    entry: BlockEntry
+    """The block as it stood in the sender's state."""
+    term: int
+    """The term in which the sender applied it."""
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"b": _entry(self.entry), "t": self.term}, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ForwardedBlock:
+        def build(o):
+            _need(type(o["t"]) is int and o["t"] >= 0, "forwarded block")
+            return cls(_entry_from(o["b"]), o["t"])
+
+        return _decoded(data, "forwarded block", build)
 
 
 # -- the copy in each node's data dir --------------------------------------------------------

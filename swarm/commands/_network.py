@@ -1,0 +1,41 @@
+"""The options every command that goes on the network shares: where to join the DHT.
+
+``--bootstrap HOST:PORT`` (repeatable) and ``SWARM_BOOTSTRAP`` (comma-separated HOST:PORT)
+name DHT nodes to join through besides the URI's ``x.pe`` hints, so a swarm stays
+reachable after every peer the URI names is gone (any ``swarm dht serve`` node will do).
+Every networked command calls :func:`add_network_options` on its parser and
+:func:`bootstrap_addresses` on its arguments; nothing else parses these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+ENV = "SWARM_BOOTSTRAP"
+
+
+def add_network_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--bootstrap`` (repeatable) to ``parser``; returns it."""
+    parser.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
+                        help=f"a DHT node to join through, besides the URI's peers "
+                             f"(repeatable; also ${ENV}, comma-separated)")
+    return parser
+
+
+def bootstrap_addresses(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """``--bootstrap`` then ``SWARM_BOOTSTRAP`` addresses, parsed and deduplicated;
+    :class:`swarm.errors.URIError` (a usage error) names a bad one."""
+    from swarm.errors import ConfigError, URIError
+    from swarm.uri import parse_peer
+
+    given = [("--bootstrap", t) for t in getattr(args, "bootstrap", None) or []]
+    given += [(ENV, t.strip()) for t in os.environ.get(ENV, "").split(",") if t.strip()]
+    out: list[tuple[str, int]] = []
+    for where, text in given:
+        try:
+            out.append(parse_peer(text))
+        except URIError as exc:
+            why = str(exc).removeprefix("x.pe: ")
+            raise ConfigError(f"{where} {text[:60]!r}: expected HOST:PORT ({why})") from None
+    return list(dict.fromkeys(out))

@@ -1,0 +1,359 @@
+"""Issue 12: single peers (or a few fresh keys) trying to stop or steer the swarm.
+
+Each test is one numbered finding, driven through the sans-IO controller (and, where the
+adapter holds the guard, the plane with a fake node): term inflation (1), a blocklist that
+fills up (2), liar reports on anyone's word (3), replayed old blocks (4), charter rollback
+(5), NaN timestamps, unpinned URIs and cloned owner keys (7). Finding 6 (bootstrap) is in
+``tests/test_control_bootstrap.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dht import DHTNode
+from dht.errors import ItemError
+from dht.messages import Envelope, ReplayGuard
+from identity import BlockCommand, PeerKey, Role
+from identity.keys import PeerId
+from swarm.control.election import Candidate
+from swarm.control.machine import (
+    MAX_SEEN_REPORTS,
+    MAX_TERM_STEP,
+    Command,
+    Controller,
+    Duty,
+    counted_states,
+)
+from swarm.control.plane import ControlPlane
+from swarm.control.state import (
+    MAX_ITEM,
+    MAX_MESSAGE,
+    BlockEntry,
+    BlockPage,
+    CoordinatorState,
+    KickOrder,
+    LiarReport,
+    StateItem,
+    resolve,
+    seal,
+)
+from swarm.errors import CharterError, NotCoordinator, ProtocolError, StaleTerm, URIError
+from tests.identity_support import owner_key
+from tests.test_control_machine import SWARM, Sim, _lie, _pid, _stable
+
+HUGE = 2**62 - 1
+
+
+def _attacker_in_view(sim: Sim, name: str, eligible: bool) -> PeerId:
+    """A peer that announced itself as a member (a requester when not ``eligible``)."""
+    pid = _pid(name)
+    view = [*sim.view(), Candidate(pid, 0.1, eligible=eligible)]
+    for node in sim.nodes.values():
+        node.members(view, sim.now)
+    return pid
+
+
+# -- finding 1: term inflation --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eligible", [False, True])
+def test_term_inflation_neither_moves_the_term_nor_names_a_coordinator(eligible):
+    sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    m = _attacker_in_view(sim, "mallory", eligible)
+    lie = CoordinatorState(SWARM, HUGE, 1, m)
+    for n in ("a", "c"):
+        with pytest.raises((NotCoordinator, StaleTerm)):
+            sim.nodes[n].heartbeat(lie, m, sim.now)
+        assert sim.nodes[n].term == 1 and sim.nodes[n].coordinator == sim.ids[best]
+    # The coordinator does not step down for it, and reads no term from it.
+    sim.nodes[best].rival(lie, sim.now)
+    sim.nodes[best].dht_states([lie])
+    assert sim.nodes[best].role is Duty.COORDINATOR and sim.nodes[best].term == 1
+    # A newcomer and an observer read the DHT by the same rules.
+    sim.add("n", 0.5)
+    newcomer = sim.nodes["n"]
+    newcomer.members([*sim.view(), Candidate(m, 0.1, eligible=eligible)], sim.now)
+    honest = sim.nodes[best].state
+    counted = newcomer.dht_states([lie, honest])
+    assert counted == [honest] and newcomer.term == 1
+    with pytest.raises((NotCoordinator, StaleTerm)):
+        newcomer.heartbeat(lie, m, sim.now)
+    view = {c.peer_id: c for c in [*sim.view(), Candidate(m, 0.1, eligible=eligible)]}
+    assert counted_states([lie, honest], view, ()) == [honest]
+    # Owner commands still work, and the next term is a small number.
+    sim.operator(best, "block", "a", at=10)
+    sim.operator(best, "unblock", "a", at=11)
+    assert sim.ids["a"] not in sim.nodes[best].blocked()
+    assert BlockCommand(swarm=bytes(32), counter=1, target=sim.ids["a"], reason="",
+                        role=Role.OWNER, term=sim.nodes[best].term + 1)
+
+
+def test_a_newcomer_with_no_state_follows_only_an_eligible_member():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    m = _attacker_in_view(sim, "mallory", eligible=False)
+    sim.add("n", 0.5)
+    sim.nodes["n"].members([*sim.view(), Candidate(m, 100.0, eligible=False)], sim.now)
+    with pytest.raises(NotCoordinator, match="eligible"):
+        sim.nodes["n"].heartbeat(CoordinatorState(SWARM, 5, 1, m), m, sim.now)
+    assert sim.nodes["n"].state is None and sim.nodes["n"].term == 0
+
+
+def test_a_stranger_cannot_hand_a_newcomer_the_role_at_any_term():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    sim.add("n", 0.5)
+    offer = CoordinatorState(SWARM, HUGE, 1, sim.ids["n"])
+    with pytest.raises(NotCoordinator):
+        sim.nodes["n"].handoff_offer(offer, _pid("mallory"), sim.now)
+    assert sim.nodes["n"].role is Duty.FOLLOWER and sim.nodes["n"].term == 0
+
+
+def test_terms_advance_within_a_bound_even_for_an_elected_member():
+    sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    b = sim.ids[best]
+    jump = CoordinatorState(SWARM, 1 + MAX_TERM_STEP + 1, 99, b)
+    with pytest.raises(StaleTerm, match="jumps"):
+        sim.nodes["a"].heartbeat(jump, b, sim.now)
+    assert sim.nodes["a"].term == 1
+    ok = CoordinatorState(SWARM, 1 + MAX_TERM_STEP, 99, b)
+    assert sim.nodes["a"].heartbeat(ok, b, sim.now)
+
+
+def test_a_coordinator_steps_down_only_for_a_legitimate_rival():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    m = _attacker_in_view(sim, "mallory", eligible=False)
+    sim.nodes[best].rival(CoordinatorState(SWARM, 1, 5, m), sim.now)
+    assert sim.nodes[best].role is Duty.COORDINATOR
+    stranger = _pid("stranger")  # not even a member
+    sim.nodes[best].rival(CoordinatorState(SWARM, 2, 5, stranger), sim.now)
+    assert sim.nodes[best].role is Duty.COORDINATOR and sim.nodes[best].term == 1
+
+
+def test_observers_pick_the_chain_most_signers_share():
+    honest = [CoordinatorState(SWARM, t, t, _pid(f"h{t}")) for t in (300, 301, 302)]
+    outlier = CoordinatorState(SWARM, HUGE, 1, _pid("m"))
+    view = {s.coordinator: Candidate(s.coordinator, 1.0) for s in [*honest, outlier]}
+    assert counted_states([outlier, *honest], view, ()) == honest
+    low = CoordinatorState(SWARM, 1, 1, _pid("m"))  # a low item cannot cut the chain either
+    view[low.coordinator] = Candidate(low.coordinator, 1.0)
+    assert counted_states([low, *honest], view, ()) == honest
+
+
+def test_a_blocked_peers_later_claim_counts_for_nobody():
+    """Seen under load: a peer blocked at term 3 (it missed the block) claims term 4; the
+    members refuse it, and so must a newcomer or ``swarm status``."""
+    w1, w2 = _pid("w1"), _pid("w2")
+    three = CoordinatorState(SWARM, 3, 5, w1, (BlockEntry(w2, "by an admin"),))
+    four = CoordinatorState(SWARM, 4, 6, w2)
+    view = {p: Candidate(p, 1.0) for p in (w1, w2)}
+    assert counted_states([four, three], view, ()) == [three]
+    assert counted_states([four, three], view, (), floor=3) == [three]
+
+
+# -- finding 2: a blocklist without a cap ---------------------------------------------------
+
+
+def test_the_blocklist_has_no_fixed_cap_and_pages_rebuild_it():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    coord = sim.nodes[best]
+    peers = [PeerKey.from_seed(bytes([i % 256, i // 256]) * 16).peer_id for i in range(300)]
+    for i, p in enumerate(peers):
+        coord.command(Command("block", p, "r" * 100, "owner", i), sim.now)
+    sim._run(best)
+    st = coord.state
+    assert st.blocked_ids >= set(peers)
+    assert sim.nodes["a"].blocked() >= set(peers)  # heartbeats carried it
+    item = st.encode_item()
+    assert len(item) <= MAX_ITEM - 20 and len(seal(PeerKey.generate(), SWARM, "hb", item,
+                                                    b"e" * 300)) <= MAX_MESSAGE
+    pages = {p.target: p.encode() for p in st.pages()}
+    assert len(pages) > 1 and all(len(v) <= 900 for v in pages.values())
+
+    async def fetch(target: bytes) -> bytes | None:
+        return pages.get(target)
+
+    import asyncio
+    assert asyncio.run(resolve(StateItem.decode(item), fetch)) == st
+    # A page that does not match the signed item is refused.
+    first = StateItem.decode(item).first_page
+    pages[first] = BlockPage((BlockEntry(peers[0]),), b"").encode()
+    with pytest.raises(ProtocolError):
+        asyncio.run(resolve(StateItem.decode(item), fetch))
+
+
+# -- finding 3: liar reports ----------------------------------------------------------------
+
+
+def test_bare_reports_from_fresh_keys_block_nobody():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    coord = sim.nodes[best]
+    for _ in range(24):
+        fresh = PeerKey.generate().peer_id
+        coord.liar_report(LiarReport(sim.ids["a"], "wrong"), fresh, sim.now, 100)
+        coord.liar_report(LiarReport(PeerKey.generate().peer_id, "wrong"), fresh, sim.now, 100)
+    sim._run(best)
+    assert coord.blocked() == frozenset()
+    # Checked evidence is acted on, and the block says which evidence.
+    coord.liar_report(_lie(sim.ids["a"], 7), _pid("anyone"), sim.now, 100)
+    assert sim.ids["a"] in coord.blocked()
+    assert b"proof7".hex()[:12] in coord.state.blocked[0].reason
+
+
+def test_seen_reports_are_bounded_and_relayed_once():
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    follower = sim.nodes["a"]
+    for i in range(MAX_SEEN_REPORTS + 50):
+        follower.liar_report(_lie(_pid("x"), i), _pid("r"), sim.now, 100)
+    relays = [a for a in follower.actions() if type(a).__name__ == "RelayReport"]
+    assert len(relays) == MAX_SEEN_REPORTS + 50 and all(r.report.relayed for r in relays)
+    assert len(follower._reports) <= MAX_SEEN_REPORTS
+    follower.liar_report(relays[0].report, _pid("r"), sim.now, 100)  # relayed: not again
+    follower.liar_report(LiarReport(_pid("x"), "bare"), _pid("r"), sim.now, 100)  # no proof
+    assert not follower.actions()
+
+
+# -- finding 4: replayed old blocks ---------------------------------------------------------
+
+
+def test_a_replayed_owner_block_after_a_failover_is_refused():
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.operator("b", "block", "x", at=100)
+    block = sim.issued[sim.ids["x"]]
+    sim.operator("b", "unblock", "x", at=110)
+    sim.run_until(lambda: sim.ids["x"] not in sim.nodes["c"].blocked())
+    sim.alive.discard("b")  # b dies; c takes over at term 2
+    sim.run_until(lambda: sim.agreed("c", but=frozenset({"b"})))
+    with pytest.raises(StaleTerm, match="replay"):
+        sim.nodes["c"].forwarded_block(block, sim.ids["b"], sim.now, 120)
+    assert sim.ids["x"] not in sim.nodes["c"].blocked()
+    with pytest.raises(NotCoordinator):  # not from a peer that never coordinated
+        sim.nodes["c"].forwarded_block(block, _pid("stranger"), sim.now, 120)
+    with pytest.raises(StaleTerm):  # nor days later
+        sim.nodes["c"].forwarded_block(block, sim.ids["b"], sim.now, 100 + 86400)
+
+
+# -- finding 5: charter rollback ------------------------------------------------------------
+
+
+class _Node(SimpleNamespace):
+    def on_lying_peer(self, cb) -> None:
+        self.liar_cb = cb
+
+
+def _plane(tmp_path, key: PeerKey | None = None, wall=time.time) -> ControlPlane:
+    key = key or PeerKey.generate()
+    node = _Node(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
+                 dht=DHTNode(key), accept_peer=None)
+    return ControlPlane(node, b"\x01" * 32, tmp_path, wall=wall)
+
+
+def _ownership(counter: int) -> SimpleNamespace:
+    return SimpleNamespace(counter=counter, admins={}, sign_counts={},
+                           policy=SimpleNamespace(require_hardware=False))
+
+
+def test_the_charter_counter_only_moves_forward_across_restarts(tmp_path):
+    plane = _plane(tmp_path)
+    plane.accept_charter(_ownership(3))
+    with pytest.raises(CharterError, match="rollback"):
+        plane.accept_charter(_ownership(2))
+    again = _plane(tmp_path)  # a restart keeps the floor
+    assert again.charter_floor == 3
+    with pytest.raises(CharterError):
+        again.accept_charter(_ownership(1))
+
+
+# -- finding 7: NaN, unpinned URIs, cloned owner keys ---------------------------------------
+
+
+def test_nan_timestamps_fail_both_replay_guards():
+    key = PeerKey.generate()
+    me = bytes(20)
+    nan = Envelope.seal(key, key.peer_id, me, b"x", math.nan)  # validly signed
+    with pytest.raises(ItemError, match="window"):
+        ReplayGuard().admit(nan, me, 1000.0)
+    sim, best = _stable({"a": 1.0, "b": 3.0})
+    order = KickOrder(1, sim.ids["a"], "x", 100)
+    with pytest.raises(StaleTerm):
+        sim.nodes["a"].kick_order(order, sim.ids[best], sim.now, math.nan)
+
+
+def test_a_uri_without_the_owner_pin_is_refused_with_a_clear_error():
+    from swarm import uri
+    text = f"magnet:?xs=urn:btpk:{'11' * 32}&x.pe=127.0.0.1:4000"
+    with pytest.raises(URIError, match="x.op: missing"):
+        uri.parse(text)
+    assert uri.parse(text, require_owner=False).owner == b""
+
+
+def test_owner_commands_check_the_authenticator_sign_counter(tmp_path):
+    owner = owner_key(tmp_path, "owner")
+    now = time.time()
+
+    def block(ms: int):
+        return owner.sign(BlockCommand(swarm=b"\x01" * 32, counter=ms, target=_pid("x"),
+                                       reason="", role=Role.OWNER, term=1))
+
+    first, second = block(int(now * 1000)), block(int(now * 1000) + 1)
+    plane = _plane(tmp_path)
+    plane._admit(second, now)
+    with pytest.raises(StaleTerm, match="sign counter"):  # signed earlier: a cloned key
+        plane._admit(first, now)
+    with pytest.raises(StaleTerm, match="replayed"):
+        plane._admit(second, now)
+
+
+def test_a_controller_keeps_no_unchecked_state_from_fresh_reports():
+    c = Controller(_pid("me"), SWARM, 0.0)
+    for _ in range(100):
+        c.liar_report(LiarReport(_pid("w"), "x"), PeerKey.generate().peer_id, 0.0, 1)
+    assert not c._liars
+
+
+def test_validators_verify_each_item_once_and_a_borrowed_signature_poisons_nothing(
+        monkeypatch):
+    """Issue 19 groundwork: the charter/state validators cache their verdict per (target,
+    seq, signature, value); an item with the real signature but another value is judged on
+    its own."""
+    from dht.items import MutableItem
+    from swarm.control import charter
+
+    coord = PeerKey.generate()
+    good = CoordinatorState(SWARM, 1, 1, coord.peer_id)
+    salt = charter.state_salt(SWARM)
+    item = MutableItem(coord.public_bytes, salt, 1, good.encode_item(), b"s" * 64)
+    calls = []
+    real = StateItem.decode
+    monkeypatch.setattr(charter.StateItem, "decode",
+                        lambda data: calls.append(1) or real(data))
+    for _ in range(5):
+        charter.validate_state_item(item)
+    assert len(calls) == 1
+    lie = MutableItem(coord.public_bytes, salt, 1, b"\x00junk", b"s" * 64)
+    with pytest.raises(ItemError):
+        charter.validate_state_item(lie)
+    charter.validate_state_item(item)  # still fine
+
+
+async def test_a_strangers_heartbeat_costs_no_dht_lookup(tmp_path):
+    """A heartbeat naming blocklist pages is judged by its head first: from a peer that
+    may not coordinate here, no page is fetched."""
+    plane = _plane(tmp_path)
+    fetched = []
+
+    async def page(target: bytes) -> bytes | None:
+        fetched.append(target)
+        return None
+
+    plane._page = page
+    mallory = PeerKey.generate()
+    lie = CoordinatorState(SWARM, 3, 1, mallory.peer_id, (BlockEntry(_pid("x")),))
+    await plane._on_message(mallory.peer_id, ("127.0.0.1", 9),
+                            seal(mallory, SWARM, "hb", lie.encode_item()))
+    assert fetched == [] and plane.controller.state is None
+    assert mallory.peer_id not in plane.addrs
+    await plane.close()
