@@ -232,6 +232,9 @@ class ActorHost:
         except (TypeError, ValueError, AttributeError) as exc:
             await self._reply(link, TaskFailed(msg.task, "invalid", str(exc)[:500]))
             return
+        if fault.invalid:
+            await self._reply(link, TaskFailed(msg.task, "invalid", "SWARM_CHAOS: refused"))
+            return
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:

@@ -23,7 +23,7 @@ import msgpack
 import numpy as np
 
 from identity.keys import PeerId
-from swarm.errors import LinkClosed, TaskError
+from swarm.errors import LinkClosed
 from swarm.links.base import PeerLink
 from swarm.runtime.objects import ObjectId, ObjectStore
 from swarm.runtime.protocol import (
@@ -288,7 +288,8 @@ class Requester:
         ``await verify(i, outputs)`` checks a remote result (the worker's slot is refilled
         meanwhile). With ``replicate`` each call runs on two different peers and their
         outputs must agree (a disagreement is settled by ``local``). Raises TimeoutError
-        after ``timeout`` seconds, TaskError when a worker refuses a call as invalid.
+        after ``timeout`` seconds. A worker that refuses a call as invalid is treated like one
+        that returned a wrong result: banned for this job, its shards redone elsewhere.
         """
         job = _JobRun(self, list(calls), local, verify, replicate, owners, progress)
         return await job.run(timeout)
@@ -447,7 +448,12 @@ class _JobRun:
         if isinstance(event, _AttemptFailed):
             self.report.peer(event.peer).failed += 1
             if event.kind == "invalid":
-                raise TaskError(f"worker {event.peer} refused the task: {event.message}")
+                # The call passed our own MethodSpec check before it was sent, so a worker
+                # calling it invalid is misbehaving (or broken): never let it fail the job.
+                log.warning("worker %s refused shard %d as invalid (%s); running it elsewhere",
+                            event.peer, event.shard, event.message)
+                sched.rejected(event.shard, event.peer)
+                return
             log.info("shard %d on %s failed (%s): %s", event.shard, event.peer, event.kind,
                      event.message)
             sched.errored(event.shard, event.peer)

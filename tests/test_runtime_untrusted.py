@@ -1,0 +1,62 @@
+"""Workers are strangers: their refusals, results and kernels must not hurt anyone else's job.
+
+Real actor hosts behind in-memory links, one of them misbehaving through ``SWARM_CHAOS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+
+import compute
+from identity.keys import PeerKey
+from swarm.links import memory_pair
+from swarm.runtime import jobs
+from swarm.runtime.chaos import parse
+from swarm.runtime.host import ActorHost
+from swarm.runtime.requester import Requester
+
+
+@contextlib.asynccontextmanager
+async def swarm_of(*chaos: str | None, **host_options):
+    """A requester linked to one real actor host per ``chaos`` spec (None = honest)."""
+    me = PeerKey.generate()
+    req = Requester(me.peer_id)
+    hosts, serving = [], []
+    for spec in chaos:
+        host = ActorHost(compute.get_backend("numpy"), chaos=parse(spec), **host_options)
+        mine, theirs = memory_pair(me, PeerKey.generate())
+        serving.append(asyncio.create_task(host.serve(theirs)))
+        req.attach(mine)
+        hosts.append((mine.remote, host))
+    try:
+        yield req, hosts
+    finally:
+        await req.close()
+        await asyncio.wait_for(asyncio.gather(*serving, return_exceptions=True), 10)
+        for _, host in hosts:
+            await host.close()
+
+
+async def matmul(req: Requester, a, b):
+    job = jobs.matmul_job(a, b, workers=req.workers(), rates=req.rates, precision="f32",
+                          backend=compute.get_backend("numpy"), verifier=jobs.FreivaldsCache())
+    results, report = await req.run(job.calls, local=job.local, verify=job.verify,
+                                    owners=job.owners, timeout=60)
+    return job.merge(results), report
+
+
+async def test_a_worker_refusing_tasks_as_invalid_never_fails_the_job():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((600, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 300)).astype(np.float32)
+    async with swarm_of(None, "invalid=1", None) as (req, hosts):
+        liar = hosts[1][0]
+        for _ in range(3):
+            c, report = await matmul(req, a, b)
+            np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+            mine = report.peers.get(str(liar))
+            assert mine is None or mine.verified == 0
+        assert req.rates.rejected.get(liar, 0) >= 1      # counted as misbehaviour
