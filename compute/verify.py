@@ -96,6 +96,12 @@ def _model_variance(a: np.ndarray, b_norms2: np.ndarray, c_norms2: np.ndarray, n
     return var
 
 
+def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: str = "f32"
+               ) -> np.ndarray:
+    """Per-row thresholds ``KAPPA * sigma_i`` (what a residual may reach on an honest row)."""
+    return KAPPA * np.sqrt(_model_variance(a, b_norms2, row_norms2(c), c.shape[1], precision))
+
+
 def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
                   precision: str = "f32") -> bool:
     """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
