@@ -60,3 +60,32 @@ async def test_a_worker_refusing_tasks_as_invalid_never_fails_the_job():
             mine = report.peers.get(str(liar))
             assert mine is None or mine.verified == 0
         assert req.rates.rejected.get(liar, 0) >= 1      # counted as misbehaviour
+
+
+async def test_held_out_of_order_calls_count_against_max_memory():
+    """60 calls held for an earlier one pinned 240 MiB on a worker with a 1 MiB store; now
+    every byte held for others counts against the cap and what is over is refused."""
+    from swarm.runtime.protocol import RunTask, TaskArg, TaskFailed
+
+    cap = 1 << 20
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=cap)
+    me = PeerKey.generate()
+    mine, theirs = memory_pair(me, PeerKey.generate())
+    serving = asyncio.create_task(host.serve(theirs))
+    chunk = np.ones((256, 256), np.float32)                      # 256 KiB inline
+    try:
+        for seq in range(1, 61):                                 # seq 0 never comes
+            await mine.send(RunTask(seq, "matmul", 1, seq, "matmul",
+                                    [TaskArg(array=chunk), TaskArg(array=chunk)]))
+        refusals = []
+        while len(refusals) < 60 - cap // (2 * chunk.nbytes):
+            msg = await asyncio.wait_for(mine.recv(), 10)
+            assert isinstance(msg, TaskFailed) and msg.kind == "busy", msg
+            refusals.append(msg)
+        assert "memory" in refusals[0].message and "--max-memory" in refusals[0].message
+        assert host.store.reserved <= cap
+    finally:
+        await mine.close()
+        await asyncio.wait_for(serving, 5)
+        await host.close()
+    assert host.store.reserved == 0                               # freed with the link

@@ -183,6 +183,10 @@ class CallOrder:
         """Calls waiting for an earlier one."""
         return len(self._held)
 
+    def held_calls(self) -> list[Any]:
+        """The calls waiting for an earlier one (to free what they hold)."""
+        return list(self._held.values())
+
     def rewind(self, seq: int, released: dict[int, Any]) -> None:
         """Call ``seq`` could not run yet (its inputs must be resent): take it and the calls
         released after it back, so the resent ``seq`` runs first and order is kept."""

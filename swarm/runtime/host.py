@@ -57,6 +57,8 @@ class _Missing(Exception):
 class _Call:
     link: PeerLink
     msg: RunTask
+    nbytes: int = 0
+    """Inline array bytes this call holds, reserved in the store until it is done or dropped."""
 
 
 @dataclass
@@ -125,17 +127,27 @@ class ActorHost:
                 elif isinstance(msg, RunTask):
                     await self._accept(link, msg)
                 elif isinstance(msg, CancelTask):  # a running task cannot be stopped
-                    self._queue = deque(c for c in self._queue
-                                        if c.link is not link or c.msg.task != msg.task)
+                    self._drop(lambda c, t=msg.task: c.link is link and c.msg.task == t)
                     self.changed.set()
                 elif fallback is not None:
                     await fallback(link, msg)
         finally:
             self._links.discard(link)
-            self._queue = deque(c for c in self._queue if c.link is not link)
+            self._drop(lambda c: c.link is link)
             for key in [k for k in self._instances if k[0] == link.remote]:
-                del self._instances[key]
+                for call in self._instances.pop(key).order.held_calls():
+                    self.store.release(call.nbytes)
             self.changed.set()
+
+    def _drop(self, which: Callable[[_Call], bool]) -> None:
+        """Take the queued calls ``which`` selects off the queue and free their bytes."""
+        keep = deque()
+        for call in self._queue:
+            if which(call):
+                self.store.release(call.nbytes)
+            else:
+                keep.append(call)
+        self._queue = keep
 
     async def _put(self, msg: PutObject) -> None:
         arr = msg.array
@@ -157,8 +169,11 @@ class ActorHost:
             await self._reply(link, TaskFailed(msg.task, "invalid",
                                                f"no installed actor method {msg.actor}.{msg.method}"))
             return
-        call = _Call(link, msg)
+        nbytes = sum(a.array.nbytes for a in msg.args if a.array is not None)
+        call = _Call(link, msg, nbytes)
         if msg.seq < 0 or msg.instance == 0:
+            if not await self._reserve(call):
+                return
             self._queue.append(call)
         else:
             if (link.remote, msg.actor, msg.instance) not in self._instances and sum(
@@ -171,9 +186,24 @@ class ActorHost:
                 await self._reply(link, TaskFailed(msg.task, "invalid",
                                                    "call is too far ahead of the actor's order"))
                 return
+            if not await self._reserve(call):
+                return
+            stale = inst.order.stale
             self._queue.extend(inst.order.offer(msg.seq, call))
+            if inst.order.stale != stale:   # a duplicate: dropped, holds nothing
+                self.store.release(call.nbytes)
         self._wake.set()
         self.changed.set()
+
+    async def _reserve(self, call: _Call) -> bool:
+        """Count the call's inline arrays against ``--max-memory``; refuse it when over."""
+        if self.store.reserve(call.nbytes):
+            return True
+        await self._reply(call.link, TaskFailed(
+            call.msg.task, "busy", f"worker memory is full: the call's {call.nbytes} bytes do "
+            f"not fit beside {self.store.reserved} bytes already held for queued calls "
+            f"(--max-memory {self.store.capacity} bytes); send it later or elsewhere"))
+        return False
 
     def _instance(self, peer: PeerId, actor: str, instance: int) -> _Instance:
         key = (peer, actor, instance)
@@ -194,6 +224,7 @@ class ActorHost:
             try:
                 await self._execute(call)
             finally:
+                self.store.release(call.nbytes)
                 self._current = None
                 self._idle.set()
                 self.changed.set()
@@ -293,7 +324,7 @@ class ActorHost:
         """Graceful stop: tell requesters, hand back queued tasks, finish the running one."""
         self.draining = True
         handback = list(self._queue)
-        self._queue.clear()
+        self._drop(lambda c: True)
         self.changed.set()
         for call in handback:
             await self._reply(call.link, TaskFailed(call.msg.task, "busy",
