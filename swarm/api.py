@@ -47,6 +47,7 @@ from swarm.errors import (
     ConfigError,
     LinkClosed,
     LocalError,
+    ProtocolError,
     RemoteError,
 )
 from swarm.netaddr import source_address
@@ -433,7 +434,8 @@ class ActorHandle:
             peer = await self._place()
             instance, s = seq
             try:
-                outs, _ = await client._node.requester.call(peer, call, instance=instance, seq=s)
+                outs = (await client._node.requester.call(peer, call, instance=instance,
+                                                           seq=s)).outputs
                 break
             except LinkClosed:
                 self._on_death(peer)
@@ -471,7 +473,7 @@ class ActorHandle:
         req = client._node.requester
         others = [w for w in req.workers() if w != peer]
         try:
-            second = (await req.call(others[0], call))[0] if others else \
+            second = (await req.call(others[0], call)).outputs if others else \
                 await asyncio.to_thread(here)
         except (TaskFailure, LinkClosed):
             second = await asyncio.to_thread(here)
@@ -610,7 +612,31 @@ def _start_client(config: NodeConfig, min_workers: int, timeout: float,
 
 
 async def _make_node(config: NodeConfig, key: PeerKey | None) -> Node:
-    return Node(config, key)
+    node = Node(config, key)
+    if node.find_coordinator is None:  # a client: no control plane, so read the DHT
+        node.find_coordinator = functools.partial(_dht_coordinator, node)
+    return node
+
+
+async def _dht_coordinator(node: Node) -> PeerId | None:
+    """The coordinator named by the highest-term state item among the members (where a
+    client's evidence goes; a wrong answer only loses the evidence, never blocks anyone)."""
+    from swarm.control.charter import state_salt
+    from swarm.control.state import CoordinatorState
+
+    salt = state_salt(node.config.swarm_id)
+
+    async def state_of(peer: PeerId) -> CoordinatorState | None:
+        try:
+            item = await node.dht.get_mutable(peer.raw, salt)
+            return CoordinatorState.decode(item.value) if item is not None else None
+        except (DHTError, ProtocolError, ValueError):
+            return None
+
+    members = await node.members()
+    states = [s for s in await asyncio.gather(*(state_of(r.peer_id) for r in members)) if s]
+    best = max(states, key=lambda s: (s.term, s.seq), default=None)
+    return best.coordinator if best is not None else None
 
 
 class LocalSwarm(Client):

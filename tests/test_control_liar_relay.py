@@ -23,6 +23,9 @@ class _Node(SimpleNamespace):
     def on_lying_peer(self, cb) -> None:
         self.liar_cb = cb
 
+    def on_control(self, message_type, handler) -> None:
+        self.control = {**getattr(self, "control", {}), message_type: handler}
+
 
 async def _plane(tmp_path, key: PeerKey) -> tuple[ControlPlane, list]:
     node = _Node(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),

@@ -332,10 +332,6 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known flaky (about half of isolated runs): the job "
-                   "sometimes waits for the 20 s straggler instead of re-running its shard on "
-                   "the idle worker; the scheduler's straggler logic itself is covered "
-                   "deterministically in test_runtime_scheduler.py (open bug, in the closing note)")
 def test_straggler_is_re_executed_elsewhere():
     with swarm.local(workers=2, threads=1, chaos=["delay=20000", None]) as c:
         slow = c.worker_ids[0]

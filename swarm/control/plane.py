@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,12 +51,17 @@ from swarm.control.state import (
     unseal,
 )
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+from swarm.runtime.evidence import Evidence, check_evidence
+from swarm.runtime.objects import ObjectId
+from swarm.runtime.protocol import EvidenceMsg
 
 log = logging.getLogger("swarm.control")
 
 TICK = 0.1
 NO_COORDINATE = "no-coordinate"  # a member role: serves tasks, never coordinates
 VIEW_INTERVAL = 1.0
+MAX_JUDGED = 4096
+"""Evidence keys remembered (so replays of one receipt count once)."""
 CHARTER_REFRESH = 5.0
 COMMAND_AGE = 120_000  # ms: older (or future) commands are refused as replays
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
@@ -116,6 +122,11 @@ class ControlPlane:
         register_validators(node.dht)
         node.accept_peer = self.accept_peer
         node.on_lying_peer(self._on_liar)
+        node.find_coordinator = self._evidence_coordinator
+        node.judge_evidence = self.judge_evidence
+        node.on_control(EvidenceMsg, self._on_evidence)
+        self._judged: OrderedDict[bytes, None] = OrderedDict()
+        """Evidence already judged (a receipt counts once, however often it arrives)."""
         node.dht.on_message(self._on_message)
 
     # -- public --------------------------------------------------------------------------
@@ -421,6 +432,42 @@ class ControlPlane:
         if link is not None:
             await link.close(act.reason)
 
+    # -- evidence ------------------------------------------------------------------------
+
+    async def _evidence_coordinator(self) -> PeerId | None:
+        coord = self.controller.coordinator
+        if coord is None and self.controller.state is not None:
+            coord = self.controller.state.coordinator  # a client follows the DHT state
+        return coord
+
+    async def _on_evidence(self, link, msg: EvidenceMsg) -> None:
+        """Evidence from a requester; its arrays came before it, into our object store."""
+        try:
+            evidence = Evidence.decode(msg.evidence)
+        except ValueError as exc:
+            log.warning("bad evidence from %s: %s", link.remote.short(), exc)
+            return
+        store = self.node.host.store if self.node.host is not None else None
+        await self.judge_evidence(
+            evidence, lambda oid: store.get(ObjectId(oid)) if store is not None else None)
+
+    async def judge_evidence(self, evidence: Evidence, fetch_array) -> None:
+        """Block on proof alone: re-check the signed result ourselves (issue 13)."""
+        c = self.controller
+        if c.role is not Role.COORDINATOR or evidence.key in self._judged:
+            return
+        self._judged[evidence.key] = None
+        while len(self._judged) > MAX_JUDGED:
+            self._judged.popitem(last=False)
+        verdict = await asyncio.to_thread(check_evidence, evidence, fetch_array)
+        worker = evidence.receipt.worker
+        if not verdict.proven:
+            log.info("evidence against %s not proven: %s", worker.short(), verdict.why)
+            return
+        log.warning("proof that %s lied: %s", worker.short(), verdict.why)
+        c.liar_report(worker, self.clock(), int(time.time()))
+        await self._do(c.actions())
+
     # -- incoming --------------------------------------------------------------------------
 
     def _on_liar(self, peer: PeerId, reason: str) -> None:
@@ -438,8 +485,8 @@ class ControlPlane:
             if now - at > self.controller.timing.liar_window:
                 continue
             if coord == self.key.peer_id:
-                self.controller.liar_report(peer, now, int(time.time()))
-            elif coord is not None:
+                continue  # our own word is no proof either: evidence goes through the node
+            if coord is not None:
                 body = msgpack.packb({"p": peer.raw, "r": reason[:100]}, use_bin_type=True)
                 self._spawn(self._send(coord, seal(self.key, self.swarm_id, "liar", body)))
         self._spawn(self._do(self.controller.actions()))
@@ -474,7 +521,9 @@ class ControlPlane:
                 if isinstance(o, dict) and env.sender not in c.blocked():
                     liar = PeerId(o["p"])
                     if c.role is Role.COORDINATOR:
-                        c.liar_report(liar, now, int(time.time()))
+                        # A claim is not evidence (issue 13): blocks follow judge_evidence.
+                        log.info("liar claim about %s from %s: ignored without evidence",
+                                 liar.short(), env.sender.short())
                     elif not o.get("f") and c.coordinator not in (None, self.key.peer_id,
                                                                    env.sender):
                         # The reporter's view of the coordinator is stale (a handoff just

@@ -23,12 +23,13 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from identity.keys import PeerId
+from identity.keys import PeerId, PeerKey
 from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links.base import PeerLink
 from swarm.runtime.actors import REGISTRY, CallOrder
 from swarm.runtime.chaos import Chaos, ChaosSpec
+from swarm.runtime.evidence import Receipt, input_ids
 from swarm.runtime.objects import ObjectId, ObjectStore, object_id
 from swarm.runtime.protocol import (
     MAX_PARAMS,
@@ -92,8 +93,11 @@ class ActorHost:
         chaos: ChaosSpec | None = None,
         registry: dict[str, type] | None = None,
         crash: Callable[[int], None] = os._exit,
+        key: PeerKey | None = None,
     ) -> None:
         self.backend = backend
+        self.key = key or PeerKey.generate()
+        """Signs a receipt for every result (the node's own key, so receipts name it)."""
         self.store = ObjectStore(store_capacity)
         self.chaos = Chaos(chaos or ChaosSpec())
         self.registry = REGISTRY if registry is None else registry
@@ -284,8 +288,14 @@ class ActorHost:
         if fault.drop:
             return
         self.stats.tasks += 1
-        await self._reply(link, TaskResult(msg.task, [np.ascontiguousarray(o) for o in outputs],
-                                           seconds))
+        outputs = [np.ascontiguousarray(o) for o in outputs]
+        receipt = await loop.run_in_executor(None, self._receipt, link.remote, msg, outputs)
+        await self._reply(link, TaskResult(msg.task, outputs, seconds, receipt))
+
+    def _receipt(self, requester: PeerId, msg: RunTask, outputs: list[np.ndarray]) -> bytes:
+        """Sign what ran: the inputs as received, the outputs as sent (hashing both)."""
+        return Receipt.sign(self.key, requester, msg.task, msg.actor, msg.method, msg.params,
+                            input_ids(msg.args), [object_id(o).raw for o in outputs]).encode()
 
     def _resolve(self, msg: RunTask) -> tuple[list[np.ndarray], dict[str, Any]]:
         arrays, missing = [], []

@@ -70,6 +70,16 @@ class TaskResult(wire.Message):
     """Output arrays, in their transfer precision."""
     seconds: float
     """Compute time on the worker (its claim; the requester measures its own round trip)."""
+    receipt: bytes = b""
+    """The worker's signed :class:`~swarm.runtime.evidence.Receipt` for these outputs."""
+
+
+@wire.message("rt.evidence")
+class EvidenceMsg(wire.Message):
+    """A rejected result, for the coordinator to re-check (arrays sent before, by address)."""
+
+    evidence: bytes
+    """An encoded :class:`~swarm.runtime.evidence.Evidence`."""
 
 
 @wire.message("rt.failed")
