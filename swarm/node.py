@@ -59,6 +59,7 @@ from swarm.links.base import PeerLink
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import Evidence
 from swarm.runtime.host import ActorHost
+from swarm.runtime.kernels import KERNEL_TIME_LIMIT
 from swarm.runtime.protocol import EvidenceMsg, PutObject
 from swarm.runtime.requester import EvidencePackage, Requester
 
@@ -92,6 +93,8 @@ class NodeConfig:
     threads: int | None = None
     """BLAS threads for a numpy backend (None = library default)."""
     store_capacity: int = 4 << 30
+    kernel_time_limit: float = KERNEL_TIME_LIMIT
+    """Seconds one user WGSL kernel dispatch may run before it is stopped."""
     """Object store cap in bytes."""
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
     """Fault injection (``SWARM_CHAOS``)."""
@@ -229,7 +232,7 @@ class Node:
                 quick=cfg.bench_sizes is None, backends=[backend.name], threads=cfg.threads)
             self.tflops = compute.measured_tflops(result)
             self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos,
-                                  key=self.key)
+                                  key=self.key, kernel_time_limit=cfg.kernel_time_limit)
         if cfg.listen or (cfg.listen is None and "worker" in cfg.roles):
             self.server = await tls.listen(self.key, cfg.host, cfg.link_port,
                                            on_link=self._serve, accept=self._accepts)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 
 import numpy as np
+import pytest
 
 import compute
 from identity.keys import PeerKey
@@ -89,3 +90,59 @@ async def test_held_out_of_order_calls_count_against_max_memory():
         await asyncio.wait_for(serving, 5)
         await host.close()
     assert host.store.reserved == 0                               # freed with the link
+
+
+ENDLESS = """
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(1)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    loop {                              // endless (llvmpipe cuts it at 65535 iterations per
+        if (y[0] < -1.0) { break; }     // invocation, so the dispatch below is ~3e14 of them)
+        y[1] = y[1] + 1.0;
+    }
+}
+"""
+
+
+def kernel_call():
+    from swarm.runtime.requester import Arg, Call
+
+    return Call("matmul", "kernel", (Arg(np.zeros(2, np.float32)),),
+                {"wgsl": ENDLESS, "inputs": ["y"], "outputs": [["y", [2], "float32"]],
+                 "dispatch": [65535, 65535, 1]})
+
+
+async def test_an_endless_kernel_is_stopped_reported_and_sent_again_at_most_once():
+    """An endless WGSL loop passed validation and blocked a worker's compute thread forever,
+    and the straggler logic sent it on to every other worker."""
+    from swarm.errors import TaskError
+
+    async with swarm_of(None, None, None, kernel_time_limit=2.0) as (req, hosts):
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TaskError, match="time limit on two workers"):
+            await req.run([kernel_call()], local=lambda i: pytest.fail("ran locally"),
+                          verify=None, timeout=120)
+        stopped = [host.kernels.timeouts for _, host in hosts]
+        assert sum(stopped) == 2 and max(stopped) == 1          # sent again once, not more
+        # the workers are not wedged: a matmul right after is answered
+        rng = np.random.default_rng(3)
+        a = rng.standard_normal((64, 32)).astype(np.float32)
+        b = rng.standard_normal((32, 16)).astype(np.float32)
+        c, _ = await matmul(req, a, b)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+        assert asyncio.get_running_loop().time() - started < 90
+
+
+async def test_hang_chaos_is_stopped_and_the_job_completes_elsewhere():
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((600, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 300)).astype(np.float32)
+    async with swarm_of(None, "hang=1", kernel_time_limit=1.0) as (req, hosts):
+        c, report = await matmul(req, a, b)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+        hung, host = hosts[1]
+        assert report.peers.get(str(hung)) is None or report.peers[str(hung)].verified == 0
+        async with asyncio.timeout(60):           # its dispatch is stopped at the limit
+            while host.kernels.timeouts < 1:
+                await asyncio.sleep(0.05)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import inspect
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from swarm.links.base import PeerLink
 from swarm.runtime.actors import REGISTRY, CallOrder
 from swarm.runtime.chaos import Chaos, ChaosSpec
 from swarm.runtime.evidence import Receipt, input_ids
+from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner, KernelTimeout
 from swarm.runtime.objects import ObjectId, ObjectStore, object_id
 from swarm.runtime.protocol import (
     MAX_PARAMS,
@@ -94,9 +96,12 @@ class ActorHost:
         registry: dict[str, type] | None = None,
         crash: Callable[[int], None] = os._exit,
         key: PeerKey | None = None,
+        kernel_time_limit: float = KERNEL_TIME_LIMIT,
     ) -> None:
         self.backend = backend
         self.key = key or PeerKey.generate()
+        self.kernels = KernelRunner(kernel_time_limit)
+        """User kernels run in a child process that a time limit can stop."""
         """Signs a receipt for every result (the node's own key, so receipts name it)."""
         self.store = ObjectStore(store_capacity)
         self.chaos = Chaos(chaos or ChaosSpec())
@@ -213,7 +218,10 @@ class ActorHost:
         key = (peer, actor, instance)
         inst = self._instances.get(key)
         if inst is None:
-            inst = self._instances[key] = _Instance(self.registry[actor](self.backend))
+            cls = self.registry[actor]
+            made = (cls(self.backend, kernels=self.kernels)
+                    if "kernels" in inspect.signature(cls).parameters else cls(self.backend))
+            inst = self._instances[key] = _Instance(made)
         return inst
 
     # -- running tasks ----------------------------------------------------------------------
@@ -272,9 +280,16 @@ class ActorHost:
             return
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        method = getattr(actor, msg.method)
+        if fault.hang:
+            def method(arrays, params):  # noqa: ARG001 - a dispatch that never finishes
+                return self.kernels.run("", {}, {}, (1, 1, 1), hang=True)
         try:
-            outputs = await loop.run_in_executor(
-                self._pool, getattr(actor, msg.method), arrays, params)
+            outputs = await loop.run_in_executor(self._pool, method, arrays, params)
+        except KernelTimeout as exc:
+            log.warning("task %d %s.%s stopped: %s", msg.task, msg.actor, msg.method, exc)
+            await self._reply(link, TaskFailed(msg.task, "timeout", str(exc)))
+            return
         except Exception as exc:  # the method's own failure is reported, not fatal
             log.info("task %d %s.%s failed: %s", msg.task, msg.actor, msg.method, exc)
             await self._reply(link, TaskFailed(msg.task, "error", f"{type(exc).__name__}: "
@@ -353,3 +368,4 @@ class ActorHost:
         if self._runner is not None:
             self._runner.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.kernels.close)

@@ -10,8 +10,8 @@ no clock and awaits nothing, so tests drive whole jobs with a fake clock and no 
 
 Policy lives here, not in the adapter: a worker's "invalid" refusal of a call that passed
 our own checks is misbehaviour (banned for the job, shard redone elsewhere), never a reason
-to fail the job; a straggler's late copy is ignored; a wrong result counts even when another
-copy already won.
+to fail the job; a call stopped at a worker's time limit is sent again at most once; a
+straggler's late copy is ignored; a wrong result counts even when another copy already won.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from swarm.errors import TaskError
 from swarm.runtime.scheduler import LOCAL, JobScheduler
 
 log = logging.getLogger("swarm.runtime.jobcore")
@@ -135,6 +136,7 @@ class JobCore:
         self.results: dict[int, list[np.ndarray]] = {}
         self._replicas: dict[int, tuple[Any, list[np.ndarray]]] = {}
         self._known: set = set(sched.workers()) - {LOCAL}
+        self._timeouts: dict[int, int] = {}
         self._out: list[Action] = []
 
     @property
@@ -198,6 +200,14 @@ class JobCore:
                                                  f"{message[:100]}"))
             self.sched.rejected(shard, peer)
             return
+        if kind == "timeout":
+            # A kernel past a worker's time limit: sent again once (that worker may be slow),
+            # never copied further; a second timeout means the kernel itself never ends.
+            self._timeouts[shard % self.n] = self._timeouts.get(shard % self.n, 0) + 1
+            if self._timeouts[shard % self.n] >= 2:
+                raise TaskError(f"call {shard % self.n} ran past the time limit on two "
+                                f"workers and was stopped ({message}); it is not sent again")
+            self.sched.no_copies(shard)
         log.info("shard %d on %s failed (%s): %s", shard, peer, kind, message)
         self.sched.errored(shard, peer)
 

@@ -90,7 +90,8 @@ class TaskFailed(wire.Message):
     """The RunTask's id."""
     kind: str
     """"missing" (resend the objects in ``missing``), "invalid" (bad request), "error"
-    (the method raised), "busy" (the worker is draining: run it elsewhere)."""
+    (the method raised), "busy" (draining, or memory full: run it elsewhere), "timeout"
+    (a kernel ran past the worker's time limit and was stopped)."""
     message: str
     """What went wrong, in words."""
     missing: list[bytes] = field(default_factory=list)

@@ -165,6 +165,7 @@ class JobScheduler:
         self._pool: deque[int] = deque()  # shards not queued on any worker
         self._local_only: deque[int] = deque()  # shards out of remote attempts
         self._checking: dict[int, set[Peer]] = {}  # results being verified, by shard
+        self._no_copies: set[int] = set()  # shards never duplicated again
         for peer in workers:
             self._workers[peer] = _Worker(peer)
         if owners is None:
@@ -278,6 +279,10 @@ class JobScheduler:
         if w is not None:
             w.running.pop(shard, None)
         self._fail_attempt(shard, peer)
+
+    def no_copies(self, shard: int) -> None:
+        """Never start straggler copies of ``shard`` again (it already ran past a limit)."""
+        self._no_copies.add(shard)
 
     def _fail_attempt(self, shard: int, peer: Peer) -> None:
         if shard in self.done:
@@ -415,7 +420,7 @@ class JobScheduler:
                 if (shard in w.running or w.peer in self._failed_on.get(shard, ())
                         or self._avoid(shard, w.peer)):
                     continue
-                if shard in self._checking or sum(
+                if shard in self._checking or shard in self._no_copies or sum(
                         shard in x.running for x in self._workers.values()) > 1:
                     continue   # already copied, or a copy's result is being verified
                 due = self._straggler_due(o.peer, shard, started)
