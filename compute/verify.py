@@ -33,9 +33,9 @@ where ``u16 = 2**-11`` covers products computed from inputs rounded to half prec
 *claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
 ``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
 
-Cost: one pass over each of ``a``, ``b`` (``b @ R`` and its row norms) and ``c`` (``c @ R``
-and its row norms), plus ``Q`` (one pass over ``a``): against ``2 M N K`` flops for the
-product (bench/compute.py measures it against the numpy product).
+Cost: one memory pass over each of ``b`` (``b @ R`` and its row norms), ``a`` (``a (b R)``
+and ``Q``) and ``c`` (``c @ R`` and its row norms), each in cache-sized row blocks used twice
+while cached: against ``2 M N K`` flops for the product (bench/compute.py measures it).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ KAPPA = 8.0
 measured over >= 1,000 products (numpy, tiled and naive WGSL on llvmpipe, sequential f32;
 normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.py's table
 (about 2.5); KAPPA leaves >= 3x on top of it."""
+_BLOCK = 1 << 17
+"""Elements per row block in a pass (512 KiB of f32, 1 MiB as f64 squares): cache-sized."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
 
@@ -68,13 +70,36 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
-def row_norms2(x: np.ndarray) -> np.ndarray:
-    """Squared row norms (float64) of a 2-D float32 array, without a temporary copy."""
+def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
+          ) -> tuple[np.ndarray | None, np.ndarray]:
+    """One pass over ``x`` in cache-sized row blocks: ``x @ right`` (float32; skipped when
+    ``right`` is None) and ``(x * x) @ weights`` (float64; row norms squared when ``weights``
+    is None). Each block is read from memory once and used twice while it is in cache, so a
+    check costs one memory pass per matrix."""
     m, k = x.shape
+    proj = None if right is None else np.empty((m, right.shape[1]), np.float32)
+    sq = np.zeros(m)
     if m == 0 or k == 0:
-        return np.zeros(m)
+        if proj is not None:
+            proj[:] = 0
+        return proj, sq
+    rows = max(1, _BLOCK // k)
+    tmp = np.empty((min(rows, m), k))
+    w = None if weights is None else np.asarray(weights, np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.matmul(x[:, None, :], x[:, :, None]).reshape(m).astype(np.float64)
+        for r0 in range(0, m, rows):
+            blk = x[r0:r0 + rows]
+            if proj is not None:
+                np.matmul(blk, right, out=proj[r0:r0 + len(blk)])
+            t = tmp[:len(blk)]
+            np.multiply(blk, blk, out=t, dtype=np.float64)
+            sq[r0:r0 + len(blk)] = t.sum(axis=1) if w is None else t @ w
+    return proj, sq
+
+
+def row_norms2(x: np.ndarray) -> np.ndarray:
+    """Squared row norms (float64) of a 2-D float32 array, in one cache-blocked pass."""
+    return _pass(x, None, None)[1]
 
 
 def miss_probability(error_norm: float, threshold: float, rounds: int = ROUNDS) -> float:
@@ -84,12 +109,10 @@ def miss_probability(error_norm: float, threshold: float, rounds: int = ROUNDS) 
     return min(1.0, 0.8 * threshold / error_norm) ** rounds
 
 
-def _model_variance(a: np.ndarray, b_norms2: np.ndarray, c_norms2: np.ndarray, n: int,
-                    precision: str) -> np.ndarray:
-    """``sigma_i**2`` of the rounding model (module docstring), per row."""
-    k = a.shape[1]
-    with np.errstate(over="ignore", invalid="ignore"):
-        q = ((a * a) @ b_norms2.astype(np.float32)).astype(np.float64)
+def _variance(k: int, n: int, q: np.ndarray, c_norms2: np.ndarray, precision: str
+              ) -> np.ndarray:
+    """``sigma_i**2`` of the rounding model (module docstring), per row, from
+    ``q_i = sum_t a_it**2 ||b_t||**2`` and ``||c_i||**2``."""
     var = _U32**2 * (k + n) * (c_norms2 + q)
     if precision == "f16":
         var += _U16**2 * q
@@ -99,13 +122,15 @@ def _model_variance(a: np.ndarray, b_norms2: np.ndarray, c_norms2: np.ndarray, n
 def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: str = "f32"
                ) -> np.ndarray:
     """Per-row thresholds ``KAPPA * sigma_i`` (what a residual may reach on an honest row)."""
-    return KAPPA * np.sqrt(_model_variance(a, b_norms2, row_norms2(c), c.shape[1], precision))
+    q = _pass(a, None, b_norms2)[1]
+    return KAPPA * np.sqrt(_variance(a.shape[1], c.shape[1], q, row_norms2(c), precision))
 
 
 def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
-                  precision: str = "f32") -> bool:
+                  precision: str = "f32", br: np.ndarray | None = None) -> bool:
     """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
-    (:func:`row_norms2`; a caller checking many results against one weight keeps them)."""
+    (:func:`row_norms2`; a caller checking many results against one weight keeps them).
+    ``br`` is ``b @ r`` when the caller already has it."""
     m, n = a.shape[0], b.shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
@@ -114,18 +139,18 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
     if m == 0 or n == 0:
         return True
     with np.errstate(over="ignore", invalid="ignore"):
-        z = a @ (b @ r)
-        var = _model_variance(a, b_norms2, np.zeros(m), n, precision)
-    if not (np.all(np.isfinite(z)) and np.all(np.isfinite(var))):
+        if br is None:
+            br = b @ r
+        z, q = _pass(a, br, b_norms2)
+    if not (np.all(np.isfinite(z)) and np.all(np.isfinite(q))
+            and np.all(np.isfinite(b_norms2))):
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    with np.errstate(over="ignore", invalid="ignore"):
-        cr = c @ r
-        c_norms2 = row_norms2(c)
+    cr, c_norms2 = _pass(c, r, None)
     if not (np.all(np.isfinite(cr)) and np.all(np.isfinite(c_norms2))):
         return False
-    var += _U32**2 * (a.shape[1] + n) * c_norms2
+    limit = KAPPA * np.sqrt(_variance(a.shape[1], n, q, c_norms2, precision))
     diff = np.abs(z.astype(np.float64) - cr)
-    return bool(np.all(diff <= (KAPPA * np.sqrt(var))[:, None]))
+    return bool(np.all(diff <= limit[:, None]))
 
 
 def residual_ratios(a: np.ndarray, b: np.ndarray, c: np.ndarray, rounds: int = ROUNDS,
@@ -135,8 +160,10 @@ def residual_ratios(a: np.ndarray, b: np.ndarray, c: np.ndarray, rounds: int = R
     a, b = check_operands(a, b)
     c = np.ascontiguousarray(c, dtype=np.float32)
     r = draw_vectors(b.shape[1], rounds, rng)
-    var = _model_variance(a, row_norms2(b), row_norms2(c), b.shape[1], precision)
-    diff = np.abs((a @ (b @ r)).astype(np.float64) - c @ r)
+    z, q = _pass(a, b @ r, row_norms2(b))
+    cr, c_norms2 = _pass(c, r, None)
+    var = _variance(a.shape[1], b.shape[1], q, c_norms2, precision)
+    diff = np.abs(z.astype(np.float64) - cr)
     return diff / np.sqrt(np.maximum(var, 1e-300))[:, None]
 
 
@@ -161,6 +188,6 @@ def verify_matmul(
         raise InvalidInput(f"rounds must be a positive integer, got {rounds!r}")
     check_precision(precision)
     a, b = check_operands(a, b)
-    with np.errstate(over="ignore", invalid="ignore"):
-        b_norms2 = row_norms2(b)
-    return check_product(a, b, c, draw_vectors(b.shape[1], rounds, rng), b_norms2, precision)
+    r = draw_vectors(b.shape[1], rounds, rng)
+    br, b_norms2 = _pass(b, r, None)   # one pass over b: b @ r and its row norms
+    return check_product(a, b, c, r, b_norms2, precision, br=br)
