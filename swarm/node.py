@@ -67,6 +67,8 @@ log = logging.getLogger("swarm.node")
 KEY_FILE = "peer.key"
 EVIDENCE_WAIT = 15.0
 """Seconds :meth:`Node.stop` waits for evidence still on its way to the coordinator."""
+EVIDENCE_RETRY = 60.0
+"""Seconds a node keeps retrying to deliver one piece of evidence (coordinator failover)."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
 
@@ -184,26 +186,43 @@ class Node:
             task.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, package: EvidencePackage) -> None:
-        """Send the arrays (by content address) and then the evidence to the coordinator."""
+        """Send the arrays (by content address), then the evidence, to the coordinator;
+        retried while no coordinator is reachable (one may be failing over right now)."""
         worker = package.evidence.receipt.worker
+        delay, deadline = 0.25, time.monotonic() + EVIDENCE_RETRY
+        while True:
+            why = await self._deliver_once(package)
+            if why is None:
+                return
+            if time.monotonic() + delay > deadline:
+                log.warning("evidence against %s not delivered: %s", worker.short(), why)
+                return
+            log.info("evidence against %s not delivered yet (%s); retrying", worker.short(),
+                     why)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
+
+    async def _deliver_once(self, package: EvidencePackage) -> str | None:
+        """One delivery attempt; None when done, else why not."""
+        worker = package.evidence.receipt.worker
+        coord = await self.find_coordinator() if self.find_coordinator else None
+        if coord is None:
+            return "no coordinator known"
+        if coord == worker:
+            return "the accused is the coordinator"
+        if coord == self.peer_id:
+            if self.judge_evidence is not None:
+                await self.judge_evidence(package.evidence, package.arrays.get)
+            return None
         try:
-            coord = await self.find_coordinator() if self.find_coordinator else None
-            if coord is None:
-                log.warning("evidence against %s dropped: no coordinator known", worker.short())
-            elif coord == self.peer_id:
-                if self.judge_evidence is not None:
-                    await self.judge_evidence(package.evidence, package.arrays.get)
-            elif coord == worker:
-                log.warning("evidence against %s not sent: it is the coordinator",
-                            worker.short())
-            else:
-                for oid, arr in package.arrays.items():
-                    await self.send_control(coord, PutObject(oid, arr))
-                await self.send_control(coord, EvidenceMsg(package.evidence.encode()))
-                log.info("evidence against %s delivered to coordinator %s", worker.short(),
-                         coord.short())
+            for oid, arr in package.arrays.items():
+                await self.send_control(coord, PutObject(oid, arr))
+            await self.send_control(coord, EvidenceMsg(package.evidence.encode()))
         except (LinkClosed, OSError, TimeoutError) as exc:
-            log.warning("evidence against %s not delivered: %s", worker.short(), exc)
+            return f"{coord.short()}: {exc}"
+        log.info("evidence against %s delivered to coordinator %s", worker.short(),
+                 coord.short())
+        return None
 
     async def _dispatch(self, link: PeerLink, msg: wire.Message) -> None:
         handler = self._control.get(type(msg))
@@ -308,6 +327,8 @@ class Node:
         self._stopping = True
         if self._deliveries:  # evidence outlives a one-shot requester
             await asyncio.wait(list(self._deliveries), timeout=EVIDENCE_WAIT)
+            for task in list(self._deliveries):
+                task.cancel()
         if self.host is not None and graceful:
             await self.host.drain(timeout)
         if self.server is not None:
