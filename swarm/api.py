@@ -57,7 +57,15 @@ from swarm.runtime.actors import REGISTRY, method_spec
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
-from swarm.runtime.requester import Arg, Call, JobReport, TaskFailure, agree
+from swarm.runtime.requester import (
+    Arg,
+    Call,
+    JobReport,
+    Reply,
+    TaskFailure,
+    agree,
+    evidence_for,
+)
 
 log = logging.getLogger("swarm.api")
 Operand = np.ndarray | ObjectRef
@@ -434,8 +442,8 @@ class ActorHandle:
             peer = await self._place()
             instance, s = seq
             try:
-                outs = (await client._node.requester.call(peer, call, instance=instance,
-                                                           seq=s)).outputs
+                reply = await client._node.requester.call(peer, call, instance=instance,
+                                                          seq=s)
                 break
             except LinkClosed:
                 self._on_death(peer)
@@ -444,13 +452,15 @@ class ActorHandle:
                                          "call in flight (max_task_retries=0)") from None
                 retries -= 1
                 seq = self._next_seq()
-        outs = await self._verified(method, call, peer, outs, verify)
+        outs = await self._verified(method, call, peer, reply, verify)
         return outs[0] if len(outs) == 1 else outs
 
-    async def _verified(self, method: str, call: Call, peer: PeerId, outs: list[np.ndarray],
+    async def _verified(self, method: str, call: Call, peer: PeerId, reply: Reply,
                         verify: str) -> list[np.ndarray]:
-        """Check an actor call's outputs; a wrong one is reported and redone here."""
+        """Check an actor call's outputs; a wrong one is reported (with its evidence) and
+        redone here."""
         client = self._client
+        outs = reply.outputs
         if verify == "none":
             return outs
         if method == "matmul":
@@ -459,7 +469,9 @@ class ActorHandle:
             a, b = (np.asarray(arg.array, np.float32) for arg in call.args)
             if await asyncio.to_thread(compute.verify_matmul, a, b, outs[0]):
                 return outs
-            client._node.report_lying_peer(peer, f"actor {self.name}.matmul result was wrong")
+            reason = f"actor {self.name}.matmul result was wrong"
+            client._node.report_lying_peer(peer, reason, await asyncio.to_thread(
+                evidence_for, client._node.peer_id, peer, call, reply, reason))
             return [await asyncio.to_thread(client._local_backend().matmul, a, b)]
         # kernels: run the same call on another peer (or here) and compare
         from swarm.runtime.actors import MatmulActor
