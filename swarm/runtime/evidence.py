@@ -92,14 +92,7 @@ class Receipt:
     @classmethod
     def decode(cls, data: bytes) -> Receipt:
         """Parse an encoded receipt; ValueError when it is malformed (untrusted input)."""
-        if not isinstance(data, bytes) or len(data) > MAX_EVIDENCE:
-            raise ValueError("receipt is not bytes of a sane size")
-        try:
-            o = msgpack.unpackb(data, raw=False)
-        except Exception as exc:
-            raise ValueError(f"receipt is not msgpack: {exc}") from None
-        if not isinstance(o, list) or len(o) != 9:
-            raise ValueError("receipt has the wrong number of fields")
+        o = _fields(data, 9, "receipt")
         worker, requester, task, actor, method, params, inputs, outputs, sig = o
         if not (isinstance(task, int) and isinstance(actor, str) and isinstance(method, str)
                 and isinstance(params, bytes) and isinstance(sig, bytes)
@@ -113,6 +106,19 @@ class Receipt:
                        tuple(inputs), tuple(outputs), sig)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"receipt names a bad peer id: {exc}") from None
+
+
+def _fields(data: bytes, count: int, what: str) -> list:
+    """A msgpack list of ``count`` fields (untrusted input: ValueError otherwise)."""
+    if not isinstance(data, bytes) or len(data) > MAX_EVIDENCE:
+        raise ValueError(f"{what} is not bytes of a sane size")
+    try:
+        o = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise ValueError(f"{what} is not msgpack: {exc}") from None
+    if not isinstance(o, list) or len(o) != count:
+        raise ValueError(f"{what} has the wrong number of fields")
+    return o
 
 
 def params_digest(params: bytes) -> bytes:
@@ -142,13 +148,8 @@ class Evidence:
     @classmethod
     def decode(cls, data: bytes) -> Evidence:
         """Parse encoded evidence; ValueError when malformed."""
-        if not isinstance(data, bytes) or len(data) > MAX_EVIDENCE:
-            raise ValueError("evidence is not bytes of a sane size")
-        try:
-            o = msgpack.unpackb(data, raw=False)
-        except Exception as exc:
-            raise ValueError(f"evidence is not msgpack: {exc}") from None
-        if (not isinstance(o, list) or len(o) != 3 or not isinstance(o[0], bytes)
+        o = _fields(data, 3, "evidence")
+        if (not isinstance(o[0], bytes)
                 or not isinstance(o[1], bytes) or len(o[1]) > MAX_PARAMS
                 or not isinstance(o[2], str)):
             raise ValueError("evidence fields have the wrong types")
