@@ -153,6 +153,12 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
     return bool(np.all(diff <= limit[:, None]))
 
 
+def residuals(a: np.ndarray, b: np.ndarray, c: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``a (b r) - c r`` per row and vector (float64), for callers that rank rows."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (a @ (b @ r)).astype(np.float64) - c @ r
+
+
 def residual_ratios(a: np.ndarray, b: np.ndarray, c: np.ndarray, rounds: int = ROUNDS,
                     rng: np.random.Generator | None = None, precision: str = "f32"
                     ) -> np.ndarray:

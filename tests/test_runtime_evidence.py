@@ -160,3 +160,28 @@ async def test_the_coordinator_blocks_on_proof_and_never_on_claims(tmp_path):
     await plane.judge_evidence(package.evidence, package.arrays.get)
     assert liar.peer_id in plane.controller.blocked()
     await plane.close()
+
+
+def test_an_honest_sum_of_crafted_inputs_is_never_proven_wrong():
+    """A requester can craft inputs whose honest f32 sum in order is far from exact (a large
+    partial sum absorbs a thousand small terms): the worker's receipt for that result must
+    never become proof against it, though Freivalds' probabilistic model may flag it."""
+    worker, me = PeerKey.generate(), PeerKey.generate()
+    a = np.zeros((4, 8002), np.float32)
+    a[:, 0], a[:, 1:8001], a[:, 8001] = 2.0**25, 1.0, -(2.0**25)
+    b = np.ones((8002, 8), np.float32)
+    c = np.zeros((4, 8), np.float32)
+    for t in range(a.shape[1]):           # the naive kernel's order: every 1.0 is absorbed
+        c += np.outer(a[:, t], b[t])
+    assert float(c[0, 0]) == 0.0          # honest, and off by 8000 from the exact 8000
+    from compute import verify_matmul
+
+    assert not verify_matmul(a, b, c)     # the probabilistic model does flag it
+    call, reply = signed(worker, me, a, b, c)
+    package = evidence_for(me.peer_id, worker.peer_id, call, reply, "")
+    assert check_evidence(package.evidence, package.arrays.get).kind != "proven"
+    bad = c.copy()
+    bad[2, 3] += 1e6                      # beyond any order's worst case: proven
+    call, reply = signed(worker, me, a, b, bad)
+    package = evidence_for(me.peer_id, worker.peer_id, call, reply, "")
+    assert check_evidence(package.evidence, package.arrays.get).kind == "proven"

@@ -32,6 +32,8 @@ import msgpack
 import numpy as np
 
 import compute
+from compute.backend import check_operands
+from compute.verify import ROUNDS, draw_vectors, residuals
 from identity.keys import PeerId, PeerKey, verify
 from swarm import wire
 from swarm.runtime.actors import check_matmul
@@ -203,9 +205,49 @@ def check_evidence(evidence: Evidence,
             raise ValueError("parameters are not a map")
         check_matmul([a, b], params)
         precision = params.get("precision", "f32")
-        right = compute.verify_matmul(a, b, c, precision=precision)
+        if not isinstance(c, np.ndarray) or c.shape != (a.shape[0], b.shape[1]):
+            return Verdict("proven", f"{r.worker.short()} signed a result of the wrong shape")
+        a, b = check_operands(a, b)
+        if compute.verify_matmul(a, b, c, precision=precision):
+            return Verdict("correct", "the signed result is right: the report was false")
+        wrong = _beyond_worst_case(a, b, np.asarray(c, np.float64), precision)
     except (ValueError, TypeError, compute.InvalidInput) as exc:
         return Verdict("unproven", f"the inputs are not a valid matmul: {exc}")
-    if right:
-        return Verdict("correct", "the signed result is right: the report was false")
-    return Verdict("proven", f"{r.worker.short()} signed a wrong matmul result")
+    if wrong is None:
+        return Verdict("unproven", "every suspect element is within the worst-case rounding "
+                                   "of some f32 summation order (crafted inputs?)")
+    return Verdict("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
+
+
+MAX_SUSPECT_ROWS = 32
+"""Rows re-computed exactly when judging evidence (those Freivalds flags first)."""
+
+
+def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str
+                       ) -> str | None:
+    """An element of ``c`` that no honest f32 product can produce, in words, or None.
+
+    Freivalds' threshold is a *probabilistic* rounding model; inputs crafted to make every
+    rounding error point the same way (a large partial sum that absorbs many small terms)
+    can push an honest sequential sum past it. Blocking needs more: the flagged rows are
+    recomputed exactly (float64) and an element must differ by more than the worst case of
+    f32 accumulation in any order, ``gamma_K * sum_t |a_it| |b_tj|`` with
+    ``gamma_K = K u / (1 - K u)`` (Higham), plus f16 input rounding where asked.
+    """
+    m, k = a.shape
+    u = 2.0**-24
+    if k * u >= 0.5:
+        return None
+    gamma = k * u / (1 - k * u) + (3 * 2.0**-11 if precision == "f16" else 0.0)
+    r = draw_vectors(b.shape[1], ROUNDS)
+    residual = np.abs(residuals(a, b, c.astype(np.float32), r)).max(axis=1)
+    rows = np.argsort(-residual)[:MAX_SUSPECT_ROWS]
+    a64, b64 = a[rows].astype(np.float64), b.astype(np.float64)
+    exact = a64 @ b64
+    bound = gamma * (np.abs(a64) @ np.abs(b64))
+    excess = np.abs(c[rows] - exact) - bound
+    if not np.any(excess > 0):
+        return None
+    i, j = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    return (f"element ({int(rows[i])}, {int(j)}) is {float(c[rows[i], j])!r}, exactly "
+            f"{float(exact[i, j])!r}, worst-case rounding {float(bound[i, j]):.3g}")
