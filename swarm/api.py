@@ -720,6 +720,7 @@ def local(workers: int = 2, *, threads: int | None = None,
                         dht_rpc_timeout=1.0)
     try:
         node = loop.run(_make_node(config, None))
+        node.find_coordinator = None  # plain workers: no control plane, no one to judge evidence
         loop.run(node.start(), timeout)
         host, port = node.dht.address
         env = dict(os.environ)

@@ -180,7 +180,10 @@ class Node:
                 cb(peer, reason)
             except Exception:
                 log.exception("on_lying_peer callback failed")
-        if evidence is not None and not self._stopping:
+        if evidence is not None and self.find_coordinator is None:
+            log.info("evidence against %s kept nowhere: no control plane to deliver it to",
+                     peer.short())
+        elif evidence is not None and not self._stopping:
             task = asyncio.get_running_loop().create_task(self._deliver(evidence))
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
