@@ -147,7 +147,9 @@ def test_worker_killed_mid_job_and_job_still_correct():
 
 @pytest.mark.slow
 def test_lying_worker_is_caught_and_its_shards_redone():
-    with swarm.local(workers=2, threads=1, chaos=["corrupt=1", None]) as c:
+    # The honest worker answers 300 ms late, so the liar's answers arrive first and are
+    # checked: a straggler copy that wins first would leave the liar's copy unchecked.
+    with swarm.local(workers=2, threads=1, chaos=["corrupt=1", "delay=300"]) as c:
         liar = c.worker_ids[0]
         reported = []
         c.node.on_lying_peer(lambda peer, why: reported.append(peer))
