@@ -33,9 +33,9 @@ where ``u16 = 2**-11`` covers products computed from inputs rounded to half prec
 *claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
 ``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
 
-Cost: one memory pass over each of ``b`` (``b @ R`` and its row norms), ``a`` (``a (b R)``
-and ``Q``) and ``c`` (``c @ R`` and its row norms), each in cache-sized row blocks used twice
-while cached: against ``2 M N K`` flops for the product (bench/compute.py measures it).
+Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` (skinny BLAS products) and the squared row norms
+of ``b``, ``c`` and ``a`` (weighted, for ``Q``): six memory-speed passes against ``2 M N K``
+flops for the product (bench/compute.py measures it).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ measured over >= 1,000 products (numpy, tiled and naive WGSL on llvmpipe, sequen
 normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.py's table
 (about 2.5); KAPPA leaves >= 3x on top of it."""
 _BLOCK = 1 << 17
-"""Elements per row block in a pass (512 KiB of f32, 1 MiB as f64 squares): cache-sized."""
+"""Elements per row block of squares (512 KiB of float32): no full-size temporary."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
 
@@ -72,33 +72,36 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
 
 def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
           ) -> tuple[np.ndarray | None, np.ndarray]:
-    """One pass over ``x`` in cache-sized row blocks: ``x @ right`` (float32; skipped when
-    ``right`` is None) and ``(x * x) @ weights`` (float64; row norms squared when ``weights``
-    is None). Each block is read from memory once and used twice while it is in cache, so a
-    check costs one memory pass per matrix."""
+    """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
+    (row norms squared when ``weights`` is None), as float64. Squares are summed in float32
+    (BLAS speed, no full-size temporary); only when that overflows is it redone in float64."""
     m, k = x.shape
-    proj = None if right is None else np.empty((m, right.shape[1]), np.float32)
-    sq = np.zeros(m)
     if m == 0 or k == 0:
-        if proj is not None:
-            proj[:] = 0
-        return proj, sq
-    rows = max(1, _BLOCK // k)
-    tmp = np.empty((min(rows, m), k))
-    w = None if weights is None else np.asarray(weights, np.float64)
+        proj = None if right is None else np.zeros((m, right.shape[1]), np.float32)
+        return proj, np.zeros(m)
     with np.errstate(over="ignore", invalid="ignore"):
-        for r0 in range(0, m, rows):
-            blk = x[r0:r0 + rows]
-            if proj is not None:
-                np.matmul(blk, right, out=proj[r0:r0 + len(blk)])
-            t = tmp[:len(blk)]
-            np.multiply(blk, blk, out=t, dtype=np.float64)
-            sq[r0:r0 + len(blk)] = t.sum(axis=1) if w is None else t @ w
+        proj = None if right is None else x @ right
+        if weights is None:
+            sq = np.matmul(x[:, None, :], x[:, :, None]).reshape(m).astype(np.float64)
+        else:
+            w = np.asarray(weights, np.float32)
+            sq = np.empty(m)
+            rows = max(1, _BLOCK // k)
+            tmp = np.empty((min(rows, m), k), np.float32)
+            for r0 in range(0, m, rows):
+                blk = x[r0:r0 + rows]
+                t = tmp[:len(blk)]
+                np.multiply(blk, blk, out=t)
+                sq[r0:r0 + len(blk)] = t @ w
+        if not np.all(np.isfinite(sq)):  # squares past float32: exact enough in float64
+            x64 = x.astype(np.float64)
+            w64 = np.ones(k) if weights is None else np.asarray(weights, np.float64)
+            sq = (x64 * x64) @ w64
     return proj, sq
 
 
 def row_norms2(x: np.ndarray) -> np.ndarray:
-    """Squared row norms (float64) of a 2-D float32 array, in one cache-blocked pass."""
+    """Squared row norms (float64) of a 2-D float32 array."""
     return _pass(x, None, None)[1]
 
 
