@@ -126,7 +126,9 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
     if name == "compute":
         md = ["Kernels (llvmpipe or the machine's GPU adapter):", "", _records(d["kernels"]),
               "", "numpy backend vs raw `a @ b`:", "", _records(d["numpy_overhead"]), "",
-              "Freivalds' check:", "", _records(d["freivalds"])]
+              "Freivalds' check:", "", _records(d["freivalds"]), "",
+              "Honest products under Freivalds' check (false rejections must be 0; KAPPA must "
+              "stay above the worst ratio):", "", _records(d["honesty"])]
         ns = [f"n={k['n']}" for k in d["kernels"]]
         _bars(img / "compute_kernels.png", "WGSL matmul GFLOPS", ns,
               {"naive": [k["naive_gflops"] for k in d["kernels"]],

@@ -1,23 +1,45 @@
 """Freivalds' check: is ``c`` really ``a @ b``? Costs a few skinny products, not a matmul.
 
-For secret random sign vectors ``R`` (N x rounds), a correct ``c`` gives
-``a @ (b @ R) == c @ R`` up to float rounding; any element of ``c`` wrong by more than the
-tolerance shows up in its row's check, whatever the signs (every ``|r_j| == 1``), and
-several wrong elements in one row cancel with probability at most 1/2 per round.
+**Vectors.** Every check draws ``rounds`` fresh secret vectors ``r`` (N x 1, independent
+standard normal, from the OS's entropy pool) and compares ``a @ (b @ r)`` with ``c @ r``.
+Nothing of ``r`` outlives the check, so a worker learns nothing from one verdict that helps
+it pass the next. Signs (+1/-1) would not do: two equal errors in one row cancel whenever
+their signs agree (1 time in 2 per round), whatever the worker does.
 
-The tolerance is per row: ``KAPPA * unit * ||a_i|| * ||b||_F``, where ``unit`` is the f32
-rounding of an accumulation over K (the product) and over N and K (the check itself), plus
-the f16 input rounding when the product was computed from f16 inputs.
+**Miss probability.** Let ``e = c - a @ b`` (the error a worker added) and ``e_i`` one row
+of it. For Gaussian ``r``, ``e_i . r`` is ``N(0, ||e_i||^2)`` *whatever the arrangement of
+the errors in the row*, so with a row threshold ``T_i`` (below) one round misses with
+probability at most ``2 T_i / (sqrt(2 pi) ||e_i||) <= 0.8 T_i / ||e_i||`` (the densest
+interval of a normal of that spread, wherever the honest rounding puts its centre), and
+``rounds`` independent rounds miss with probability at most
+:func:`miss_probability` ``= (0.8 T_i / ||e_i||) ** rounds``. With the default 4 rounds
+and ``T_i`` below ~4e-3 of rms(C) (normal, uniform-positive and lognormal data at
+n = 2048; see bench/compute.py), an element wrong by 10% of rms(C) passes with probability
+<= 1e-6 and one wrong by 1% is caught >= 99% of the time.
 
-Cost: ``2 * rounds + 2`` passes over the operands at memory speed (one gemv per operand and
-round, then the row norms of ``a`` and the norm of ``b``), against ``2 M N K`` flops for the
-product: about 3-4% of a numpy product at n = 2048 on 2 cores, falling as 1/n
-(bench/compute.py).
+**Threshold: a rounding model.** ``T_i = KAPPA * sigma_i`` where ``sigma_i`` models the
+spread of an honest row's residual ``(a @ (b @ r) - c @ r)_i``. The worst honest producer
+is one that accumulates each element in order over K in f32 (the tiled and naive WGSL
+kernels, on a GPU or on Mesa llvmpipe); BLAS (numpy) blocks its sums and rounds less.
+Sequential f32 summation adds ``u * s_t`` (``u = 2**-24``) at every partial sum ``s_t``;
+over a row the partial sums are bounded by a drift term (``t/K * c_i``, data with a mean)
+plus a random-walk term (``Q_i = sum_t a_it**2 ||b_t||**2``, zero-mean data); the check
+itself sums over N (``c @ r``, ``b @ r``) and over K (``a @ (b r)``) in f32 too. Together::
+
+    sigma_i**2 = u**2 (K + N) (||c_i||**2 + Q_i)        [+ u16**2 Q_i for f16 inputs]
+
+where ``u16 = 2**-11`` covers products computed from inputs rounded to half precision
+(``precision="f16"``, checked against the unrounded inputs). Using ``||c_i||`` of the
+*claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
+``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
+
+Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` (skinny BLAS products) and the squared row norms
+of ``b``, ``c`` and ``a`` (weighted, for ``Q``): six memory-speed passes against ``2 M N K``
+flops for the product (bench/compute.py measures it).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -25,10 +47,15 @@ import numpy as np
 from compute.backend import check_operands, check_precision
 from compute.errors import InvalidInput
 
-# Safety factor over the rounding model. Measured worst |check| / model over normal,
-# uniform-positive, lognormal and sparse data at n = 256..2048 (numpy and sequential f32
-# accumulation): 0.8. KAPPA leaves 5x on top of that.
-KAPPA = 4.0
+ROUNDS = 4
+"""Default number of independent Gaussian vectors per check."""
+KAPPA = 8.0
+"""Threshold over the rounding model ``sigma_i``. The largest honest ``|residual| / sigma_i``
+measured over >= 1,000 products (numpy, tiled and naive WGSL on llvmpipe, sequential f32;
+normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.py's table
+(about 2.5); KAPPA leaves >= 3x on top of it."""
+_BLOCK = 1 << 17
+"""Elements per row block of squares (512 KiB of float32): no full-size temporary."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
 
@@ -38,57 +65,146 @@ def _secret_rng() -> np.random.Generator:
     return np.random.default_rng()
 
 
-def verify_matmul(
-    a: Any,
-    b: Any,
-    c: Any,
-    rounds: int = 2,
-    *,
-    rng: np.random.Generator | None = None,
-    precision: str = "f32",
-) -> bool:
-    """Return True when ``c`` equals ``a @ b`` within float tolerance (Freivalds' check).
+def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """``rounds`` fresh standard-normal check vectors of length ``n``, as columns (f32)."""
+    return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
-    ``rounds`` random sign vectors are checked at once (one batched skinny product per
-    operand). ``rng`` defaults to a fresh OS-seeded generator; pass one only for
-    reproducible tests. ``precision`` is what the product was computed in ("f16": inputs
-    were rounded to half precision). A ``c`` of the wrong shape, or with NaN or infinity,
-    is wrong. Operands that cannot be multiplied, or that are not finite, raise
-    :class:`compute.InvalidInput`.
-    """
-    if not isinstance(rounds, int) or rounds < 1:
-        raise InvalidInput(f"rounds must be a positive integer, got {rounds!r}")
-    check_precision(precision)
-    a, b = check_operands(a, b)
-    m, k = a.shape
-    n = b.shape[1]
+
+def _project(x: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``x @ right`` for a skinny ``right``, one matrix-vector product per column: on busy
+    cores a multi-threaded BLAS product with 4 columns took ~15 ms where 4 matrix-vector
+    products took ~0.5 ms (n = 2048, measured here)."""
+    return np.stack([x @ np.ascontiguousarray(right[:, j]) for j in range(right.shape[1])],
+                    axis=1)
+
+
+def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
+          ) -> tuple[np.ndarray | None, np.ndarray]:
+    """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
+    (row norms squared when ``weights`` is None), as float64. Squares are summed in float32
+    (BLAS speed, no full-size temporary); only when that overflows is it redone in float64."""
+    m, k = x.shape
+    if m == 0 or k == 0:
+        proj = None if right is None else np.zeros((m, right.shape[1]), np.float32)
+        return proj, np.zeros(m)
+    with np.errstate(over="ignore", invalid="ignore"):
+        proj = None if right is None else _project(x, right)
+        if weights is None:
+            sq = np.matmul(x[:, None, :], x[:, :, None]).reshape(m).astype(np.float64)
+        else:
+            w = np.asarray(weights, np.float32)
+            sq = np.empty(m)
+            rows = max(1, _BLOCK // k)
+            tmp = np.empty((min(rows, m), k), np.float32)
+            for r0 in range(0, m, rows):
+                blk = x[r0:r0 + rows]
+                t = tmp[:len(blk)]
+                np.multiply(blk, blk, out=t)
+                sq[r0:r0 + len(blk)] = t @ w
+        if not np.all(np.isfinite(sq)):  # squares past float32: exact enough in float64
+            x64 = x.astype(np.float64)
+            w64 = np.ones(k) if weights is None else np.asarray(weights, np.float64)
+            sq = (x64 * x64) @ w64
+    return proj, sq
+
+
+def row_norms2(x: np.ndarray) -> np.ndarray:
+    """Squared row norms (float64) of a 2-D float32 array."""
+    return _pass(x, None, None)[1]
+
+
+def miss_probability(error_norm: float, threshold: float, rounds: int = ROUNDS) -> float:
+    """Upper bound on the chance that a row with error of norm ``error_norm`` passes."""
+    if error_norm <= 0:
+        return 1.0
+    return min(1.0, 0.8 * threshold / error_norm) ** rounds
+
+
+def _variance(k: int, n: int, q: np.ndarray, c_norms2: np.ndarray, precision: str
+              ) -> np.ndarray:
+    """``sigma_i**2`` of the rounding model (module docstring), per row, from
+    ``q_i = sum_t a_it**2 ||b_t||**2`` and ``||c_i||**2``."""
+    var = _U32**2 * (k + n) * (c_norms2 + q)
+    if precision == "f16":
+        var += _U16**2 * q
+    return var
+
+
+def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: str = "f32"
+               ) -> np.ndarray:
+    """Per-row thresholds ``KAPPA * sigma_i`` (what a residual may reach on an honest row)."""
+    q = _pass(a, None, b_norms2)[1]
+    return KAPPA * np.sqrt(_variance(a.shape[1], c.shape[1], q, row_norms2(c), precision))
+
+
+def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
+                  precision: str = "f32", br: np.ndarray | None = None) -> bool:
+    """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
+    (:func:`row_norms2`; a caller checking many results against one weight keeps them).
+    ``br`` is ``b @ r`` when the caller already has it."""
+    m, n = a.shape[0], b.shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
         return False
     c = np.ascontiguousarray(c, dtype=np.float32)
     if m == 0 or n == 0:
         return True
-    rng = rng or _secret_rng()
-    signs = rng.integers(0, 2, size=(rounds, n), dtype=np.int8)
-    r = (2 * signs - 1).astype(np.float32)
-
     with np.errstate(over="ignore", invalid="ignore"):
-        # One matrix-vector product per operand and round: BLAS gemv streams each matrix
-        # once at memory speed (faster here than a gemm with `rounds` columns).
-        z = np.stack([a @ (b @ r[j]) for j in range(rounds)], axis=1)
-        cr = np.stack([c @ r[j] for j in range(rounds)], axis=1)
-        flat_b = b.reshape(-1)
-        norm_b = math.sqrt(float(flat_b @ flat_b))
-        # Row norms as a stack of 1 x K @ K x 1 products (BLAS dots; no temporary copy).
-        norm_a = np.sqrt(np.matmul(a[:, None, :], a[:, :, None]).reshape(m))
-    if not (np.all(np.isfinite(z)) and np.all(np.isfinite(norm_a)) and math.isfinite(norm_b)):
+        if br is None:
+            br = _project(b, r)
+        z, q = _pass(a, br, b_norms2)
+    if not (np.all(np.isfinite(z)) and np.all(np.isfinite(q))
+            and np.all(np.isfinite(b_norms2))):
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    if not np.all(np.isfinite(cr)):
+    cr, c_norms2 = _pass(c, r, None)
+    if not (np.all(np.isfinite(cr)) and np.all(np.isfinite(c_norms2))):
         return False
-
-    unit = _U32 * (math.sqrt(k) + math.sqrt(n) + 2.0)
-    if precision == "f16":
-        unit += 2.0 * _U16
-    tolerance = KAPPA * unit * norm_b * norm_a
+    limit = KAPPA * np.sqrt(_variance(a.shape[1], n, q, c_norms2, precision))
     diff = np.abs(z.astype(np.float64) - cr)
-    return bool(np.all(diff <= tolerance[:, None]))
+    return bool(np.all(diff <= limit[:, None]))
+
+
+def residuals(a: np.ndarray, b: np.ndarray, c: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``a (b r) - c r`` per row and vector (float64), for callers that rank rows."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _project(a, _project(b, r)).astype(np.float64) - _project(c, r)
+
+
+def residual_ratios(a: np.ndarray, b: np.ndarray, c: np.ndarray, rounds: int = ROUNDS,
+                    rng: np.random.Generator | None = None, precision: str = "f32"
+                    ) -> np.ndarray:
+    """``|residual| / sigma_i`` per row and round (calibration of KAPPA; bench/compute.py)."""
+    a, b = check_operands(a, b)
+    c = np.ascontiguousarray(c, dtype=np.float32)
+    r = draw_vectors(b.shape[1], rounds, rng)
+    z, q = _pass(a, _project(b, r), row_norms2(b))
+    cr, c_norms2 = _pass(c, r, None)
+    var = _variance(a.shape[1], b.shape[1], q, c_norms2, precision)
+    diff = np.abs(z.astype(np.float64) - cr)
+    return diff / np.sqrt(np.maximum(var, 1e-300))[:, None]
+
+
+def verify_matmul(
+    a: Any,
+    b: Any,
+    c: Any,
+    rounds: int = ROUNDS,
+    *,
+    rng: np.random.Generator | None = None,
+    precision: str = "f32",
+) -> bool:
+    """Return True when ``c`` equals ``a @ b`` within float tolerance (Freivalds' check).
+
+    ``rounds`` fresh Gaussian vectors are drawn for this call alone. ``rng`` defaults to a
+    fresh OS-seeded generator; pass one only for reproducible tests. ``precision`` is what
+    the product was computed in ("f16": inputs were rounded to half precision). A ``c`` of
+    the wrong shape, or with NaN or infinity, is wrong. Operands that cannot be multiplied,
+    or that are not finite, raise :class:`compute.InvalidInput`.
+    """
+    if not isinstance(rounds, int) or rounds < 1:
+        raise InvalidInput(f"rounds must be a positive integer, got {rounds!r}")
+    check_precision(precision)
+    a, b = check_operands(a, b)
+    r = draw_vectors(b.shape[1], rounds, rng)
+    br, b_norms2 = _pass(b, r, None)   # one pass over b: b @ r and its row norms
+    return check_product(a, b, c, r, b_norms2, precision, br=br)

@@ -56,7 +56,15 @@ from swarm.runtime.actors import REGISTRY, method_spec
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
-from swarm.runtime.requester import Arg, Call, JobReport, TaskFailure, agree
+from swarm.runtime.requester import (
+    Arg,
+    Call,
+    JobReport,
+    Reply,
+    TaskFailure,
+    agree,
+    evidence_for,
+)
 
 log = logging.getLogger("swarm.api")
 Operand = np.ndarray | ObjectRef
@@ -433,7 +441,8 @@ class ActorHandle:
             peer = await self._place()
             instance, s = seq
             try:
-                outs, _ = await client._node.requester.call(peer, call, instance=instance, seq=s)
+                reply = await client._node.requester.call(peer, call, instance=instance,
+                                                          seq=s)
                 break
             except LinkClosed:
                 self._on_death(peer)
@@ -442,13 +451,15 @@ class ActorHandle:
                                          "call in flight (max_task_retries=0)") from None
                 retries -= 1
                 seq = self._next_seq()
-        outs = await self._verified(method, call, peer, outs, verify)
+        outs = await self._verified(method, call, peer, reply, verify)
         return outs[0] if len(outs) == 1 else outs
 
-    async def _verified(self, method: str, call: Call, peer: PeerId, outs: list[np.ndarray],
+    async def _verified(self, method: str, call: Call, peer: PeerId, reply: Reply,
                         verify: str) -> list[np.ndarray]:
-        """Check an actor call's outputs; a wrong one is reported and redone here."""
+        """Check an actor call's outputs; a wrong one is reported (with its evidence) and
+        redone here."""
         client = self._client
+        outs = reply.outputs
         if verify == "none":
             return outs
         if method == "matmul":
@@ -457,7 +468,9 @@ class ActorHandle:
             a, b = (np.asarray(arg.array, np.float32) for arg in call.args)
             if await asyncio.to_thread(compute.verify_matmul, a, b, outs[0]):
                 return outs
-            client._node.report_lying_peer(peer, f"actor {self.name}.matmul result was wrong")
+            reason = f"actor {self.name}.matmul result was wrong"
+            client._node.report_lying_peer(peer, reason, await asyncio.to_thread(
+                evidence_for, client._node.peer_id, peer, call, reply, reason))
             return [await asyncio.to_thread(client._local_backend().matmul, a, b)]
         # kernels: run the same call on another peer (or here) and compare
         from swarm.runtime.actors import MatmulActor
@@ -471,7 +484,7 @@ class ActorHandle:
         req = client._node.requester
         others = [w for w in req.workers() if w != peer]
         try:
-            second = (await req.call(others[0], call))[0] if others else \
+            second = (await req.call(others[0], call)).outputs if others else \
                 await asyncio.to_thread(here)
         except (TaskFailure, LinkClosed):
             second = await asyncio.to_thread(here)
@@ -610,7 +623,20 @@ def _start_client(config: NodeConfig, min_workers: int, timeout: float,
 
 
 async def _make_node(config: NodeConfig, key: PeerKey | None) -> Node:
-    return Node(config, key)
+    node = Node(config, key)
+    if node.find_coordinator is None:  # a client: no control plane, so read the DHT
+        node.find_coordinator = functools.partial(_dht_coordinator, node)
+    return node
+
+
+async def _dht_coordinator(node: Node) -> PeerId | None:
+    """The coordinator named by the state that counts among the members (where a client's
+    evidence goes; a wrong answer only loses the evidence, never blocks anyone)."""
+    from swarm.control.observer import counted_coordinator_state
+
+    members = [(r, 0.0) for r in await node.members()]
+    best = await counted_coordinator_state(node.dht, node.config.swarm_id, members)
+    return best.coordinator if best is not None else None
 
 
 class LocalSwarm(Client):
@@ -682,6 +708,7 @@ def local(workers: int = 2, *, threads: int | None = None,
                         dht_rpc_timeout=1.0)
     try:
         node = loop.run(_make_node(config, None))
+        node.find_coordinator = None  # plain workers: no control plane, no one to judge evidence
         loop.run(node.start(), timeout)
         host, port = node.dht.address
         env = dict(os.environ)

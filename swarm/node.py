@@ -19,7 +19,12 @@ Hooks for the control plane (all optional, all on the instance):
     route a wire message type arriving on any link to ``handler(link, msg)`` (sync or async).
 ``on_lying_peer(callback)``
     ``callback(peer_id, reason)`` runs whenever a peer's result fails verification
-    (:meth:`report_lying_peer` runs them; the control plane may block repeat offenders).
+    (:meth:`report_lying_peer` runs them).
+``find_coordinator()``, ``judge_evidence(evidence, fetch_array)``
+    set by whoever knows the coordinator (the control plane on members, the client API):
+    evidence of a wrong result (a signed receipt, see :mod:`swarm.runtime.evidence`) is
+    delivered to the coordinator with its arrays, and :meth:`stop` waits for that delivery,
+    so a one-shot requester's evidence outlives it. The coordinator judges on proof alone.
 ``members()``, ``send_control(peer, msg)``, ``link_to(peer)``
     the live member list, and a way to reach any member over a link.
 
@@ -35,6 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dht import DHTNode, LookupFailed
 from dht.validators import Validator
@@ -51,11 +57,18 @@ from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
 from swarm.runtime.chaos import ChaosSpec
+from swarm.runtime.evidence import Evidence
 from swarm.runtime.host import ActorHost
-from swarm.runtime.requester import Requester
+from swarm.runtime.kernels import KERNEL_TIME_LIMIT
+from swarm.runtime.protocol import EvidenceMsg, PutObject
+from swarm.runtime.requester import EvidencePackage, Requester
 
 log = logging.getLogger("swarm.node")
 KEY_FILE = "peer.key"
+EVIDENCE_WAIT = 15.0
+"""Seconds :meth:`Node.stop` waits for evidence still on its way to the coordinator."""
+EVIDENCE_RETRY = 60.0
+"""Seconds a node keeps retrying to deliver one piece of evidence (coordinator failover)."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
 
@@ -84,6 +97,8 @@ class NodeConfig:
     threads: int | None = None
     """BLAS threads for a numpy backend (None = library default)."""
     store_capacity: int = 4 << 30
+    kernel_time_limit: float = KERNEL_TIME_LIMIT
+    """Seconds one user WGSL kernel dispatch may run before it is stopped."""
     """Object store cap in bytes."""
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
     """Fault injection (``SWARM_CHAOS``)."""
@@ -125,6 +140,12 @@ class Node:
         self.accept_peer: Callable[[PeerId], bool] = lambda peer: True
         self._control: dict[type, ControlHandler] = {}
         self._liar_callbacks: list[Callable[[PeerId, str], None]] = []
+        self.find_coordinator: Callable[[], Awaitable[PeerId | None]] | None = None
+        """Where evidence goes (None: nowhere; it is logged and dropped)."""
+        self.judge_evidence: Callable[[Evidence, Callable[[bytes], Any]], Awaitable[None]] \
+            | None = None
+        """Re-checks evidence when this node is the coordinator (the control plane's)."""
+        self._deliveries: set[asyncio.Task] = set()
         self.requester = Requester(self.peer_id, accept_peer=self._accepts,
                                    on_rejected=self.report_lying_peer)
         self.host: ActorHost | None = None
@@ -152,13 +173,61 @@ class Node:
         """Call ``callback(peer, reason)`` for each result that failed verification."""
         self._liar_callbacks.append(callback)
 
-    def report_lying_peer(self, peer: PeerId, reason: str) -> None:
-        """A peer returned a wrong result: tell every registered callback."""
+    def report_lying_peer(self, peer: PeerId, reason: str,
+                          evidence: EvidencePackage | None = None) -> None:
+        """A peer returned a wrong result: tell every registered callback, and deliver the
+        evidence (if any) to the coordinator."""
         for cb in self._liar_callbacks:
             try:
                 cb(peer, reason)
             except Exception:
                 log.exception("on_lying_peer callback failed")
+        if evidence is not None and self.find_coordinator is None:
+            log.info("evidence against %s kept nowhere: no control plane to deliver it to",
+                     peer.short())
+        elif evidence is not None and not self._stopping:
+            task = asyncio.get_running_loop().create_task(self._deliver(evidence))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, package: EvidencePackage) -> None:
+        """Send the arrays (by content address), then the evidence, to the coordinator;
+        retried while no coordinator is reachable (one may be failing over right now)."""
+        worker = package.evidence.receipt.worker
+        delay, deadline = 0.25, time.monotonic() + EVIDENCE_RETRY
+        while True:
+            why = await self._deliver_once(package)
+            if why is None:
+                return
+            if time.monotonic() + delay > deadline:
+                log.warning("evidence against %s not delivered: %s", worker.short(), why)
+                return
+            log.info("evidence against %s not delivered yet (%s); retrying", worker.short(),
+                     why)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
+
+    async def _deliver_once(self, package: EvidencePackage) -> str | None:
+        """One delivery attempt; None when done, else why not."""
+        worker = package.evidence.receipt.worker
+        coord = await self.find_coordinator() if self.find_coordinator else None
+        if coord is None:
+            return "no coordinator known"
+        if coord == worker:
+            return "the accused is the coordinator"
+        if coord == self.peer_id:
+            if self.judge_evidence is not None:
+                await self.judge_evidence(package.evidence, package.arrays.get)
+            return None
+        try:
+            for oid, arr in package.arrays.items():
+                await self.send_control(coord, PutObject(oid, arr))
+            await self.send_control(coord, EvidenceMsg(package.evidence.encode()))
+        except (LinkClosed, OSError, TimeoutError) as exc:
+            return f"{coord.short()}: {exc}"
+        log.info("evidence against %s delivered to coordinator %s", worker.short(),
+                 coord.short())
+        return None
 
     async def _dispatch(self, link: PeerLink, msg: wire.Message) -> None:
         handler = self._control.get(type(msg))
@@ -191,7 +260,8 @@ class Node:
                 compute.benchmark, cfg.bench_sizes, cfg.bench_budget_s,
                 quick=cfg.bench_sizes is None, backends=[backend.name], threads=cfg.threads)
             self.tflops = compute.measured_tflops(result)
-            self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos)
+            self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos,
+                                  key=self.key, kernel_time_limit=cfg.kernel_time_limit)
         if cfg.listen or (cfg.listen is None and "worker" in cfg.roles):
             self.server = await tls.listen(self.key, cfg.host, cfg.link_port,
                                            on_link=self._serve, accept=self._accepts)
@@ -265,6 +335,10 @@ class Node:
         if self._stopping:
             return
         self._stopping = True
+        if self._deliveries:  # evidence outlives a one-shot requester
+            await asyncio.wait(list(self._deliveries), timeout=EVIDENCE_WAIT)
+            for task in list(self._deliveries):
+                task.cancel()
         if self.host is not None and graceful:
             await self.host.drain(timeout)
         if self.server is not None:

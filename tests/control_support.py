@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from swarm.control import observer
 from swarm.uri import JoinURI, parse
@@ -192,3 +193,13 @@ def uri_via(uri: str, st: dict, peer: str) -> str:
 
 SIGKILL = signal.SIGKILL
 SIGTERM = signal.SIGTERM
+
+
+class FakeNode(SimpleNamespace):
+    """The node hooks a ControlPlane registers on, for plane tests without sockets."""
+
+    def on_lying_peer(self, cb) -> None:
+        self.liar_cb = cb
+
+    def on_control(self, message_type, handler) -> None:
+        self.control = {**getattr(self, "control", {}), message_type: handler}

@@ -43,6 +43,7 @@ from swarm.control.state import (
     seal,
 )
 from swarm.errors import CharterError, NotCoordinator, ProtocolError, StaleTerm, URIError
+from tests.control_support import FakeNode
 from tests.identity_support import owner_key
 from tests.test_control_machine import SWARM, Sim, _lie, _pid, _stable
 
@@ -197,8 +198,11 @@ def test_bare_reports_from_fresh_keys_block_nobody():
         coord.liar_report(LiarReport(PeerKey.generate().peer_id, "wrong"), fresh, sim.now, 100)
     sim._run(best)
     assert coord.blocked() == frozenset()
-    # Checked evidence is acted on, and the block says which evidence.
+    # Checked evidence is acted on (two distinct proofs), and the block says which evidence.
     coord.liar_report(_lie(sim.ids["a"], 7), _pid("anyone"), sim.now, 100)
+    coord.liar_report(_lie(sim.ids["a"], 7), _pid("anyone"), sim.now, 100)  # same: once
+    assert sim.ids["a"] not in coord.blocked()
+    coord.liar_report(_lie(sim.ids["a"], 8), _pid("anyone"), sim.now, 100)
     assert sim.ids["a"] in coord.blocked()
     assert b"proof7".hex()[:12] in coord.state.blocked[0].reason
 
@@ -239,14 +243,11 @@ def test_a_replayed_owner_block_after_a_failover_is_refused():
 # -- finding 5: charter rollback ------------------------------------------------------------
 
 
-class _Node(SimpleNamespace):
-    def on_lying_peer(self, cb) -> None:
-        self.liar_cb = cb
 
 
 def _plane(tmp_path, key: PeerKey | None = None, wall=time.time) -> ControlPlane:
     key = key or PeerKey.generate()
-    node = _Node(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
+    node = FakeNode(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
                  dht=DHTNode(key), accept_peer=None)
     return ControlPlane(node, b"\x01" * 32, tmp_path, wall=wall)
 

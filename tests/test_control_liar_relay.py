@@ -16,17 +16,15 @@ from identity import PeerKey
 from swarm.control.election import Candidate
 from swarm.control.plane import ControlPlane
 from swarm.control.state import CoordinatorState, LiarReport, seal
+from tests.control_support import FakeNode
 
 SWARM = bytes(range(20))
 
 
-class _Node(SimpleNamespace):
-    def on_lying_peer(self, cb) -> None:
-        self.liar_cb = cb
 
 
 async def _plane(tmp_path, key: PeerKey) -> tuple[ControlPlane, list]:
-    node = _Node(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
+    node = FakeNode(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
                  dht=DHTNode(key), accept_peer=None)
     plane = ControlPlane(node, b"\x01" * 32, tmp_path)
     sent: list = []

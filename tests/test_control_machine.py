@@ -453,6 +453,7 @@ def test_a_coordinators_own_block_of_a_liar_survives_a_failover_it_missed():
     sim.cut = {"c"}
     sim.run_until(lambda: sim.nodes["c"].role is Duty.COORDINATOR)  # c's failover, term 2
     sim.nodes["b"].liar_report(_lie(sim.ids["x"], 1), sim.ids["a"], sim.now, 100)
+    sim.nodes["b"].liar_report(_lie(sim.ids["x"], 2), sim.ids["a"], sim.now, 100)
     sim._run("b")
     assert sim.ids["x"] in sim.nodes["b"].blocked()
     assert sim.ids["x"] not in sim.nodes["c"].blocked()

@@ -12,12 +12,14 @@ from swarm.runtime.chaos import Chaos, ChaosSpec, parse
 
 
 def test_parse_all_keys():
-    spec = parse("corrupt=0.5, drop=0.1,delay=200,crash_after=3,seed=7")
-    assert spec == ChaosSpec(corrupt=0.5, drop=0.1, delay_ms=200, crash_after=3, seed=7)
+    spec = parse("corrupt=0.5, drop=0.1,invalid=0.2,hang=0.3,delay=200,crash_after=3,seed=7")
+    assert spec == ChaosSpec(corrupt=0.5, drop=0.1, invalid=0.2, hang=0.3, delay_ms=200,
+                             crash_after=3, seed=7)
+    assert parse("invalid=1").active and parse("hang=1").active
     assert parse("") == ChaosSpec() and not parse(None).active
 
 
-@pytest.mark.parametrize("bad", ["corrupt", "corrupt=2", "drop=-0.1", "delay=x", "crash_after=1.5",
+@pytest.mark.parametrize("bad", ["corrupt", "corrupt=2", "drop=-0.1", "invalid=1.5", "hang=x", "delay=x", "crash_after=1.5",
                                  "explode=1", "seed=-1"])
 def test_bad_values_are_config_errors(bad):
     with pytest.raises(ConfigError, match="SWARM_CHAOS"):

@@ -90,7 +90,7 @@ async def test_evicted_weight_is_resent_and_counted_once_per_loss():
         a = np.ones((3, 100), np.float32)
         call = lambda w: Call("matmul", "matmul", (Arg(a), Arg(w, object_id(w))))  # noqa: E731
         for w in (w1, w2, w1):
-            outs, _ = await req.call(worker.peer_id, call(w))
+            outs = (await req.call(worker.peer_id, call(w))).outputs
             np.testing.assert_allclose(outs[0], a @ w)
         # w1 was evicted by w2 and sent again, without the requester being told in advance
         assert host.stats.objects_received == 3 and host.store.evictions >= 1

@@ -147,7 +147,9 @@ def test_worker_killed_mid_job_and_job_still_correct():
 
 @pytest.mark.slow
 def test_lying_worker_is_caught_and_its_shards_redone():
-    with swarm.local(workers=2, threads=1, chaos=["corrupt=1", None]) as c:
+    # The honest worker answers 300 ms late, so the liar's answers arrive first and are
+    # checked: a straggler copy that wins first would leave the liar's copy unchecked.
+    with swarm.local(workers=2, threads=1, chaos=["corrupt=1", "delay=300"]) as c:
         liar = c.worker_ids[0]
         reported = []
         c.node.on_lying_peer(lambda peer, why: reported.append(peer))
@@ -332,10 +334,6 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known flaky (about half of isolated runs): the job "
-                   "sometimes waits for the 20 s straggler instead of re-running its shard on "
-                   "the idle worker; the scheduler's straggler logic itself is covered "
-                   "deterministically in test_runtime_scheduler.py (open bug, in the closing note)")
 def test_straggler_is_re_executed_elsewhere():
     with swarm.local(workers=2, threads=1, chaos=["delay=20000", None]) as c:
         slow = c.worker_ids[0]

@@ -180,3 +180,67 @@ def test_slot_frees_while_a_result_is_verified():
     s.rejected(0, "a")                              # the check failed: shard 0 is redone
     assert 0 not in s.done and "a" not in s.workers()
     assert [a.peer for a in s.step(0.2)] == [LOCAL]   # no honest worker left: solo mode
+
+
+def test_a_straggler_is_due_exactly_at_the_deadline_it_announced():
+    """The flaky end-to-end straggler test, without processes: an adapter that wakes exactly
+    at ``next_deadline`` must find the straggler due. Before, ``step`` wanted it strictly
+    late while ``next_deadline`` dropped the passed deadline, so the job slept until the
+    slow worker answered (20 s) — 28% of randomized schedules stalled."""
+    rates = RateBook()
+    s = JobScheduler(shards(4, cost=1e6), ["fast", "slow"], rates,
+                     owners=["fast", "slow", "fast", "slow"], window=2)
+    assert len(s.step(0.0)) == 4
+    s.returned(0, "fast")
+    assert s.verified(0, "fast", 0.1) == []
+    s.returned(2, "fast")
+    assert s.verified(2, "fast", 0.1) == []
+    assert s.step(0.23) == []                       # fast is idle, slow not late yet
+    due = s.next_deadline(0.23)
+    assert due is not None and due < 1.0
+    dup = s.step(due)
+    assert len(dup) == 1 and dup[0].peer == "fast"
+    s.returned(dup[0].shard, "fast")                 # its copy is being verified ...
+    later = s.step(due + 0.01)
+    assert all(a.shard != dup[0].shard for a in later)   # ... so it is not copied again
+
+
+def _fast_and_slow(seed: int) -> float:
+    """One randomized job: the time at which it finished (the slow worker answers at 20 s)."""
+    import heapq
+    import random
+
+    rnd = random.Random(seed)
+    n = rnd.choice([3, 4, 5, 6])
+    owners = [rnd.choice(["fast", "slow"]) for _ in range(n)]
+    s = JobScheduler(shards(n, cost=1e6), ["fast", "slow"], RateBook(), owners=owners,
+                     window=2, task_timeout=120)
+    now, events, free_at = 0.0, [], 0.0
+    actions = s.step(now)
+    while True:
+        for a in actions:
+            if a.peer == "slow":
+                heapq.heappush(events, (now + 20.0, "answer", a.shard, a.peer))
+            else:
+                free_at = max(now, free_at) + rnd.uniform(0.001, 0.3)
+                heapq.heappush(events, (free_at, "answer", a.shard, a.peer))
+        if s.finished:
+            return now
+        due = s.next_deadline(now)
+        if due is not None and (not events or due < events[0][0]):
+            now = due
+        else:
+            now, kind, shard, peer = heapq.heappop(events)
+            if kind == "answer" and shard not in s.done:
+                s.returned(shard, peer)
+                heapq.heappush(events, (now + rnd.uniform(0, 0.05), "checked", shard, peer))
+            elif kind == "checked":
+                s.verified(shard, peer, 0.1)
+        actions = s.step(now)
+
+
+def test_randomized_schedules_never_wait_for_the_straggler():
+    """Fast worker with random shard times and check delays, slow worker that answers after
+    20 s: the job always ends long before that, whatever the owners and timings."""
+    late = [seed for seed in range(300) if _fast_and_slow(seed) >= 10.0]
+    assert late == []

@@ -155,9 +155,10 @@ class Timing:
     """How long a successor has to take over before the next one is tried."""
     rebalance: float = 1.5
     """Hand the role to an elected member this many times faster than the incumbent."""
-    liar_threshold: int = 1
-    """Wrong results, each shown by evidence the coordinator checked itself, before it
-    blocks the peer (one checked proof suffices; bare reports count nothing)."""
+    liar_threshold: int = 2
+    """Wrong results, each shown by distinct evidence the coordinator checked itself, before
+    it blocks the peer (two, so that one odd result is not enough; bare reports count
+    nothing)."""
     liar_window: float = 600.0
     """Seconds over which those reports count."""
     kick_max_age: float = 120.0
@@ -699,9 +700,20 @@ class Controller:
             log.info("liar report against %s from %s not acted on: %s", peer.short(),
                      reporter.short(), verdict.why)
             return verdict
+        self.proven_liar(peer, verdict.evidence, now, wall)
+        return verdict
+
+    def proven_liar(self, peer: PeerId, evidence: bytes, now: float, wall: int) -> None:
+        """Evidence we checked ourselves shows ``peer`` returned a wrong result.
+
+        Blocks once ``liar_threshold`` distinct pieces of evidence agree within
+        ``liar_window`` (the same evidence counts once); the reason names them.
+        """
+        if self.role is not Duty.COORDINATOR or peer == self.me or peer in self.blocked():
+            return
         seen = {e: t for e, t in self._liars.pop(peer, {}).items()
                 if now - t < self.timing.liar_window}
-        seen[verdict.evidence] = now
+        seen[evidence] = now
         self._liars[peer] = seen
         while len(self._liars) > MAX_LIAR_SUSPECTS:
             self._liars.popitem(last=False)
@@ -711,7 +723,6 @@ class Controller:
             self.command(Command("block", peer, f"wrong result; evidence {ids}"[:100],
                                  "coordinator", wall), now)
             del self._liars[peer]
-        return verdict
 
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""

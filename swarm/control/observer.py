@@ -107,15 +107,12 @@ def jobs(records) -> list[dict]:
             for p, (w, n) in sorted(per.items(), key=lambda kv: (-kv[1][1], kv[0]))]
 
 
-async def observe(node: DHTNode, uri: JoinURI) -> View:
-    rec = await charter.fetch(node, uri.pubkey, uri.owner or None)
-    sid = swarm_id(uri.pubkey)
-    members: list[tuple[MemberRecord, float]] = []
-    for ann in await node.get_peers(membership_topic(sid)):
-        try:
-            members.append((MemberRecord.decode(ann.record, ann.peer_id), ann.expires_at))
-        except ProtocolError:
-            continue
+async def counted_coordinator_state(node: DHTNode, sid: bytes,
+                                    members: list[tuple[MemberRecord, float]],
+                                    ) -> CoordinatorState | None:
+    """The newest coordinator state that counts (:func:`counted_states`) among ``members``'
+    items, with its whole blocklist (the rule members, newcomers, observers and clients
+    share)."""
 
     async def page(target: bytes) -> bytes | None:
         value = await node.get_immutable(target)
@@ -133,7 +130,20 @@ async def observe(node: DHTNode, uri: JoinURI) -> View:
     states = [s for s in await asyncio.gather(*(state_of(r.peer_id) for r, _ in members))
               if s is not None and s.swarm == sid]
     view = {r.peer_id: candidate(r, e) for r, e in members}
-    best = max(counted_states(states, view, ()), key=lambda s: (s.term, s.seq), default=None)
+    return max(counted_states(states, view, ()), key=lambda s: (s.term, s.seq), default=None)
+
+
+async def observe(node: DHTNode, uri: JoinURI) -> View:
+    rec = await charter.fetch(node, uri.pubkey, uri.owner or None)
+    sid = swarm_id(uri.pubkey)
+    members: list[tuple[MemberRecord, float]] = []
+    for ann in await node.get_peers(membership_topic(sid)):
+        try:
+            members.append((MemberRecord.decode(ann.record, ann.peer_id), ann.expires_at))
+        except ProtocolError:
+            continue
+
+    best = await counted_coordinator_state(node, sid, members)
     blocked = best.blocked_ids if best else frozenset()
     addrs = {r.peer_id: r.dht for r, _ in members if r.dht is not None}
     members = [(r, e) for r, e in members if r.peer_id not in blocked]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -73,11 +73,16 @@ from swarm.control.state import (
     unseal,
 )
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+from swarm.runtime.evidence import Evidence, check_evidence
+from swarm.runtime.objects import ObjectId
+from swarm.runtime.protocol import EvidenceMsg
 
 log = logging.getLogger("swarm.control")
 
 TICK = 0.1
 VIEW_INTERVAL = 1.0
+MAX_JUDGED = 4096
+"""Evidence keys remembered (so replays of one receipt count once)."""
 CHARTER_REFRESH = 5.0
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
 MAX_PENDING_REPORTS = 64
@@ -139,6 +144,11 @@ class ControlPlane:
         register_validators(node.dht)
         node.accept_peer = self.accept_peer
         node.on_lying_peer(self._on_liar)
+        node.find_coordinator = self._evidence_coordinator
+        node.judge_evidence = self.judge_evidence
+        node.on_control(EvidenceMsg, self._on_evidence)
+        self._judged: OrderedDict[bytes, None] = OrderedDict()
+        """Evidence already judged (a receipt counts once, however often it arrives)."""
         node.dht.on_message(self._on_message)
 
     # -- public --------------------------------------------------------------------------
@@ -497,6 +507,42 @@ class ControlPlane:
                     act.reason)
         if link is not None:
             await link.close(act.reason)
+
+    # -- evidence ------------------------------------------------------------------------
+
+    async def _evidence_coordinator(self) -> PeerId | None:
+        coord = self.controller.coordinator
+        if coord is None and self.controller.state is not None:
+            coord = self.controller.state.coordinator  # a client follows the DHT state
+        return coord
+
+    async def _on_evidence(self, link, msg: EvidenceMsg) -> None:
+        """Evidence from a requester; its arrays came before it, into our object store."""
+        try:
+            evidence = Evidence.decode(msg.evidence)
+        except ValueError as exc:
+            log.warning("bad evidence from %s: %s", link.remote.short(), exc)
+            return
+        store = self.node.host.store if self.node.host is not None else None
+        await self.judge_evidence(
+            evidence, lambda oid: store.get(ObjectId(oid)) if store is not None else None)
+
+    async def judge_evidence(self, evidence: Evidence, fetch_array) -> None:
+        """Block on proof alone: re-check the signed result ourselves (issue 13)."""
+        c = self.controller
+        if c.role is not Duty.COORDINATOR or evidence.key in self._judged:
+            return
+        self._judged[evidence.key] = None
+        while len(self._judged) > MAX_JUDGED:
+            self._judged.popitem(last=False)
+        verdict = await asyncio.to_thread(check_evidence, evidence, fetch_array)
+        worker = evidence.receipt.worker
+        if not verdict.proven:
+            log.info("evidence against %s not proven: %s", worker.short(), verdict.why)
+            return
+        log.warning("proof that %s lied: %s", worker.short(), verdict.why)
+        c.proven_liar(worker, evidence.key, self.clock(), int(self.wall()))
+        await self._do(c.actions())
 
     # -- incoming --------------------------------------------------------------------------
 

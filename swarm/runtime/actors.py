@@ -115,8 +115,11 @@ class MatmulActor:
                              "dtype)], dispatch=(x, y, z))"),
     }
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, kernels: Any = None) -> None:
         self.backend = backend
+        self.kernels = kernels
+        """A :class:`~swarm.runtime.kernels.KernelRunner` (a worker's: kernels it can stop);
+        None runs them in this process (the requester's own checks)."""
         self._kernel_backend: Any = backend if getattr(backend, "name", "") == "wgpu" else None
 
     def matmul(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
@@ -124,17 +127,18 @@ class MatmulActor:
         return [self.backend.matmul(a, b, precision=params.get("precision", "f32"))]
 
     def kernel(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
+        inputs = dict(zip(params.get("inputs", []), arrays, strict=True))
+        outputs = {name: (tuple(shape), np.dtype(dtype))
+                   for name, shape, dtype in params["outputs"]}
+        if self.kernels is not None:
+            outs = self.kernels.run(params["wgsl"], inputs, outputs, tuple(params["dispatch"]))
+            return [outs[name] for name, _, _ in params["outputs"]]
         if self._kernel_backend is None:  # matmul may run on numpy; WGSL needs wgpu
             import compute
 
             self._kernel_backend = compute.get_backend("wgpu")
         outs = self._kernel_backend.run_kernel(
-            params["wgsl"],
-            inputs=dict(zip(params.get("inputs", []), arrays, strict=True)),
-            outputs={name: (tuple(shape), np.dtype(dtype))
-                     for name, shape, dtype in params["outputs"]},
-            dispatch=tuple(params["dispatch"]),
-        )
+            params["wgsl"], inputs=inputs, outputs=outputs, dispatch=tuple(params["dispatch"]))
         return [outs[name] for name, _, _ in params["outputs"]]
 
 
@@ -182,6 +186,10 @@ class CallOrder:
     def held(self) -> int:
         """Calls waiting for an earlier one."""
         return len(self._held)
+
+    def held_calls(self) -> list[Any]:
+        """The calls waiting for an earlier one (to free what they hold)."""
+        return list(self._held.values())
 
     def rewind(self, seq: int, released: dict[int, Any]) -> None:
         """Call ``seq`` could not run yet (its inputs must be resent): take it and the calls

@@ -12,6 +12,12 @@ Format: comma-separated ``key=value`` pairs, all optional::
     timeout / straggler logic must redo it.
 ``delay=MS``
     every task answers MS milliseconds late (a slow or far-away peer: a straggler).
+``invalid=P``
+    with probability P a task is refused as "invalid" although it is well-formed (a worker
+    trying to abort other people's jobs); the requester must run it elsewhere.
+``hang=P``
+    with probability P a task's compute never finishes (an endless kernel loop); the worker's
+    per-dispatch time limit must stop it and report a timeout.
 ``crash_after=N``
     the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
     or a pulled plug would.
@@ -41,6 +47,10 @@ class ChaosSpec:
     """Probability that a result is corrupted."""
     drop: float = 0.0
     """Probability that a task is never answered."""
+    invalid: float = 0.0
+    """Probability that a well-formed task is refused as invalid."""
+    hang: float = 0.0
+    """Probability that a task's compute never finishes."""
     delay_ms: float = 0.0
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
@@ -50,7 +60,8 @@ class ChaosSpec:
 
     @property
     def active(self) -> bool:
-        return bool(self.corrupt or self.drop or self.delay_ms or self.crash_after is not None)
+        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.delay_ms
+                    or self.crash_after is not None)
 
 
 def parse(text: str | None) -> ChaosSpec:
@@ -64,7 +75,7 @@ def parse(text: str | None) -> ChaosSpec:
             raise ConfigError(f"{ENV}: expected key=value, got {part.strip()!r}")
         key = key.strip()
         try:
-            if key in ("corrupt", "drop"):
+            if key in ("corrupt", "drop", "invalid", "hang"):
                 p = float(raw)
                 if not 0.0 <= p <= 1.0:
                     raise ValueError
@@ -81,11 +92,12 @@ def parse(text: str | None) -> ChaosSpec:
                 values[key] = n
             else:
                 raise ConfigError(
-                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, delay, crash_after, seed)"
+                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, delay, "
+                    "crash_after, seed)"
                 )
         except ValueError:
             raise ConfigError(
-                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop: 0..1, delay: milliseconds, "
+                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang: 0..1, delay: milliseconds, "
                 "crash_after/seed: integers >= 0)"
             ) from None
     return ChaosSpec(**values)
@@ -103,6 +115,10 @@ class Fault:
     """Exit the process now."""
     corrupt: bool = False
     """Return a wrong result."""
+    invalid: bool = False
+    """Refuse the task as invalid."""
+    hang: bool = False
+    """Run a compute that never finishes (stopped only by the time limit)."""
 
 
 class Chaos:
@@ -124,6 +140,8 @@ class Chaos:
             delay_s=s.delay_ms / 1000.0,
             drop=self._rng.random() < s.drop,
             corrupt=self._rng.random() < s.corrupt,
+            invalid=self._rng.random() < s.invalid,
+            hang=self._rng.random() < s.hang,
         )
 
     def corrupt(self, result: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import inspect
 import logging
 import os
 import time
@@ -23,12 +24,14 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from identity.keys import PeerId
+from identity.keys import PeerId, PeerKey
 from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links.base import PeerLink
 from swarm.runtime.actors import REGISTRY, CallOrder
 from swarm.runtime.chaos import Chaos, ChaosSpec
+from swarm.runtime.evidence import Receipt, input_ids
+from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner, KernelTimeout
 from swarm.runtime.objects import ObjectId, ObjectStore, object_id
 from swarm.runtime.protocol import (
     MAX_PARAMS,
@@ -57,6 +60,8 @@ class _Missing(Exception):
 class _Call:
     link: PeerLink
     msg: RunTask
+    nbytes: int = 0
+    """Inline array bytes this call holds, reserved in the store until it is done or dropped."""
 
 
 @dataclass
@@ -90,8 +95,14 @@ class ActorHost:
         chaos: ChaosSpec | None = None,
         registry: dict[str, type] | None = None,
         crash: Callable[[int], None] = os._exit,
+        key: PeerKey | None = None,
+        kernel_time_limit: float = KERNEL_TIME_LIMIT,
     ) -> None:
         self.backend = backend
+        self.key = key or PeerKey.generate()
+        self.kernels = KernelRunner(kernel_time_limit)
+        """User kernels run in a child process that a time limit can stop."""
+        """Signs a receipt for every result (the node's own key, so receipts name it)."""
         self.store = ObjectStore(store_capacity)
         self.chaos = Chaos(chaos or ChaosSpec())
         self.registry = REGISTRY if registry is None else registry
@@ -125,17 +136,27 @@ class ActorHost:
                 elif isinstance(msg, RunTask):
                     await self._accept(link, msg)
                 elif isinstance(msg, CancelTask):  # a running task cannot be stopped
-                    self._queue = deque(c for c in self._queue
-                                        if c.link is not link or c.msg.task != msg.task)
+                    self._drop(lambda c, t=msg.task: c.link is link and c.msg.task == t)
                     self.changed.set()
                 elif fallback is not None:
                     await fallback(link, msg)
         finally:
             self._links.discard(link)
-            self._queue = deque(c for c in self._queue if c.link is not link)
+            self._drop(lambda c: c.link is link)
             for key in [k for k in self._instances if k[0] == link.remote]:
-                del self._instances[key]
+                for call in self._instances.pop(key).order.held_calls():
+                    self.store.release(call.nbytes)
             self.changed.set()
+
+    def _drop(self, which: Callable[[_Call], bool]) -> None:
+        """Take the queued calls ``which`` selects off the queue and free their bytes."""
+        keep = deque()
+        for call in self._queue:
+            if which(call):
+                self.store.release(call.nbytes)
+            else:
+                keep.append(call)
+        self._queue = keep
 
     async def _put(self, msg: PutObject) -> None:
         arr = msg.array
@@ -157,8 +178,11 @@ class ActorHost:
             await self._reply(link, TaskFailed(msg.task, "invalid",
                                                f"no installed actor method {msg.actor}.{msg.method}"))
             return
-        call = _Call(link, msg)
+        nbytes = sum(a.array.nbytes for a in msg.args if a.array is not None)
+        call = _Call(link, msg, nbytes)
         if msg.seq < 0 or msg.instance == 0:
+            if not await self._reserve(call):
+                return
             self._queue.append(call)
         else:
             if (link.remote, msg.actor, msg.instance) not in self._instances and sum(
@@ -171,15 +195,33 @@ class ActorHost:
                 await self._reply(link, TaskFailed(msg.task, "invalid",
                                                    "call is too far ahead of the actor's order"))
                 return
+            if not await self._reserve(call):
+                return
+            stale = inst.order.stale
             self._queue.extend(inst.order.offer(msg.seq, call))
+            if inst.order.stale != stale:   # a duplicate: dropped, holds nothing
+                self.store.release(call.nbytes)
         self._wake.set()
         self.changed.set()
+
+    async def _reserve(self, call: _Call) -> bool:
+        """Count the call's inline arrays against ``--max-memory``; refuse it when over."""
+        if self.store.reserve(call.nbytes):
+            return True
+        await self._reply(call.link, TaskFailed(
+            call.msg.task, "busy", f"worker memory is full: the call's {call.nbytes} bytes do "
+            f"not fit beside {self.store.reserved} bytes already held for queued calls "
+            f"(--max-memory {self.store.capacity} bytes); send it later or elsewhere"))
+        return False
 
     def _instance(self, peer: PeerId, actor: str, instance: int) -> _Instance:
         key = (peer, actor, instance)
         inst = self._instances.get(key)
         if inst is None:
-            inst = self._instances[key] = _Instance(self.registry[actor](self.backend))
+            cls = self.registry[actor]
+            made = (cls(self.backend, kernels=self.kernels)
+                    if "kernels" in inspect.signature(cls).parameters else cls(self.backend))
+            inst = self._instances[key] = _Instance(made)
         return inst
 
     # -- running tasks ----------------------------------------------------------------------
@@ -194,6 +236,7 @@ class ActorHost:
             try:
                 await self._execute(call)
             finally:
+                self.store.release(call.nbytes)
                 self._current = None
                 self._idle.set()
                 self.changed.set()
@@ -232,11 +275,21 @@ class ActorHost:
         except (TypeError, ValueError, AttributeError) as exc:
             await self._reply(link, TaskFailed(msg.task, "invalid", str(exc)[:500]))
             return
+        if fault.invalid:
+            await self._reply(link, TaskFailed(msg.task, "invalid", "SWARM_CHAOS: refused"))
+            return
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        method = getattr(actor, msg.method)
+        if fault.hang:
+            def method(arrays, params):  # noqa: ARG001 - a dispatch that never finishes
+                return self.kernels.run("", {}, {}, (1, 1, 1), hang=True)
         try:
-            outputs = await loop.run_in_executor(
-                self._pool, getattr(actor, msg.method), arrays, params)
+            outputs = await loop.run_in_executor(self._pool, method, arrays, params)
+        except KernelTimeout as exc:
+            log.warning("task %d %s.%s stopped: %s", msg.task, msg.actor, msg.method, exc)
+            await self._reply(link, TaskFailed(msg.task, "timeout", str(exc)))
+            return
         except Exception as exc:  # the method's own failure is reported, not fatal
             log.info("task %d %s.%s failed: %s", msg.task, msg.actor, msg.method, exc)
             await self._reply(link, TaskFailed(msg.task, "error", f"{type(exc).__name__}: "
@@ -250,8 +303,14 @@ class ActorHost:
         if fault.drop:
             return
         self.stats.tasks += 1
-        await self._reply(link, TaskResult(msg.task, [np.ascontiguousarray(o) for o in outputs],
-                                           seconds))
+        outputs = [np.ascontiguousarray(o) for o in outputs]
+        receipt = await loop.run_in_executor(None, self._receipt, link.remote, msg, outputs)
+        await self._reply(link, TaskResult(msg.task, outputs, seconds, receipt))
+
+    def _receipt(self, requester: PeerId, msg: RunTask, outputs: list[np.ndarray]) -> bytes:
+        """Sign what ran: the inputs as received, the outputs as sent (hashing both)."""
+        return Receipt.sign(self.key, requester, msg.task, msg.actor, msg.method, msg.params,
+                            input_ids(msg.args), [object_id(o).raw for o in outputs]).encode()
 
     def _resolve(self, msg: RunTask) -> tuple[list[np.ndarray], dict[str, Any]]:
         arrays, missing = [], []
@@ -290,7 +349,7 @@ class ActorHost:
         """Graceful stop: tell requesters, hand back queued tasks, finish the running one."""
         self.draining = True
         handback = list(self._queue)
-        self._queue.clear()
+        self._drop(lambda c: True)
         self.changed.set()
         for call in handback:
             await self._reply(call.link, TaskFailed(call.msg.task, "busy",
@@ -309,3 +368,4 @@ class ActorHost:
         if self._runner is not None:
             self._runner.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.kernels.close)

@@ -3,7 +3,8 @@
 A matmul ``a @ b`` is split into row bands of ``a`` (``compute.plan_shards``, weighted by
 each worker's measured rate, a few bands per worker so idle ones can steal); ``b`` travels
 once per worker by content address and stays cached there; each band's result is checked
-with Freivalds (:class:`FreivaldsCache`, ``compute.verify``'s tolerance model) against
+with Freivalds (:class:`FreivaldsCache`: fresh Gaussian vectors per check, ``compute.verify``'s
+rounding model) against
 exactly the inputs the worker saw (after transfer-precision rounding), and merged with
 ``compute.merge_shards``.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import compute
-from compute.verify import KAPPA
+from compute.verify import ROUNDS, check_product, draw_vectors, row_norms2
 from identity.keys import PeerId
 from swarm import wire
 from swarm.runtime.objects import ObjectId, object_id
@@ -41,70 +42,33 @@ def for_transfer(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]
 class FreivaldsCache:
     """Freivalds checks against a right operand ``b`` that many results share (a weight).
 
-    ``compute.verify_matmul`` reads all of ``b`` per check (``b @ r`` and its norm); for many
-    small shards against one big weight that read costs more than the shard (25 ms per
-    64-row shard of a 4096 x 4096 weight, here). This keeps, per ``b``, secret sign vectors
-    ``R``, ``b @ R`` and ``||b||``, so a check costs two skinny products of the shard. The
-    tolerance is ``compute.verify``'s model (per row, ``KAPPA * unit * ||a_i|| * ||b||_F``).
-    ``R`` never leaves this process and is redrawn after ``max_uses`` checks, so the only
-    thing a worker can learn about it is whether its own results were rejected (and a
-    rejected worker gets no more shards of that job).
+    Every check draws fresh secret Gaussian vectors (``compute.verify``: a vector kept per
+    weight let a worker that passed once learn which corruption cancels and pass every later
+    shard), so ``b @ R`` is recomputed each time. What is kept per weight is only public:
+    ``b``'s squared row norms for the rounding model's threshold.
     """
 
-    def __init__(self, rounds: int = 2, max_uses: int = 64, max_entries: int = 8) -> None:
+    def __init__(self, rounds: int = ROUNDS, max_entries: int = 8) -> None:
         self.rounds = rounds
-        self.max_uses = max_uses
         self.max_entries = max_entries
-        self._entries: dict[Hashable, list] = {}  # key -> [R, b @ R, ||b||, uses]
+        self._norms: dict[Hashable, np.ndarray] = {}
         self._lock = threading.Lock()
 
-    def _prepared(self, key: Hashable, b: np.ndarray) -> tuple[list, list, float]:
+    def _b_norms2(self, key: Hashable, b: np.ndarray) -> np.ndarray:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or entry[3] >= self.max_uses:
-                signs = np.random.default_rng().integers(0, 2, (b.shape[1], self.rounds),
-                                                         dtype=np.int8)
-                r = (2 * signs - 1).astype(np.float32)
-                flat = b.reshape(-1)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    br = b @ r
-                    entry = [_columns(r), _columns(br), math.sqrt(float(flat @ flat)), 0]
-                if len(self._entries) >= self.max_entries:
-                    self._entries.pop(next(iter(self._entries)))
-                self._entries[key] = entry
-            entry[3] += 1
-            return entry[0], entry[1], entry[2]
+            norms = self._norms.get(key)
+        if norms is None:
+            norms = row_norms2(b)
+            with self._lock:
+                if len(self._norms) >= self.max_entries:
+                    self._norms.pop(next(iter(self._norms)))
+                self._norms[key] = norms
+        return norms
 
     def check(self, key: Hashable, a: np.ndarray, b: np.ndarray, c: object) -> bool:
         """Whether ``c`` equals ``a @ b`` within float tolerance; ``key`` names ``b``."""
-        m, k = a.shape
-        n = b.shape[1]
-        if not isinstance(c, np.ndarray) or c.shape != (m, n) or c.dtype.kind not in "fiu":
-            return False
-        r, br, norm_b = self._prepared(key, b)
-        with np.errstate(over="ignore", invalid="ignore"):
-            z = _skinny(a, br)
-            cr = _skinny(np.asarray(c, dtype=np.float32), r)
-            norm_a = np.sqrt(np.einsum("ij,ij->i", a, a))
-        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(norm_a))
-                and math.isfinite(norm_b)):
-            raise compute.InvalidInput("a and b must be finite (and small enough to multiply "
-                                       "in f32)")
-        if not np.all(np.isfinite(cr)):
-            return False
-        unit = 2.0**-24 * (math.sqrt(k) + math.sqrt(n) + 2.0)
-        tolerance = KAPPA * unit * norm_b * norm_a
-        return bool(np.all(np.abs(z.astype(np.float64) - cr) <= tolerance[:, None]))
-
-
-def _columns(x: np.ndarray) -> list[np.ndarray]:
-    return [np.ascontiguousarray(x[:, j]) for j in range(x.shape[1])]
-
-
-def _skinny(x: np.ndarray, cols: list[np.ndarray]) -> np.ndarray:
-    """``x @ [cols]`` as one matrix-vector product per column: on busy cores a multi-threaded
-    BLAS matrix product this thin took ~15 ms where matrix-vector products take ~0.2 ms."""
-    return np.stack([x @ col for col in cols], axis=1)
+        return check_product(a, b, c, draw_vectors(b.shape[1], self.rounds),
+                             self._b_norms2(key, b))
 
 
 @dataclass

@@ -73,6 +73,8 @@ class ObjectStore:
         self._pins: dict[ObjectId, int] = {}
         self._holders: OrderedDict[ObjectId, set[bytes]] = OrderedDict()
         self.used = 0
+        self.reserved = 0
+        """Bytes held outside the store for others (queued and held calls' inline arrays)."""
         self.evictions = 0
 
     def __contains__(self, oid: object) -> bool:
@@ -83,7 +85,21 @@ class ObjectStore:
 
     @property
     def over_capacity(self) -> bool:
-        return self.used > self.capacity
+        return self.used + self.reserved > self.capacity
+
+    def reserve(self, nbytes: int) -> bool:
+        """Count ``nbytes`` held elsewhere against the capacity, evicting unpinned objects to
+        make room; False (nothing reserved) when even that cannot fit them."""
+        pinned = sum(self._objects[o].nbytes for o in self._pins if o in self._objects)
+        if pinned + self.reserved + nbytes > self.capacity:
+            return False
+        self.reserved += nbytes
+        self._evict()
+        return True
+
+    def release(self, nbytes: int) -> None:
+        """Bytes reserved with :meth:`reserve` are no longer held."""
+        self.reserved = max(0, self.reserved - nbytes)
 
     def put(self, array: np.ndarray, oid: ObjectId | None = None) -> ObjectId:
         """Store ``array`` (read-only view) and return its id; an existing copy is refreshed."""
@@ -128,10 +144,11 @@ class ObjectStore:
         self._holders.pop(oid, None)
 
     def _evict(self) -> None:
-        if self.used <= self.capacity:
+        room = self.capacity - self.reserved
+        if self.used <= room:
             return
         for oid in list(self._objects):
-            if self.used <= self.capacity:
+            if self.used <= room:
                 break
             if oid in self._pins:
                 continue

@@ -70,6 +70,16 @@ class TaskResult(wire.Message):
     """Output arrays, in their transfer precision."""
     seconds: float
     """Compute time on the worker (its claim; the requester measures its own round trip)."""
+    receipt: bytes = b""
+    """The worker's signed :class:`~swarm.runtime.evidence.Receipt` for these outputs."""
+
+
+@wire.message("rt.evidence")
+class EvidenceMsg(wire.Message):
+    """A rejected result, for the coordinator to re-check (arrays sent before, by address)."""
+
+    evidence: bytes
+    """An encoded :class:`~swarm.runtime.evidence.Evidence`."""
 
 
 @wire.message("rt.failed")
@@ -80,7 +90,8 @@ class TaskFailed(wire.Message):
     """The RunTask's id."""
     kind: str
     """"missing" (resend the objects in ``missing``), "invalid" (bad request), "error"
-    (the method raised), "busy" (the worker is draining: run it elsewhere)."""
+    (the method raised), "busy" (draining, or memory full: run it elsewhere), "timeout"
+    (a kernel ran past the worker's time limit and was stopped)."""
     message: str
     """What went wrong, in words."""
     missing: list[bytes] = field(default_factory=list)

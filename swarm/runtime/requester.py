@@ -17,15 +17,28 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 
 from identity.keys import PeerId
-from swarm.errors import LinkClosed, TaskError
+from swarm.errors import LinkClosed
 from swarm.links.base import PeerLink
-from swarm.runtime.objects import ObjectId, ObjectStore
+from swarm.runtime.evidence import Evidence, Receipt, params_digest
+from swarm.runtime.jobcore import (
+    Check,
+    JobCore,
+    JobReport,
+    PeerReport,
+    Reject,
+    Run,
+    Stop,
+    Tiebreak,
+    twins_of,
+)
+from swarm.runtime.objects import ObjectId, ObjectStore, object_id
 from swarm.runtime.protocol import (
     CancelTask,
     Draining,
@@ -66,39 +79,49 @@ class Call:
     """Work in flops, for rates."""
 
 
-@dataclass
-class PeerReport:
-    """One peer's share of a job."""
+class Reply(NamedTuple):
+    """A task's answer as the requester keeps it."""
 
-    shards: int = 0
-    """Shard results received."""
-    bytes_out: int = 0
-    """Array bytes sent to it."""
-    bytes_in: int = 0
-    """Array bytes received from it."""
-    seconds: float = 0.0
-    """Sum of its shards' round-trip times."""
-    verified: int = 0
-    """Results that passed verification."""
-    rejected: int = 0
-    """Results that failed verification."""
-    failed: int = 0
-    """Attempts that ended in an error, a timeout or a lost link."""
+    outputs: list[np.ndarray]
+    """The output arrays."""
+    seconds: float
+    """Round trip as the requester measured it."""
+    task: int
+    """The task id it was sent under."""
+    receipt: bytes
+    """The worker's encoded signed receipt (checked only when the result is rejected)."""
 
 
-@dataclass
-class JobReport:
-    """What a job cost and who did it."""
+@dataclass(frozen=True, slots=True)
+class EvidencePackage:
+    """A rejected result's evidence and the arrays it names, for the coordinator."""
 
-    shards: int
-    """Shards in the job."""
-    seconds: float = 0.0
-    """Wall time of the job."""
-    peers: dict[str, PeerReport] = field(default_factory=dict)
-    """Per peer (printable PeerId, or "local" for the requester)."""
+    evidence: Evidence
+    """Receipt and parameters."""
+    arrays: dict[bytes, np.ndarray]
+    """Every array the receipt names, by content address, as it travelled."""
 
-    def peer(self, key: Any) -> PeerReport:
-        return self.peers.setdefault(str(key), PeerReport())
+
+def evidence_for(local: PeerId, peer: PeerId, call: Call, reply: Reply,
+                 reason: str) -> EvidencePackage | None:
+    """Evidence of a rejected result, or None when its receipt does not bind the worker to
+    exactly what was sent and received (then nothing can be proven; the result counts
+    against the worker here only)."""
+    try:
+        receipt = Receipt.decode(reply.receipt)
+    except ValueError:
+        return None
+    inputs = [a.oid.raw if a.oid is not None else object_id(a.array).raw for a in call.args]
+    outputs = [object_id(o).raw for o in reply.outputs]
+    params = msgpack.packb(call.params, use_bin_type=True) if call.params else b""
+    if (receipt.worker != peer or receipt.requester != local or receipt.task != reply.task
+            or (receipt.actor, receipt.method) != (call.actor, call.method)
+            or list(receipt.inputs) != inputs or list(receipt.outputs) != outputs
+            or receipt.params != params_digest(params) or not receipt.valid()):
+        return None
+    arrays = dict(zip(inputs, (a.array for a in call.args), strict=True))
+    arrays.update(zip(outputs, reply.outputs, strict=True))
+    return EvidencePackage(Evidence(receipt, params, reason), arrays)
 
 
 class TaskFailure(Exception):
@@ -119,7 +142,7 @@ class Requester:
         rates: RateBook | None = None,
         store_capacity: int = 8 << 30,
         accept_peer: Callable[[PeerId], bool] = lambda peer: True,
-        on_rejected: Callable[[PeerId, str], None] | None = None,
+        on_rejected: Callable[[PeerId, str, EvidencePackage | None], None] | None = None,
         window: int = 2,
         task_timeout: float = 120.0,
     ) -> None:
@@ -218,8 +241,8 @@ class Requester:
                 del self._puts[key]
 
     async def call(self, peer: PeerId, call: Call, *, instance: int = 0, seq: int = -1,
-                   report: PeerReport | None = None) -> tuple[list[np.ndarray], float]:
-        """Run ``call`` on ``peer``; returns (outputs, round-trip seconds).
+                   report: PeerReport | None = None) -> Reply:
+        """Run ``call`` on ``peer``; returns its outputs, round trip and receipt.
 
         Raises TaskFailure for a worker's refusal or error, LinkClosed when the link breaks.
         """
@@ -253,7 +276,8 @@ class Requester:
             if isinstance(reply, TaskResult):
                 if report is not None:
                     report.bytes_in += sum(o.nbytes for o in reply.outputs)
-                return list(reply.outputs), time.perf_counter() - started
+                return Reply(list(reply.outputs), time.perf_counter() - started, tid,
+                             reply.receipt)
             if reply.kind == "missing" and attempt < 2:
                 for raw in reply.missing:
                     if len(raw) == 32:
@@ -288,60 +312,26 @@ class Requester:
         ``await verify(i, outputs)`` checks a remote result (the worker's slot is refilled
         meanwhile). With ``replicate`` each call runs on two different peers and their
         outputs must agree (a disagreement is settled by ``local``). Raises TimeoutError
-        after ``timeout`` seconds, TaskError when a worker refuses a call as invalid.
+        after ``timeout`` seconds. A worker that refuses a call as invalid is treated like one
+        that returned a wrong result: banned for this job, its shards redone elsewhere.
         """
         job = _JobRun(self, list(calls), local, verify, replicate, owners, progress)
         return await job.run(timeout)
 
-    def _reject(self, peer: PeerId, reason: str) -> None:
-        log.warning("rejected a result from %s: %s", peer.short(), reason)
+    def _reject(self, peer: PeerId, reason: str,
+                evidence: EvidencePackage | None = None) -> None:
+        log.warning("rejected a result from %s: %s%s", peer.short(), reason,
+                    "" if evidence is not None else " (no valid receipt: nothing to prove)")
         if self.on_rejected is not None:
             try:
-                self.on_rejected(peer, reason)
+                self.on_rejected(peer, reason, evidence)
             except Exception:
                 log.exception("on_rejected hook failed")
 
 
-@dataclass(frozen=True, slots=True)
-class _Answered:
-    """Event: an attempt returned outputs (not yet verified)."""
-
-    shard: int
-    """Scheduler shard index."""
-    peer: Any
-    """Who ran it (LOCAL for the requester)."""
-    outputs: list[np.ndarray]
-    """What it returned."""
-    seconds: float
-    """Round trip as the requester measured it."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Checked:
-    """Event: a remote answer's verification finished."""
-
-    answer: _Answered
-    """The answer that was checked."""
-    ok: bool
-    """Whether it passed."""
-
-
-@dataclass(frozen=True, slots=True)
-class _AttemptFailed:
-    """Event: an attempt ended without outputs."""
-
-    shard: int
-    """Scheduler shard index."""
-    peer: Any
-    """Who was running it."""
-    kind: str
-    """TaskFailed kind, or "lost" for a broken link."""
-    message: str
-    """Why, in words."""
-
-
 class _JobRun:
-    """The asyncio adapter around one :class:`JobScheduler`: act, await events, feed back."""
+    """The asyncio adapter around one :class:`~swarm.runtime.jobcore.JobCore`: carry out its
+    actions, turn what comes back into its events, wake it at its deadlines."""
 
     def __init__(self, req: Requester, calls: list[Call], local, verify, replicate: bool,
                  owners: Sequence[PeerId] | None, progress) -> None:
@@ -350,9 +340,7 @@ class _JobRun:
         self.n = n = len(calls)
         self.local = local
         self.verify = verify
-        self.replicate = replicate
         self.progress = progress
-        self.report = JobReport(shards=n)
         tasks = [ShardTask(i, c.cost, tuple(a.oid for a in c.args if a.oid is not None))
                  for i, c in enumerate(calls * (2 if replicate else 1))]
         holds = {p: {a.oid for c in calls for a in c.args
@@ -360,54 +348,78 @@ class _JobRun:
                  for p in req.links}
         if owners is not None and replicate:
             owners = list(owners) + [None] * n  # the twins: any other peer
-        self.sched = JobScheduler(
+        sched = JobScheduler(
             tasks, req.workers(), req.rates, holds=holds, owners=owners,
-            twins=[(i + n) % (2 * n) for i in range(2 * n)] if replicate else None,
+            twins=twins_of(n) if replicate else None,
             window=req.window, task_timeout=req.task_timeout)
+        self.core = JobCore(n, sched, verify=verify is not None, replicate=replicate,
+                            agree=agree)
         self.events: asyncio.Queue = asyncio.Queue()
         self.running: dict[tuple[int, Any], asyncio.Task] = {}
-        self.checks: set[asyncio.Task] = set()
-        self.results: dict[int, list[np.ndarray]] = {}
-        self.replicas: dict[int, tuple[Any, list[np.ndarray]]] = {}
+        self.side: set[asyncio.Task] = set()
+        """Checks and tiebreaks in flight."""
 
     async def run(self, timeout: float | None) -> tuple[list[list[np.ndarray]], JobReport]:
-        req, sched = self.req, self.sched
-        loop = asyncio.get_running_loop()
-        known = set(sched.workers()) - {LOCAL}
+        core, loop = self.core, asyncio.get_running_loop()
         started = time.perf_counter()
         deadline = None if timeout is None else loop.time() + timeout
         try:
-            while not sched.finished:
-                req._changed.clear()
+            while not core.finished:
+                self.req._changed.clear()
                 now = loop.time()
-                current = set(req.workers())
-                for p in sorted(current - known):
-                    sched.add_worker(p)
-                for p in sorted(known - current):
-                    sched.lost(p)
-                known = current
-                for a in sched.step(now):
-                    self.running[(a.shard, a.peer)] = loop.create_task(
-                        self._attempt(a.shard, a.peer))
+                core.workers(set(self.req.workers()))
+                for action in core.poll(now):
+                    self._act(action)
                 for key in [k for k, t in self.running.items() if t.done()]:
                     task = self.running.pop(key)
                     if not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # a local failure: nothing to retry
+                if core.finished:
+                    break
                 if deadline is not None and now >= deadline:
                     raise TimeoutError(f"job did not finish within {timeout} s "
-                                       f"({len(sched.done)} of {len(sched.shards)} shards done)")
-                wake = [t for t in (sched.next_deadline(now), deadline) if t is not None]
+                                       f"({len(core.results)} of {self.n} calls done)")
+                wake = [t for t in (core.next_wake(now), deadline) if t is not None]
                 event = await self._next_event(max(0.0, min(wake) - now) if wake else None)
                 while event is not None:
-                    await self._handle(event)
+                    if isinstance(event, BaseException):
+                        raise event
+                    event()
                     event = None if self.events.empty() else self.events.get_nowait()
                 if self.progress is not None:
-                    self.progress(len(sched.done), len(sched.shards))
+                    self.progress(len(core.sched.done), len(core.sched.shards))
         finally:
-            for task in [*self.running.values(), *self.checks]:
+            for task in [*self.running.values(), *self.side]:
                 task.cancel()
-        self.report.seconds = time.perf_counter() - started
-        return [self.results[i] for i in range(self.n)], self.report
+        core.report.seconds = time.perf_counter() - started
+        return core.outputs(), core.report
+
+    def _act(self, action) -> None:
+        loop = asyncio.get_running_loop()
+        if isinstance(action, Run):
+            self.running[(action.shard, action.peer)] = loop.create_task(
+                self._attempt(action.shard, action.peer))
+        elif isinstance(action, Stop):
+            task = self.running.pop((action.shard, action.peer), None)
+            if task is not None:
+                task.cancel()
+        elif isinstance(action, Check):
+            self._side(self._check(action))
+        elif isinstance(action, Tiebreak):
+            self._side(self._tiebreak(action.call))
+        elif isinstance(action, Reject):
+            self._side(self._reject(action))
+
+    def _side(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.side.add(task)
+        task.add_done_callback(self._side_done)
+
+    def _side_done(self, task: asyncio.Task) -> None:
+        self.side.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # a check failed by itself (our inputs are not finite): fail the job with it
+            self.events.put_nowait(task.exception())
 
     async def _next_event(self, wait_s: float | None):
         """The next event, or None when the worker set changed or ``wait_s`` passed."""
@@ -423,95 +435,39 @@ class _JobRun:
         return None
 
     async def _attempt(self, shard: int, peer: Any) -> None:
-        t0 = time.perf_counter()
+        core, t0 = self.core, time.perf_counter()
         try:
             if peer == LOCAL:
                 outs = await asyncio.to_thread(self.local, shard % self.n)
+                reply = None
             else:
-                outs, _ = await self.req.call(peer, self.calls[shard % self.n],
-                                              report=self.report.peer(peer))
-            self.events.put_nowait(_Answered(shard, peer, outs, time.perf_counter() - t0))
+                reply = await self.req.call(peer, self.calls[shard % self.n],
+                                            report=core.report.peer(peer))
+                outs = reply.outputs
+            seconds = time.perf_counter() - t0
+            self.events.put_nowait(partial(core.answered, shard, peer, outs, seconds, reply))
         except TaskFailure as exc:
-            self.events.put_nowait(_AttemptFailed(shard, peer, exc.kind, str(exc)))
+            self.events.put_nowait(partial(core.failed, shard, peer, exc.kind, str(exc)))
         except LinkClosed as exc:
-            self.events.put_nowait(_AttemptFailed(shard, peer, "lost", str(exc)))
+            self.events.put_nowait(partial(core.failed, shard, peer, "lost", str(exc)))
 
-    async def _check(self, answer: _Answered) -> None:
-        ok = await self.verify(answer.shard % self.n, answer.outputs)
-        self.events.put_nowait(_Checked(answer, ok))
+    async def _check(self, check: Check) -> None:
+        outputs, _, _ = check.answer
+        ok = await self.verify(check.shard % self.n, outputs)
+        self.events.put_nowait(partial(self.core.checked, check, ok))
 
-    async def _handle(self, event) -> None:
-        sched = self.sched
-        if isinstance(event, BaseException):
-            raise event
-        if isinstance(event, _AttemptFailed):
-            self.report.peer(event.peer).failed += 1
-            if event.kind == "invalid":
-                raise TaskError(f"worker {event.peer} refused the task: {event.message}")
-            log.info("shard %d on %s failed (%s): %s", event.shard, event.peer, event.kind,
-                     event.message)
-            sched.errored(event.shard, event.peer)
-            return
-        answer = event.answer if isinstance(event, _Checked) else event
-        shard, peer = answer.shard, answer.peer
-        pr = self.report.peer(peer)
-        if isinstance(event, _Answered):
-            if shard in sched.done:
-                return  # a straggler's late copy
-            pr.shards += 1
-            pr.seconds += answer.seconds
-            if peer != LOCAL and self.verify is not None and not self.replicate:
-                sched.returned(shard, peer)  # its slot takes the next shard meanwhile
-                task = asyncio.get_running_loop().create_task(self._check(answer))
-                task.add_done_callback(self._check_done)
-                self.checks.add(task)
-                return
-        else:
-            if not event.ok:  # wrong, even if another copy already won: it counts
-                pr.rejected += 1
-                self.req._reject(peer, f"shard {shard % self.n} failed verification")
-                sched.rejected(shard, peer)
-                return
-            pr.verified += 1
-            if shard in sched.done:
-                sched.verified(shard, peer, answer.seconds)  # bookkeeping only
-                return
-        for c in sched.verified(shard, peer, answer.seconds):
-            task = self.running.pop((c.shard, c.peer), None)
-            if task is not None:
-                task.cancel()
-        if self.replicate:
-            await self._compare(shard, peer, answer.outputs)
-        else:
-            self.results[shard] = answer.outputs
+    async def _tiebreak(self, call: int) -> None:
+        truth = await asyncio.to_thread(self.local, call)
+        self.events.put_nowait(partial(self.core.tiebroken, call, truth))
 
-    def _check_done(self, task: asyncio.Task) -> None:
-        self.checks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # the check itself failed (our inputs are not finite): fail the job with it
-            self.events.put_nowait(task.exception())
-
-    async def _compare(self, shard: int, peer: Any, outputs: list[np.ndarray]) -> None:
-        """Replicate mode: both twins in? They must agree, else our own run decides."""
-        n = self.n
-        i, twin = shard % n, (shard + n) % (2 * n)
-        self.replicas[shard] = (peer, outputs)
-        if twin not in self.replicas:
-            return
-        (p1, o1), (p2, o2) = self.replicas[shard], self.replicas[twin]
-        if agree(o1, o2):
-            for p in (p1, p2):
-                if p != LOCAL:
-                    self.report.peer(p).verified += 1
-            self.results[i] = o1
-            return
-        truth = await asyncio.to_thread(self.local, i)
-        for p, o in ((p1, o1), (p2, o2)):
-            if p != LOCAL and not agree(o, truth):
-                self.report.peer(p).rejected += 1
-                self.req.rates.reject(p)
-                self.req._reject(p, f"replica of call {i} disagreed with the requester's run")
-        self.results[i] = truth
+    async def _reject(self, action: Reject) -> None:
+        """Report a wrong result, with evidence when its receipt binds the worker to it."""
+        package = None
+        if action.answer is not None:
+            package = await asyncio.to_thread(
+                evidence_for, self.req.local, action.peer, self.calls[action.shard % self.n],
+                action.answer, action.reason)
+        self.req._reject(action.peer, action.reason, package)
 
 
 def agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:

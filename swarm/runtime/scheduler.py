@@ -165,6 +165,7 @@ class JobScheduler:
         self._pool: deque[int] = deque()  # shards not queued on any worker
         self._local_only: deque[int] = deque()  # shards out of remote attempts
         self._checking: dict[int, set[Peer]] = {}  # results being verified, by shard
+        self._no_copies: set[int] = set()  # shards never duplicated again
         for peer in workers:
             self._workers[peer] = _Worker(peer)
         if owners is None:
@@ -278,6 +279,10 @@ class JobScheduler:
         if w is not None:
             w.running.pop(shard, None)
         self._fail_attempt(shard, peer)
+
+    def no_copies(self, shard: int) -> None:
+        """Never start straggler copies of ``shard`` again (it already ran past a limit)."""
+        self._no_copies.add(shard)
 
     def _fail_attempt(self, shard: int, peer: Peer) -> None:
         if shard in self.done:
@@ -397,8 +402,17 @@ class JobScheduler:
             rate = statistics.median(known)
         return self.shards[shard].cost / rate
 
+    def _straggler_due(self, peer: Peer, shard: int, started: float) -> float | None:
+        """When ``shard``, started on ``peer`` at ``started``, becomes a straggler (None: no
+        rate known yet). The one place both :meth:`_straggler` and :meth:`next_deadline` ask,
+        so a deadline that wakes the adapter always finds its straggler due."""
+        expected = self._expected(peer, shard)
+        if expected is None:
+            return None
+        return started + max(self.straggler_factor * expected, self.straggler_min)
+
     def _straggler(self, w: _Worker, now: float) -> int | None:
-        best, best_late = None, 0.0
+        best, best_due = None, now
         for o in self._usable():
             if o is w:
                 continue
@@ -406,14 +420,12 @@ class JobScheduler:
                 if (shard in w.running or w.peer in self._failed_on.get(shard, ())
                         or self._avoid(shard, w.peer)):
                     continue
-                if sum(shard in x.running for x in self._workers.values()) > 1:
-                    continue
-                expected = self._expected(o.peer, shard)
-                if expected is None:
-                    continue
-                late = (now - started) - max(self.straggler_factor * expected, self.straggler_min)
-                if late > best_late:
-                    best, best_late = shard, late
+                if shard in self._checking or shard in self._no_copies or sum(
+                        shard in x.running for x in self._workers.values()) > 1:
+                    continue   # already copied, or a copy's result is being verified
+                due = self._straggler_due(o.peer, shard, started)
+                if due is not None and due <= best_due:
+                    best, best_due = shard, due
         return best
 
     def _start(self, w: _Worker, shard: int, now: float) -> Assign:
@@ -443,9 +455,8 @@ class JobScheduler:
         for w in self._workers.values():
             for shard, started in w.running.items():
                 times.append(started + self.task_timeout)
-                expected = self._expected(w.peer, shard) if w.peer != LOCAL else None
-                if expected is not None:
-                    times.append(started + max(self.straggler_factor * expected,
-                                               self.straggler_min))
+                due = self._straggler_due(w.peer, shard, started) if w.peer != LOCAL else None
+                if due is not None:
+                    times.append(due)
         future = [t for t in times if t > now]
         return min(future) if future else None

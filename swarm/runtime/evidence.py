@@ -1,0 +1,253 @@
+"""Evidence of a wrong result that anyone can re-check: signed receipts (sans-IO).
+
+A worker signs a :class:`Receipt` for every result: who asked (requester, task id), what
+ran (actor, method, a digest of the parameters), the content addresses of the inputs as it
+received them and of the outputs as it sent them. A requester whose check rejects a result
+builds :class:`Evidence` (the receipt plus the parameters) and ships it with the arrays, by
+content address, to the coordinator, which re-checks with :func:`check_evidence` and acts
+on proof alone: a report that cannot be re-checked is not evidence, whoever sends it.
+
+What the verdicts mean:
+
+``proven``
+    the receipt is the accused worker's signature over these very inputs and this output,
+    and the output is wrong (Freivalds with fresh vectors: an honest result is rejected with
+    negligible probability, see ``compute.verify``).
+``correct``
+    the signed output is right: the report was false (the reporter is the liar).
+``unproven``
+    anything else (bad signature, arrays missing or not matching their addresses, a method
+    that cannot be re-checked cheaply): nothing follows from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+import compute
+from compute.backend import check_operands
+from compute.verify import ROUNDS, draw_vectors, residuals
+from identity.keys import PeerId, PeerKey, verify
+from swarm import wire
+from swarm.runtime.actors import check_matmul
+from swarm.runtime.objects import ID_LEN, ObjectId, object_id
+from swarm.runtime.protocol import MAX_PARAMS
+
+RECEIPT_CONTEXT = b"swarm/receipt/v1"
+MAX_ARRAYS = 16
+"""Inputs or outputs one receipt may name."""
+MAX_EVIDENCE = 2 * MAX_PARAMS
+"""Largest encoded evidence (parameters included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A worker's signed statement: "for these inputs I returned these outputs"."""
+
+    worker: PeerId
+    """The signer (the worker that ran the task)."""
+    requester: PeerId
+    """Who asked (the link's remote end, as the worker saw it)."""
+    task: int
+    """The requester's task id."""
+    actor: str
+    """Actor class name."""
+    method: str
+    """Method name."""
+    params: bytes
+    """SHA-256 of the task's msgpack parameters."""
+    inputs: tuple[bytes, ...]
+    """Content addresses of the inputs, as received (transfer precision)."""
+    outputs: tuple[bytes, ...]
+    """Content addresses of the outputs, as sent."""
+    signature: bytes = b""
+    """The worker's Ed25519 signature over :meth:`signed_part`."""
+
+    def signed_part(self) -> bytes:
+        return RECEIPT_CONTEXT + msgpack.packb(
+            [self.worker.raw, self.requester.raw, self.task, self.actor, self.method,
+             self.params, list(self.inputs), list(self.outputs)], use_bin_type=True)
+
+    @classmethod
+    def sign(cls, key: PeerKey, requester: PeerId, task: int, actor: str, method: str,
+             params: bytes, inputs: list[bytes], outputs: list[bytes]) -> Receipt:
+        unsigned = cls(key.peer_id, requester, task, actor, method, params_digest(params),
+                       tuple(inputs), tuple(outputs))
+        return dataclasses.replace(unsigned, signature=key.sign(unsigned.signed_part()))
+
+    def valid(self) -> bool:
+        """Whether the signature is the worker's over these fields."""
+        return verify(self.worker, self.signature, self.signed_part())
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.worker.raw, self.requester.raw, self.task, self.actor,
+                              self.method, self.params, list(self.inputs), list(self.outputs),
+                              self.signature], use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Receipt:
+        """Parse an encoded receipt; ValueError when it is malformed (untrusted input)."""
+        o = _fields(data, 9, "receipt")
+        worker, requester, task, actor, method, params, inputs, outputs, sig = o
+        if not (isinstance(task, int) and isinstance(actor, str) and isinstance(method, str)
+                and isinstance(params, bytes) and isinstance(sig, bytes)
+                and isinstance(inputs, list) and isinstance(outputs, list)
+                and len(inputs) <= MAX_ARRAYS and len(outputs) <= MAX_ARRAYS
+                and all(isinstance(x, bytes) and len(x) == ID_LEN for x in inputs + outputs)
+                and len(actor) <= 64 and len(method) <= 64):
+            raise ValueError("receipt fields have the wrong types")
+        try:
+            return cls(PeerId(worker), PeerId(requester), task, actor, method, params,
+                       tuple(inputs), tuple(outputs), sig)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"receipt names a bad peer id: {exc}") from None
+
+
+def _fields(data: bytes, count: int, what: str) -> list:
+    """A msgpack list of ``count`` fields (untrusted input: ValueError otherwise)."""
+    if not isinstance(data, bytes) or len(data) > MAX_EVIDENCE:
+        raise ValueError(f"{what} is not bytes of a sane size")
+    try:
+        o = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise ValueError(f"{what} is not msgpack: {exc}") from None
+    if not isinstance(o, list) or len(o) != count:
+        raise ValueError(f"{what} has the wrong number of fields")
+    return o
+
+
+def params_digest(params: bytes) -> bytes:
+    return hashlib.sha256(params).digest()
+
+
+def input_ids(args: list[Any]) -> list[bytes]:
+    """Content addresses of a task's arguments as they travelled (by id, or inline)."""
+    return [a.oid if a.oid is not None else object_id(a.array).raw for a in args]
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A rejected result, re-checkable by anyone holding the arrays it names."""
+
+    receipt: Receipt
+    """The accused worker's signed receipt."""
+    params: bytes
+    """The task's msgpack parameters (their digest is in the receipt)."""
+    reason: str = ""
+    """The reporter's words (not evidence of anything)."""
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.receipt.encode(), self.params, self.reason[:200]],
+                             use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Evidence:
+        """Parse encoded evidence; ValueError when malformed."""
+        o = _fields(data, 3, "evidence")
+        if (not isinstance(o[0], bytes)
+                or not isinstance(o[1], bytes) or len(o[1]) > MAX_PARAMS
+                or not isinstance(o[2], str)):
+            raise ValueError("evidence fields have the wrong types")
+        return cls(Receipt.decode(o[0]), o[1], o[2][:200])
+
+    @property
+    def key(self) -> bytes:
+        """One id per receipt: the same evidence counts once, however often it arrives."""
+        return hashlib.sha256(self.receipt.signed_part()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What :func:`check_evidence` found."""
+
+    kind: str
+    """"proven", "correct" or "unproven" (module docstring)."""
+    why: str
+    """In words, for logs."""
+
+    @property
+    def proven(self) -> bool:
+        return self.kind == "proven"
+
+
+def check_evidence(evidence: Evidence,
+                   fetch_array: Callable[[bytes], np.ndarray | None]) -> Verdict:
+    """Re-check ``evidence`` with arrays from ``fetch_array(content address)``.
+
+    Every array is checked against its address (``fetch_array`` may return anything), then
+    the result is re-verified here. Never raises on bad evidence: it is ``unproven``.
+    """
+    r = evidence.receipt
+    if not r.valid():
+        return Verdict("unproven", "the receipt's signature is not the worker's")
+    if params_digest(evidence.params) != r.params:
+        return Verdict("unproven", "the parameters do not match the receipt")
+    if (r.actor, r.method) != ("matmul", "matmul") or len(r.inputs) != 2 or len(r.outputs) != 1:
+        return Verdict("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
+    arrays = []
+    for oid in (*r.inputs, *r.outputs):
+        arr = fetch_array(oid)
+        if not isinstance(arr, np.ndarray) or object_id(arr) != ObjectId(oid):
+            return Verdict("unproven", f"array {oid[:6].hex()} is missing or does not match "
+                                       "its address")
+        arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
+    a, b, c = arrays
+    try:
+        params = msgpack.unpackb(evidence.params, raw=False) if evidence.params else {}
+        if not isinstance(params, dict):
+            raise ValueError("parameters are not a map")
+        check_matmul([a, b], params)
+        precision = params.get("precision", "f32")
+        if not isinstance(c, np.ndarray) or c.shape != (a.shape[0], b.shape[1]):
+            return Verdict("proven", f"{r.worker.short()} signed a result of the wrong shape")
+        a, b = check_operands(a, b)
+        if compute.verify_matmul(a, b, c, precision=precision):
+            return Verdict("correct", "the signed result is right: the report was false")
+        wrong = _beyond_worst_case(a, b, np.asarray(c, np.float64), precision)
+    except (ValueError, TypeError, compute.InvalidInput) as exc:
+        return Verdict("unproven", f"the inputs are not a valid matmul: {exc}")
+    if wrong is None:
+        return Verdict("unproven", "every suspect element is within the worst-case rounding "
+                                   "of some f32 summation order (crafted inputs?)")
+    return Verdict("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
+
+
+MAX_SUSPECT_ROWS = 32
+"""Rows re-computed exactly when judging evidence (those Freivalds flags first)."""
+
+
+def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str
+                       ) -> str | None:
+    """An element of ``c`` that no honest f32 product can produce, in words, or None.
+
+    Freivalds' threshold is a *probabilistic* rounding model; inputs crafted to make every
+    rounding error point the same way (a large partial sum that absorbs many small terms)
+    can push an honest sequential sum past it. Blocking needs more: the flagged rows are
+    recomputed exactly (float64) and an element must differ by more than the worst case of
+    f32 accumulation in any order, ``gamma_K * sum_t |a_it| |b_tj|`` with
+    ``gamma_K = K u / (1 - K u)`` (Higham), plus f16 input rounding where asked.
+    """
+    m, k = a.shape
+    u = 2.0**-24
+    if k * u >= 0.5:
+        return None
+    gamma = k * u / (1 - k * u) + (3 * 2.0**-11 if precision == "f16" else 0.0)
+    r = draw_vectors(b.shape[1], ROUNDS)
+    residual = np.abs(residuals(a, b, c.astype(np.float32), r)).max(axis=1)
+    rows = np.argsort(-residual)[:MAX_SUSPECT_ROWS]
+    a64, b64 = a[rows].astype(np.float64), b.astype(np.float64)
+    exact = a64 @ b64
+    bound = gamma * (np.abs(a64) @ np.abs(b64))
+    excess = np.abs(c[rows] - exact) - bound
+    if not np.any(excess > 0):
+        return None
+    i, j = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    return (f"element ({int(rows[i])}, {int(j)}) is {float(c[rows[i], j])!r}, exactly "
+            f"{float(exact[i, j])!r}, worst-case rounding {float(bound[i, j]):.3g}")

@@ -1,0 +1,182 @@
+"""Receipts and evidence: a wrong result is provable by anyone, a false report is not.
+
+Sans-IO: receipts signed as a worker signs them, evidence built as a requester builds it,
+re-checked as the coordinator does (``check_evidence``); then a coordinator's control plane
+that blocks on proof alone, never on claims from fresh keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from identity.keys import PeerKey
+from swarm.runtime.evidence import Evidence, Receipt, check_evidence
+from swarm.runtime.objects import object_id
+from swarm.runtime.protocol import TaskArg
+from swarm.runtime.requester import Arg, Call, Reply, evidence_for
+from tests.control_support import FakeNode
+
+
+def job(seed: int = 0, wrong: bool = True):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((32, 48)).astype(np.float32)
+    b = rng.standard_normal((48, 40)).astype(np.float32)
+    c = a @ b
+    if wrong:
+        c[3, 4] += 1.0
+    return a, b, c
+
+
+def signed(worker: PeerKey, requester: PeerKey, a, b, c, task: int = 7) -> tuple[Call, Reply]:
+    """A call as a requester sends it and the reply a worker signs for it."""
+    call = Call("matmul", "matmul", (Arg(a), Arg(b, object_id(b))))
+    args = [TaskArg(array=a), TaskArg(oid=object_id(b).raw)]
+    from swarm.runtime.evidence import input_ids
+
+    receipt = Receipt.sign(worker, requester.peer_id, task, "matmul", "matmul", b"",
+                           input_ids(args), [object_id(c).raw])
+    return call, Reply([c], 0.1, task, receipt.encode())
+
+
+def test_a_wrong_signed_result_is_proven_and_a_right_one_is_not():
+    worker, me = PeerKey.generate(), PeerKey.generate()
+    for wrong, verdict in ((True, "proven"), (False, "correct")):
+        a, b, c = job(wrong=wrong)
+        call, reply = signed(worker, me, a, b, c)
+        package = evidence_for(me.peer_id, worker.peer_id, call, reply, "failed check")
+        assert package is not None
+        again = Evidence.decode(package.evidence.encode())    # as it travels
+        assert check_evidence(again, package.arrays.get).kind == verdict
+
+
+def test_evidence_that_does_not_bind_the_worker_proves_nothing():
+    worker, me, other = (PeerKey.generate() for _ in range(3))
+    a, b, c = job()
+    call, reply = signed(worker, me, a, b, c)
+    # a receipt from someone else, for another requester or task, or with other digests
+    assert evidence_for(me.peer_id, other.peer_id, call, reply, "") is None
+    assert evidence_for(other.peer_id, worker.peer_id, call, reply, "") is None
+    assert evidence_for(me.peer_id, worker.peer_id, call, reply._replace(task=8), "") is None
+    assert evidence_for(me.peer_id, worker.peer_id, call,
+                        reply._replace(outputs=[c + 1]), "") is None
+    assert evidence_for(me.peer_id, worker.peer_id, call, reply._replace(receipt=b"x"),
+                        "") is None
+    package = evidence_for(me.peer_id, worker.peer_id, call, reply, "")
+    ev = package.evidence
+    # forged signature: a fresh key claims to be the worker
+    forged = Receipt.sign(other, me.peer_id, 7, "matmul", "matmul", b"", list(ev.receipt.inputs),
+                          list(ev.receipt.outputs))
+    import dataclasses
+
+    forged = dataclasses.replace(forged, worker=worker.peer_id)
+    assert check_evidence(Evidence(forged, b""), package.arrays.get).kind == "unproven"
+    # arrays that do not match their addresses, or are missing
+    swapped = dict(package.arrays)
+    swapped[ev.receipt.outputs[0]] = c * 2
+    assert check_evidence(ev, swapped.get).kind == "unproven"
+    assert check_evidence(ev, lambda oid: None).kind == "unproven"
+    # parameters that are not the signed ones
+    assert check_evidence(Evidence(ev.receipt, b"\x80"), package.arrays.get).kind == "unproven"
+
+
+@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\xc1", b"x" * 300_000,
+                                  Evidence.__name__.encode()])
+def test_garbage_evidence_is_a_clear_value_error(data):
+    with pytest.raises(ValueError):
+        Evidence.decode(data)
+
+
+async def _coordinator_plane(tmp_path, key: PeerKey):
+    """A real ControlPlane (no network) that has become its swarm's coordinator."""
+    from types import SimpleNamespace
+
+    from dht import DHTNode
+    from swarm.control.election import Candidate
+    from swarm.control.machine import Duty
+    from swarm.control.plane import ControlPlane
+
+
+    node = FakeNode(key=key, config=SimpleNamespace(swarm_id=bytes(range(20)), announce=True),
+                 dht=DHTNode(key), accept_peer=None, host=None)
+    plane = ControlPlane(node, b"\x01" * 32, tmp_path)
+
+    async def nothing(actions) -> None:
+        return None
+
+    plane._do = nothing
+    c = plane.controller
+    now = plane.clock()
+    for _ in range(100):
+        if c.role is Duty.COORDINATOR:
+            break
+        c.members([Candidate(key.peer_id, 1.0)], now)
+        c.tick(now)
+        c.claim_result(True, now)
+        now += 5.0
+    assert c.role is Duty.COORDINATOR
+    return plane
+
+
+async def test_the_coordinator_blocks_on_proof_and_never_on_claims(tmp_path):
+    import msgpack
+
+    from swarm.control.state import seal
+
+    me, honest, liar = (PeerKey.generate() for _ in range(3))
+    plane = await _coordinator_plane(tmp_path, me)
+    sid = bytes(range(20))
+    # Claims ("liar" messages) from many fresh keys against an honest worker: nothing.
+    for _ in range(10):
+        reporter = PeerKey.generate()
+        body = msgpack.packb({"p": honest.public_bytes, "r": "wrong"}, use_bin_type=True)
+        await plane._on_message(reporter.peer_id, ("127.0.0.1", 1),
+                                seal(reporter, sid, "liar", body))
+    # Evidence from fresh keys against the honest worker's right results: not proven.
+    for seed in range(5):
+        requester = PeerKey.generate()
+        a, b, c = job(seed, wrong=False)
+        call, reply = signed(honest, requester, a, b, c)
+        package = evidence_for(requester.peer_id, honest.peer_id, call, reply, "lie")
+        await plane.judge_evidence(package.evidence, package.arrays.get)
+    assert honest.peer_id not in plane.controller.blocked()
+    # The same proof twice counts once; two different proofs block the liar.
+    a, b, c = job(1)
+    call, reply = signed(liar, me, a, b, c, task=1)
+    package = evidence_for(me.peer_id, liar.peer_id, call, reply, "failed")
+    for _ in range(3):
+        await plane.judge_evidence(package.evidence, package.arrays.get)
+    assert liar.peer_id not in plane.controller.blocked()
+    call, reply = signed(liar, PeerKey.generate(), a, b, c, task=2)
+    assert evidence_for(me.peer_id, liar.peer_id, call, reply, "") is None  # not our receipt
+    requester = PeerKey.generate()
+    call, reply = signed(liar, requester, a, b, c, task=2)
+    package = evidence_for(requester.peer_id, liar.peer_id, call, reply, "failed")
+    await plane.judge_evidence(package.evidence, package.arrays.get)
+    assert liar.peer_id in plane.controller.blocked()
+    await plane.close()
+
+
+def test_an_honest_sum_of_crafted_inputs_is_never_proven_wrong():
+    """A requester can craft inputs whose honest f32 sum in order is far from exact (a large
+    partial sum absorbs a thousand small terms): the worker's receipt for that result must
+    never become proof against it, though Freivalds' probabilistic model may flag it."""
+    worker, me = PeerKey.generate(), PeerKey.generate()
+    a = np.zeros((4, 8002), np.float32)
+    a[:, 0], a[:, 1:8001], a[:, 8001] = 2.0**25, 1.0, -(2.0**25)
+    b = np.ones((8002, 8), np.float32)
+    c = np.zeros((4, 8), np.float32)
+    for t in range(a.shape[1]):           # the naive kernel's order: every 1.0 is absorbed
+        c += np.outer(a[:, t], b[t])
+    assert float(c[0, 0]) == 0.0          # honest, and off by 8000 from the exact 8000
+    from compute import verify_matmul
+
+    assert not verify_matmul(a, b, c)     # the probabilistic model does flag it
+    call, reply = signed(worker, me, a, b, c)
+    package = evidence_for(me.peer_id, worker.peer_id, call, reply, "")
+    assert check_evidence(package.evidence, package.arrays.get).kind != "proven"
+    bad = c.copy()
+    bad[2, 3] += 1e6                      # beyond any order's worst case: proven
+    call, reply = signed(worker, me, a, b, bad)
+    package = evidence_for(me.peer_id, worker.peer_id, call, reply, "")
+    assert check_evidence(package.evidence, package.arrays.get).kind == "proven"

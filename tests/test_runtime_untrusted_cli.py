@@ -1,0 +1,103 @@
+"""Trust no worker, through the CLI with real processes (issue 13).
+
+* ``SWARM_CHAOS=invalid=1`` beside honest workers: every ``swarm submit`` succeeds.
+* One honest worker, one ``SWARM_CHAOS=corrupt=1`` liar, a publisher that coordinates:
+  repeated one-shot ``swarm submit`` runs each deliver signed evidence before they exit, and
+  the coordinator blocks the liar on that proof; liar claims about the honest worker from
+  fresh keys change nothing.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+import swarm
+from identity import PeerId, PeerKey
+from swarm.control.membership import swarm_id
+from swarm.control.state import seal
+from swarm.uri import parse
+from tests.conftest import run_swarm, subprocess_env
+from tests.control_support import Cluster
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+def _operands(tmp_path, seed: int):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((1200, 256)).astype(np.float32)   # several shards per worker
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    return a, b
+
+
+def _submit(tmp_path, uri: str, seed: int, *extra: str):
+    a, b = _operands(tmp_path, seed)
+    out = tmp_path / f"c{seed}.npy"
+    r = run_swarm("submit", uri, "matmul", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                  "-o", str(out), "--json", "--timeout", "60", *extra, timeout=120,
+                  env=subprocess_env(SWARM_HOME=str(tmp_path / "home")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (tmp_path / f"submit{seed}.log").write_text(r.stderr)
+    np.testing.assert_allclose(np.load(out), a @ b, rtol=1e-4, atol=1e-3)
+    return r
+
+
+def test_a_worker_refusing_every_task_as_invalid_fails_no_submit(tmp_path):
+    with swarm.local(workers=3, threads=1, chaos=[None, "invalid=1", None]) as c:
+        for seed in range(3):
+            _submit(tmp_path, c.uri, seed, "--min-workers", "3")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_the_liar_is_blocked_on_evidence_from_one_shot_submits(cluster, tmp_path):
+    pub = cluster.publish()
+    honest = cluster.start("honest", "join", cluster.uri, "--yes", "--backend", "numpy",
+                           "--threads", "1", "--no-coordinate", "-v")
+    liar = cluster.start("liar", "join", cluster.uri, "--yes", "--backend", "numpy",
+                         "--threads", "1", "--no-coordinate", "-v",
+                         env={"SWARM_CHAOS": "corrupt=1"})
+    peers = {"pub": pub.peer, "honest": honest.peer, "liar": liar.peer}
+    obs = cluster.observer()
+    obs.wait(lambda s: {m["peer_id"] for m in s["members"]} == set(peers.values())
+             and s["coordinator"] == peers["pub"], 90, "3 members, the publisher coordinating")
+
+    # Claims about the honest worker from fresh keys: not evidence, never acted on.
+    join = parse(cluster.uri)
+    sid = swarm_id(join.pubkey)
+
+    st = obs.status()
+    addr = next(tuple(m["dht"]) for m in st["members"] if m["peer_id"] == peers["pub"])
+
+    async def claims():
+        for _ in range(6):
+            fresh = PeerKey.generate()
+            body = msgpack.packb({"p": PeerId.parse(peers["honest"]).raw, "r": "wrong shard"},
+                                 use_bin_type=True)
+            await obs.node.send_message(addr, seal(fresh, sid, "liar", body))
+
+    obs._run(claims(), 30)
+    assert peers["honest"] not in {b["peer_id"] for b in obs.status()["blocked"]}
+
+    for seed in range(4):                       # each a fresh requester process
+        st = obs.status()
+        if peers["liar"] in {b["peer_id"] for b in st["blocked"]}:
+            break
+        _submit(tmp_path, cluster.uri, seed, "--min-workers", "3", "-v")
+    st = obs.wait(lambda s: peers["liar"] in {b["peer_id"] for b in s["blocked"]}, 60,
+                  "the liar blocked")
+    assert peers["honest"] not in {b["peer_id"] for b in st["blocked"]}
+    assert peers["pub"] not in {b["peer_id"] for b in st["blocked"]}
+    assert liar.wait_exit(30) == 3                # it learns it is blocked and leaves
+    assert honest.popen.poll() is None
+    _submit(tmp_path, cluster.uri, 9)             # and the swarm still works
