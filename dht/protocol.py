@@ -30,6 +30,7 @@ from dht.items import MAX_VALUE, check_seq
 from dht.messages import Envelope
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
+from dht.store import source_key
 from dht.wire import (
     PEERS_PAGE_BYTES,
     REQUESTS,
@@ -216,7 +217,7 @@ class DHTProtocol(KademliaProtocol):
         if kind == "m":
             mutable = mutable_from_wire(item)
             self._check_token(token, sender, mutable.target, now)
-            self.dht.store.put_mutable(mutable, cas, now)
+            self.dht.store.put_mutable(mutable, cas, now, source_key(sender))
         elif kind == "i":
             if not isinstance(item, bytes) or len(item) > MAX_VALUE:
                 raise ItemError(errors.VALUE_TOO_BIG, "immutable value must be <= 1000 bytes")
@@ -225,7 +226,7 @@ class DHTProtocol(KademliaProtocol):
             except BencodeError as exc:
                 raise ItemError(errors.PROTOCOL, f"value is not canonical bencode: {exc}") from exc
             self._check_token(token, sender, hashlib.sha1(item).digest(), now)
-            self.dht.store.put_immutable(item, now)
+            self.dht.store.put_immutable(item, now, source_key(sender))
         else:
             raise ItemError(errors.PROTOCOL, "kind must be 'm' or 'i'")
         return {"ok": True}
@@ -259,7 +260,8 @@ class DHTProtocol(KademliaProtocol):
         topic = check_topic(topic)
         now = self.dht.clock()
         self._check_token(token, sender, topic_target(topic), now)
-        self.dht.store.announce(topic, announcement_from_wire(topic, entry), now)
+        self.dht.store.announce(topic, announcement_from_wire(topic, entry), now,
+                              source_key(sender))
         return {"ok": True}
 
     def rpc_message(self, sender, nodeid, envelope):
