@@ -10,6 +10,10 @@ A query still unanswered after ``slow_after`` seconds stops counting against ``a
 (libtorrent's "short timeout"), and after ``GRACE`` times that it stops holding the lookup
 open: after churn, dead contacts would otherwise cost one full RPC timeout per ``alpha`` of
 them. A late answer still counts if the lookup is still running.
+
+Candidates are one per source (:func:`dht.addresses.source_key`): a reply listing many ids
+at one address (a socket claiming the ids closest to the key, to eclipse it and serve a stale
+item) yields only the first of them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from kademlia.node import Node
+
+from dht.addresses import node_source
 
 T = TypeVar("T")
 Query = Callable[[Node], Awaitable[tuple[list[Node], T] | None]]
@@ -51,6 +57,7 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
     t = int.from_bytes(target, "big")
     clock = asyncio.get_running_loop().time
     known: dict[bytes, Node] = {}
+    sources: set[str] = set()
     state: dict[bytes, str] = {}  # new | pending | slow | ok | failed
     replies: dict[bytes, Any] = {}
     result: LookupResult[Any] = LookupResult([])
@@ -58,9 +65,14 @@ async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int,
     grace = GRACE * slow_after
 
     def add(n: Node) -> None:
-        if n.id != own_id and n.id not in known and n.id not in skip:
-            known[n.id] = n
-            state[n.id] = "new"
+        if n.id == own_id or n.id in known or n.id in skip:
+            return
+        src = node_source(n)
+        if src in sources:
+            return
+        sources.add(src)
+        known[n.id] = n
+        state[n.id] = "new"
 
     def settle(task: asyncio.Task) -> None:
         n, _ = pending.pop(task)

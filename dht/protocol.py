@@ -23,6 +23,7 @@ from rpcudp.exceptions import MalformedMessage
 from rpcudp.protocol import RPCProtocol
 
 from dht import errors
+from dht.addresses import source_key
 from dht.announce import check_topic, topic_target
 from dht.bencode import bdecode
 from dht.errors import BencodeError, DHTError, ItemError
@@ -30,7 +31,6 @@ from dht.items import MAX_VALUE, check_seq
 from dht.messages import Envelope
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
-from dht.store import source_key
 from dht.wire import (
     PEERS_PAGE_BYTES,
     REQUESTS,

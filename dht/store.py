@@ -3,22 +3,24 @@
 The rules (BEP 44 seq/CAS, validators, expiry, quotas) live here and take ``now`` as an
 argument, so they are tested without sockets or clocks.
 
-Quotas (invariant 8): every row -- mutable, immutable, announcement -- counts against
-``max_items``; each row remembers the *source* that stored it (see :func:`source_key`) and
-one source holds at most ``max_per_source`` rows, one public key at most ``max_per_key``
-mutable items, one source at most ``max_per_source_topic`` entries of a topic. A full store
-or topic evicts from the source holding the most (nearest expiry first) when that source
-holds more than the newcomer's, so a flood from one source costs honest writers nothing;
-only when sources are even does a write get "full" (202). Rows this node stores for itself
-(source ``""``) are counted but never evicted for another source. ``path=None`` keeps everything
-in memory; a file path makes it survive restarts (stdlib ``sqlite3``; values are stored
-bencoded and re-verified when read back, so a tampered file cannot inject items).
+Quotas (invariant 8): every row (mutable, immutable, announcement) counts against
+``max_items``; each row remembers the *source* that stored it (see
+:func:`dht.addresses.source_key`). One source holds at most ``max_per_source`` rows, one
+public key at most ``max_per_key`` mutable items, one source at most
+``max_per_source_topic`` entries of a topic. A full store or topic evicts from the source
+holding the most (nearest expiry first) when that source holds more than the newcomer's, so a
+flood from one source costs honest writers nothing; only when sources are even does a write
+get "full" (202). Rows this node stores for itself (source ``""``) are counted but never
+evicted for another source.
+
+``path=None`` keeps everything in memory; a file path makes it survive restarts (stdlib
+``sqlite3``; values are stored bencoded and re-verified when read back, so a tampered file
+cannot inject items).
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import sqlite3
 from dataclasses import dataclass
@@ -52,25 +54,6 @@ CREATE TABLE IF NOT EXISTS published (
     target BLOB PRIMARY KEY, kind TEXT, pubkey BLOB, salt BLOB, seq INTEGER, value BLOB,
     sig BLOB, next_put REAL);
 """
-
-
-def source_key(addr: tuple[str, int]) -> str:
-    """Whose quota a request from ``addr`` counts against.
-
-    A public IPv4 address is one source whatever its port (ports are free); an IPv6 sender
-    is its /64 (one host gets a whole /64). Loopback and private addresses are one source per
-    ``host:port``, so that nodes sharing a test host or a LAN are told apart.
-    """
-    host, port = addr[0], int(addr[1])
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return f"{host}:{port}"
-    if ip.is_loopback or ip.is_private or ip.is_link_local:
-        return f"{ip}:{port}"
-    if ip.version == 6:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
 
 
 @dataclass(frozen=True, slots=True)

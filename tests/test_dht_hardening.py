@@ -7,11 +7,14 @@ honest sender is still served.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from dht import Announcement, DHTNode, MutableItem
 from dht.announce import topic_target
 from dht.messages import Envelope, ReplayGuard
+from dht.protocol import DHTProtocol
 from dht.wire import announcement_to_wire, mutable_to_wire
 from identity import PeerKey
 
@@ -130,3 +133,71 @@ def test_a_flood_of_fresh_keys_does_not_lock_out_a_current_sender():
     env = Envelope.seal(honest, honest.peer_id, me, b"owner command", T0 + 2.5)
     assert guard.admit(env, me, T0 + 2.5) == honest.peer_id
     assert len(guard) <= 500
+
+
+async def test_crafted_pings_do_not_grow_the_routing_table_without_bound():
+    node = await _node()
+    rng = random.Random(14)
+    try:
+        # 8.4k crafted pings from 8.4k sockets: groups of 21 ids sharing a 149-bit prefix
+        # (149 % 5 != 0: kademlia's extra-split rule splits down to the prefix each time)
+        far = (node.node.long_id >> 159 ^ 1) << 159
+        for g in range(400):
+            prefix = far | rng.getrandbits(148) << 11
+            for j in range(21):
+                nid = (prefix | rng.getrandbits(11)).to_bytes(20, "big")
+                await node.protocol.dispatch(["ping", [nid]], ("127.0.0.1", 1024 + g * 21 + j))
+        router = node.protocol.router
+        assert len(router.buckets) <= 160
+        assert len(router.contacts()) <= 160 * node.ksize
+    finally:
+        await node.stop()
+
+
+class _EclipseProtocol(DHTProtocol):
+    """One socket that answers as each of the ids closest to a key, with a stale item."""
+
+    stale: MutableItem
+    fakes: list[bytes]
+
+    def _fake_nodes(self) -> list:
+        ip, port = self.dht.address
+        return [[fid, ip, port] for fid in self.fakes]
+
+    def rpc_find_node(self, sender, nodeid, key):
+        return self._fake_nodes()
+
+    def rpc_get(self, sender, nodeid, target):
+        return {"token": self.dht.tokens.issue(sender, target, self.dht.clock()),
+                "nodes": self._fake_nodes(), "m": mutable_to_wire(self.stale)}
+
+    def rpc_put(self, sender, nodeid, token, kind, item, cas):
+        return {"ok": True}
+
+
+async def test_one_socket_claiming_the_closest_ids_cannot_eclipse_a_key():
+    honest = [DHTNode(rpc_timeout=1.0) for _ in range(30)]
+    attacker = DHTNode(rpc_timeout=1.0)
+    attacker._create_protocol = lambda: _EclipseProtocol(attacker)
+    client = DHTNode(rpc_timeout=1.0)
+    owner = PeerKey.generate()
+    stale = MutableItem.create(owner, b"charter before the revocation", 1, b"charter")
+    try:
+        for n in honest:
+            await n.listen()
+        for n in honest[1:]:
+            await n.bootstrap([honest[0].address])
+        await honest[1].put_mutable(owner, b"charter after the revocation", b"charter", seq=2)
+        await attacker.listen()
+        attacker.protocol.stale = stale
+        target = stale.target
+        attacker.protocol.fakes = [target[:19] + bytes([target[19] ^ i]) for i in range(1, 21)]
+        await client.listen()
+        await client.bootstrap([honest[0].address])
+        for fid in attacker.protocol.fakes:  # claim every id from the one socket
+            await client.protocol.dispatch(["ping", [fid]], attacker.address)
+        item = await client.get_mutable(owner.public_bytes, b"charter")
+        assert item is not None and item.seq == 2, item
+    finally:
+        for n in [*honest, attacker, client]:
+            await n.stop()
