@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections import OrderedDict
 
 _V4_MASK = bytes([0x03, 0x0F, 0x3F, 0xFF])
 _V6_MASK = bytes([0x01, 0x03, 0x07, 0x0F, 0x1F, 0x3F, 0x7F, 0xFF])
@@ -101,3 +102,33 @@ def bep42_valid(host: str, node_id: bytes) -> bool:
         return False
     return (node_id[0] == (crc >> 24) & 0xFF and node_id[1] == (crc >> 16) & 0xFF
             and (node_id[2] & 0xF8) == (crc >> 8) & 0xF8)
+
+
+class RoundTrips:
+    """Addresses that proved they receive what is sent to them; the reflection budget.
+
+    A UDP source address is a claim until the sender answers something sent there: a reply
+    to a request of ours (its random message id cannot be guessed), or a write token that
+    only a reply from us carried. Until then a reply may be at most ``ratio`` times the
+    request (QUIC's rule), so a spoofed request cannot make this node a reflection
+    amplifier. Sans-IO; at most ``max_entries`` addresses, least recently proven first out.
+    """
+
+    def __init__(self, ratio: int = 3, max_entries: int = 4096) -> None:
+        self.ratio = ratio
+        self.max_entries = max_entries
+        self._proven: OrderedDict[tuple[str, int], None] = OrderedDict()
+
+    def note(self, addr: tuple[str, int]) -> None:
+        key = (str(addr[0]), int(addr[1]))
+        self._proven[key] = None
+        self._proven.move_to_end(key)
+        while len(self._proven) > self.max_entries:
+            self._proven.popitem(last=False)
+
+    def proven(self, addr: tuple[str, int]) -> bool:
+        return (str(addr[0]), int(addr[1])) in self._proven
+
+    def allows(self, addr: tuple[str, int], request_len: int, reply_len: int) -> bool:
+        """Whether a reply of ``reply_len`` bytes may go to ``addr`` for that request."""
+        return reply_len <= self.ratio * request_len or self.proven(addr)

@@ -23,7 +23,7 @@ from rpcudp.exceptions import MalformedMessage
 from rpcudp.protocol import RPCProtocol
 
 from dht import errors
-from dht.addresses import source_key
+from dht.addresses import RoundTrips, source_key
 from dht.announce import check_topic, topic_target
 from dht.bencode import bdecode
 from dht.errors import BencodeError, DHTError, ItemError
@@ -34,6 +34,7 @@ from dht.rtt import RttEstimator
 from dht.wire import (
     PEERS_PAGE_BYTES,
     REQUESTS,
+    RETRYABLE,
     announcement_from_wire,
     announcement_to_wire,
     error_reply,
@@ -59,6 +60,8 @@ class DHTProtocol(KademliaProtocol):
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
         self.dht = dht
         self.rtt = RttEstimator()
+        self.round_trips = RoundTrips()
+        self._challenges: set[tuple[str, int]] = set()
 
     def __getattr__(self, name: str) -> Any:
         # rpcudp turns any unknown attribute into a remote call; a typo must fail loudly.
@@ -72,16 +75,21 @@ class DHTProtocol(KademliaProtocol):
             raise ValueError(f"no request {name!r} with {len(args)} arguments")
         if self.transport is None or self.transport.is_closing():
             return False, None
-        try:
-            send = RPCProtocol.__getattr__(self, name)
-            future = send(tuple(address), self.source_node.id, *args)
-        except MalformedMessage as exc:
-            raise DHTError(f"request {name} is too large for one datagram") from exc
-        clock = asyncio.get_running_loop().time
-        started = clock()
-        result = await future
-        if result[0]:
-            self.rtt.sample(clock() - started)
+        for attempt in range(2):
+            try:
+                send = RPCProtocol.__getattr__(self, name)
+                future = send(tuple(address), self.source_node.id, *args)
+            except MalformedMessage as exc:
+                raise DHTError(f"request {name} is too large for one datagram") from exc
+            clock = asyncio.get_running_loop().time
+            started = clock()
+            result = await future
+            if result[0]:
+                self.rtt.sample(clock() - started)
+            cookie = result[1].get("retry") if isinstance(result[1], dict) else None
+            if attempt or name not in RETRYABLE or not isinstance(cookie, bytes):
+                return result
+            args = (*args, cookie)  # prove our address and ask again
         return result
 
     async def call(self, node: Node, name: str, *args: Any) -> Any | None:
@@ -124,7 +132,7 @@ class DHTProtocol(KademliaProtocol):
             log.debug("undecodable datagram from %s", address)
             return
         if datagram[:1] == b"\x00":
-            await self._accept_request(datagram[1:21], data, address)
+            await self._accept_request(datagram[1:21], data, address, len(datagram))
         elif datagram[:1] == b"\x01":
             self._accept_response(datagram[1:21], data, address)
 
@@ -132,6 +140,7 @@ class DHTProtocol(KademliaProtocol):
         entry = self._outstanding.pop(msg_id, None)
         if entry is None:
             return
+        self.round_trips.note(address)
         future, timer = entry
         timer.cancel()
         if not future.done():
@@ -142,20 +151,44 @@ class DHTProtocol(KademliaProtocol):
         if entry is not None and not entry[0].done():
             entry[0].set_result((False, None))
 
-    async def _accept_request(self, msg_id: bytes, data: Any, address: tuple[str, int]) -> None:
-        reply = await self.dispatch(data, address)
+    async def _accept_request(self, msg_id: bytes, data: Any, address: tuple[str, int],
+                              size: int) -> None:
+        reply = await self.dispatch(data, address, size)
         if reply is _NO_REPLY or self.transport is None or self.transport.is_closing():
             return
-        self.transport.sendto(b"\x01" + msg_id + umsgpack.packb(reply), address)
+        out = b"\x01" + msg_id + umsgpack.packb(reply)
+        if not self.round_trips.allows(address, size, len(out)):
+            log.debug("dropping a %d-byte reply to unproven %s", len(out), address)
+            return
+        self.transport.sendto(out, address)
 
-    async def dispatch(self, data: Any, address: tuple[str, int]) -> Any:
-        """Run one decoded request; always a reply (an error map for anything wrong)."""
+    def _retry_target(self, name: str, args: Any) -> bytes | None:
+        """The target a retry token for this request is bound to, if it has one."""
+        try:
+            if name == "get_peers":
+                return topic_target(check_topic(args[1]))
+            return args[1] if name in RETRYABLE and is_node_id(args[1]) else None
+        except (ItemError, IndexError):
+            return None
+
+    async def dispatch(self, data: Any, address: tuple[str, int], size: int | None = None
+                       ) -> Any:
+        """Run one decoded request; always a reply (an error map for anything wrong).
+
+        ``size`` is the request datagram's length: a large reply to an address that has not
+        completed a round trip becomes ``{"retry": token}`` (``None``: no such check).
+        """
         if not (isinstance(data, list | tuple) and len(data) == 2 and isinstance(data[0], str)
                 and isinstance(data[1], list | tuple)):
             return error_reply(errors.PROTOCOL, "malformed request")
         name, args = data
         if name not in REQUESTS:
             return error_reply(204, f"method unknown: {name[:40]}")
+        target = self._retry_target(name, args)
+        if target is not None and len(args) == REQUESTS[name] + 2:
+            if self.dht.tokens.check(args[-1], address, target, self.dht.clock()):
+                self.round_trips.note(address)
+            args = args[:-1]
         if len(args) != REQUESTS[name] + 1:
             return error_reply(errors.PROTOCOL, f"{name} takes {REQUESTS[name] + 1} arguments")
         if not is_node_id(args[0]):
@@ -169,12 +202,41 @@ class DHTProtocol(KademliaProtocol):
         except Exception:
             log.exception("handler %s failed on a request from %s", name, address)
             return error_reply(errors.SERVER, "server error")
+        if (size is not None and target is not None
+                and not self.round_trips.allows(address, size,
+                                                 21 + len(umsgpack.packb(result)))):
+            return {"retry": self.dht.tokens.issue(address, target, self.dht.clock())}
         return result
 
     def _welcome(self, sender: tuple[str, int], nodeid: bytes) -> Node:
+        """The requester as a contact: added to the routing table once its address has
+        answered (a spoofed source cannot plant contacts), else challenged with a ping."""
         source = Node(nodeid, sender[0], sender[1])
-        self.welcome_if_new(source)
+        if self.round_trips.proven(sender):
+            self.welcome_if_new(source)
+        else:
+            self._challenge(source)
         return source
+
+    MAX_CHALLENGES = 64
+
+    def _challenge(self, node: Node) -> None:
+        addr = (node.ip, node.port)
+        if addr in self._challenges or len(self._challenges) >= self.MAX_CHALLENGES:
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._challenges.add(addr)
+
+        async def verify() -> None:
+            try:
+                ok, data = await self.request(addr, "ping")
+                if ok and data == node.id:  # one socket answers ping with one id
+                    self.welcome_if_new(node)
+            finally:
+                self._challenges.discard(addr)
+
+        self.dht._spawn(verify())
 
     def _nodes_near(self, target: bytes, source: Node) -> list:
         return [node_to_wire(n) for n in self.router.find_neighbors(Node(target),

@@ -32,6 +32,10 @@ REQUESTS = {
     "announce": 3,  # token, topic, entry
     "message": 1,  # envelope
 }
+# requests whose reply can be large: one from an address that has not completed a round trip
+# gets {"retry": token} instead, and the same request again with the token appended (one
+# more argument) gets the full reply (see dht.addresses.RoundTrips)
+RETRYABLE = ("find_node", "get", "get_peers")
 
 
 def error_reply(code: int, message: str) -> dict:

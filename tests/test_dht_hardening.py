@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from kademlia.node import Node
 
 from dht import Announcement, DHTNode, MutableItem
 from dht.announce import topic_target
@@ -188,16 +189,83 @@ async def test_one_socket_claiming_the_closest_ids_cannot_eclipse_a_key():
         for n in honest[1:]:
             await n.bootstrap([honest[0].address])
         await honest[1].put_mutable(owner, b"charter after the revocation", b"charter", seq=2)
-        await attacker.listen()
-        attacker.protocol.stale = stale
         target = stale.target
-        attacker.protocol.fakes = [target[:19] + bytes([target[19] ^ i]) for i in range(1, 21)]
+        fakes = [target[:19] + bytes([target[19] ^ i]) for i in range(1, 21)]
+        attacker.node = Node(fakes[0])  # its real id, next to the key
+        await attacker.listen()
+        attacker.protocol.stale, attacker.protocol.fakes = stale, fakes
+        await attacker.bootstrap([honest[0].address])  # the nodes near the key now list it
         await client.listen()
         await client.bootstrap([honest[0].address])
-        for fid in attacker.protocol.fakes:  # claim every id from the one socket
+        for fid in fakes:  # and it claims every other id from the same socket
             await client.protocol.dispatch(["ping", [fid]], attacker.address)
         item = await client.get_mutable(owner.public_bytes, b"charter")
         assert item is not None and item.seq == 2, item
     finally:
         for n in [*honest, attacker, client]:
             await n.stop()
+
+
+async def test_replies_to_an_unproven_address_are_not_an_amplifier():
+    import asyncio
+    import hashlib
+    import socket
+
+    import umsgpack
+
+    node = await _node()
+    socks: list[socket.socket] = []
+    loop = asyncio.get_running_loop()
+
+    def fresh() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        socks.append(sock)
+        return sock
+
+    async def exchange(sock, name, args):
+        req = b"\x00" + hashlib.sha1(repr(args).encode()).digest() + umsgpack.packb(
+            [name, [b"x" * 20, *args]])
+        sock.sendto(req, node.address)
+        reply = b"\x00"
+        while reply[:1] == b"\x00":  # the node's challenge pings: left unanswered
+            reply = await asyncio.wait_for(loop.sock_recv(sock, 65536), 5)
+        return len(req), len(reply), umsgpack.unpackb(reply[21:])
+
+    try:
+        now = node.clock()
+        for i in range(40):
+            node.protocol.router.add_contact(
+                Node(hashlib.sha1(b"%d" % i).digest(), "127.0.0.1", 20000 + i))
+        item = MutableItem.create(PeerKey.generate(), b"v" * 990, 1, b"s")
+        node.store.put_mutable(item, None, now)
+        for _ in range(60):
+            k = PeerKey.generate()
+            node.store.announce(b"t", Announcement.create(k, k.peer_id, b"t", b"r" * 64,
+                                                          now + 600), now)
+        for name, args in [("find_node", [item.target]), ("get", [item.target]),
+                           ("get_peers", [b"t", b""])]:
+            sock = fresh()  # an address the node has never heard from
+            req, rep, data = await exchange(sock, name, args)
+            assert rep <= 3 * req, (name, req, rep)
+            # the token proves the address: the same request again gets everything
+            req2, rep2, full = await exchange(sock, name, [*args, data["retry"]])
+            assert rep2 > 3 * req2, full
+            assert "retry" not in (full if isinstance(full, dict) else {})
+        assert full["peers"] and "m" in (await exchange(sock, "get", [item.target]))[2]
+    finally:
+        for sock in socks:
+            sock.close()
+        await node.stop()
+
+
+async def test_a_spoofed_source_does_not_become_a_contact():
+    node = await _node()
+    try:
+        # a ping "from" an address nobody answers at: challenged, never added
+        await node.protocol.dispatch(["ping", [b"s" * 20]], ("127.0.0.1", 9))
+        await node.settle()
+        assert node.protocol.router.contacts() == []
+    finally:
+        await node.stop()
