@@ -11,7 +11,6 @@ stale values to new contacts; the routing table's nearest-k is exact.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
@@ -23,16 +22,14 @@ from rpcudp.exceptions import MalformedMessage
 from rpcudp.protocol import RPCProtocol
 
 from dht import errors
-from dht.addresses import RoundTrips, source_key
+from dht.addresses import RoundTrips
 from dht.announce import check_topic, topic_target
-from dht.bencode import bdecode
-from dht.errors import BencodeError, DHTError, ItemError
-from dht.items import MAX_VALUE, check_seq
+from dht.core import RequestCore
+from dht.errors import DHTError, ItemError
 from dht.messages import Envelope
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
 from dht.wire import (
-    PEERS_PAGE_BYTES,
     REQUESTS,
     RETRYABLE,
     announcement_from_wire,
@@ -61,6 +58,8 @@ class DHTProtocol(KademliaProtocol):
         self.dht = dht
         self.rtt = RttEstimator()
         self.round_trips = RoundTrips()
+        self.core = RequestCore(dht.node.id, dht.store, dht.tokens, dht.replay,
+                                self._nodes_near, dht.deliver)
         self._challenges: set[tuple[str, int]] = set()
 
     def __getattr__(self, name: str) -> Any:
@@ -238,97 +237,54 @@ class DHTProtocol(KademliaProtocol):
 
         self.dht._spawn(verify())
 
-    def _nodes_near(self, target: bytes, source: Node) -> list:
-        return [node_to_wire(n) for n in self.router.find_neighbors(Node(target),
-                                                                    exclude=source)]
-
-    @staticmethod
-    def _target(value: Any) -> bytes:
-        if not is_node_id(value):
-            raise ItemError(errors.PROTOCOL, "target must be 20 bytes")
-        return value
-
     def rpc_ping(self, sender, nodeid):
         self._welcome(sender, nodeid)
         return self.source_node.id
 
     def rpc_find_node(self, sender, nodeid, key):
-        source = self._welcome(sender, nodeid)
-        return self._nodes_near(self._target(key), source)
+        self._welcome(sender, nodeid)
+        return [node_to_wire(n) for n in self.core.find_node(sender, key, self.dht.clock())]
 
     def rpc_get(self, sender, nodeid, target):
-        source = self._welcome(sender, nodeid)
-        target = self._target(target)
-        now = self.dht.clock()
-        reply: dict[str, Any] = {"token": self.dht.tokens.issue(sender, target, now),
-                                 "nodes": self._nodes_near(target, source)}
-        item = self.dht.store.get_mutable(target, now)
-        if item is not None:
-            reply["m"] = mutable_to_wire(item)
-        else:
-            value = self.dht.store.get_immutable(target, now)
-            if value is not None:
-                reply["i"] = value
+        self._welcome(sender, nodeid)
+        answer = self.core.get(sender, target, self.dht.clock())
+        reply: dict[str, Any] = {"token": answer.token,
+                                 "nodes": [node_to_wire(n) for n in answer.nodes]}
+        if answer.mutable is not None:
+            reply["m"] = mutable_to_wire(answer.mutable)
+        elif answer.immutable is not None:
+            reply["i"] = answer.immutable
         return reply
 
     def rpc_put(self, sender, nodeid, token, kind, item, cas):
         self._welcome(sender, nodeid)
         now = self.dht.clock()
-        if cas is not None:
-            check_seq(cas)
         if kind == "m":
-            mutable = mutable_from_wire(item)
-            self._check_token(token, sender, mutable.target, now)
-            self.dht.store.put_mutable(mutable, cas, now, source_key(sender))
+            self.core.put_mutable(sender, token, mutable_from_wire(item), cas, now)
         elif kind == "i":
-            if not isinstance(item, bytes) or len(item) > MAX_VALUE:
-                raise ItemError(errors.VALUE_TOO_BIG, "immutable value must be <= 1000 bytes")
-            try:
-                bdecode(item)
-            except BencodeError as exc:
-                raise ItemError(errors.PROTOCOL, f"value is not canonical bencode: {exc}") from exc
-            self._check_token(token, sender, hashlib.sha1(item).digest(), now)
-            self.dht.store.put_immutable(item, now, source_key(sender))
+            self.core.put_immutable(sender, token, item, now)
         else:
             raise ItemError(errors.PROTOCOL, "kind must be 'm' or 'i'")
         return {"ok": True}
 
-    def _check_token(self, token, sender, target: bytes, now: float) -> None:
-        if not self.dht.tokens.check(token, sender, target, now):
-            raise ItemError(errors.PROTOCOL, "bad or expired write token")
-
     def rpc_get_peers(self, sender, nodeid, topic, after):
-        source = self._welcome(sender, nodeid)
-        topic = check_topic(topic)
-        if not isinstance(after, bytes) or len(after) > 32:
-            raise ItemError(errors.PROTOCOL, "after must be at most 32 bytes")
-        now = self.dht.clock()
-        target = topic_target(topic)
-        entries = self.dht.store.get_peers(topic, now, after)
-        page: list = []
-        size = 0
-        for ann in entries:
-            cost = len(ann.record) + 128
-            if page and size + cost > PEERS_PAGE_BYTES:
-                break
-            page.append(announcement_to_wire(ann))
-            size += cost
-        return {"token": self.dht.tokens.issue(sender, target, now),
-                "nodes": self._nodes_near(target, source),
-                "peers": page, "more": len(page) < len(entries)}
+        self._welcome(sender, nodeid)
+        answer = self.core.get_topic(sender, topic, after, self.dht.clock())
+        return {"token": answer.token, "nodes": [node_to_wire(n) for n in answer.nodes],
+                "peers": [announcement_to_wire(a) for a in answer.page], "more": answer.more}
 
     def rpc_announce(self, sender, nodeid, token, topic, entry):
         self._welcome(sender, nodeid)
-        topic = check_topic(topic)
-        now = self.dht.clock()
-        self._check_token(token, sender, topic_target(topic), now)
-        self.dht.store.announce(topic, announcement_from_wire(topic, entry), now,
-                              source_key(sender))
+        self.core.announce(sender, token, topic,
+                           lambda t: announcement_from_wire(t, entry), self.dht.clock())
         return {"ok": True}
 
     def rpc_message(self, sender, nodeid, envelope):
         self._welcome(sender, nodeid)
-        env = Envelope.from_wire(envelope)
-        peer = self.dht.replay.admit(env, self.source_node.id, self.dht.clock())
-        self.dht.deliver(peer, (sender[0], sender[1]), env.payload)
+        self.core.message((sender[0], sender[1]), Envelope.from_wire(envelope),
+                          self.dht.clock())
         return {"ok": True}
+
+    def _nodes_near(self, target: bytes, sender: tuple[str, int]) -> list[Node]:
+        return [n for n in self.router.find_neighbors(Node(target), self.router.ksize + 1)
+                if (n.ip, n.port) != tuple(sender)][:self.router.ksize]

@@ -39,7 +39,10 @@ MAX_ITEMS = 100_000
 MAX_PER_TOPIC = 256
 MAX_PER_KEY = 256
 SELF = ""  # the source of rows this node stores for itself
-_TABLES = (("mutable", "expires_at"), ("immutable", "expires_at"), ("announcements", "drop_at"))
+_TABLES = (("mutable", "expires_at"), ("immutable", "expires_at"), ("announcements", "drop_at"),
+           ("peers", "expires_at"))
+PEER_TTL = 30 * 60.0  # BEP 5 peers: mainline nodes keep them about this long
+MAX_VALUES = 50  # BEP 5 peers per get_peers reply (fits one datagram)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mutable (
@@ -50,6 +53,9 @@ CREATE TABLE IF NOT EXISTS immutable (target BLOB PRIMARY KEY, value BLOB, expir
 CREATE TABLE IF NOT EXISTS announcements (
     topic BLOB, peer BLOB, record BLOB, expires_at REAL, sig BLOB, drop_at REAL,
     source TEXT NOT NULL DEFAULT '', PRIMARY KEY (topic, peer));
+CREATE TABLE IF NOT EXISTS peers (
+    info_hash BLOB, ip TEXT, port INTEGER, expires_at REAL, source TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (info_hash, ip, port));
 CREATE TABLE IF NOT EXISTS published (
     target BLOB PRIMARY KEY, kind TEXT, pubkey BLOB, salt BLOB, seq INTEGER, value BLOB,
     sig BLOB, next_put REAL);
@@ -99,7 +105,8 @@ class ItemStore:
             "CREATE INDEX IF NOT EXISTS mutable_source ON mutable(source);"
             "CREATE INDEX IF NOT EXISTS mutable_pubkey ON mutable(pubkey);"
             "CREATE INDEX IF NOT EXISTS immutable_source ON immutable(source);"
-            "CREATE INDEX IF NOT EXISTS announcements_source ON announcements(source);")
+            "CREATE INDEX IF NOT EXISTS announcements_source ON announcements(source);"
+            "CREATE INDEX IF NOT EXISTS peers_source ON peers(source);")
 
     def close(self) -> None:
         self._db.close()
@@ -269,6 +276,41 @@ class ItemStore:
                                  (topic, peer))
         return out
 
+    # -- BEP 5 peers (announce_peer / get_peers under an info-hash) --------------------------
+
+    def add_peer(self, info_hash: bytes, ip: str, port: int, now: float,
+                 source: str = SELF) -> None:
+        """Keep ``ip:port`` as a peer of ``info_hash`` for PEER_TTL (BEP 5 announce_peer)."""
+        live = "WHERE info_hash=? AND expires_at>?"
+        held = self._db.execute(f"SELECT 1 FROM peers {live} AND ip=? AND port=?",
+                                (info_hash, now, ip, port)).fetchone()
+        if held is None:
+            if source != SELF:
+                (mine,) = self._db.execute(f"SELECT COUNT(*) FROM peers {live} AND source=?",
+                                           (info_hash, now, source)).fetchone()
+                if mine >= self.max_per_source_topic:
+                    raise ItemError(errors.SERVER, "this node holds as many peers of this "
+                                                   "info-hash for your address as it will")
+            (count,) = self._db.execute(f"SELECT COUNT(*) FROM peers {live}",
+                                        (info_hash, now)).fetchone()
+            if count >= self.max_per_topic and not self._evict_one(
+                    "peers", live, (info_hash, now), source):
+                raise ItemError(errors.SERVER, "info-hash is full on this node")
+            self._make_room(source, now)
+        else:
+            source = self._source_of("peers", "info_hash=? AND ip=? AND port=?",
+                                     (info_hash, ip, port))
+        self._db.execute("INSERT OR REPLACE INTO peers VALUES (?,?,?,?,?)",
+                         (info_hash, ip, port, now + PEER_TTL, source))
+
+    def peers(self, info_hash: bytes, now: float, limit: int = MAX_VALUES
+              ) -> list[tuple[str, int]]:
+        """Up to ``limit`` live peers of ``info_hash``, freshest first."""
+        rows = self._db.execute("SELECT ip, port FROM peers WHERE info_hash=? AND expires_at>? "
+                                "ORDER BY expires_at DESC LIMIT ?",
+                                (info_hash, now, limit)).fetchall()
+        return [(str(ip), int(port)) for ip, port in rows]
+
     # -- expiry and publishing ------------------------------------------------------------
 
     def expire(self, now: float) -> int:
@@ -280,7 +322,7 @@ class ItemStore:
 
     def counts(self) -> dict[str, int]:
         return {t: self._db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                for t in ("mutable", "immutable", "announcements", "published")}
+                for t in ("mutable", "immutable", "announcements", "peers", "published")}
 
     def remember_published(self, pub: Published, next_put: float) -> None:
         m = pub.mutable

@@ -20,7 +20,6 @@ from dht.errors import ItemError
 from dht.items import MutableItem
 
 ID_LEN = 20
-PEERS_PAGE_BYTES = 7000  # announcements per get_peers reply, so a reply stays one small datagram
 
 # name -> number of arguments after the sender's node id
 REQUESTS = {
