@@ -100,4 +100,12 @@ def print_table(rows) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.ERROR)
-    print_table(asyncio.run(measure()))
+    measured = asyncio.run(measure())
+    if "--json" in sys.argv[1:]:
+        import json
+
+        print(json.dumps([{"request": n, "request_bytes": q, "reply_bytes": r,
+                           "ratio": round(r / q, 1), "after_round_trip_bytes": a}
+                          for n, q, r, a in measured]))
+    else:
+        print_table(measured)

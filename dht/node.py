@@ -84,6 +84,8 @@ class Stats:
     """Iterative lookups run."""
     lookup_rpcs: int = 0
     """Requests those lookups sent."""
+    requests: int = 0
+    """Request datagrams this node sent (both codecs, retries and writes included)."""
 
 
 def _not_here(name: str, instead: str):

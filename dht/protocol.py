@@ -96,6 +96,7 @@ class DHTProtocol(KademliaProtocol):
                 raise DHTError(f"request {name} is too large for one datagram") from exc
             clock = asyncio.get_running_loop().time
             started = clock()
+            self.dht.stats.requests += 1
             result = await future
             if result[0]:
                 self.rtt.sample(clock() - started)
@@ -151,6 +152,7 @@ class DHTProtocol(KademliaProtocol):
         timer = loop.call_later(self._wait_timeout, self._krpc_timeout, t)
         self._krpc_pending[t] = (future, timer, address)
         started = loop.time()
+        self.dht.stats.requests += 1
         self.transport.sendto(krpc.query(t, method, a), address)
         ok, msg = await future
         if not ok:
