@@ -146,6 +146,20 @@ class ItemStore:
                  source or "this node")
         return True
 
+    def _room_in_list(self, table: str, live: str, args: tuple, source: str, what: str) -> None:
+        """Room for one more entry from ``source`` in one topic's (or info-hash's) list,
+        then in the store; :class:`ItemError` 202 otherwise."""
+        if source != SELF:
+            (mine,) = self._db.execute(f"SELECT COUNT(*) FROM {table} {live} AND source=?",
+                                       (*args, source)).fetchone()
+            if mine >= self.max_per_source_topic:
+                raise ItemError(errors.SERVER, f"this node holds as many entries of this {what}"
+                                               " for your address as it will")
+        (count,) = self._db.execute(f"SELECT COUNT(*) FROM {table} {live}", args).fetchone()
+        if count >= self.max_per_topic and not self._evict_one(table, live, args, source):
+            raise ItemError(errors.SERVER, f"{what} is full on this node")
+        self._make_room(source, now=args[1])
+
     def _make_room(self, source: str, now: float) -> None:
         """Room for one more row from ``source``, or :class:`ItemError` 202."""
         if source != SELF and self._count(source) >= self.max_per_source:
@@ -238,20 +252,8 @@ class ItemStore:
         if row is not None and ann.expires_at < row[0]:
             raise ItemError(errors.SEQ_TOO_LOW, "an entry expiring later is already stored")
         if row is None:
-            live = "WHERE topic=? AND drop_at>?"
-            if source != SELF:
-                (mine,) = self._db.execute(
-                    f"SELECT COUNT(*) FROM announcements {live} AND source=?",
-                    (topic, now, source)).fetchone()
-                if mine >= self.max_per_source_topic:
-                    raise ItemError(errors.SERVER, "this node holds as many entries of this "
-                                                   "topic for your address as it will")
-            (count,) = self._db.execute(f"SELECT COUNT(*) FROM announcements {live}",
-                                        (topic, now)).fetchone()
-            if count >= self.max_per_topic and not self._evict_one(
-                    "announcements", live, (topic, now), source):
-                raise ItemError(errors.SERVER, "topic is full on this node")
-            self._make_room(source, now)
+            self._room_in_list("announcements", "WHERE topic=? AND drop_at>?", (topic, now),
+                               source, "topic")
         else:
             source = self._source_of("announcements", "topic=? AND peer=?",
                                      (topic, ann.peer_id.raw))
@@ -285,18 +287,7 @@ class ItemStore:
         held = self._db.execute(f"SELECT 1 FROM peers {live} AND ip=? AND port=?",
                                 (info_hash, now, ip, port)).fetchone()
         if held is None:
-            if source != SELF:
-                (mine,) = self._db.execute(f"SELECT COUNT(*) FROM peers {live} AND source=?",
-                                           (info_hash, now, source)).fetchone()
-                if mine >= self.max_per_source_topic:
-                    raise ItemError(errors.SERVER, "this node holds as many peers of this "
-                                                   "info-hash for your address as it will")
-            (count,) = self._db.execute(f"SELECT COUNT(*) FROM peers {live}",
-                                        (info_hash, now)).fetchone()
-            if count >= self.max_per_topic and not self._evict_one(
-                    "peers", live, (info_hash, now), source):
-                raise ItemError(errors.SERVER, "info-hash is full on this node")
-            self._make_room(source, now)
+            self._room_in_list("peers", live, (info_hash, now), source, "info-hash")
         else:
             source = self._source_of("peers", "info_hash=? AND ip=? AND port=?",
                                      (info_hash, ip, port))

@@ -65,6 +65,13 @@ def _fresh(*sessions: lt.session) -> None:
         s.pop_alerts()
 
 
+async def _lt_put_mutable(session: lt.session, secret: bytes, pub: bytes, value: bytes,
+                          salt: bytes) -> None:
+    _fresh(session)
+    session.dht_put_mutable_item(secret, pub, value, salt)
+    await _alert(session, lt.dht_put_alert)
+
+
 def _expanded_secret(seed: bytes) -> bytes:
     """libtorrent's ed25519 secret: SHA-512 of the seed with the scalar clamped."""
     h = bytearray(hashlib.sha512(seed).digest())
@@ -129,9 +136,7 @@ async def test_libtorrent_immutable_item_is_read_by_swarm(net):
 async def test_libtorrent_mutable_item_is_read_by_swarm(net):
     sessions, nodes = net
     _, pub, secret = _keypair()
-    _fresh(sessions[1])
-    sessions[1].dht_put_mutable_item(secret, pub, b"mutable from libtorrent", b"swarm/state")
-    await _alert(sessions[1], lt.dht_put_alert)
+    await _lt_put_mutable(sessions[1], secret, pub, b"mutable from libtorrent", b"swarm/state")
     item = await nodes[0].get_mutable(pub, b"swarm/state")
     assert item is not None and item.value == b"mutable from libtorrent" and item.seq >= 1
 
@@ -158,9 +163,7 @@ async def test_swarm_items_are_read_by_libtorrent(net):
 async def test_a_stale_seq_is_refused_by_mainline_nodes(net):
     sessions, nodes = net
     key, pub, secret = _keypair()
-    _fresh(sessions[2])
-    sessions[2].dht_put_mutable_item(secret, pub, b"newer", b"")
-    await _alert(sessions[2], lt.dht_put_alert)
+    await _lt_put_mutable(sessions[2], secret, pub, b"newer", b"")
     current = await nodes[0].get_mutable(pub)
     with pytest.raises(ItemError) as info:  # same seq, other value
         await nodes[0].put_mutable(key, b"older", seq=current.seq)
