@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections import OrderedDict
+from functools import lru_cache
 
 _V4_MASK = bytes([0x03, 0x0F, 0x3F, 0xFF])
 _V6_MASK = bytes([0x01, 0x03, 0x07, 0x0F, 0x1F, 0x3F, 0x7F, 0xFF])
@@ -53,7 +54,11 @@ def source_key(addr: tuple[str, int]) -> str:
     is its /64 (one host gets a whole /64). Loopback and private addresses are one source per
     ``host:port``, so that nodes sharing a test host or a LAN are told apart.
     """
-    host, port = addr[0], int(addr[1])
+    return _source_key(str(addr[0]), int(addr[1]))
+
+
+@lru_cache(maxsize=65536)  # asked per candidate of every lookup: parse each address once
+def _source_key(host: str, port: int) -> str:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
