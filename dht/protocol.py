@@ -361,8 +361,10 @@ class DHTProtocol(KademliaProtocol):
         """The requester as a contact: added to the routing table once its address has
         answered (a spoofed source cannot plant contacts), else challenged with a ping."""
         source = Node(nodeid, sender[0], sender[1])
-        if self.round_trips.proven(sender):
-            self.welcome_if_new(source)
+        known = self.router.buckets[self.router.get_bucket_for(source)].nodes.get(nodeid)
+        if self.round_trips.proven(sender) or (
+                known is not None and (known.ip, known.port) == tuple(sender)):
+            self.welcome_if_new(source)  # a contact we already checked: just refresh it
         else:
             self._challenge(source, krpc)
         return source
