@@ -46,6 +46,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     serve.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
                        help="a node to join through (repeatable; 'mainline' for the public "
                             "BitTorrent DHT routers)")
+    serve.add_argument("--krpc", action="store_true",
+                       help="send KRPC (the mainline wire) to other nodes; implied by "
+                            "--bootstrap mainline")
     get = sub.add_parser("get", help="read a BEP 44 item",
                          description="get: read a mutable item (--key, --salt) or an "
                                      "immutable one (--target) from the DHT.")
@@ -102,7 +105,9 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
     from dht import DHTNode, LookupFailed
     from swarm.control.charter import register_validators
 
-    node = DHTNode(data_dir=args.data_dir / "dht")
+    # among mainline nodes (which drop the swarm framing) the node must also send KRPC
+    mainline = args.krpc or any(v.strip().lower() == "mainline" for v in args.bootstrap)
+    node = DHTNode(data_dir=args.data_dir / "dht", krpc=mainline)
     register_validators(node)  # refuse forged charters and coordinator states network-wide
     try:
         await node.listen(args.port, args.host)
