@@ -241,7 +241,9 @@ class DHTProtocol(KademliaProtocol):
                 future.set_result((True, msg))
             return
         out = self._krpc_answer(msg, tuple(address), len(datagram))
-        if out is not None and self.transport is not None and not self.transport.is_closing():
+        if out is None or not self.round_trips.allows(address, len(datagram), len(out)):
+            return  # (an error answer can be long too)
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(out, address)
 
     _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes",), (b"token",))
@@ -268,7 +270,7 @@ class DHTProtocol(KademliaProtocol):
             for key in group:
                 body.pop(key, None)
             out = krpc.response(msg.t, body, sender)
-        return out if self.round_trips.allows(sender, size, len(out)) else None
+        return out
 
     def _krpc_handle(self, q: bytes, a: dict, sender: tuple[str, int], now: float) -> dict:
         core = self.core

@@ -102,3 +102,31 @@ async def test_a_node_answers_krpc_queries_with_bep44_rules():
         assert sorted(krpc.unpack_values(values)) == [("127.0.0.1", 7000), ("127.0.0.1", 40001)]
     finally:
         await node.stop()
+
+
+async def test_krpc_answers_to_an_unproven_address_are_trimmed():
+    import asyncio
+    import socket
+
+    node = DHTNode(rpc_timeout=0.5)
+    await node.listen()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    try:
+        for i in range(30):
+            node.protocol.router.add_contact(Node(os.urandom(20), "127.0.0.1", 30000 + i))
+        item = MutableItem.create(PeerKey.generate(), b"v" * 990, 1)
+        node.store.put_mutable(item, None, node.clock())
+        for q, a in [("get", {b"target": item.target}), ("find_node", {b"target": item.target}),
+                     ("get_peers", {b"info_hash": item.target}), ("frobnicate", {})]:
+            req = krpc.query(b"zz", q, {b"id": b"q" * 20, **a})
+            sock.sendto(req, node.address)
+            reply = b"d1:ad"  # skip the node's own challenge pings
+            while reply.startswith(b"d1:ad"):
+                reply = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(sock, 4096),
+                                               5)
+            assert len(reply) <= 3 * len(req), (q, len(req), len(reply))
+    finally:
+        sock.close()
+        await node.stop()
