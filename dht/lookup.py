@@ -55,7 +55,9 @@ class Lookup:
 
     def __init__(self, target: bytes, seeds: Iterable[Node], *, k: int, alpha: int,
                  own_id: bytes | None = None, skip: Container[bytes] = (),
-                 slow_after: float = 1.0) -> None:
+                 slow_after: float = 1.0, admit: Callable[[Node], bool] | None = None
+                 ) -> None:
+        self.admit = admit
         self.t = int.from_bytes(target, "big")
         self.k, self.alpha, self.own_id, self.skip = k, alpha, own_id, skip
         self.slow_after = slow_after
@@ -74,6 +76,8 @@ class Lookup:
 
     def _add(self, n: Node) -> None:
         if n.id == self.own_id or n.id in self.known or n.id in self.skip:
+            return
+        if self.admit is not None and not self.admit(n):
             return
         src = node_source(n)
         if src in self.sources:
@@ -153,16 +157,18 @@ class Lookup:
 async def lookup(target: bytes, seeds: list[Node], query: Query[Any], *, k: int, alpha: int,
                  own_id: bytes | None = None, skip: Container[bytes] = (),
                  slow_after: float = 1.0,
-                 keep: Callable[[asyncio.Task], None] | None = None) -> LookupResult[Any]:
+                 keep: Callable[[asyncio.Task], None] | None = None,
+                 admit: Callable[[Node], bool] | None = None) -> LookupResult[Any]:
     """Run a :class:`Lookup`; ``query(node)`` returns (closer nodes, reply) or None on failure.
 
-    Nodes whose id is in ``skip`` (e.g. ones that just timed out) are never asked. Queries
+    Nodes whose id is in ``skip`` (e.g. ones that just timed out), or that ``admit`` refuses
+    (e.g. ids not bound to their address by BEP 42), are never asked. Queries
     still running at the end are handed to ``keep`` (so a dead node's timeout can still evict
     it) or, without ``keep``, cancelled.
     """
     clock = asyncio.get_running_loop().time
     machine = Lookup(target, seeds, k=k, alpha=alpha, own_id=own_id, skip=skip,
-                     slow_after=slow_after)
+                     slow_after=slow_after, admit=admit)
     pending: dict[asyncio.Task, Node] = {}
 
     def launch(nodes: list[Node]) -> None:

@@ -27,6 +27,7 @@ from kademlia.network import Server
 from kademlia.node import Node
 
 from dht import errors
+from dht.addresses import bep42_valid
 from dht.announce import MAX_TTL, Announcement, check_topic, topic_target
 from dht.bencode import Value, bdecode
 from dht.errors import (
@@ -106,7 +107,8 @@ class DHTNode(Server):
                  item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
-                 max_per_topic: int = MAX_PER_TOPIC, krpc: bool = False) -> None:
+                 max_per_topic: int = MAX_PER_TOPIC, krpc: bool = False,
+                 require_bep42: bool = False) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if self.data_dir is not None:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -125,6 +127,7 @@ class DHTNode(Server):
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
         self.krpc = krpc
+        self.require_bep42 = require_bep42
         self.slow_after = slow_after
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
@@ -301,10 +304,16 @@ class DHTNode(Server):
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
                               own_id=self.node.id, skip=self._recently_failed(),
-                              slow_after=self._slow_after(), keep=self._spawn)
+                              slow_after=self._slow_after(), keep=self._spawn,
+                              admit=self._admit if self.require_bep42 else None)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    @staticmethod
+    def _admit(node: Node) -> bool:
+        """BEP 42: a public contact's id must be bound to its IP (local ones are exempt)."""
+        return bep42_valid(node.ip, node.id)
 
     def _slow_after(self) -> float:
         """A fixed ``slow_after``, else SRTT + 4 RTTVAR of this node's requests, kept

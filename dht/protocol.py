@@ -67,6 +67,7 @@ class DHTProtocol(KademliaProtocol):
         KademliaProtocol.__init__(self, dht.node, dht.store, dht.ksize)
         self._wait_timeout = dht.rpc_timeout
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
+        self.router.require_bep42 = dht.require_bep42
         self.dht = dht
         self.rtt = RttEstimator()
         self.round_trips = RoundTrips()

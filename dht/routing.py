@@ -7,6 +7,7 @@
   ``host:port``): a socket that claims many ids keeps the first, so it cannot fill the slots
   near a key. A full bucket liveness-checks its oldest contact (one check in flight per
   bucket) and keeps newcomers as replacements.
+- With ``require_bep42`` a contact at a public address must have a BEP 42 id for it.
 - ``find_neighbors``: ``kademlia.routing.RoutingTable.find_neighbors`` walks buckets with
   ``TableTraverser``, which can stop early and return [] from a non-empty table; a plain
   nearest-k over every bucket (at most 160 * k contacts) is cheap and always right.
@@ -20,12 +21,14 @@ import heapq
 from kademlia.node import Node
 from kademlia.routing import RoutingTable
 
-from dht.addresses import node_source
+from dht.addresses import bep42_valid, node_source
 
 MAX_BUCKETS = 160
 
 
 class NearestRoutingTable(RoutingTable):
+    require_bep42 = False  # refuse public contacts whose id is not bound to their IP
+
     def flush(self) -> None:
         super().flush()
         self._sources: dict[str, bytes] = {}  # source -> the id it holds a slot under
@@ -33,6 +36,8 @@ class NearestRoutingTable(RoutingTable):
 
     def add_contact(self, node: Node) -> None:
         if node.id == self.node.id:
+            return
+        if self.require_bep42 and not bep42_valid(node.ip, node.id):
             return
         src = node_source(node)
         held = self._sources.get(src)

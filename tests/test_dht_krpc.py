@@ -130,3 +130,21 @@ async def test_krpc_answers_to_an_unproven_address_are_trimmed():
     finally:
         sock.close()
         await node.stop()
+
+
+async def test_require_bep42_refuses_ids_not_bound_to_a_public_address():
+    from dht.lookup import Lookup
+
+    node = DHTNode(rpc_timeout=0.5, require_bep42=True)
+    await node.listen()
+    try:
+        bad = Node(bytes(bep42_id("8.8.4.4"))[:19] + b"\x00", "8.8.8.8", 6881)  # another IP's
+        good = Node(bep42_id("8.8.4.4"), "8.8.4.4", 6881)
+        local = Node(os.urandom(20), "127.0.0.1", 7000)  # exempt, as BEP 42 says
+        for n in (bad, good, local):
+            node.protocol.router.add_contact(n)
+        assert {c.ip for c in node.protocol.router.contacts()} == {"8.8.4.4", "127.0.0.1"}
+        m = Lookup(os.urandom(20), [bad, good, local], k=8, alpha=3, admit=DHTNode._admit)
+        assert set(m.known) == {good.id, local.id}
+    finally:
+        await node.stop()
