@@ -32,6 +32,9 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
     "dht": (["--nodes", "100", "--items", "30", "--gets", "100"],
             ["--nodes", "40", "--items", "10", "--gets", "40"], 600,
             "DHT put/get latency and success before and after killing 30% of the nodes"),
+    "dht_mainline": (["--nodes", "52", "--items", "15"], ["--nodes", "20", "--items", "4"], 600,
+                     "swarm nodes (KRPC) and libtorrent side by side in one mainline DHT: BEP 44 "
+                     "put/get, gets after killing 30%, reflection amplification"),
     "runtime": ([], ["--quick"], 900,
                 "sharded, verified matmul on swarm.local(workers=2) vs numpy (and Ray if "
                 "installed)"),
@@ -155,6 +158,27 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
               {"median": [d[p]["median_ms"] for p in phases],
                "p99": [d[p]["p99_ms"] for p in phases]}, "ms")
         plots.append(("dht.png", "DHT latency before/after churn"))
+    elif name == "dht_mainline":
+        rows = [{"operation": op, "who": who} | d[op][who]
+                for op in ("put", "get", "get_after_churn") for who in ("libtorrent", "swarm")]
+        md = [f"{d['libtorrent']} libtorrent sessions + {d['swarm']} swarm nodes, "
+              f"{d['items']} mutable items per side; libtorrent's get time is to its first "
+              "alert with the value; all swarm nodes share one Python process", "",
+              _records(rows)]
+        amp = d.get("amplification", {})
+        if amp:
+            before = {x["request"]: x for x in amp.get("before", [])}
+            md += ["", "Reply/request bytes from a never-seen address"
+                   + (f" (before: commit {amp.get('before_commit')})" if before else ""), "",
+                   _records([{"request": x["request"], "request_bytes": x["request_bytes"],
+                              "ratio_before": before.get(x["request"], {}).get("ratio", "-"),
+                              "ratio_after": x["ratio"],
+                              "after_round_trip_bytes": x["after_round_trip_bytes"] or "-"}
+                             for x in amp["after"]])]
+        _bars(img / "dht_mainline.png", "BEP 44 get, median ms", ["get", "get_after_churn"],
+              {who: [d[p][who]["median_ms"] for p in ("get", "get_after_churn")]
+               for who in ("libtorrent", "swarm")}, "ms")
+        plots.append(("dht_mainline.png", "swarm vs libtorrent BEP 44 gets"))
     elif name == "runtime":
         rows = d["results"]
         md = [_records(rows), "", f"meta: {json.dumps(d.get('meta', {}))}"]

@@ -76,12 +76,31 @@ class Envelope:
 
 
 class ReplayGuard:
-    """Accepts each validly signed message once, within ``window_s`` of the local clock."""
+    """Accepts each validly signed message once, within ``window_s`` of the local clock.
 
-    def __init__(self, window_s: float = WINDOW_S, max_entries: int = 100_000) -> None:
+    Remembered nonces are bounded per sender (``max_per_sender``) and in total
+    (``max_entries``), and a full table never refuses anyone (invariant 8): a sender over its
+    quota forgets its own oldest nonce and raises its *floor* -- any message of its sent at or
+    before the floor is refused as a possible replay. A full table forgets the least recently
+    active sender whole and raises a global floor the same way. So a flooding key costs only
+    itself, and a flood of fresh keys delays nobody whose clock is within the churn time.
+    """
+
+    def __init__(self, window_s: float = WINDOW_S, max_entries: int = 100_000,
+                 max_per_sender: int | None = None) -> None:
         self.window_s = window_s
         self.max_entries = max_entries
-        self._seen: OrderedDict[bytes, float] = OrderedDict()  # sender+nonce -> sent_at
+        self.max_per_sender = (max_per_sender if max_per_sender is not None
+                               else max(16, max_entries // 64))
+        # sender -> nonce -> (sent_at, seen_at), in arrival order; senders by last activity
+        self._seen: OrderedDict[bytes, OrderedDict[bytes, tuple[float, float]]] = OrderedDict()
+        self._floor: dict[bytes, float] = {}
+        self._global_floor = float("-inf")
+        self._total = 0
+        self._admits = 0
+
+    def __len__(self) -> int:
+        return self._total
 
     def admit(self, env: Envelope, own_id: bytes, now: float) -> PeerId:
         """Return the sender's PeerId or raise :class:`ItemError` (forged, stale, replayed)."""
@@ -92,20 +111,52 @@ class ReplayGuard:
         buf = message_buffer(env.recipient, env.sent_at, env.nonce, env.payload)
         if not verify(env.sender, env.signature, buf):
             raise ItemError(errors.BAD_SIGNATURE, "message signature does not verify")
-        self._expire(now)
-        key = env.sender + env.nonce
-        if key in self._seen:
+        self._admits += 1
+        if self._admits % max(1, self.max_entries // 4) == 0:
+            self._sweep(now)
+        sender = env.sender
+        nonces = self._seen.get(sender)
+        if nonces is not None:
+            self._expire_sender(sender, now)
+            nonces = self._seen.get(sender)
+        if env.nonce in (nonces or ()):
             raise ItemError(errors.PROTOCOL, "replayed message")
-        if len(self._seen) >= self.max_entries:
-            raise ItemError(errors.SERVER, "too many recent messages; try again later")
-        self._seen[key] = now
-        return PeerId(env.sender)
+        if env.sent_at <= max(self._global_floor, self._floor.get(sender, float("-inf"))):
+            raise ItemError(errors.PROTOCOL, "replayed or reordered message (older than what "
+                                             "this node can still tell apart)")
+        if nonces is None:
+            nonces = self._seen[sender] = OrderedDict()
+        self._seen.move_to_end(sender)
+        if len(nonces) >= self.max_per_sender:
+            _, (sent_at, _) = nonces.popitem(last=False)
+            self._floor[sender] = max(self._floor.get(sender, sent_at), sent_at)
+            self._total -= 1
+        while self._total >= self.max_entries:
+            self._forget_quietest(sender)
+        nonces[env.nonce] = (env.sent_at, now)
+        self._total += 1
+        return PeerId(sender)
 
-    def _expire(self, now: float) -> None:
-        # Entries are in arrival order; one older than 2 windows can no longer be replayed
-        # (its sent_at would be outside the window), so it can be forgotten.
-        while self._seen:
-            key, seen_at = next(iter(self._seen.items()))
+    def _forget_quietest(self, keep: bytes) -> None:
+        victim = next(s for s in self._seen if s != keep)
+        nonces = self._seen.pop(victim)
+        floor = max([sent for sent, _ in nonces.values()] + [self._floor.pop(victim, -1e300)])
+        self._global_floor = max(self._global_floor, floor)
+        self._total -= len(nonces)
+
+    def _expire_sender(self, sender: bytes, now: float) -> None:
+        # A nonce seen more than 2 windows ago can no longer pass the window check.
+        nonces = self._seen[sender]
+        while nonces:
+            nonce, (_, seen_at) = next(iter(nonces.items()))
             if now - seen_at <= 2 * self.window_s:
                 break
-            del self._seen[key]
+            del nonces[nonce]
+            self._total -= 1
+        if not nonces:
+            del self._seen[sender]
+            self._floor.pop(sender, None)
+
+    def _sweep(self, now: float) -> None:
+        for sender in list(self._seen):
+            self._expire_sender(sender, now)

@@ -27,6 +27,7 @@ from kademlia.network import Server
 from kademlia.node import Node
 
 from dht import errors
+from dht.addresses import bep42_valid
 from dht.announce import MAX_TTL, Announcement, check_topic, topic_target
 from dht.bencode import Value, bdecode
 from dht.errors import (
@@ -55,6 +56,7 @@ from dht.validators import Validator, Validators
 from dht.wire import (
     GetReply,
     PeersReply,
+    PeerValues,
     announcement_from_wire,
     announcement_to_wire,
     is_node_id,
@@ -83,6 +85,8 @@ class Stats:
     """Iterative lookups run."""
     lookup_rpcs: int = 0
     """Requests those lookups sent."""
+    requests: int = 0
+    """Request datagrams this node sent (both codecs, retries and writes included)."""
 
 
 def _not_here(name: str, instead: str):
@@ -103,7 +107,8 @@ class DHTNode(Server):
                  item_ttl: float = ITEM_TTL,
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
-                 max_per_topic: int = MAX_PER_TOPIC) -> None:
+                 max_per_topic: int = MAX_PER_TOPIC, krpc: bool = False,
+                 require_bep42: bool = False) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if self.data_dir is not None:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -121,6 +126,8 @@ class DHTNode(Server):
                                max_per_topic=max_per_topic)
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
+        self.krpc = krpc
+        self.require_bep42 = require_bep42
         self.slow_after = slow_after
         self.republish_interval = republish_interval
         self.maintenance_interval = maintenance_interval
@@ -297,10 +304,16 @@ class DHTNode(Server):
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
                               own_id=self.node.id, skip=self._recently_failed(),
-                              slow_after=self._slow_after(), keep=self._spawn)
+                              slow_after=self._slow_after(), keep=self._spawn,
+                              admit=self._admit if self.require_bep42 else None)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
         return result
+
+    @staticmethod
+    def _admit(node: Node) -> bool:
+        """BEP 42: a public contact's id must be bound to its IP (local ones are exempt)."""
+        return bep42_valid(node.ip, node.id)
 
     def _slow_after(self) -> float:
         """A fixed ``slow_after``, else SRTT + 4 RTTVAR of this node's requests, kept
@@ -329,7 +342,7 @@ class DHTNode(Server):
             return None
         return parse_nodes(data), None
 
-    async def _q_get(self, node: Node, target: bytes):
+    async def _q_get(self, node: Node, target: bytes, salt: bytes = b""):
         data = await self.protocol.call(node, "get", target)
         if data is None:
             return None
@@ -340,7 +353,10 @@ class DHTNode(Server):
                          parse_nodes(data.get("nodes")))
         if "m" in data:
             try:
-                item = mutable_from_wire(data["m"])
+                wire = list(data["m"]) if isinstance(data["m"], list | tuple) else data["m"]
+                if isinstance(wire, list) and len(wire) == 5 and wire[1] is None:
+                    wire[1] = salt  # a KRPC answer: BEP 44 leaves the salt to the asker
+                item = mutable_from_wire(wire)
                 if item.target != target:
                     raise ItemError(errors.PROTOCOL, "item for another target")
                 self.validators.check(item)
@@ -417,8 +433,9 @@ class DHTNode(Server):
     async def get_mutable(self, pubkey: bytes, salt: bytes = b"") -> MutableItem | None:
         """The valid item with the highest seq among the k closest responders (and this
         node), or None. Responders holding an older one (or none) are sent the newest."""
-        target = mutable_target(pubkey, check_salt(bytes(salt)))
-        res = await self._lookup(target, partial(self._q_get, target=target))
+        salt = check_salt(bytes(salt))
+        target = mutable_target(pubkey, salt)
+        res = await self._lookup(target, partial(self._q_get, target=target, salt=salt))
         now = self.clock()
         local = self.store.get_mutable(target, now)
         found = [r.mutable for _, r in res.responses if r.mutable is not None]
@@ -447,7 +464,7 @@ class DHTNode(Server):
         """
         salt = check_salt(bytes(salt))
         target = mutable_target(public_bytes_of(private_key), salt)
-        res = await self._lookup(target, partial(self._q_get, target=target))
+        res = await self._lookup(target, partial(self._q_get, target=target, salt=salt))
         now = self.clock()
         found = [r.mutable for _, r in res.responses if r.mutable is not None]
         local = self.store.get_mutable(target, now)
@@ -577,6 +594,50 @@ class DHTNode(Server):
         merge(self.store.get_peers(topic, now))
         return sorted(best.values(), key=lambda a: a.peer_id)
 
+    # -- BEP 5 peers (mainline announce_peer / get_peers) --------------------------------------
+
+    async def _q_bep5(self, node: Node, info_hash: bytes):
+        data = await self.protocol.call(node, "peers", info_hash)
+        if data is None:
+            return None
+        if not isinstance(data, dict) or reply_error(data):
+            return [], PeerValues(None, [])
+        token = data.get("token")
+        values = []
+        for v in data.get("values") or []:
+            if (isinstance(v, list | tuple) and len(v) == 2 and isinstance(v[0], str)
+                    and isinstance(v[1], int) and 0 < v[1] < 65536):
+                values.append((v[0], v[1]))
+        return parse_nodes(data.get("nodes")), PeerValues(
+            token if isinstance(token, bytes) and len(token) <= 32 else None, values[:200])
+
+    async def announce_peer(self, info_hash: bytes, port: int) -> int:
+        """BEP 5: list this host at ``port`` under ``info_hash`` on the nodes closest to it
+        (mainline nodes included: this is how a swarm is found on the public DHT). Returns
+        how many nodes took it; raises :class:`LookupFailed` when none did."""
+        if not is_node_id(info_hash):
+            raise ValueError("info_hash must be 20 bytes")
+        if not 0 < port < 65536:
+            raise ValueError("port must be 1..65535")
+        res = await self._lookup(info_hash, partial(self._q_bep5, info_hash=info_hash))
+        writes = [(n, "announce_peer", (r.token, info_hash, port))
+                  for n, r in res.responses if r.token]
+        accepted, refusals = await self._send_writes(writes)
+        local = (partial(self.store.add_peer, info_hash, self.address[0], port, self.clock())
+                 if self._self_is_close(info_hash, res.responses) else None)
+        self._settle(accepted, refusals, len(res.responses), local)
+        return accepted
+
+    async def find_peers(self, info_hash: bytes) -> list[tuple[str, int]]:
+        """BEP 5: every ``(ip, port)`` announced under ``info_hash`` that the closest nodes
+        (and this one) hold. Unsigned by design: check each peer yourself."""
+        if not is_node_id(info_hash):
+            raise ValueError("info_hash must be 20 bytes")
+        res = await self._lookup(info_hash, partial(self._q_bep5, info_hash=info_hash))
+        found = dict.fromkeys(v for _, r in res.responses for v in r.values)
+        found.update(dict.fromkeys(self.store.peers(info_hash, self.clock())))
+        return list(found)
+
     # -- messages -----------------------------------------------------------------------------
 
     def on_message(self, callback: MessageCallback) -> MessageCallback:
@@ -662,7 +723,9 @@ class DHTNode(Server):
     async def _republish(self, pub: Published) -> None:
         now = self.clock()
         try:
-            res = await self._lookup(pub.target, partial(self._q_get, target=pub.target))
+            salt = pub.mutable.salt if pub.mutable is not None else b""
+            res = await self._lookup(pub.target,
+                                     partial(self._q_get, target=pub.target, salt=salt))
             if pub.mutable is not None:
                 await self._write_mutable(pub.mutable, None, res, now)
             else:

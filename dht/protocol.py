@@ -6,14 +6,20 @@ datagrams and wrong argument counts are answered or dropped, never raised; unkno
 names are AttributeErrors, not silent remote calls; ``store``/``find_value`` (unconditional
 overwrite, most-common value) are not served; ``welcome_if_new`` no longer pushes possibly
 stale values to new contacts; the routing table's nearest-k is exact.
+
+Two codecs share the socket: the swarm framing (first byte 0x00 request / 0x01 response,
+msgpack) and KRPC (a bencoded dict, first byte ``d``; :mod:`dht.krpc`). Both decode into
+calls on :class:`dht.core.RequestCore`; this module only frames, dispatches and applies the
+per-address reply budget (:class:`dht.addresses.RoundTrips`). A node with ``krpc=True``
+also *sends* KRPC, so it can live among mainline nodes that know nothing of swarm.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import umsgpack
@@ -22,17 +28,20 @@ from kademlia.protocol import KademliaProtocol
 from rpcudp.exceptions import MalformedMessage
 from rpcudp.protocol import RPCProtocol
 
-from dht import errors
+from dht import errors, krpc
+from dht.addresses import RoundTrips
 from dht.announce import check_topic, topic_target
-from dht.bencode import bdecode
+from dht.bencode import bdecode, bencode
+from dht.core import RequestCore
 from dht.errors import BencodeError, DHTError, ItemError
-from dht.items import MAX_VALUE, check_seq
+from dht.items import MutableItem
 from dht.messages import Envelope
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
 from dht.wire import (
-    PEERS_PAGE_BYTES,
+    KRPC_FORMS,
     REQUESTS,
+    RETRYABLE,
     announcement_from_wire,
     announcement_to_wire,
     error_reply,
@@ -47,6 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _NO_REPLY = object()
+PADDED = ("find_node", "get", "peers")  # requests padded on first contact
+PAD_BYTES = 600  # 3x a padded get covers a 1000-byte item with 20 contacts
 
 
 class DHTProtocol(KademliaProtocol):
@@ -56,8 +67,16 @@ class DHTProtocol(KademliaProtocol):
         KademliaProtocol.__init__(self, dht.node, dht.store, dht.ksize)
         self._wait_timeout = dht.rpc_timeout
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
+        self.router.require_bep42 = dht.require_bep42
         self.dht = dht
         self.rtt = RttEstimator()
+        self.round_trips = RoundTrips()
+        self.core = RequestCore(dht.node.id, dht.store, dht.tokens, dht.replay,
+                                self._nodes_near, dht.deliver)
+        self._challenges: set[tuple[str, int]] = set()
+        self._known_by: dict[tuple[str, int], None] = {}  # nodes that answered us in full
+        self._krpc_pending: dict[bytes, tuple[asyncio.Future, asyncio.TimerHandle, tuple]] = {}
+        self._next_t = int.from_bytes(os.urandom(2), "big")
 
     def __getattr__(self, name: str) -> Any:
         # rpcudp turns any unknown attribute into a remote call; a typo must fail loudly.
@@ -71,16 +90,35 @@ class DHTProtocol(KademliaProtocol):
             raise ValueError(f"no request {name!r} with {len(args)} arguments")
         if self.transport is None or self.transport.is_closing():
             return False, None
-        try:
-            send = RPCProtocol.__getattr__(self, name)
-            future = send(tuple(address), self.source_node.id, *args)
-        except MalformedMessage as exc:
-            raise DHTError(f"request {name} is too large for one datagram") from exc
-        clock = asyncio.get_running_loop().time
-        started = clock()
-        result = await future
-        if result[0]:
-            self.rtt.sample(clock() - started)
+        if self.dht.krpc and name in KRPC_FORMS:
+            return await self._krpc_request(tuple(address), name, args)
+        address = (str(address[0]), int(address[1]))
+        # QUIC's answer to the reflection budget: a first request to a node that may not
+        # know our address yet is padded, so that a full reply fits 3x its size and needs
+        # no retry round trip; the padding rides in the cookie slot (an invalid cookie).
+        extra: tuple = ()
+        if name in PADDED and address not in self._known_by:
+            extra = (bytes(PAD_BYTES),)
+        for attempt in range(2):
+            try:
+                send = RPCProtocol.__getattr__(self, name)
+                future = send(address, self.source_node.id, *args, *extra)
+            except MalformedMessage as exc:
+                raise DHTError(f"request {name} is too large for one datagram") from exc
+            clock = asyncio.get_running_loop().time
+            started = clock()
+            self.dht.stats.requests += 1
+            result = await future
+            if result[0]:
+                self.rtt.sample(clock() - started)
+            cookie = result[1].get("retry") if isinstance(result[1], dict) else None
+            if attempt or name not in RETRYABLE or not isinstance(cookie, bytes):
+                if result[0] and name in RETRYABLE:
+                    self._known_by[address] = None  # it answered in full: it knows us
+                    while len(self._known_by) > 4096:
+                        self._known_by.pop(next(iter(self._known_by)))
+                return result
+            extra = (cookie,)  # prove our address and ask again
         return result
 
     async def call(self, node: Node, name: str, *args: Any) -> Any | None:
@@ -106,15 +144,48 @@ class DHTProtocol(KademliaProtocol):
             self.router.add_contact(node)
 
     def stop(self) -> None:
-        for future, timer in self._outstanding.values():
+        pending = [*self._outstanding.values(), *(e[:2] for e in self._krpc_pending.values())]
+        for future, timer in pending:
             timer.cancel()
             if not future.done():
                 future.set_result((False, None))
         self._outstanding.clear()
+        self._krpc_pending.clear()
+
+    # -- KRPC (mainline) client ---------------------------------------------------------------
+
+    async def _krpc_request(self, address: tuple[str, int], name: str, args: tuple
+                            ) -> tuple[bool, Any]:
+        """``name(*args)`` as a KRPC query; the answer in the swarm framing's shapes, so
+        lookups and writes above do not care which wire a contact speaks."""
+        self._next_t = (self._next_t + 1) & 0xFFFF
+        t = self._next_t.to_bytes(2, "big")
+        method, a = _krpc_query_args(name, args)
+        a[b"id"] = self.source_node.id
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        timer = loop.call_later(self._wait_timeout, self._krpc_timeout, t)
+        self._krpc_pending[t] = (future, timer, address)
+        started = loop.time()
+        self.dht.stats.requests += 1
+        self.transport.sendto(krpc.query(t, method, a), address)
+        ok, msg = await future
+        if not ok:
+            return False, None
+        self.rtt.sample(loop.time() - started)
+        return True, _krpc_answer_shape(name, msg)
+
+    def _krpc_timeout(self, t: bytes) -> None:
+        entry = self._krpc_pending.pop(t, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result((False, None))
 
     # -- incoming ---------------------------------------------------------------------------
 
     async def _solve_datagram(self, datagram: bytes, address: tuple[str, int]) -> None:
+        if datagram[:1] == b"d":
+            self._accept_krpc(datagram, address)
+            return
         if len(datagram) < 22:
             return
         try:
@@ -123,7 +194,7 @@ class DHTProtocol(KademliaProtocol):
             log.debug("undecodable datagram from %s", address)
             return
         if datagram[:1] == b"\x00":
-            await self._accept_request(datagram[1:21], data, address)
+            await self._accept_request(datagram[1:21], data, address, len(datagram))
         elif datagram[:1] == b"\x01":
             self._accept_response(datagram[1:21], data, address)
 
@@ -131,6 +202,7 @@ class DHTProtocol(KademliaProtocol):
         entry = self._outstanding.pop(msg_id, None)
         if entry is None:
             return
+        self.round_trips.note(address)
         future, timer = entry
         timer.cancel()
         if not future.done():
@@ -141,20 +213,134 @@ class DHTProtocol(KademliaProtocol):
         if entry is not None and not entry[0].done():
             entry[0].set_result((False, None))
 
-    async def _accept_request(self, msg_id: bytes, data: Any, address: tuple[str, int]) -> None:
-        reply = await self.dispatch(data, address)
+    async def _accept_request(self, msg_id: bytes, data: Any, address: tuple[str, int],
+                              size: int) -> None:
+        reply = await self.dispatch(data, address, size)
         if reply is _NO_REPLY or self.transport is None or self.transport.is_closing():
             return
-        self.transport.sendto(b"\x01" + msg_id + umsgpack.packb(reply), address)
+        out = b"\x01" + msg_id + umsgpack.packb(reply)
+        if not self.round_trips.allows(address, size, len(out)):
+            log.debug("dropping a %d-byte reply to unproven %s", len(out), address)
+            return
+        self.transport.sendto(out, address)
 
-    async def dispatch(self, data: Any, address: tuple[str, int]) -> Any:
-        """Run one decoded request; always a reply (an error map for anything wrong)."""
+    def _accept_krpc(self, datagram: bytes, address: tuple[str, int]) -> None:
+        try:
+            msg = krpc.decode(datagram)
+        except krpc.KrpcError as exc:
+            log.debug("dropping a bad KRPC datagram from %s: %s", address, exc)
+            return
+        if msg.y != b"q":
+            entry = self._krpc_pending.get(msg.t)
+            if entry is None or entry[2] != tuple(address):
+                return  # unknown transaction, or an answer from the wrong address
+            del self._krpc_pending[msg.t]
+            future, timer, _ = entry
+            timer.cancel()
+            self.round_trips.note(address)
+            if not future.done():
+                future.set_result((True, msg))
+            return
+        out = self._krpc_answer(msg, tuple(address), len(datagram))
+        if out is None or not self.round_trips.allows(address, len(datagram), len(out)):
+            return  # (an error answer can be long too)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(out, address)
+
+    _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes",), (b"token",))
+
+    def _krpc_answer(self, msg: krpc.Message, sender: tuple[str, int], size: int
+                     ) -> bytes | None:
+        """The datagram answering one KRPC query (bounded for an unproven sender)."""
+        nodeid = msg.body.get(b"id")
+        if not is_node_id(nodeid):
+            return krpc.error(msg.t, errors.PROTOCOL, "id must be 20 bytes")
+        try:
+            body = self._krpc_handle(msg.q, msg.body, sender, self.dht.clock())
+        except ItemError as exc:
+            return krpc.error(msg.t, exc.code, exc.message)
+        except Exception:
+            log.exception("KRPC %r failed on a query from %s", msg.q[:20], sender)
+            return krpc.error(msg.t, errors.SERVER, "server error")
+        self._welcome(sender, nodeid, krpc=True)
+        body[b"id"] = self.source_node.id
+        out = krpc.response(msg.t, body, sender)
+        for group in self._TRIM:  # a reflection amplifier only for proven addresses
+            if self.round_trips.allows(sender, size, len(out)):
+                return out
+            for key in group:
+                body.pop(key, None)
+            out = krpc.response(msg.t, body, sender)
+        return out
+
+    def _krpc_handle(self, q: bytes, a: dict, sender: tuple[str, int], now: float) -> dict:
+        core = self.core
+        if q == b"ping":
+            return {}
+        if q == b"get_peers":
+            peers = core.get_peers(sender, a.get(b"info_hash"), now)
+            body = {b"token": peers.token, b"nodes": krpc.pack_nodes(peers.nodes)}
+            if peers.values:
+                body[b"values"] = [krpc.pack_peer(v) for v in peers.values]
+            return body
+        if q == b"announce_peer":
+            port = sender[1] if a.get(b"implied_port") == 1 else a.get(b"port")
+            core.announce_peer(sender, a.get(b"token"), a.get(b"info_hash"), port, now)
+            return {}
+        if q == b"get":
+            seq = a.get(b"seq")
+            got = core.get(sender, a.get(b"target"), now,
+                           seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+            body = {b"token": got.token, b"nodes": krpc.pack_nodes(got.nodes)}
+            if got.mutable is not None:
+                m = got.mutable
+                body.update({b"v": m.value, b"k": m.pubkey, b"sig": m.signature, b"seq": m.seq})
+            elif got.immutable is not None:
+                body[b"v"] = bdecode(got.immutable)
+            return body
+        if q == b"put":
+            if b"v" not in a:
+                raise ItemError(errors.PROTOCOL, "put without v")
+            encoded = bencode(a[b"v"])
+            if b"k" in a:
+                item = MutableItem.from_wire(a[b"k"], a.get(b"salt", b""), a.get(b"seq"),
+                                             encoded, a.get(b"sig"))
+                core.put_mutable(sender, a.get(b"token"), item, a.get(b"cas"), now)
+            else:
+                core.put_immutable(sender, a.get(b"token"), encoded, now)
+            return {}
+        target = a.get(b"target", a.get(b"info_hash"))
+        if q == b"find_node" or target is not None:  # unknown methods with a target: as
+            return {b"nodes": krpc.pack_nodes(core.find_node(sender, target, now))}  # BEP 5
+        raise ItemError(krpc.METHOD_UNKNOWN, "method unknown")
+
+    def _retry_target(self, name: str, args: Any) -> bytes | None:
+        """The target a retry token for this request is bound to, if it has one."""
+        try:
+            if name == "get_peers":
+                return topic_target(check_topic(args[1]))
+            return args[1] if name in RETRYABLE and is_node_id(args[1]) else None
+        except (ItemError, IndexError):
+            return None
+
+    async def dispatch(self, data: Any, address: tuple[str, int], size: int | None = None
+                       ) -> Any:
+        """Run one decoded request; always a reply (an error map for anything wrong).
+
+        ``size`` is the request datagram's length: a large reply to an address that has not
+        completed a round trip becomes ``{"retry": token}`` (``None``: no such check).
+        """
         if not (isinstance(data, list | tuple) and len(data) == 2 and isinstance(data[0], str)
                 and isinstance(data[1], list | tuple)):
             return error_reply(errors.PROTOCOL, "malformed request")
         name, args = data
         if name not in REQUESTS:
             return error_reply(204, f"method unknown: {name[:40]}")
+        target = self._retry_target(name, args)
+        if target is not None and len(args) == REQUESTS[name] + 2:
+            if self.dht.tokens.check(args[-1], address, target, self.dht.clock()):
+                self.round_trips.note(address)
+            args = args[:-1]
         if len(args) != REQUESTS[name] + 1:
             return error_reply(errors.PROTOCOL, f"{name} takes {REQUESTS[name] + 1} arguments")
         if not is_node_id(args[0]):
@@ -168,103 +354,159 @@ class DHTProtocol(KademliaProtocol):
         except Exception:
             log.exception("handler %s failed on a request from %s", name, address)
             return error_reply(errors.SERVER, "server error")
+        if (size is not None and target is not None
+                and not self.round_trips.allows(address, size,
+                                                 21 + len(umsgpack.packb(result)))):
+            return {"retry": self.dht.tokens.issue(address, target, self.dht.clock())}
         return result
 
-    def _welcome(self, sender: tuple[str, int], nodeid: bytes) -> Node:
+    def _welcome(self, sender: tuple[str, int], nodeid: bytes, krpc: bool = False) -> Node:
+        """The requester as a contact: added to the routing table once its address has
+        answered (a spoofed source cannot plant contacts), else challenged with a ping."""
         source = Node(nodeid, sender[0], sender[1])
-        self.welcome_if_new(source)
+        known = self.router.buckets[self.router.get_bucket_for(source)].nodes.get(nodeid)
+        if self.round_trips.proven(sender) or (
+                known is not None and (known.ip, known.port) == tuple(sender)):
+            self.welcome_if_new(source)  # a contact we already checked: just refresh it
+        else:
+            self._challenge(source, krpc)
         return source
 
-    def _nodes_near(self, target: bytes, source: Node) -> list:
-        return [node_to_wire(n) for n in self.router.find_neighbors(Node(target),
-                                                                    exclude=source)]
+    MAX_CHALLENGES = 64
 
-    @staticmethod
-    def _target(value: Any) -> bytes:
-        if not is_node_id(value):
-            raise ItemError(errors.PROTOCOL, "target must be 20 bytes")
-        return value
+    def _challenge(self, node: Node, krpc: bool = False) -> None:
+        addr = (node.ip, node.port)
+        if addr in self._challenges or len(self._challenges) >= self.MAX_CHALLENGES:
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._challenges.add(addr)
+
+        async def verify() -> None:
+            try:
+                ok, data = await (self._krpc_request(addr, "ping", ()) if krpc
+                                  else self.request(addr, "ping"))
+                if ok and data == node.id:  # one socket answers ping with one id
+                    self.welcome_if_new(node)
+            finally:
+                self._challenges.discard(addr)
+
+        self.dht._spawn(verify())
 
     def rpc_ping(self, sender, nodeid):
         self._welcome(sender, nodeid)
         return self.source_node.id
 
     def rpc_find_node(self, sender, nodeid, key):
-        source = self._welcome(sender, nodeid)
-        return self._nodes_near(self._target(key), source)
+        self._welcome(sender, nodeid)
+        return [node_to_wire(n) for n in self.core.find_node(sender, key, self.dht.clock())]
 
     def rpc_get(self, sender, nodeid, target):
-        source = self._welcome(sender, nodeid)
-        target = self._target(target)
-        now = self.dht.clock()
-        reply: dict[str, Any] = {"token": self.dht.tokens.issue(sender, target, now),
-                                 "nodes": self._nodes_near(target, source)}
-        item = self.dht.store.get_mutable(target, now)
-        if item is not None:
-            reply["m"] = mutable_to_wire(item)
-        else:
-            value = self.dht.store.get_immutable(target, now)
-            if value is not None:
-                reply["i"] = value
+        self._welcome(sender, nodeid)
+        answer = self.core.get(sender, target, self.dht.clock())
+        reply: dict[str, Any] = {"token": answer.token,
+                                 "nodes": [node_to_wire(n) for n in answer.nodes]}
+        if answer.mutable is not None:
+            reply["m"] = mutable_to_wire(answer.mutable)
+        elif answer.immutable is not None:
+            reply["i"] = answer.immutable
         return reply
 
     def rpc_put(self, sender, nodeid, token, kind, item, cas):
         self._welcome(sender, nodeid)
         now = self.dht.clock()
-        if cas is not None:
-            check_seq(cas)
         if kind == "m":
-            mutable = mutable_from_wire(item)
-            self._check_token(token, sender, mutable.target, now)
-            self.dht.store.put_mutable(mutable, cas, now)
+            self.core.put_mutable(sender, token, mutable_from_wire(item), cas, now)
         elif kind == "i":
-            if not isinstance(item, bytes) or len(item) > MAX_VALUE:
-                raise ItemError(errors.VALUE_TOO_BIG, "immutable value must be <= 1000 bytes")
-            try:
-                bdecode(item)
-            except BencodeError as exc:
-                raise ItemError(errors.PROTOCOL, f"value is not canonical bencode: {exc}") from exc
-            self._check_token(token, sender, hashlib.sha1(item).digest(), now)
-            self.dht.store.put_immutable(item, now)
+            self.core.put_immutable(sender, token, item, now)
         else:
             raise ItemError(errors.PROTOCOL, "kind must be 'm' or 'i'")
         return {"ok": True}
 
-    def _check_token(self, token, sender, target: bytes, now: float) -> None:
-        if not self.dht.tokens.check(token, sender, target, now):
-            raise ItemError(errors.PROTOCOL, "bad or expired write token")
+    def rpc_peers(self, sender, nodeid, info_hash):
+        self._welcome(sender, nodeid)
+        answer = self.core.get_peers(sender, info_hash, self.dht.clock())
+        return {"token": answer.token, "nodes": [node_to_wire(n) for n in answer.nodes],
+                "values": [list(v) for v in answer.values]}
+
+    def rpc_announce_peer(self, sender, nodeid, token, info_hash, port):
+        self._welcome(sender, nodeid)
+        self.core.announce_peer(sender, token, info_hash, port, self.dht.clock())
+        return {"ok": True}
 
     def rpc_get_peers(self, sender, nodeid, topic, after):
-        source = self._welcome(sender, nodeid)
-        topic = check_topic(topic)
-        if not isinstance(after, bytes) or len(after) > 32:
-            raise ItemError(errors.PROTOCOL, "after must be at most 32 bytes")
-        now = self.dht.clock()
-        target = topic_target(topic)
-        entries = self.dht.store.get_peers(topic, now, after)
-        page: list = []
-        size = 0
-        for ann in entries:
-            cost = len(ann.record) + 128
-            if page and size + cost > PEERS_PAGE_BYTES:
-                break
-            page.append(announcement_to_wire(ann))
-            size += cost
-        return {"token": self.dht.tokens.issue(sender, target, now),
-                "nodes": self._nodes_near(target, source),
-                "peers": page, "more": len(page) < len(entries)}
+        self._welcome(sender, nodeid)
+        answer = self.core.get_topic(sender, topic, after, self.dht.clock())
+        return {"token": answer.token, "nodes": [node_to_wire(n) for n in answer.nodes],
+                "peers": [announcement_to_wire(a) for a in answer.page], "more": answer.more}
 
     def rpc_announce(self, sender, nodeid, token, topic, entry):
         self._welcome(sender, nodeid)
-        topic = check_topic(topic)
-        now = self.dht.clock()
-        self._check_token(token, sender, topic_target(topic), now)
-        self.dht.store.announce(topic, announcement_from_wire(topic, entry), now)
+        self.core.announce(sender, token, topic,
+                           lambda t: announcement_from_wire(t, entry), self.dht.clock())
         return {"ok": True}
 
     def rpc_message(self, sender, nodeid, envelope):
         self._welcome(sender, nodeid)
-        env = Envelope.from_wire(envelope)
-        peer = self.dht.replay.admit(env, self.source_node.id, self.dht.clock())
-        self.dht.deliver(peer, (sender[0], sender[1]), env.payload)
+        self.core.message((sender[0], sender[1]), Envelope.from_wire(envelope),
+                          self.dht.clock())
         return {"ok": True}
+
+    def _nodes_near(self, target: bytes, sender: tuple[str, int]) -> list[Node]:
+        return [n for n in self.router.find_neighbors(Node(target), self.router.ksize + 1)
+                if (n.ip, n.port) != tuple(sender)][:self.router.ksize]
+
+
+def _krpc_query_args(name: str, args: tuple) -> tuple[str, dict]:
+    """The KRPC method and arguments for one of the swarm framing's requests."""
+    if name == "ping":
+        return "ping", {}
+    if name == "find_node":
+        return "find_node", {b"target": args[0]}
+    if name == "get":
+        return "get", {b"target": args[0]}
+    if name == "peers":
+        return "get_peers", {b"info_hash": args[0]}
+    if name == "announce_peer":
+        token, info_hash, port = args
+        return "announce_peer", {b"token": token or b"", b"info_hash": info_hash,
+                                 b"port": port, b"implied_port": 0}
+    token, kind, item, cas = args  # put
+    if kind == "i":
+        return "put", {b"token": token or b"", b"v": bdecode(item)}
+    pubkey, salt, seq, encoded, sig = item
+    a = {b"token": token or b"", b"k": pubkey, b"seq": seq, b"sig": sig, b"v": bdecode(encoded)}
+    if salt:
+        a[b"salt"] = salt
+    if cas is not None:
+        a[b"cas"] = cas
+    return "put", a
+
+
+def _krpc_answer_shape(name: str, msg: krpc.Message) -> Any:
+    """A KRPC answer in the shape the swarm framing's reply to ``name`` has."""
+    if msg.y == b"e":
+        return error_reply(*msg.error)
+    r = msg.body
+    nodes = [node_to_wire(n) for n in krpc.unpack_nodes(r.get(b"nodes"))]
+    token = r.get(b"token") if isinstance(r.get(b"token"), bytes) else None
+    if name == "ping":
+        return r.get(b"id")
+    if name == "find_node":
+        return nodes
+    if name == "peers":
+        return {"token": token, "nodes": nodes,
+                "values": [list(v) for v in krpc.unpack_values(r.get(b"values"))]}
+    if name == "get":
+        reply: dict[str, Any] = {"token": token, "nodes": nodes}
+        if b"v" in r:
+            try:
+                encoded = bencode(r[b"v"])
+            except BencodeError:
+                return reply
+            if b"k" in r:  # BEP 44 answers carry no salt: the asker fills in its own
+                reply["m"] = [r[b"k"], None, r.get(b"seq"), encoded, r.get(b"sig")]
+            else:
+                reply["i"] = encoded
+        return reply
+    return {"ok": True}  # put, announce_peer

@@ -20,7 +20,6 @@ from dht.errors import ItemError
 from dht.items import MutableItem
 
 ID_LEN = 20
-PEERS_PAGE_BYTES = 7000  # announcements per get_peers reply, so a reply stays one small datagram
 
 # name -> number of arguments after the sender's node id
 REQUESTS = {
@@ -31,7 +30,15 @@ REQUESTS = {
     "get_peers": 2,  # topic, after
     "announce": 3,  # token, topic, entry
     "message": 1,  # envelope
+    "peers": 1,  # info-hash (BEP 5 get_peers)
+    "announce_peer": 3,  # token, info-hash, port (BEP 5)
 }
+# requests whose reply can be large: one from an address that has not completed a round trip
+# gets {"retry": token} instead, and the same request again with the token appended (one
+# more argument) gets the full reply (see dht.addresses.RoundTrips)
+RETRYABLE = ("find_node", "get", "get_peers", "peers")
+# requests that have a KRPC form (a node in KRPC mode sends these as KRPC queries)
+KRPC_FORMS = ("ping", "find_node", "get", "put", "peers", "announce_peer")
 
 
 def error_reply(code: int, message: str) -> dict:
@@ -124,3 +131,13 @@ class PeersReply:
     """Valid entries on this page (forged ones are dropped)."""
     more: bool = False
     """Whether a next page exists (ask again with ``after`` = the last peer id)."""
+
+
+@dataclass
+class PeerValues:
+    """A checked reply to a BEP 5 ``get_peers`` (``peers`` in the swarm framing)."""
+
+    token: bytes | None
+    """Write token for this info-hash from this node."""
+    values: list[tuple[str, int]] = field(default_factory=list)
+    """Peers it holds under the info-hash."""

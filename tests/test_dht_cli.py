@@ -102,3 +102,53 @@ async def test_serve_nodes_refuse_forged_charters(tmp_path):
     finally:
         await attacker.stop()
         assert await _terminate(proc) == 0
+
+
+async def _swarm(*args: str) -> tuple[int, str, str]:
+    """`swarm ARGS` as a child process while this loop keeps serving DHT nodes."""
+    proc = await asyncio.create_subprocess_exec(
+        *swarm_cmd(*args), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, env=subprocess_env())
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_get_and_put_verbs(tmp_path):
+    nodes = [DHTNode(rpc_timeout=2) for _ in range(3)]
+    try:
+        for n in nodes:
+            await n.listen()
+        for n in nodes[1:]:
+            await n.bootstrap([nodes[0].address])
+        boot = ["--bootstrap", f"127.0.0.1:{nodes[0].address[1]}", "--json"]
+        rc, out, err = await _swarm("dht", "put", "--value", '{"name": "lab", "n": [1, 2]}',
+                                    *boot)
+        assert rc == 0, err
+        put = json.loads(out)
+        assert put["seq"] is None and put["value"] == {"name": "lab", "n": [1, 2]}
+        rc, out, err = await _swarm("dht", "get", "--target", put["target"], *boot)
+        assert rc == 0 and json.loads(out) == put, err
+
+        seed = tmp_path / "seed.hex"
+        seed.write_text("11" * 32)
+        mutable = ["dht", "put", "--key-file", str(seed), "--salt", "state", *boot]
+        rc, out, err = await _swarm(*mutable, "--value", '"v1"')
+        assert rc == 0 and json.loads(out)["seq"] == 1, err
+        rc, out, err = await _swarm(*mutable, "--value", '"v2"', "--cas", "1")
+        assert rc == 0 and json.loads(out)["seq"] == 2, err
+        rc, out, err = await _swarm(*mutable, "--value", '"v3"', "--cas", "1")
+        assert rc == 1 and "301" in err
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        pub = Ed25519PrivateKey.from_private_bytes(b"\x11" * 32).public_key().public_bytes_raw()
+        rc, out, err = await _swarm("dht", "get", "--key", pub.hex(), "--salt", "state", *boot)
+        assert rc == 0 and (json.loads(out)["seq"], json.loads(out)["value"]) == (2, "v2")
+        rc, out, err = await _swarm("dht", "get", "--key", pub.hex(), "--salt", "other", *boot)
+        assert rc == 1 and "no item" in err
+        for bad in (["put", "--value", "1.5"], ["put", "--value", "{"],
+                    ["get", "--key", "abcd"], ["put", "--value", "1", "--salt", "x"],
+                    ["get", "--target", "00" * 20, "--bootstrap", "nowhere"]):
+            rc, _, err = await _swarm("dht", *bad, *boot)
+            assert rc == 2, (bad, err)
+    finally:
+        for n in nodes:
+            await n.stop()

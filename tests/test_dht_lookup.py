@@ -119,3 +119,30 @@ def test_rtt_estimator_bounds():
     for _ in range(50):
         rtt.sample(3.0)
     assert rtt.slow_after(0.05, 1.0) == 1.0  # ceiling
+
+
+def test_lookup_machine_with_a_fake_clock():
+    """The sans-IO machine alone: answers and time are fed by hand, no loop, no sleeps."""
+    from dht.lookup import GRACE, Lookup
+
+    nodes = _net(60, seed=9)
+    target = hashlib.sha1(b"machine").digest()
+    dead = {n.id for n in _closest(nodes, target, 3)}  # the three closest never answer
+    m = Lookup(target, nodes[:3], k=K, alpha=3, slow_after=0.1)
+    now = 0.0
+    asked = m.step(now)
+    while not m.done:
+        assert len([n for n in m.in_flight() if m.state[n.id] == "pending"]) <= 3
+        for n in asked:
+            if n.id not in dead:
+                m.answered(n, _closest([x for x in nodes if x.id != n.id], target, 2 * K),
+                           n.port)
+        wake = m.wake_at(now)
+        if wake is not None and all(n.id in dead for n in m.in_flight()):
+            now = wake  # only silent nodes left in flight: let time pass
+        asked = m.step(now)
+    res = m.result()
+    live = [n for n in nodes if n.id not in dead]
+    assert [n for n, _ in res.responses] == _closest(live, target)
+    assert now <= 0.1 + GRACE * 0.1 + 1e-9  # dead nodes cost slow_after + grace, not a timeout
+    assert dead <= {n.id for n in res.failed}

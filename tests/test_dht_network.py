@@ -113,12 +113,14 @@ async def test_attacker_replaying_an_old_seq_never_wins(swarm):
     assert len(refusals) >= len(writes) - 2 and {r.code for r in refusals} == {302}
     # 2. a lying node serves the old item from its own store, and another forges a higher seq
     attacker.store._db.execute(
-        "INSERT OR REPLACE INTO mutable VALUES (?,?,?,?,?,?,?)",
+        "INSERT OR REPLACE INTO mutable (target, pubkey, salt, seq, value, sig, expires_at) "
+        "VALUES (?,?,?,?,?,?,?)",
         (old.target, old.pubkey, old.salt, old.seq, old.encoded_value, old.signature, 1e12))
     forged = MutableItem(new.pubkey, new.salt, 99, b"forged", new.signature)
     liar = swarm[-2]
     liar.store._db.execute(
-        "INSERT OR REPLACE INTO mutable VALUES (?,?,?,?,?,?,?)",
+        "INSERT OR REPLACE INTO mutable (target, pubkey, salt, seq, value, sig, expires_at) "
+        "VALUES (?,?,?,?,?,?,?)",
         (forged.target, forged.pubkey, forged.salt, 99, forged.encoded_value,
          forged.signature, 1e12))
     got = await _get_everywhere(swarm, owner.public_bytes, b"state")

@@ -148,4 +148,4 @@ def test_replay_guard():
     assert _code(lambda: guard.admit(forged, me, T0)) == 206
     # old nonces are forgotten only once they could no longer pass the window check
     guard.admit(Envelope.seal(key, key.peer_id, me, b"later", T0 + 200), me, T0 + 200)
-    assert len(guard._seen) == 1
+    assert len(guard) == 1

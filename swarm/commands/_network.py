@@ -19,7 +19,8 @@ def add_network_options(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Add ``--bootstrap`` (repeatable) to ``parser``; returns it."""
     parser.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
                         help=f"a DHT node to join through, besides the URI's peers "
-                             f"(repeatable; also ${ENV}, comma-separated)")
+                             f"(repeatable; 'mainline' for the public BitTorrent DHT "
+                             f"routers; also ${ENV}, comma-separated)")
     return parser
 
 
@@ -33,6 +34,11 @@ def bootstrap_addresses(args: argparse.Namespace) -> list[tuple[str, int]]:
     given += [(ENV, t.strip()) for t in os.environ.get(ENV, "").split(",") if t.strip()]
     out: list[tuple[str, int]] = []
     for where, text in given:
+        if text.strip().lower() == "mainline":  # the public BitTorrent routers: never in tests or the demo
+            from dht.bootstrap import MAINLINE_ROUTERS
+
+            out.extend(MAINLINE_ROUTERS)
+            continue
         try:
             out.append(parse_peer(text))
         except URIError as exc:

@@ -1,0 +1,137 @@
+"""KRPC, BitTorrent's mainline DHT wire (BEP 5, BEP 44, BEP 42): a pure codec.
+
+A KRPC message is one bencoded dict (so its first byte is ``d``; the swarm framing starts
+with 0x00 or 0x01, so one UDP socket carries both): ``t`` a transaction id, ``y`` one of
+``q`` (query: ``q`` the method, ``a`` its arguments), ``r`` (response: ``r``) or ``e``
+(error: ``e`` = [code, message]). Contacts travel as compact node info (20-byte id + 4-byte
+IPv4 + 2-byte port), peers as compact peer info (6 bytes). Nothing here does I/O; decoding
+never raises anything but :class:`KrpcError` on untrusted bytes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from kademlia.node import Node
+
+from dht.bencode import bdecode, bencode
+from dht.errors import BencodeError, DHTError
+
+MAX_DATAGRAM = 1500 * 2  # larger KRPC datagrams are not ones a mainline node sends
+METHOD_UNKNOWN = 204
+COMPACT_NODE = 26
+COMPACT_PEER = 6
+
+
+class KrpcError(DHTError):
+    """Bytes that are not a well-formed KRPC message."""
+
+
+@dataclass
+class Message:
+    """One decoded KRPC message."""
+
+    t: bytes
+    """Transaction id, echoed in the answer."""
+    y: bytes
+    """b"q", b"r" or b"e"."""
+    q: bytes = b""
+    """The method of a query."""
+    body: dict[bytes, Any] = field(default_factory=dict)
+    """``a`` of a query or ``r`` of a response."""
+    error: tuple[int, str] | None = None
+    """(code, message) of an error."""
+    ip: tuple[str, int] | None = None
+    """BEP 42: the address the sender saw us at, when it said."""
+
+
+def decode(datagram: bytes) -> Message:
+    """A checked :class:`Message`; raises :class:`KrpcError`."""
+    if len(datagram) > MAX_DATAGRAM:
+        raise KrpcError("datagram too large")
+    try:
+        msg = bdecode(datagram, max_depth=8)
+    except BencodeError as exc:
+        raise KrpcError(f"not bencode: {exc}") from exc
+    if not isinstance(msg, dict):
+        raise KrpcError("not a dict")
+    t, y = msg.get(b"t"), msg.get(b"y")
+    if not isinstance(t, bytes) or not 0 < len(t) <= 16 or y not in (b"q", b"r", b"e"):
+        raise KrpcError("bad t or y")
+    ip = None
+    raw_ip = msg.get(b"ip")
+    if isinstance(raw_ip, bytes) and len(raw_ip) == COMPACT_PEER:
+        ip = unpack_peer(raw_ip)
+    if y == b"q":
+        q, a = msg.get(b"q"), msg.get(b"a")
+        if not isinstance(q, bytes) or not isinstance(a, dict):
+            raise KrpcError("query without q or a")
+        return Message(t, y, q=q, body=a, ip=ip)
+    if y == b"r":
+        r = msg.get(b"r")
+        if not isinstance(r, dict):
+            raise KrpcError("response without r")
+        return Message(t, y, body=r, ip=ip)
+    e = msg.get(b"e")
+    if (not isinstance(e, list) or len(e) < 2 or not isinstance(e[0], int)
+            or not isinstance(e[1], bytes)):
+        raise KrpcError("malformed error")
+    return Message(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip)
+
+
+def query(t: bytes, method: str, args: dict[str, Any]) -> bytes:
+    return bencode({b"t": t, b"y": b"q", b"q": method.encode(), b"a": args})
+
+
+def response(t: bytes, body: dict[str, Any], to: tuple[str, int] | None = None) -> bytes:
+    msg: dict[bytes, Any] = {b"t": t, b"y": b"r", b"r": body}
+    if to is not None and _v4(to[0]):
+        msg[b"ip"] = pack_peer(to)
+    return bencode(msg)
+
+
+def error(t: bytes, code: int, message: str) -> bytes:
+    return bencode({b"t": t, b"y": b"e", b"e": [code, message[:200].encode()]})
+
+
+def _v4(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 4
+    except ValueError:
+        return False
+
+
+def pack_peer(addr: tuple[str, int]) -> bytes:
+    return ipaddress.IPv4Address(addr[0]).packed + struct.pack(">H", addr[1])
+
+
+def unpack_peer(raw: bytes) -> tuple[str, int]:
+    return str(ipaddress.IPv4Address(raw[:4])), struct.unpack(">H", raw[4:6])[0]
+
+
+def pack_nodes(nodes: list[Node]) -> bytes:
+    """Compact node info of the IPv4 contacts in ``nodes``."""
+    return b"".join(n.id + pack_peer((n.ip, n.port)) for n in nodes if _v4(n.ip))
+
+
+def unpack_nodes(raw: object, limit: int = 64) -> list[Node]:
+    """Contacts from compact node info; a malformed blob yields nothing, bad entries skipped."""
+    if not isinstance(raw, bytes) or len(raw) % COMPACT_NODE:
+        return []
+    out = []
+    for i in range(0, min(len(raw), limit * COMPACT_NODE), COMPACT_NODE):
+        nid, (ip, port) = raw[i:i + 20], unpack_peer(raw[i + 20:i + COMPACT_NODE])
+        if port:
+            out.append(Node(nid, ip, port))
+    return out
+
+
+def unpack_values(raw: object, limit: int = 200) -> list[tuple[str, int]]:
+    """Peers from a get_peers ``values`` list of compact peer infos."""
+    if not isinstance(raw, list):
+        return []
+    return [unpack_peer(v) for v in raw[:limit]
+            if isinstance(v, bytes) and len(v) == COMPACT_PEER and v[4:6] != b"\0\0"]

@@ -1,0 +1,216 @@
+"""Interop with BitTorrent's mainline DHT: libtorrent sessions and swarm nodes on loopback.
+
+Six libtorrent sessions (PyPI ``libtorrent``, in the ``test`` extra) and three swarm nodes in
+KRPC mode form one network. libtorrent puts mutable and immutable BEP 44 items that swarm
+gets, swarm puts items that libtorrent gets, BEP 5 peers go both ways, and a libtorrent
+session that knows only a swarm node still finds items (its lookups route through swarm).
+Nothing leaves 127.0.0.1: ``dht_bootstrap_nodes`` is empty and no router is named.
+In CI (``CI=true``) a missing libtorrent is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+
+import pytest
+import pytest_asyncio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from dht import DHTNode, ItemError
+from dht.items import immutable_target
+
+if os.environ.get("CI") == "true":
+    import libtorrent as lt  # CI installs the test extra: a missing libtorrent fails here
+else:
+    lt = pytest.importorskip("libtorrent")
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
+LT_SESSIONS = 6
+SWARM_NODES = 3
+
+
+def _session() -> lt.session:
+    return lt.session({
+        "listen_interfaces": "127.0.0.1:0", "enable_dht": True, "enable_lsd": False,
+        "enable_upnp": False, "enable_natpmp": False, "dht_bootstrap_nodes": "",
+        "enable_outgoing_utp": False, "enable_incoming_utp": False,
+        "dht_restrict_routing_ips": False, "dht_restrict_search_ips": False,
+        # every node here shares 127.0.0.1: libtorrent's per-IP limits (5 packets/s, then a
+        # 5-minute block; 8 KB/s out) would treat the whole test network as one flooder
+        "dht_block_ratelimit": 1_000_000, "dht_upload_rate_limit": 10_000_000,
+        "alert_mask": lt.alert_category.dht | lt.alert_category.dht_operation
+        | lt.alert_category.error, "alert_queue_size": 100_000})
+
+
+async def _alert(session: lt.session, kind, match=lambda a: True, timeout: float = 30.0):
+    """The first alert of ``kind`` that matches, popping (and dropping) others.
+
+    Sessions not popped for a while drop new alerts once their queue is full, so each test
+    pops before it asks (see :func:`_fresh`)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for a in session.pop_alerts():
+            if isinstance(a, kind) and match(a):
+                return a
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no {kind.__name__} within {timeout} s")
+
+
+def _fresh(*sessions: lt.session) -> None:
+    for s in sessions:
+        s.pop_alerts()
+
+
+async def _lt_put_mutable(session: lt.session, secret: bytes, pub: bytes, value: bytes,
+                          salt: bytes) -> None:
+    _fresh(session)
+    session.dht_put_mutable_item(secret, pub, value, salt)
+    await _alert(session, lt.dht_put_alert)
+
+
+def _expanded_secret(seed: bytes) -> bytes:
+    """libtorrent's ed25519 secret: SHA-512 of the seed with the scalar clamped."""
+    h = bytearray(hashlib.sha512(seed).digest())
+    h[0] &= 248
+    h[31] &= 63
+    h[31] |= 64
+    return bytes(h)
+
+
+def _keypair() -> tuple[Ed25519PrivateKey, bytes, bytes]:
+    seed = os.urandom(32)
+    key = Ed25519PrivateKey.from_private_bytes(seed)
+    pub = key.public_key().public_bytes(serialization.Encoding.Raw,
+                                        serialization.PublicFormat.Raw)
+    return key, pub, _expanded_secret(seed)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def net():
+    sessions = [_session() for _ in range(LT_SESSIONS)]
+    nodes = [DHTNode(rpc_timeout=1.0, krpc=True) for _ in range(SWARM_NODES)]
+    try:
+        ports = [s.listen_port() for s in sessions]
+        for s in sessions:
+            for p in ports:
+                if p != s.listen_port():
+                    s.add_dht_node(("127.0.0.1", p))
+        for n in nodes:
+            await n.listen()
+            await n.bootstrap([("127.0.0.1", p) for p in ports[:2]])
+        for s in sessions:
+            for n in nodes:
+                s.add_dht_node(n.address)
+        # let the sessions ping each other and the swarm nodes (bounded; see the asserts)
+        end = time.monotonic() + 20
+        while time.monotonic() < end and min(len(n.protocol.router.contacts())
+                                             for n in nodes) < LT_SESSIONS:
+            await asyncio.sleep(0.1)
+        yield sessions, nodes
+    finally:
+        for n in nodes:
+            await n.stop()
+        del sessions
+
+
+async def test_swarm_nodes_join_through_libtorrent_only(net):
+    sessions, nodes = net
+    lt_ports = {s.listen_port() for s in sessions}
+    for n in nodes:
+        assert {c.port for c in n.protocol.router.contacts()} & lt_ports
+
+
+async def test_libtorrent_immutable_item_is_read_by_swarm(net):
+    sessions, nodes = net
+    _fresh(sessions[0])
+    target = sessions[0].dht_put_immutable_item(b"put by libtorrent")
+    await _alert(sessions[0], lt.dht_put_alert)
+    assert bytes.fromhex(str(target)) == immutable_target(b"put by libtorrent")
+    assert await nodes[2].get_immutable(bytes.fromhex(str(target))) == b"put by libtorrent"
+
+
+async def test_libtorrent_mutable_item_is_read_by_swarm(net):
+    sessions, nodes = net
+    _, pub, secret = _keypair()
+    await _lt_put_mutable(sessions[1], secret, pub, b"mutable from libtorrent", b"swarm/state")
+    item = await nodes[0].get_mutable(pub, b"swarm/state")
+    assert item is not None and item.value == b"mutable from libtorrent" and item.seq >= 1
+
+
+async def test_swarm_items_are_read_by_libtorrent(net):
+    sessions, nodes = net
+    target = await nodes[1].put_immutable(b"put by swarm")
+    _fresh(sessions[4])
+    sessions[4].dht_get_immutable_item(lt.sha1_hash(target))
+    got = await _alert(sessions[4], lt.dht_immutable_item_alert,
+                       lambda a: bytes.fromhex(str(a.target)) == target)
+    assert got.item == b"put by swarm"
+
+    key, pub, _ = _keypair()
+    await nodes[1].put_mutable(key, b"v1", salt=b"charter")
+    item = await nodes[2].put_mutable(key, b"v2 from swarm", salt=b"charter")
+    _fresh(sessions[5])
+    sessions[5].dht_get_mutable_item(pub, b"charter")
+    got = await _alert(sessions[5], lt.dht_mutable_item_alert,
+                       lambda a: a.authoritative and bytes(a.key) == pub)
+    assert got.item == b"v2 from swarm" and got.seq == item.seq == 2
+
+
+async def test_a_stale_seq_is_refused_by_mainline_nodes(net):
+    sessions, nodes = net
+    key, pub, secret = _keypair()
+    await _lt_put_mutable(sessions[2], secret, pub, b"newer", b"")
+    current = await nodes[0].get_mutable(pub)
+    with pytest.raises(ItemError) as info:  # same seq, other value
+        await nodes[0].put_mutable(key, b"older", seq=current.seq)
+    assert info.value.code == 302
+    assert (await nodes[1].get_mutable(pub)).value == b"newer"
+
+
+async def test_bep5_peers_both_ways(net):
+    sessions, nodes = net
+    info_hash = hashlib.sha1(b"swarm members").digest()
+    assert await nodes[0].announce_peer(info_hash, 4242) >= 1
+    _fresh(sessions[3])
+    sessions[3].dht_get_peers(lt.sha1_hash(info_hash))
+    got = await _alert(sessions[3], lt.dht_get_peers_reply_alert,
+                       lambda a: bytes.fromhex(str(a.info_hash)) == info_hash)
+    assert ("127.0.0.1", 4242) in [tuple(p) for p in got.peers()]
+
+    other = hashlib.sha1(b"announced by libtorrent").digest()
+    _fresh(sessions[0])
+    sessions[0].dht_announce(lt.sha1_hash(other), 5151)
+    end = time.monotonic() + 30
+    found: list = []
+    while ("127.0.0.1", 5151) not in found and time.monotonic() < end:
+        await asyncio.sleep(0.2)
+        found = await nodes[2].find_peers(other)
+    assert ("127.0.0.1", 5151) in found, (
+        [n.store.peers(other, n.clock()) for n in nodes],
+        [[c.port for c in n.protocol.router.contacts()] for n in nodes],
+        [s.listen_port() for s in sessions])
+
+
+async def test_libtorrent_lookups_route_through_swarm_nodes(net):
+    sessions, nodes = net
+    target = await nodes[0].put_immutable(b"found through swarm")
+    lonely = _session()  # knows only one swarm node
+    try:
+        lonely.add_dht_node(nodes[1].address)
+        end = time.monotonic() + 30
+        got = None
+        while got is None and time.monotonic() < end:
+            lonely.dht_get_immutable_item(lt.sha1_hash(target))
+            try:
+                got = await _alert(lonely, lt.dht_immutable_item_alert,
+                                   lambda a: a.item == b"found through swarm", timeout=3)
+            except AssertionError:
+                continue
+        assert got is not None
+        assert any(c.port == lonely.listen_port() for c in nodes[1].protocol.router.contacts())
+    finally:
+        del lonely
