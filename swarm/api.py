@@ -40,6 +40,7 @@ import numpy as np
 
 from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
+from swarm import loop as swarm_loop
 from swarm.control.charter import validators
 from swarm.control.membership import MemberRecord, swarm_id
 from swarm.errors import (
@@ -66,12 +67,7 @@ class _LoopThread:
     """An event loop on a daemon thread; coroutines are submitted from any thread."""
 
     def __init__(self) -> None:
-        try:
-            import uvloop
-
-            self.loop = uvloop.new_event_loop()
-        except ImportError:
-            self.loop = asyncio.new_event_loop()
+        self.loop = swarm_loop.new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm-client",
                                         daemon=True)
         self._thread.start()

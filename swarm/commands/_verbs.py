@@ -7,6 +7,8 @@ import asyncio
 import sys
 import time
 
+from swarm import loop as swarm_loop
+
 ROLES = ("owner", "admin", "coordinator")
 
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace, verb: str) -> int:
             peer_key = PeerKey.load(path)
         except KeyFileError as exc:
             raise ConfigError(str(exc)) from None
-    state = asyncio.run(_send(join, target, verb, args, peer_key))
+    state = swarm_loop.run(_send(join, target, verb, args, peer_key))
     if verb == "kick":
         print(f"kicked {target.short()} (order sent to the coordinator)")
     else:

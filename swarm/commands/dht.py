@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from swarm import loop as swarm_loop
 from swarm.errors import ConfigError, LocalError
 
 HELP = "run a DHT-only node (bootstrap point for a swarm)"
@@ -43,12 +44,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
     addrs = [parse_addr(a) for a in args.bootstrap]
     if not 0 <= args.port < 65536:
         raise ConfigError(f"bad port {args.port}")
-    return asyncio.run(_serve(args, addrs))
+    return swarm_loop.run(_serve(args, addrs))
 
 
 async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:

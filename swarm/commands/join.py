@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
+
+from swarm import loop as swarm_loop
 
 HELP = "join a swarm by its magnet URI and serve compute tasks until stopped"
 DESCRIPTION = """\
@@ -57,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"joined swarm {join.name!r} in {r.joined_in:.2f} s as {r.control.role.value}; "
               f"{r.node.tflops * 1000:.1f} GFLOPS", file=sys.stderr, flush=True)
 
-    reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
-                                      port=args.port, host=args.host, threads=args.threads,
-                                      ready=ready, store_capacity=args.max_memory,
-                                      coordinate=not args.no_coordinate))
+    reason = swarm_loop.run(member.serve(join, args.data_dir, backend=args.backend,
+                                         port=args.port, host=args.host, threads=args.threads,
+                                         ready=ready, store_capacity=args.max_memory,
+                                         coordinate=not args.no_coordinate))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     if reason.startswith(("kicked", "this peer is blocked")):
         from swarm.cli import EXIT_REFUSED

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
+
+from swarm import loop as swarm_loop
 
 HELP = "show or change a swarm's ownership: show, add-admin, remove-admin, transfer"
 DESCRIPTION = """\
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     join = uri_mod.parse(args.uri)
     if args.action == "show":
         return _show(join, args.json)
-    return asyncio.run(_change(join, args))
+    return swarm_loop.run(_change(join, args))
 
 
 def _show(join, as_json: bool) -> int:
@@ -66,7 +67,7 @@ def _show(join, as_json: bool) -> int:
 
             return await charter.fetch(node, join.pubkey, join.owner or None)
 
-    rec = asyncio.run(look())
+    rec = swarm_loop.run(look())
     own = rec.ownership
     data = {"name": own.name, "owner": own.owner.fingerprint().hex(),
             "hardware_backed": own.owner.hardware_backed, "attestation": own.owner.attestation,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
+
+from swarm import loop as swarm_loop
 
 HELP = "create a swarm owned by your security key, print its join URI, serve it"
 DESCRIPTION = """\
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
               f"{'' if swarm.credential.hardware_backed else ' (software, not hardware-backed)'}",
               file=sys.stderr, flush=True)
 
-    reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
-                                      host=args.host, publication=pub, ready=ready))
+    reason = swarm_loop.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
+                                         host=args.host, publication=pub, ready=ready))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     return 0

@@ -4,8 +4,9 @@ jobs, blocks)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+
+from swarm import loop as swarm_loop
 
 HELP = "show a swarm's owner, coordinator and term, members, running jobs and blocklist"
 DESCRIPTION = """\
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         async with observer.dht_observer(join) as node:
             return (await observer.observe(node, join)).to_json()
 
-    data = asyncio.run(look())
+    data = swarm_loop.run(look())
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True))
         return 0
