@@ -14,7 +14,7 @@ import asyncio
 import math
 import threading
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -127,13 +127,34 @@ class MatmulJob:
     """Content address of ``b`` as it travels (the verifier's batching key)."""
     verifier: FreivaldsCache
     """Freivalds checks with ``b @ R`` kept per weight."""
+    _out: np.ndarray | None = None
+    _placed: dict[int, np.ndarray] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _merged: bool = False
 
     async def verify(self, i: int, outputs: list[np.ndarray]) -> bool:
         if len(outputs) != 1:
             return False
+        return await asyncio.to_thread(self._verify_and_place, i, outputs[0])
+
+    def _verify_and_place(self, i: int, c: np.ndarray) -> bool:
+        """Check shard ``i`` and, if right, copy it into the output at once (in the check's
+        thread, while other shards still compute), so merging is not left for the end."""
         r0, r1 = self.shards[i].rows
-        return await asyncio.to_thread(self.verifier.check, self.b_oid, self.a[r0:r1], self.b,
-                                       outputs[0])
+        if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c):
+            return False
+        self._place(i, c)
+        return True
+
+    def _place(self, i: int, c: np.ndarray) -> None:
+        with self._lock:
+            if self._merged or i in self._placed:
+                return  # the output is the caller's now, or a twin already filled the band
+            if self._out is None:
+                self._out = np.empty((self.a.shape[0], self.b.shape[1]), dtype=np.float32)
+            (r0, r1), (c0, c1) = self.shards[i].rows, self.shards[i].cols
+            self._out[r0:r1, c0:c1] = c
+            self._placed[i] = c
 
     async def check_shape(self, i: int, outputs: list[np.ndarray]) -> bool:
         """The least check (``verify="none"``): one float result of the band's shape."""
@@ -145,8 +166,18 @@ class MatmulJob:
         return [self.backend.matmul(self.a[r0:r1], self.b)]
 
     def merge(self, results: Sequence[list[np.ndarray]]) -> np.ndarray:
-        m, n = self.a.shape[0], self.b.shape[1]
-        return compute.merge_shards(m, n, self.shards, [r[0] for r in results])
+        """The output: bands placed as they were verified, the rest (local, unverified
+        or replicated results) copied now; no band is written after this returns."""
+        with self._lock:
+            self._merged = True
+            if self._out is None:
+                m, n = self.a.shape[0], self.b.shape[1]
+                return compute.merge_shards(m, n, self.shards, [r[0] for r in results])
+            for i, r in enumerate(results):
+                if self._placed.get(i) is not r[0]:
+                    (r0, r1), (c0, c1) = self.shards[i].rows, self.shards[i].cols
+                    self._out[r0:r1, c0:c1] = r[0]
+            return self._out
 
 
 def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates: RateBook,
