@@ -187,3 +187,71 @@ async def test_sigkill_of_the_sender_leaves_the_receivers_arrays_intact_and_noth
     assert _memfds() == before
     if shm_files or os.path.isdir("/dev/shm"):
         assert set(os.listdir("/dev/shm")) <= shm_files  # nothing named, nothing to leak
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to ours by a veth pair: (namespace, its address)."""
+    import secrets
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (CI has both)")
+    tag = secrets.token_hex(3)
+    ns, host_if, ns_if = f"swarm-shm-{tag}", f"vsh{tag}", f"vsn{tag}"
+    octet = int(tag[:2], 16) % 250 + 1
+    mine, theirs = f"10.213.{octet}.1", f"10.213.{octet}.2"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        ip("addr", "add", f"{mine}/30", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", ns, "addr", "add", f"{theirs}/30", "dev", ns_if)
+        ip("-n", ns, "link", "set", ns_if, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        yield ns, theirs
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+async def test_a_peer_in_another_network_namespace_gets_no_shared_memory(netns):
+    """Same kernel, same /dev/shm, same user: only the address says it is another host, and
+    that is what counts (a peer reached over the network is treated as remote)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+    from tests.links_helpers import _readline
+
+    ns, address = netns
+    key = PeerKey.generate()
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "swarm.links.echo", "tls",
+         "--seed", key.seed().hex(), "--host", address],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=subprocess_env())
+    try:
+        port = json.loads(_readline(proc, 20))["port"]
+        link = await tls.connect(A, address, port, expect=key.peer_id)
+        await link.send(Echo("x", [BIG]))
+        back = await asyncio.wait_for(link.recv(), 10)
+        assert np.array_equal(back.arrays[0], BIG)
+        assert link.shm is None  # it came over TLS
+        await link.close()
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
