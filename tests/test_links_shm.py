@@ -224,34 +224,12 @@ def netns():
 async def test_a_peer_in_another_network_namespace_gets_no_shared_memory(netns):
     """Same kernel, same /dev/shm, same user: only the address says it is another host, and
     that is what counts (a peer reached over the network is treated as remote)."""
-    import json
-    import subprocess
-    import sys
-
-    from tests.conftest import subprocess_env
-    from tests.links_helpers import _readline
-
     ns, address = netns
-    key = PeerKey.generate()
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "swarm.links.echo", "tls",
-         "--seed", key.seed().hex(), "--host", address],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=subprocess_env())
-    try:
-        port = json.loads(_readline(proc, 20))["port"]
+    with echo_peer("tls", "--host", address, prefix=("ip", "netns", "exec", ns)) as (
+            key, port, _):
         link = await tls.connect(A, address, port, expect=key.peer_id)
         await link.send(Echo("x", [BIG]))
         back = await asyncio.wait_for(link.recv(), 10)
         assert np.array_equal(back.arrays[0], BIG)
         assert link.shm is None  # it came over TLS
         await link.close()
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()

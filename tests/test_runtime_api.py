@@ -12,6 +12,7 @@ import swarm
 from swarm import api
 from swarm.errors import ActorDiedError, TaskCancelledError
 from swarm.runtime import actors
+from tests.test_runtime_local import rand
 
 pytestmark = [pytest.mark.system]
 
@@ -29,10 +30,6 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 def client():
     with swarm.local(workers=2, threads=1, timeout=60) as c:
         yield c
-
-
-def rand(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 def test_module_put_uses_the_newest_open_client(client, monkeypatch):
