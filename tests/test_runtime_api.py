@@ -157,3 +157,33 @@ def test_no_shared_memory_when_switched_off(monkeypatch):
         a = rand(rng, 300, 300)
         np.testing.assert_allclose(c.matmul(a, a, timeout=30), a @ a, rtol=1e-3, atol=1e-3)
         assert all(link.shm is None for link in c.node.requester.links.values())
+
+
+@pytest.mark.slow
+def test_swarm_join_workers_on_the_requesters_host_use_shared_memory(tmp_path):
+    """Real `swarm publish` and `swarm join` processes, found through the DHT, dialed at
+    their announced addresses: the same shared-memory path as swarm.local's workers."""
+    from tests.control_support import Cluster
+
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.publish()
+        cluster.join("w1")
+        client = swarm.connect(cluster.uri, data_dir=cluster.root, min_workers=2, timeout=90)
+        try:
+            rng = np.random.default_rng(7)
+            a = rand(rng, 400, 300)
+            np.testing.assert_allclose(client.matmul(a, a.T.copy(), timeout=60), a @ a.T,
+                                       rtol=1e-3, atol=1e-3)
+
+            async def used():
+                return [(link.shm is not None and link.shm.sent > 0 and link.shm.received > 0)
+                        for link in client.node.requester.links.values()
+                        if str(link.remote) in client.last_report.peers]
+
+            shm_links = client._loop.run(used())
+            assert shm_links and all(shm_links)
+        finally:
+            client.close()
+    finally:
+        cluster.close()
