@@ -52,11 +52,14 @@ def timed(fn, repeats: int) -> list[float]:
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Time each fn once per round, rounds in a row, so load drift hits all of them alike."""
+    """Time each fn once per round, rounds in a row, so load drift hits all of them alike;
+    each round starts one runner later, so none always follows the same one (numpy's BLAS
+    threads spin on for a while after a product and slow whatever runs next)."""
     out: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            out[name] += timed(fn, 1)
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name] += timed(fns[name], 1)
     return out
 
 

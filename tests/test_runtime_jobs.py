@@ -83,3 +83,22 @@ async def test_verified_bands_are_placed_at_once_and_never_after_the_merge():
     before = out.copy()
     assert await job.verify(1, [bands[1] * (1 + 1e-7)])  # a late twin, right too
     assert np.array_equal(out, before)                     # but the output is the caller's
+
+
+def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
+    """A check's matrix-vector products on a multi-threaded BLAS leave its threads spinning
+    on cores the workers need; overlapping checks share one limit, restored by the last."""
+    from threadpoolctl import threadpool_info
+
+    from swarm.runtime.jobs import ONE_THREAD_BLAS
+
+    def threads() -> set[int]:
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    before = threads()
+    with ONE_THREAD_BLAS:
+        assert threads() == {1}
+        with ONE_THREAD_BLAS:  # a second check in another thread
+            assert threads() == {1}
+        assert threads() == {1}  # the first one is still running
+    assert threads() == before
