@@ -137,7 +137,7 @@ def test_refs_of_running_tasks_nest_into_kernels_and_actor_calls(client):
 
 def test_colocated_workers_exchange_arrays_through_shared_memory(client):
     rng = np.random.default_rng(5)
-    a, b = rand(rng, 512, 512), rand(rng, 512, 512)
+    a, b = rand(rng, 2048, 512), rand(rng, 512, 512)  # every band > 64 KiB (not inline)
     before = {p: link.shm.sent for p, link in client.node.requester.links.items()}
     np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-3, atol=1e-3)
 
@@ -146,8 +146,9 @@ def test_colocated_workers_exchange_arrays_through_shared_memory(client):
                     if link.shm else 0) for p, link in client.node.requester.links.items()}
 
     after = client._loop.run(kinds())
-    assert len(after) == 2 and all(used for used, _, _ in after.values())
-    assert all(sent > before[p] and received > 0 for p, (_, sent, received) in after.items())
+    assert len(after) == 2 and all(used for used, _, _ in after.values())  # both negotiated
+    ran = [p for p in after if str(p) in client.last_report.peers]  # the scheduler's choice
+    assert ran and all(after[p][1] > before[p] and after[p][2] > 0 for p in ran)
 
 
 def test_no_shared_memory_when_switched_off(monkeypatch):
