@@ -84,6 +84,22 @@ async def test_colocated_peers_negotiate_shared_memory_and_receive_zero_copy():
         await listener.wait_closed()
 
 
+async def test_segments_mapped_while_a_release_is_being_sent_are_released_too():
+    server, dialer, listener = await _pair()
+    async with server:
+        await listener._send_lock.acquire()  # the listener's line is busy (a result, say)
+        try:
+            await dialer.send(Echo("1", [BIG]))
+            await asyncio.wait_for(listener.recv(), 5)  # mapped; its ShmDone waits
+            await dialer.send(Echo("2", [BIG]))
+            await asyncio.wait_for(listener.recv(), 5)  # mapped while that send waits
+        finally:
+            listener._send_lock.release()
+        # nothing else arrives to flush it (the first keepalive comes after 5 s)
+        await _until(lambda: dialer.shm.waiting == 0, timeout=3.0)
+        await dialer.close()
+
+
 async def test_switched_off_links_stay_on_tls(monkeypatch):
     monkeypatch.setenv(shm.ENV, "0")
     server, dialer, listener = await _pair()

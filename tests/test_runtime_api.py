@@ -148,7 +148,9 @@ def test_colocated_workers_exchange_arrays_through_shared_memory(client):
     after = client._loop.run(kinds())
     assert len(after) == 2 and all(used for used, _, _ in after.values())  # both negotiated
     ran = [p for p in after if str(p) in client.last_report.peers]  # the scheduler's choice
-    assert ran and all(after[p][1] > before[p] and after[p][2] > 0 for p in ran)
+    assert ran and all(after[p][1] > before[p] and after[p][2] > 0 for p in ran), (
+        before, after, client.last_report,
+        {p: link.shm.waiting for p, link in client.node.requester.links.items()})
 
 
 def test_no_shared_memory_when_switched_off(monkeypatch):

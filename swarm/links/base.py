@@ -487,8 +487,9 @@ class FramedLink(PeerLink):
         try:
             await asyncio.sleep(0)  # let a burst of headers collect into one message
             assert self.shm is not None
-            fds, self.shm.mapped = self.shm.mapped, []
-            await self.send(shm.ShmDone(fds))
+            while self.shm.mapped:  # more may be mapped while a send waits for the line
+                fds, self.shm.mapped = self.shm.mapped, []
+                await self.send(shm.ShmDone(fds))
         except LinkClosed:
             pass
         finally:
