@@ -23,9 +23,18 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-bench: $(STAMP)
+# Ray, for bench/runtime.py's side-by-side rows only: its own venv, never a test dependency.
+RAY_VENV ?= .venv-ray
+RAY_STAMP := $(RAY_VENV)/.installed
+
+$(RAY_STAMP):
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'ray>=2.9' numpy
+	touch $(RAY_STAMP)
+
+bench: $(STAMP) $(RAY_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
-	$(PY) bench/run_all.py
+	SWARM_BENCH_RAY_PYTHON=$(RAY_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RAY_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+RAY_PYTHON = os.environ.get("SWARM_BENCH_RAY_PYTHON", str(ROOT / ".venv-ray" / "bin" / "python"))
+"""The interpreter that runs bench/runtime.py's Ray rows (``make bench`` creates .venv-ray)."""
+
 # name -> (script args, quick args, time limit s, what it shows)
 BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
     "compute": ([], ["--quick"], 900,
@@ -35,9 +38,10 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
     "dht_mainline": (["--nodes", "52", "--items", "15"], ["--nodes", "20", "--items", "4"], 600,
                      "swarm nodes (KRPC) and libtorrent side by side in one mainline DHT: BEP 44 "
                      "put/get, gets after killing 30%, reflection amplification"),
-    "runtime": ([], ["--quick"], 900,
-                "sharded, verified matmul on swarm.local(workers=2) vs numpy (and Ray if "
-                "installed)"),
+    "runtime": (["--require-ray", "--ray-python", RAY_PYTHON],
+                ["--quick", "--require-ray", "--ray-python", RAY_PYTHON], 1500,
+                "sharded, verified matmul on swarm.local(workers=2) vs numpy and Ray (Ray from "
+                "its own venv, `make bench` installs it: a missing Ray row fails the run)"),
     "identity": (["--n", "30"], ["--n", "10"], 300,
                  "owner ceremony timings with the software authenticator"),
     "control": (["--rounds", "3"], ["--rounds", "1"], 600,
@@ -187,7 +191,7 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
             _bars(img / "runtime.png", "matmul GFLOPS by runner",
                   [f"{x['case']} / {x['runner']}"[:48] for x in timed],
                   {"GFLOPS": [x["gflops"] for x in timed]}, "GFLOPS")
-            plots.append(("runtime.png", "swarm vs numpy (vs Ray where installed)"))
+            plots.append(("runtime.png", "swarm vs numpy vs Ray"))
     elif name == "identity":
         timings = {k: v for k, v in d.items() if "bytes" not in k}
         md = ["Times in ms (sizes in bytes).", "",

@@ -1,8 +1,9 @@
-"""Runtime benchmark: swarm.local(workers=2) over TLS against numpy (and Ray, if installed).
+"""Runtime benchmark: swarm.local(workers=2) against numpy and Ray, side by side.
 
     python bench/runtime.py            # table
     python bench/runtime.py --json     # machine-readable
     python bench/runtime.py --quick    # smaller sizes, for a smoke run
+    python bench/runtime.py --ray-python .venv-ray/bin/python --require-ray   # `make bench`
 
 Rows (same matrices side by side in one run; medians of --repeats):
 
@@ -12,11 +13,12 @@ Rows (same matrices side by side in one run; medians of --repeats):
   address), a fresh A: only activations travel.
 - ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
 - ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
-- ``ray ...``: the same sharded matmul on a local Ray (``ray.put`` the weight, one task per
-  shard), only when ``import ray`` works here or ``--ray-python`` names an interpreter that
-  has it (an optional extra, never a test dependency). Ray moves arrays through shared
-  memory on one machine and verifies nothing; swarm moves them over TLS and checks every
-  shard, so this row shows the price of that.
+- ``ray ...``: the same sharded matmul on a local Ray, one task per band: ``cold`` puts a
+  fresh B each time (as swarm's cold row sends it), ``warm`` puts B once and reuses the ref.
+  Ray runs where ``import ray`` works or in the interpreter ``--ray-python`` names (``make
+  bench`` installs Ray in its own venv, .venv-ray; never a test dependency);
+  ``--require-ray`` makes a skipped Ray row a failed run. Both move arrays through shared
+  memory on one machine; swarm also checks every shard (Freivalds), Ray verifies nothing.
 
 On a shared 2-core machine every figure is noisy: compare the ratios in one run.
 """
@@ -36,23 +38,28 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import swarm  # noqa: E402
+from swarm import loop as swarm_loop  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:
+    """Wall time of each call, or the seconds ``fn`` returns (a runner timed elsewhere)."""
     out = []
     for _ in range(repeats):
         t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
+        got = fn()
+        out.append(got if isinstance(got, float) else time.perf_counter() - t)
     return out
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Time each fn once per round, rounds in a row, so load drift hits all of them alike."""
+    """Time each fn once per round, rounds in a row, so load drift hits all of them alike;
+    each round starts one runner later, so none always follows the same one (numpy's BLAS
+    threads spin on for a while after a product and slow whatever runs next)."""
     out: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            out[name] += timed(fn, 1)
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name] += timed(fns[name], 1)
     return out
 
 
@@ -60,8 +67,111 @@ def rand(rng, *shape):
     return rng.standard_normal(shape, dtype=np.float32)
 
 
+# -- Ray, driven from here so its rows are timed in the same rounds as swarm's ----------------
+
+RAY_COLD = "ray cold (put B, task per band)"
+RAY_WARM = "ray warm (B put once)"
+
+
+class RayBench:
+    """The Ray side in this interpreter: ``call("cold" | "warm")`` -> seconds of one run."""
+
+    def __init__(self, n: int, workers: int) -> None:
+        import ray
+
+        self.ray = ray
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+
+        @ray.remote
+        def band(a_rows, b):
+            return a_rows @ b
+
+        self.band, self.workers, self.n = band, workers, n
+        self.rng = np.random.default_rng(1)
+        self.fixed_a, fixed_b = rand(self.rng, n, n), rand(self.rng, n, n)
+        self.fixed_ref = ray.put(fixed_b)
+        self._run(rand(self.rng, 64, n), self.fixed_ref)  # workers up, code shipped
+
+    def _run(self, a, b_ref):
+        bands = np.array_split(a, self.workers * 2)
+        return np.vstack(self.ray.get([self.band.remote(x, b_ref) for x in bands]))
+
+    def call(self, what: str) -> float:
+        if what == "cold":
+            a, b = rand(self.rng, self.n, self.n), rand(self.rng, self.n, self.n)
+            t = time.perf_counter()
+            self._run(a, self.ray.put(b))
+        else:
+            t = time.perf_counter()
+            self._run(self.fixed_a, self.fixed_ref)
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+def ray_server(n: int, workers: int) -> int:
+    """``--ray-server``: a RayBench answering "cold"/"warm" lines on stdin with seconds."""
+    bench = RayBench(n, workers)
+    print("ready", flush=True)
+    try:
+        for line in sys.stdin:
+            if line.strip() not in ("cold", "warm"):
+                break
+            print(repr(bench.call(line.strip())), flush=True)
+    finally:
+        bench.close()
+    return 0
+
+
+class RayProcess:
+    """A ``--ray-server`` child in another interpreter (Ray's own venv)."""
+
+    def __init__(self, python: str, n: int, workers: int, timeout: float = 300.0) -> None:
+        import subprocess
+        import threading
+
+        self.proc = subprocess.Popen(
+            [python, __file__, "--ray-server", "--n", str(n), "--workers", str(workers)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not line or line[0].strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError(f"ray did not start with {python}: "
+                               f"{self.proc.stderr.read()[-300:].strip()}")
+
+    def call(self, what: str) -> float:
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_ray(python: str | None, n: int, workers: int) -> tuple[object | None, str | None]:
+    """(a Ray runner, None) or (None, why not)."""
+    try:
+        if python:
+            return RayProcess(python, n, workers), None
+        return RayBench(n, workers), None
+    except ImportError:
+        return None, "ray is not installed here (make bench installs it in .venv-ray)"
+    except Exception as exc:
+        return None, f"ray run failed: {exc}"
+
+
 def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
-                workers: int) -> list[dict]:
+                workers: int, ray: object | None = None) -> list[dict]:
     rng = np.random.default_rng(0)
     results = []
     with swarm.local(workers=workers) as client:
@@ -74,10 +184,13 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
             a, b = next(pairs)
             assert client.matmul(a, b).shape == (n, n)
 
-        times = interleaved({"numpy a@b": lambda: fixed_a @ b_warm,
-                             "swarm cold (B sent)": cold,
-                             "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm)},
-                            repeats)
+        runners = {"numpy a@b": lambda: fixed_a @ b_warm,
+                   "swarm cold (B sent)": cold,
+                   "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm)}
+        if ray is not None:
+            runners[RAY_COLD] = lambda: ray.call("cold")
+            runners[RAY_WARM] = lambda: ray.call("warm")
+        times = interleaved(runners, repeats)
         flops = 2.0 * n ** 3
         base = statistics.median(times["numpy a@b"])
         for name, secs in times.items():
@@ -112,70 +225,42 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
     return results
 
 
-def bench_ray(n: int, repeats: int, workers: int) -> list[dict]:
-    try:
-        import ray
-    except ImportError:
-        return [{"case": f"matmul n={n} f32", "runner": "ray", "skipped":
-                 "ray is not installed here (optional: pip install ray)"}]
-    rng = np.random.default_rng(0)
-    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-    try:
-        @ray.remote
-        def band(a_rows, b):
-            return a_rows @ b
-
-        def run(a, b):
-            b_ref = ray.put(b)
-            bands = np.array_split(a, workers * 2)
-            return np.vstack(ray.get([band.remote(x, b_ref) for x in bands]))
-
-        pairs = iter([(rand(rng, n, n), rand(rng, n, n)) for _ in range(repeats)])
-        fixed_a, fixed_b = rand(rng, n, n), rand(rng, n, n)
-        run(rand(rng, 64, n), rand(rng, n, 64))
-        times = interleaved({"numpy a@b": lambda: fixed_a @ fixed_b,
-                             "ray (put B, task per band)": lambda: run(*next(pairs))}, repeats)
-    finally:
-        ray.shutdown()
-    med = statistics.median(times["ray (put B, task per band)"])
-    return [{"case": f"matmul n={n} f32", "runner": "ray (put B, task per band)",
-             "median_s": med, "gflops": 2.0 * n ** 3 / med / 1e9,
-             "vs_numpy": statistics.median(times["numpy a@b"]) / med}]
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="n=1024, fewer repeats")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--only", choices=["swarm", "ray"], default=None)
+    p.add_argument("--only", choices=["swarm"], default=None, help="leave Ray out")
     p.add_argument("--ray-python", metavar="PYTHON", default=None,
                    help="run the Ray rows with this interpreter (a venv where ray is installed)")
+    p.add_argument("--require-ray", action="store_true",
+                   help="exit 1 when the Ray rows could not be measured (make bench)")
+    p.add_argument("--ray-server", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     n, batch, rows, calls = (1024, 16, 128, 50) if args.quick else (4096, 64, 256, 200)
+    if args.ray_server:
+        return ray_server(args.n or n, args.workers)
+    ray, why = (None, "not asked for (--only swarm)") if args.only == "swarm" else \
+        start_ray(args.ray_python, n, args.workers)
     results = []
-    if args.only != "ray":
-        results += bench_swarm(n, batch, rows, args.repeats, calls, args.workers)
-    if args.only != "swarm" and args.ray_python:
-        import subprocess
-
-        out = subprocess.run([args.ray_python, __file__, "--only", "ray", "--json",
-                              "--repeats", str(args.repeats), "--workers", str(args.workers)]
-                             + (["--quick"] if args.quick else []),
-                             capture_output=True, text=True, timeout=900)
-        try:
-            results += json.loads(out.stdout)["results"]
-        except (ValueError, KeyError):
-            results.append({"case": f"matmul n={n} f32", "runner": "ray",
-                            "skipped": f"ray run failed: {out.stderr.strip()[-200:]}"})
-    elif args.only != "swarm":
-        results += bench_ray(n, args.repeats, args.workers)
+    try:
+        results += bench_swarm(n, batch, rows, args.repeats, calls, args.workers, ray)
+    finally:
+        if ray is not None:
+            ray.close()
+    if ray is None:
+        results.append({"case": f"matmul n={n} f32", "runner": "ray", "skipped": why})
     meta = {"cpus": os.cpu_count(), "load_1m": os.getloadavg()[0], "workers": args.workers,
-            "numpy": np.__version__}
+            "numpy": np.__version__, "event_loop": swarm_loop.choice()}
+    skipped = [r for r in results if "skipped" in r]
+    failed = 1 if args.require_ray and skipped else 0
+    if failed:
+        print(f"Ray was required and not measured: {skipped[0]['skipped']}", file=sys.stderr)
     if args.json:
         print(json.dumps({"meta": meta, "results": results}, indent=1))
-        return 0
+        return failed
     from rich.console import Console
     from rich.table import Table
 
@@ -193,7 +278,7 @@ def main() -> int:
                       f"{r['gflops']:.1f}" if r["gflops"] else "-",
                       f"{r['vs_numpy']:.2f}" if r["vs_numpy"] else "-")
     Console().print(table)
-    return 0
+    return failed
 
 
 if __name__ == "__main__":

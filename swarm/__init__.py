@@ -8,6 +8,7 @@ Exceptions (all in :mod:`swarm.errors`)::
     +-- ConsentRefused         the user (or a missing terminal) declined to join
     |   +-- Blocked            this peer is blocked from the swarm (its data dir says so)
     +-- GetTimeoutError        get() ran out of time (also a TimeoutError)
+    +-- TaskCancelledError     get() of a cancelled task (also a futures CancelledError)
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
@@ -39,6 +40,7 @@ from swarm.errors import (
     RemoteError,
     StaleTerm,
     SwarmError,
+    TaskCancelledError,
     TaskError,
     URIError,
     VerificationError,
@@ -50,6 +52,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "connect": "swarm.api", "local": "swarm.api", "Client": "swarm.api",
     "LocalSwarm": "swarm.api", "ActorHandle": "swarm.api",
+    "put": "swarm.api", "cancel": "swarm.api", "kill": "swarm.api",
+    "get_actor": "swarm.api", "remote": "swarm.api",
     "get": "swarm.runtime.refs", "wait": "swarm.runtime.refs",
     "ObjectRef": "swarm.runtime.refs",
 }
@@ -75,9 +79,15 @@ __all__ = [
     "GetTimeoutError",
     "LocalSwarm",
     "ObjectRef",
+    "TaskCancelledError",
     "TaskError",
+    "cancel",
     "connect",
     "get",
+    "get_actor",
+    "kill",
+    "put",
+    "remote",
     "local",
     "wait",
     "AuthenticationError",

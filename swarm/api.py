@@ -8,8 +8,15 @@
         refs = [client.matmul.remote(x, w) for x in batches]
         ready, pending = swarm.wait(refs, num_returns=4, timeout=10)
         outs = swarm.get(refs, timeout=60)
-        h = client.actor("matmul")                     # a stateful actor on one peer
+        h = client.actor("matmul", name="mm")          # a stateful actor on one peer
         ref = h.matmul.remote(a, b)                    # ordered calls on that actor
+
+Ray's manners, for Ray users: ``swarm.put(x)`` (the most recently opened client's put),
+``f.options(verify=..., timeout=...).remote(...)`` (call options kept apart from the
+method's own parameters), ``swarm.cancel(ref)``, ``swarm.kill(handle)``,
+``swarm.get_actor(name)``, and refs (even of tasks still running) as arguments of other
+tasks. Calling a remote call directly, or ``swarm.remote`` on a Python function, is a
+TypeError that says what to do instead: no Python code ever travels.
 
 The client runs its node on a private event-loop thread, so these calls work from plain
 code and notebooks; ObjectRefs are also awaitable from asyncio code. Every argument and
@@ -40,6 +47,7 @@ import numpy as np
 
 from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
+from swarm import loop as swarm_loop
 from swarm.control.charter import validators
 from swarm.control.membership import MemberRecord, swarm_id
 from swarm.errors import (
@@ -74,12 +82,7 @@ class _LoopThread:
     """An event loop on a daemon thread; coroutines are submitted from any thread."""
 
     def __init__(self) -> None:
-        try:
-            import uvloop
-
-            self.loop = uvloop.new_event_loop()
-        except ImportError:
-            self.loop = asyncio.new_event_loop()
+        self.loop = swarm_loop.new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="swarm-client",
                                         daemon=True)
         self._thread.start()
@@ -120,11 +123,46 @@ def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
                         f"{type(x).__name__}; convert with numpy.asarray(...)")
 
 
+class _Options:
+    """``f.options(**opts)``: the same remote call with its call options set apart.
+
+    Every keyword of ``.remote(...)`` then goes to the method itself, so a method parameter
+    may be called ``verify`` or ``timeout`` too.
+    """
+
+    def __init__(self, what: str, opts: dict[str, Any],
+                 submit: Callable[[tuple, dict[str, Any], dict[str, Any]], ObjectRef]) -> None:
+        self._what = what
+        self._opts = opts
+        self._submit = submit
+
+    def remote(self, *args: Any, **params: Any) -> ObjectRef:
+        """Submit the call with these options; returns an ObjectRef at once."""
+        return self._submit(args, params, self._opts)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{self._what}.options(...) is a remote call and cannot be called "
+                        f"directly; use {self._what}.options(...).remote(...) and swarm.get() "
+                        "the ObjectRef")
+
+
 class _Matmul:
-    """``client.matmul(a, b, ...)`` blocks; ``client.matmul.remote(a, b, ...)`` returns a ref."""
+    """``client.matmul(a, b, ...)`` blocks; ``client.matmul.remote(a, b, ...)`` returns a ref;
+    ``client.matmul.options(verify=..., timeout=...).remote(a, b)`` as in Ray."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
+
+    def options(self, **options: Any) -> _Options:
+        """Call options (``verify``, ``precision``, ``timeout``), checked now."""
+        opts = validate(TASK_OPTIONS, options, "matmul.options()")
+        return _Options("client.matmul", opts, self._submit)
+
+    def _submit(self, args: tuple, params: dict[str, Any], opts: dict[str, Any]) -> ObjectRef:
+        if len(args) != 2 or params:
+            raise TypeError("matmul takes exactly two operands (a, b) and no parameters; "
+                            "options go in .options(...)")
+        return self._client._submit_matmul(args[0], args[1], opts)
 
     def __call__(self, a: Operand, b: Operand, **options: Any) -> np.ndarray:
         opts = validate(TASK_OPTIONS, options, "matmul()")
@@ -157,22 +195,34 @@ class _Kernel:
         timeout = kw.get("timeout")
         return self.remote(*arrays, **kw).future().result(timeout)
 
-    def remote(self, *arrays: np.ndarray, verify: str = "replicate",
+    def remote(self, *arrays: Operand, verify: str = "replicate",
                timeout: float | None = None, **params: Any) -> ObjectRef:
-        client = self._client
-        client._check_open()
-        opts = validate(TASK_OPTIONS, {"verify": verify, "timeout": timeout}, "kernel()")
+        return self._submit(arrays, params, self._options({"verify": verify,
+                                                           "timeout": timeout}))
+
+    def options(self, **options: Any) -> _Options:
+        """Call options (``verify``, ``timeout``), checked now; every keyword of the
+        ``.remote(...)`` that follows is a kernel parameter."""
+        return _Options("client.kernel", self._options({"verify": "replicate"} | options),
+                        self._submit)
+
+    @staticmethod
+    def _options(given: dict[str, Any]) -> dict[str, Any]:
+        opts = validate(TASK_OPTIONS, given, "kernel()")
         if opts["verify"] == "freivalds":
             raise ValueError("kernel(): Freivalds' check is for matmul; use verify='replicate' "
                              "(two peers) or 'none'")
+        return opts
+
+    def _submit(self, arrays: tuple, params: dict[str, Any], opts: dict[str, Any]
+                ) -> ObjectRef:
+        client = self._client
+        client._check_open()
         for i, x in enumerate(arrays):
-            if not isinstance(x, np.ndarray):
-                raise TypeError(f"kernel input {i} must be a numpy array, got "
-                                f"{type(x).__name__}")
-        method_spec("matmul", "kernel").check(list(arrays), params)
-        call = Call("matmul", "kernel", tuple(Arg(np.ascontiguousarray(x)) for x in arrays),
-                    dict(params), cost=float(sum(x.size for x in arrays)))
-        fut = client._submit(client._kernel(call, opts))
+            _check_operand(f"kernel input {i}", x, client)
+        if all(isinstance(x, np.ndarray) for x in arrays):
+            method_spec("matmul", "kernel").check(list(arrays), params)
+        fut = client._submit(client._kernel(list(arrays), dict(params), opts))
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
 
 
@@ -194,6 +244,8 @@ class Client:
         """The report of the most recent finished job (per-peer shards, bytes, verdicts)."""
         self._closed = False
         self._inflight: set[cf.Future] = set()
+        self._named: dict[str, ActorHandle] = {}
+        _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -315,8 +367,14 @@ class Client:
         self.last_report = report
         return job.merge(results)
 
-    async def _kernel(self, call: Call, opts: dict[str, Any]) -> Any:
+    async def _kernel(self, operands: list[Operand], params: dict[str, Any],
+                      opts: dict[str, Any]) -> Any:
         from swarm.runtime.actors import MatmulActor
+
+        arrays = [np.ascontiguousarray((await self._resolve(x))[0]) for x in operands]
+        method_spec("matmul", "kernel").check(arrays, params)
+        call = Call("matmul", "kernel", tuple(Arg(x) for x in arrays), params,
+                    cost=float(sum(x.size for x in arrays)))
 
         def local(_: int) -> list[np.ndarray]:
             import compute
@@ -333,23 +391,44 @@ class Client:
 
     # -- actors ---------------------------------------------------------------------------
 
-    def actor(self, name: str, peer: PeerId | str | None = None, **options: Any) -> ActorHandle:
-        """A handle to a new instance of installed actor class ``name`` on a worker.
+    def actor(self, cls: str, /, peer: PeerId | str | None = None, **options: Any) -> ActorHandle:
+        """A handle to a new instance of installed actor class ``cls`` on a worker.
 
         ``peer`` picks the worker (default: the fastest measured, else any). Options:
-        ``max_restarts`` (recreate the actor elsewhere when its host is lost; -1 forever)
-        and ``max_task_retries`` (re-run calls in flight when it died; 0 = at-most-once).
+        ``max_restarts`` (recreate the actor elsewhere when its host is lost; -1 forever),
+        ``max_task_retries`` (re-run calls in flight when it died; 0 = at-most-once) and
+        ``name`` (find it again with ``swarm.get_actor(name)``).
         """
         self._check_open()
-        if not isinstance(name, str) or name not in REGISTRY:
-            raise ValueError(f"no actor class {name!r} is installed; installed: "
+        if not isinstance(cls, str) or cls not in REGISTRY:
+            raise ValueError(f"no actor class {cls!r} is installed; installed: "
                              f"{', '.join(sorted(REGISTRY))}")
         opts = validate(ACTOR_OPTIONS, options, "actor()")
         if isinstance(peer, str):
             peer = PeerId.parse(peer)
         elif peer is not None and not isinstance(peer, PeerId):
             raise TypeError("peer must be a PeerId, its printable form, or None")
-        return ActorHandle(self, name, peer, opts, next(self._instances))
+        label = opts["name"]
+        if label is not None and label in self._named and not self._named[label]._dead:
+            raise ValueError(f"an actor named {label!r} already exists; get it with "
+                             f"swarm.get_actor({label!r}) or kill it first")
+        handle = ActorHandle(self, cls, peer, opts, next(self._instances))
+        if label is not None:
+            self._named[label] = handle
+        return handle
+
+    def get_actor(self, name: str) -> ActorHandle:
+        """The live actor this client created with ``name=`` (ValueError if none)."""
+        if not isinstance(name, str):
+            raise TypeError(f"get_actor() takes the actor's name (a str), got "
+                            f"{type(name).__name__}")
+        handle = self._named.get(name)
+        if handle is None or handle._dead:
+            known = sorted(n for n, h in self._named.items() if not h._dead)
+            raise ValueError(f"no live actor named {name!r}; named actors: "
+                             f"{', '.join(known) or 'none'} (name one with "
+                             "client.actor(cls, name=...))")
+        return handle
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -357,6 +436,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self in _OPEN:
+            _OPEN.remove(self)
         self._refresher.cancel()
         for fut in list(self._inflight):  # get() on their refs raises CancelledError
             fut.cancel()
@@ -389,6 +470,8 @@ class ActorHandle:
         self._restarts = 0
         self._placed = False
         self._dead = False
+        self._killed = False
+        self._calls: set[cf.Future] = set()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -401,6 +484,14 @@ class ActorHandle:
         method_spec(self.name, method)
         return ActorMethod(self, method)
 
+    def _kill(self) -> None:
+        """Dead for good: no restarts, calls in flight cancelled, new calls refused."""
+        with self._lock:
+            self._dead = self._killed = True
+            calls = list(self._calls)
+        for fut in calls:
+            fut.cancel()
+
     def _next_seq(self) -> tuple[int, int]:
         with self._lock:
             seq = self._seq
@@ -411,6 +502,8 @@ class ActorHandle:
         req = self._client._node.requester
         workers = req.workers()
         with self._lock:
+            if self._killed:
+                raise ActorDiedError(f"actor {self.name} was killed (swarm.kill)")
             if self._dead:
                 raise ActorDiedError(f"actor {self.name} is dead (max_restarts="
                                      f"{self.options['max_restarts']} used up)")
@@ -530,23 +623,95 @@ class ActorMethod:
         second run on another peer must agree) or "none". A wrong result is reported through
         the node's ``on_lying_peer`` hook and redone on the requester.
         """
-        h = self._handle
-        h._client._check_open()
-        if verify is None:
-            verify = "freivalds" if self._method == "matmul" else "replicate"
-        validate(TASK_OPTIONS, {"verify": verify}, f"{self._method}.remote()")
+        given = {} if verify is None else {"verify": verify}
+        return self._submit(arrays, params, self._verify_option(given))
+
+    def options(self, **options: Any) -> _Options:
+        """Call options (``verify``), checked now; every keyword of the ``.remote(...)``
+        that follows is a parameter of the method."""
+        return _Options(f"handle.{self._method}", self._verify_option(options), self._submit)
+
+    def _verify_option(self, given: dict[str, Any]) -> dict[str, Any]:
+        where = f"{self._method}.options()"
+        unknown = sorted(set(given) - {"verify"})
+        if unknown:
+            raise TypeError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; "
+                            "valid options: verify")
+        default = "freivalds" if self._method == "matmul" else "replicate"
+        verify = validate(TASK_OPTIONS, {"verify": given.get("verify", default)},
+                          where)["verify"]
         if verify == "freivalds" and self._method != "matmul":
             raise ValueError(f"{self._method}.remote(): Freivalds' check is for matmul; use "
                              "verify='replicate' or 'none'")
+        return {"verify": verify}
+
+    def _submit(self, arrays: tuple, params: dict[str, Any], opts: dict[str, Any]
+                ) -> ObjectRef:
+        h = self._handle
+        h._client._check_open()
+        if h._killed:
+            raise ActorDiedError(f"actor {h.name} was killed (swarm.kill)")
+        verify = opts["verify"]
         for i, x in enumerate(arrays):
             _check_operand(f"argument {i}", x, h._client)
         spec = method_spec(h.name, self._method)
         if all(isinstance(x, np.ndarray) for x in arrays):
             spec.check(list(arrays), params)
         seq = h._next_seq()
-        fut = h._client._submit(h._invoke(self._method, list(arrays), params, seq,
-                                               verify))
+        fut = h._client._submit(h._invoke(self._method, list(arrays), params, seq, verify))
+        with h._lock:
+            h._calls.add(fut)
+        fut.add_done_callback(h._calls.discard)
         return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, h._client)
+
+
+# -- Ray's module-level manners ---------------------------------------------------------------
+
+_OPEN: list[Client] = []
+"""Open clients, oldest first: the module-level calls use the newest (as ``ray.init``)."""
+
+
+def _current() -> Client:
+    if not _OPEN:
+        raise RuntimeError("no swarm client is open; start one with swarm.local(...) or "
+                           "swarm.connect(...) first")
+    return _OPEN[-1]
+
+
+def put(array: np.ndarray) -> ObjectRef:
+    """``client.put(array)`` on the most recently opened client (as ``ray.put``)."""
+    return _current().put(array)
+
+
+def get_actor(name: str) -> ActorHandle:
+    """The live actor created with ``name=`` on the most recently opened client."""
+    return _current().get_actor(name)
+
+
+def cancel(ref: ObjectRef) -> bool:
+    """Cancel the task behind ``ref``: ``get`` then raises TaskCancelledError, and workers
+    are told to drop it. False when it had already finished (nothing to cancel)."""
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"cancel() takes an ObjectRef, got {type(ref).__name__}")
+    return ref.future().cancel()
+
+
+def kill(actor: ActorHandle) -> None:
+    """Kill an actor for good: its calls in flight are cancelled, new ones raise
+    ActorDiedError, no restart happens (whatever ``max_restarts`` says); its name is free
+    again. The worker drops the instance when this client's link to it closes."""
+    if not isinstance(actor, ActorHandle):
+        raise TypeError(f"kill() takes an ActorHandle (from client.actor(...)), got "
+                        f"{type(actor).__name__}")
+    actor._kill()
+
+
+def remote(*args: Any, **kwargs: Any) -> Any:
+    """Not supported, on purpose: swarm never ships Python code to other machines."""
+    raise TypeError("swarm.remote: swarm runs no Python functions remotely (nothing is "
+                    "pickled, no code travels). Use client.matmul.remote(a, b), "
+                    "client.kernel.remote(*arrays, wgsl=...) for your own WGSL kernel, or "
+                    "client.actor(name) for an installed actor class.")
 
 
 # -- entry points ---------------------------------------------------------------------------

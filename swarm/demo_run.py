@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swarm import loop as swarm_loop
 from swarm.control import observer
 from swarm.uri import JoinURI, parse
 
@@ -118,7 +119,7 @@ def run_demo(workers: int, size: int, log: Callable[[str], None] | None = None) 
         joins = [float(p.wait_for("joined swarm", 90).split(" in ")[1].split(" s")[0])
                  for n, p in procs.items() if n != "publisher"]
         say(f"{len(peers)} members up: " + ", ".join(f"{n}={v[:12]}" for n, v in peers.items()))
-        return asyncio.run(_scenario(uri, size, procs, peers, joins, started, say))
+        return swarm_loop.run(_scenario(uri, size, procs, peers, joins, started, say))
     finally:
         for p in procs.values():
             p.stop()

@@ -1,5 +1,7 @@
 """The swarm package's exception tree; documented in :mod:`swarm`'s docstring."""
 
+import concurrent.futures
+
 
 class SwarmError(Exception):
     """Base of every error swarm raises on purpose."""
@@ -64,6 +66,10 @@ class LinkClosed(RemoteError, ConnectionError):
         super().__init__(reason)
         self.reason = reason
         self.error = error
+
+
+class TaskCancelledError(SwarmError, concurrent.futures.CancelledError):
+    """``get()`` of a ref whose task was cancelled (``swarm.cancel``, or the client closed)."""
 
 
 class GetTimeoutError(SwarmError, TimeoutError):

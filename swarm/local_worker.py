@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
+from swarm import loop as swarm_loop
 from swarm.control.charter import validators
 from swarm.errors import ConfigError
 from swarm.node import Node, NodeConfig
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     try:
+        swarm_loop.choice()  # a bad SWARM_LOOP is a clear error before anything starts
         chaos = parse_chaos(os.environ.get(CHAOS_ENV))
         config = NodeConfig(
             data_dir=data_dir(args.data_dir), swarm_id=args.swarm_id,
@@ -114,14 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert node.record is not None
         print(json.dumps({"peer_id": str(node.peer_id), "dht": list(node.dht.address),
                           "links": [list(a) for a in node.record.links],
-                          "tflops": node.tflops}), flush=True)
+                          "tflops": node.tflops,
+                          "loop": type(asyncio.get_running_loop()).__module__.split(".")[0]}),
+              flush=True)
 
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(run_node(config, ready, args.exit_with_parent))
-    else:
-        uvloop.run(run_node(config, ready, args.exit_with_parent))
+    swarm_loop.run(run_node(config, ready, args.exit_with_parent))
     return 0
 
 

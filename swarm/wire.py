@@ -15,7 +15,10 @@ Frame layout (every frame starts with the protocol version and a kind byte)::
 Arrays inside the header are msgpack ext type :data:`EXT_ARRAY` holding
 ``[index, dtype, shape, inline_bytes_or_nil]``; little-endian C order; the dtype must be in
 :data:`DTYPES`. Array ``i`` with no inline bytes arrives as chunks ``0..n-1`` of
-:data:`CHUNK_SIZE` bytes (the last one shorter), in any order, each exactly once.
+:data:`CHUNK_SIZE` bytes (the last one shorter), in any order, each exactly once. On a link
+that negotiated shared memory (:mod:`swarm.links.shm`) the header may instead hold
+``[index, dtype, shape, nil, segment]``: the bytes are in the sender's segment number
+``segment`` and no chunks follow; a decoder without a ``resolve`` refuses such a header.
 
 Schemas: ``@message("type-name")`` registers a frozen dataclass. Field types: ``int``,
 ``float``, ``str``, ``bytes``, ``bool``, ``PeerId``, ``numpy.ndarray``, nested dataclasses,
@@ -175,8 +178,29 @@ def _optional_of(tp: Any) -> Any:
 _ids = itertools.count(1)
 
 
-def encode(msg: Any, msg_id: int | None = None) -> list[bytes]:
+Spill = Callable[[memoryview], int | None]
+"""Puts a large array's bytes in shared memory: its segment number, or None to chunk it."""
+Resolve = Callable[[int, int], np.ndarray]
+"""``resolve(segment, nbytes)``: the peer's shared segment as a uint8 array (no copy)."""
+
+
+@dataclass
+class _Out:
+    """What encoding one message collects besides its header body."""
+
+    arrays: list[memoryview | None]
+    """Per array index: bytes still to send as chunks, or None (inline or spilled)."""
+    budget: int
+    """Inline bytes left for this message's header."""
+    spill: Spill | None
+    """Where arrays too large to inline go first (shared memory), if anywhere."""
+
+
+def encode(msg: Any, msg_id: int | None = None, spill: Spill | None = None) -> list[bytes]:
     """Frames for ``msg``: one header frame, then chunk frames for its large arrays.
+
+    ``spill`` (a shared-memory link's) takes arrays larger than the inline budget first;
+    an array it declines is chunked as usual.
 
     Raises TypeError/ValueError for a local mistake (unregistered type, wrong field type,
     a header over :data:`MAX_FRAME`, a dtype the wire does not carry).
@@ -186,16 +210,15 @@ def encode(msg: Any, msg_id: int | None = None) -> list[bytes]:
         raise TypeError(f"{cls.__name__} is not a registered wire message (use @wire.message)")
     if msg_id is None:
         msg_id = next(_ids) & 0xFFFFFFFF
-    arrays: list[memoryview] = []
-    budget = [INLINE_MAX]
-    body = _to_wire(msg, cls, arrays, budget, cls.__name__)
+    out = _Out([], INLINE_MAX, spill)
+    body = _to_wire(msg, cls, out, cls.__name__)
     header = bytes((PROTOCOL_VERSION, KIND_HEADER)) + msgpack.packb(
         [msg_id, cls.TYPE, body], use_bin_type=True)
     if len(header) > MAX_FRAME:
         raise ValueError(f"{cls.__name__}: header is {len(header)} bytes (> {MAX_FRAME}); "
                          "send large payloads as ndarray fields")
     frames = [header]
-    for index, data in enumerate(arrays):
+    for index, data in enumerate(out.arrays):
         if data is None:
             continue
         for chunk, start in enumerate(range(0, len(data), CHUNK_SIZE)):
@@ -204,10 +227,10 @@ def encode(msg: Any, msg_id: int | None = None) -> list[bytes]:
     return frames
 
 
-def _to_wire(value: Any, tp: Any, arrays: list, budget: list[int], where: str) -> Any:
+def _to_wire(value: Any, tp: Any, out: _Out, where: str) -> Any:
     inner = _optional_of(tp)
     if inner is not None:
-        return None if value is None else _to_wire(value, inner, arrays, budget, where)
+        return None if value is None else _to_wire(value, inner, out, where)
     if tp is int or tp is str or tp is bytes or tp is bool:
         if type(value) is not tp:
             raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
@@ -221,17 +244,17 @@ def _to_wire(value: Any, tp: Any, arrays: list, budget: list[int], where: str) -
             raise TypeError(f"{where}: expected PeerId, got {type(value).__name__}")
         return value.raw
     if tp is np.ndarray:
-        return _array_to_wire(value, arrays, budget, where)
+        return _array_to_wire(value, out, where)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, tp):
             raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-        return {name: _to_wire(getattr(value, name), ftp, arrays, budget, f"{where}.{name}")
+        return {name: _to_wire(getattr(value, name), ftp, out, f"{where}.{name}")
                 for name, (ftp, _) in _schema(tp).items()}
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
         if not isinstance(value, list | tuple):
             raise TypeError(f"{where}: expected list, got {type(value).__name__}")
-        return [_to_wire(v, args[0], arrays, budget, f"{where}[]") for v in value]
+        return [_to_wire(v, args[0], out, f"{where}[]") for v in value]
     if origin is dict:
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected dict, got {type(value).__name__}")
@@ -239,12 +262,12 @@ def _to_wire(value: Any, tp: Any, arrays: list, budget: list[int], where: str) -
         for k, v in value.items():
             if type(k) is not args[0]:
                 raise TypeError(f"{where}: key {k!r} is not {args[0].__name__}")
-            out[k] = _to_wire(v, args[1], arrays, budget, f"{where}[{k!r}]")
+            out[k] = _to_wire(v, args[1], out, f"{where}[{k!r}]")
         return out
     raise TypeError(f"{where}: type {tp!r} cannot travel on the wire")
 
 
-def _array_to_wire(arr: Any, arrays: list, budget: list[int], where: str) -> msgpack.ExtType:
+def _array_to_wire(arr: Any, out: _Out, where: str) -> msgpack.ExtType:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{where}: expected numpy.ndarray, got {type(arr).__name__}")
     dt = arr.dtype if arr.dtype == BF16 else arr.dtype.newbyteorder("<")
@@ -254,15 +277,18 @@ def _array_to_wire(arr: Any, arrays: list, budget: list[int], where: str) -> msg
                         f"(allowed: {', '.join(DTYPES)})")
     arr = np.ascontiguousarray(arr, dtype=dt)
     data = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
-    index = len(arrays)
-    if len(data) <= budget[0]:
-        budget[0] -= len(data)
-        arrays.append(None)
-        inline = bytes(data)
+    index = len(out.arrays)
+    fields = [index, name, list(arr.shape), None]
+    if len(data) <= out.budget:
+        out.budget -= len(data)
+        out.arrays.append(None)
+        fields[3] = bytes(data)
+    elif out.spill is not None and (segment := out.spill(data)) is not None:
+        out.arrays.append(None)
+        fields.append(segment)
     else:
-        arrays.append(data)
-        inline = None
-    meta = msgpack.packb([index, name, list(arr.shape), inline], use_bin_type=True)
+        out.arrays.append(data)
+    meta = msgpack.packb(fields, use_bin_type=True)
     return msgpack.ExtType(EXT_ARRAY, meta)
 
 
@@ -278,6 +304,7 @@ class _ArrayRef:
     shape: tuple[int, ...]
     nbytes: int
     inline: bytes | None
+    segment: int | None = None
     buffer: np.ndarray | None = None
     chunks: int = 0
     seen: set[int] = dataclasses.field(default_factory=set)
@@ -302,6 +329,8 @@ class Decoder:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
+        self.resolve: Resolve | None = None
+        """Maps a shared segment named in a header (set once a link negotiated it)."""
         self._pending: dict[int, _Pending] = {}
         self._pending_bytes = 0
         self._error: ProtocolError | None = None
@@ -363,16 +392,20 @@ class Decoder:
         if total > self.limits.max_message_bytes:
             raise ProtocolError(f"message of {total} bytes exceeds "
                                 f"{self.limits.max_message_bytes}")
-        chunked = [r for r in refs if r.inline is None]
+        chunked = [r for r in refs if r.inline is None and r.segment is None]
         held = sum(r.nbytes for r in chunked)
         if chunked:
             if len(self._pending) >= self.limits.max_pending_messages:
                 raise ProtocolError("too many messages in flight")
             if self._pending_bytes + held > self.limits.max_pending_bytes:
                 raise ProtocolError("too many bytes in flight")
+        if self.resolve is None and any(r.segment is not None for r in refs):
+            raise ProtocolError("a shared-memory array on a link that did not negotiate it")
         for r in refs:
             if r.inline is not None:
                 r.buffer = np.frombuffer(bytearray(r.inline), dtype=np.uint8)
+            elif r.segment is not None:
+                r.buffer = self.resolve(r.segment, r.nbytes)  # zero-copy; ProtocolError if bad
             else:
                 r.buffer = np.empty(r.nbytes, dtype=np.uint8)  # pages are committed on write
                 r.chunks = -(-r.nbytes // CHUNK_SIZE)
@@ -393,11 +426,15 @@ class Decoder:
             meta = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:
             raise ProtocolError(f"malformed array header: {exc}") from None
-        if not (isinstance(meta, list) and len(meta) == 4 and type(meta[0]) is int
+        if not (isinstance(meta, list) and len(meta) in (4, 5) and type(meta[0]) is int
                 and isinstance(meta[1], str) and isinstance(meta[2], list)
-                and (meta[3] is None or isinstance(meta[3], bytes))):
-            raise ProtocolError("array header is not [index, dtype, shape, data|nil]")
-        index, dtype_name, shape, inline = meta
+                and (meta[3] is None or isinstance(meta[3], bytes))
+                and (len(meta) == 4 or meta[3] is None and type(meta[4]) is int
+                     and 0 <= meta[4] < 1 << 31)):
+            raise ProtocolError("array header is not [index, dtype, shape, data|nil] or "
+                                "[index, dtype, shape, nil, segment]")
+        index, dtype_name, shape, inline = meta[:4]
+        segment = meta[4] if len(meta) == 5 else None
         dtype = DTYPES.get(dtype_name)
         if dtype is None:
             raise ProtocolError(f"dtype {dtype_name[:32]!r} is not allowed on the wire")
@@ -409,7 +446,7 @@ class Decoder:
             raise ProtocolError(f"array of {nbytes} bytes exceeds {self.limits.max_array_bytes}")
         if inline is not None and len(inline) != nbytes:
             raise ProtocolError(f"inline array has {len(inline)} bytes, shape says {nbytes}")
-        ref = _ArrayRef(index, dtype, tuple(shape), nbytes, inline)
+        ref = _ArrayRef(index, dtype, tuple(shape), nbytes, inline, segment)
         refs.append(ref)
         return ref
 
@@ -420,7 +457,7 @@ class Decoder:
         pending = self._pending.get(msg_id)
         if pending is None:
             raise ProtocolError(f"chunk for message {msg_id}, which is not being received")
-        if index >= len(pending.arrays) or pending.arrays[index].inline is not None:
+        if index >= len(pending.arrays) or pending.arrays[index].chunks == 0:
             raise ProtocolError(f"chunk for array {index}, which message {msg_id} "
                                 "does not send in chunks")
         ref = pending.arrays[index]

@@ -12,11 +12,14 @@ from tests.conftest import subprocess_env
 
 
 @contextlib.contextmanager
-def echo_peer(kind: str, *extra: str, timeout: float = 20.0):
-    """Start ``python -m swarm.links.echo KIND``; yield (key, port, process); kill after."""
+def echo_peer(kind: str, *extra: str, timeout: float = 20.0, prefix: tuple[str, ...] = ()):
+    """Start ``python -m swarm.links.echo KIND``; yield (key, port, process); kill after.
+
+    ``prefix`` runs it through another command (``ip netns exec NS``)."""
     key = PeerKey.generate()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarm.links.echo", kind, "--seed", key.seed().hex(), *extra],
+        [*prefix, sys.executable, "-m", "swarm.links.echo", kind, "--seed", key.seed().hex(),
+         *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=subprocess_env())
     try:

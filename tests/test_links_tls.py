@@ -182,7 +182,8 @@ async def test_the_other_process_dying_closes_the_link():
             await link.recv()
 
 
-async def test_a_receiver_that_does_not_read_stops_the_sender():
+async def test_a_receiver_that_does_not_read_stops_the_sender(monkeypatch):
+    monkeypatch.setenv("SWARM_SHM", "0")  # TLS's own flow control (shared memory: test_links_shm)
     server, links = await _server(options=LinkOptions(recv_queue=1))
     async with server:
         link = await tls.connect(B, "127.0.0.1", server.port, expect=A.peer_id)

@@ -80,3 +80,45 @@ def test_transfer_precision_is_what_workers_see():
     assert job.calls[0].args[0].array.dtype != np.float32        # travels as bf16
     assert job.a.dtype == np.float32 and not np.array_equal(job.a, a)  # rounded
     assert np.abs(job.a - a).max() < 0.05
+
+
+async def test_verified_bands_are_placed_at_once_and_never_after_the_merge():
+    """Merging a 64 MB output at the end cost ~80 ms on the critical path: bands are copied
+    into the output as each one passes its check, and a late twin cannot touch the output
+    once it was handed to the caller."""
+    peers = [PeerKey.generate().peer_id for _ in range(2)]
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((512, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    job = matmul_job(a, b, workers=peers, rates=RateBook(), precision="f32",
+                     backend=compute.get_backend("numpy"), verifier=FreivaldsCache())
+    bands = [a[s.rows[0]:s.rows[1]] @ b for s in job.shards]
+    assert len(bands) >= 2
+    assert await job.verify(0, [bands[0]])
+    assert job._out is not None and np.array_equal(job._out[:len(bands[0])], bands[0])
+    assert not await job.verify(1, [bands[1] + 1.0])       # wrong: not placed
+    assert 1 not in job._placed
+    out = job.merge([[x] for x in bands])
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    before = out.copy()
+    assert await job.verify(1, [bands[1] * (1 + 1e-7)])  # a late twin, right too
+    assert np.array_equal(out, before)                     # but the output is the caller's
+
+
+def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
+    """A check's matrix-vector products on a multi-threaded BLAS leave its threads spinning
+    on cores the workers need; overlapping checks share one limit, restored by the last."""
+    from threadpoolctl import threadpool_info
+
+    from swarm.runtime.jobs import ONE_THREAD_BLAS
+
+    def threads() -> set[int]:
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    before = threads()
+    with ONE_THREAD_BLAS:
+        assert threads() == {1}
+        with ONE_THREAD_BLAS:  # a second check in another thread
+            assert threads() == {1}
+        assert threads() == {1}  # the first one is still running
+    assert threads() == before

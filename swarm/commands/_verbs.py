@@ -30,9 +30,9 @@ def configure(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace, verb: str) -> int:
-    import asyncio
 
     from identity import PeerId, PeerKey
+    from swarm import loop as swarm_loop
     from swarm import uri as uri_mod
     from swarm.commands._network import bootstrap_addresses
     from swarm.errors import ConfigError
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, verb: str) -> int:
             peer_key = PeerKey.load(path)
         except KeyFileError as exc:
             raise ConfigError(str(exc)) from None
-    state = asyncio.run(_send(join, target, verb, args, peer_key))
+    state = swarm_loop.run(_send(join, target, verb, args, peer_key))
     if args.json:
         # a kick is fire-and-forget; a block or unblock is confirmed in the coordinator's state
         print_json({"action": verb, "peer": str(target), "role": args.role,

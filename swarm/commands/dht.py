@@ -76,14 +76,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
+    from swarm import loop as swarm_loop
 
     addrs = bootstrap_addresses(args)
     if args.dht_command in ("get", "put"):
-        return asyncio.run(_items(args, addrs))
+        return swarm_loop.run(_items(args, addrs))
     if not 0 <= args.port < 65536:
         raise ConfigError(f"bad port {args.port}")
-    return asyncio.run(_serve(args, addrs))
+    return swarm_loop.run(_serve(args, addrs))
 
 
 async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:

@@ -69,8 +69,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from swarm import loop as swarm_loop
     from swarm.commands.dht import parse_addr
 
     stun = [parse_addr(s.removeprefix("stun:")) for s in args.stun]
@@ -86,13 +86,13 @@ def run(args: argparse.Namespace) -> int:
     findings += permission_findings(args.data_dir, _key_modes(args.data_dir),
                                     stat.S_IMODE(args.data_dir.stat().st_mode))
     if stun:
-        local_port, answers = asyncio.run(stun_probe(stun, STUN_TIMEOUT))
+        local_port, answers = swarm_loop.run(stun_probe(stun, STUN_TIMEOUT))
         findings.append(nat_finding(local_port, answers))
     if join is not None:
         from swarm.errors import RemoteError
 
         try:
-            findings.append(clock_finding(asyncio.run(_announced(join)), time.time()))
+            findings.append(clock_finding(swarm_loop.run(_announced(join)), time.time()))
         except RemoteError as exc:
             findings.append(Finding("swarm", WARN, f"cannot reach the swarm: {exc}",
                                     "check the URI's bootstrap address (x.pe=HOST:PORT) and "

@@ -53,9 +53,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
     from swarm import consent, member, uri
+    from swarm import loop as swarm_loop
     from swarm.commands._network import bootstrap_addresses
 
     join = uri.parse(args.uri).with_peers(bootstrap_addresses(args))
@@ -69,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json(member_event("joined", r))
 
-    reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
-                                      port=args.port, host=args.host, threads=args.threads,
-                                      ready=ready, store_capacity=args.max_memory,
-                                      coordinate=not args.no_coordinate))
+    reason = swarm_loop.run(member.serve(join, args.data_dir, backend=args.backend,
+                                         port=args.port, host=args.host, threads=args.threads,
+                                         ready=ready, store_capacity=args.max_memory,
+                                         coordinate=not args.no_coordinate))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     code = 0
     if reason.startswith(("kicked", "this peer is blocked")):

@@ -47,15 +47,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from swarm import loop as swarm_loop
     from swarm import uri as uri_mod
     from swarm.commands._network import bootstrap_addresses
 
     join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
     if args.action == "show":
         return _show(join, args.json)
-    return asyncio.run(_change(join, args))
+    return swarm_loop.run(_change(join, args))
 
 
 def ownership_json(rec, pinned: bool) -> dict:
@@ -70,15 +70,15 @@ def ownership_json(rec, pinned: bool) -> dict:
 
 
 def _show(join, as_json: bool) -> int:
-    import asyncio
 
+    from swarm import loop as swarm_loop
     from swarm.control import charter, observer
 
     async def look():
         async with observer.dht_observer(join) as node:
             return await charter.fetch(node, join.pubkey, join.owner or None)
 
-    data = ownership_json(asyncio.run(look()), bool(join.owner))
+    data = ownership_json(swarm_loop.run(look()), bool(join.owner))
     if as_json:
         print_json(data)
         return 0

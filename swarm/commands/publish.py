@@ -49,8 +49,8 @@ def _policy(items: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from swarm import loop as swarm_loop
     from swarm import member
     from swarm.commands._network import bootstrap_addresses
     from swarm.control import owned
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
               f"{'' if swarm.credential.hardware_backed else ' (software, not hardware-backed)'}",
               file=sys.stderr, flush=True)
 
-    reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
-                                      host=args.host, publication=pub, ready=ready))
+    reason = swarm_loop.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
+                                         host=args.host, publication=pub, ready=ready))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     if args.json:
         print_json(left_event(reason, 0))

@@ -32,8 +32,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
+    from swarm import loop as swarm_loop
     from swarm import uri
     from swarm.commands._network import bootstrap_addresses
     from swarm.control import observer
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             data["join_uri"] = str(await observer.join_uri(node, join, view))
             return data
 
-    data = asyncio.run(look())
+    data = swarm_loop.run(look())
     if args.json:
         print_json(data)
         return 0

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 from identity.keys import PeerId
 from swarm import wire
 from swarm.errors import LinkClosed, ProtocolError
+from swarm.links import shm
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +235,10 @@ class FramedLink(PeerLink):
         self._bytes_sent = self._bytes_received = 0
         self._msgs_sent = self._msgs_received = 0
         self._lost = 0
+        self.shm: shm.Channel | None = None
+        """Shared memory with a peer on this host, once negotiated (see swarm.links.shm)."""
+        self._shm_offer: shm.Offer | None = None
+        self._shm_done_pending = False
 
     # -- transport hooks -----------------------------------------------------------------
 
@@ -279,7 +285,8 @@ class FramedLink(PeerLink):
     async def send(self, msg: wire.Message) -> None:
         if self._closed is not None:
             raise self._closed
-        frames = wire.encode(msg, next(self._ids) & 0xFFFFFFFF)
+        frames = wire.encode(msg, next(self._ids) & 0xFFFFFFFF,
+                             spill=self.shm.spill if self.shm is not None else None)
         await self._send_frames(frames)
 
     async def _send_frames(self, frames: list[bytes]) -> None:
@@ -298,6 +305,11 @@ class FramedLink(PeerLink):
 
     async def recv(self) -> wire.Message:
         return await self._queue.get()
+
+    def use_shm(self, channel: shm.Channel) -> None:
+        """Send and receive large arrays through shared memory from now on."""
+        self.shm = channel
+        self._decoder.resolve = channel.resolve
 
     async def ping(self, timeout: float = 5.0) -> float:
         if self._closed is not None:
@@ -358,6 +370,11 @@ class FramedLink(PeerLink):
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
         self._closed_event.set()
+        if self.shm is not None:
+            self.shm.close()
+        if self._shm_offer is not None:
+            os.close(self._shm_offer.fd)
+            self._shm_offer = None
         for cb in self._close_callbacks:
             try:
                 cb(self)
@@ -391,10 +408,13 @@ class FramedLink(PeerLink):
                 msgs = self._decoder.feed(frame)
                 if frame[1] == wire.KIND_CHUNK or self._decoder.pending_messages > pending:
                     self._last_progress = self._last_rx  # a message being reassembled moved
+                if self.shm is not None and self.shm.mapped:
+                    self._release_shm([])
                 for msg in msgs:
                     self._msgs_received += 1
                     if not await self._dispatch(msg):
                         return
+                msgs = msg = None  # type: ignore[assignment]  # hold no array while idle
         except ProtocolError as exc:
             await self._goodbye(f"protocol error: {exc}")
             self._abort(f"protocol error from peer: {exc}", exc)
@@ -418,6 +438,11 @@ class FramedLink(PeerLink):
                 self._rtts.append(rtt)
                 if sent[1] is not None and not sent[1].done():
                     sent[1].set_result(rtt)
+        elif isinstance(msg, shm.ShmDone):
+            if self.shm is not None:
+                self.shm.done(msg.fds)
+        elif isinstance(msg, shm.ShmAck):
+            self._shm_answered(msg)
         elif isinstance(msg, Goodbye):
             self._mark_closed(LinkClosed(f"closed by peer: {msg.reason}"))
             await self._shutdown()
@@ -433,6 +458,43 @@ class FramedLink(PeerLink):
         else:
             await self._queue.put(msg)
         return True
+
+    def _shm_answered(self, msg: shm.ShmAck) -> None:
+        """Listener: the dialer answered our shared-memory challenge (at most once)."""
+        offer, self._shm_offer = self._shm_offer, None
+        if offer is None:
+            return
+        try:
+            if shm.check_answer(offer, msg.pid, msg.fd):
+                self.use_shm(shm.Channel(msg.pid))
+                self._release_shm([msg.fd])  # the dialer may close its answer now
+            else:
+                log.info("link %s: shared-memory answer did not match; staying on %s",
+                         self.remote.short(), self.kind)
+        finally:
+            os.close(offer.fd)
+
+    def _release_shm(self, fds: list[int]) -> None:
+        """Queue a ShmDone for ``fds`` and whatever else we mapped (one sender at a time)."""
+        assert self.shm is not None
+        self.shm.mapped += fds
+        if not self._shm_done_pending:
+            self._shm_done_pending = True
+            self._tasks.append(asyncio.get_running_loop().create_task(self._shm_done()))
+
+    async def _shm_done(self) -> None:
+        """Tell the peer which of its segments we mapped, so it can close them."""
+        try:
+            await asyncio.sleep(0)  # let a burst of headers collect into one message
+            assert self.shm is not None
+            while self.shm.mapped:  # more may be mapped while a send waits for the line
+                fds, self.shm.mapped = self.shm.mapped, []
+                await self.send(shm.ShmDone(fds))
+        except LinkClosed:
+            pass
+        finally:
+            self._shm_done_pending = False
+            self._tasks.remove(asyncio.current_task())  # type: ignore[arg-type]
 
     async def _pong(self, seq: int) -> None:
         try:

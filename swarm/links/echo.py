@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 import numpy as np
 
 from identity.keys import PeerKey
+from swarm import loop as swarm_loop
 from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links.base import LinkOptions, PeerLink
@@ -120,10 +122,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="webrtc: offer no swarm-only tuning (behave like a browser)")
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     args = parser.parse_args(argv)
-    if args.uvloop:
-        import uvloop
-        uvloop.install()
-    asyncio.run(_main(args))
+    # this tool compares loop kinds: the flag decides, not the environment
+    os.environ[swarm_loop.ENV] = "uvloop" if args.uvloop else "asyncio"
+    swarm_loop.run(_main(args))
 
 
 if __name__ == "__main__":

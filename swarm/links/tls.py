@@ -36,6 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from identity.keys import PeerId, PeerKey
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
+from swarm.links import shm
 from swarm.links.base import FramedLink, Goodbye, LinkOptions
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class Welcome(wire.Message):
 
     version: int
     """The listener's wire protocol version."""
+    shm_pid: int | None = None
+    """Set when the listener offers shared memory (the dialer looks on this host): its pid."""
+    shm_fd: int | None = None
+    """The sealed memfd in that process holding the challenge (see swarm.links.shm)."""
 
 
 # -- certificates ----------------------------------------------------------------------
@@ -180,6 +185,26 @@ async def _first_message(link: TLSLink, timeout: float) -> wire.Message:
     return msgs[0]
 
 
+async def _answer_shm(link: TLSLink, pid: int, fd: int) -> None:
+    """Dialer: answer the listener's shared-memory challenge, then use shared memory.
+
+    Any failure (another pid namespace or user, no /proc) just leaves the link on TLS.
+    """
+    try:
+        answer = shm.answer(pid, fd)
+    except ProtocolError as exc:
+        log.info("no shared memory with %s: %s", link.remote.short(), exc)
+        return
+    channel = shm.Channel(pid)
+    channel.hold(answer, 32)  # closed when the listener's ShmDone names it
+    try:
+        await link._send_frames(wire.encode(shm.ShmAck(os.getpid(), answer)))
+    except BaseException:
+        channel.close()
+        raise
+    link.use_shm(channel)
+
+
 class TLSServer:
     """A listening TLS endpoint; :func:`listen` makes one."""
 
@@ -236,13 +261,20 @@ async def listen(key: PeerKey, host: str = "127.0.0.1", port: int = 0, *,
             allowed = False
         if not allowed:
             log.info("TLS peer %s refused: not accepted (blocked)", remote.short())
-        first = Welcome(wire.PROTOCOL_VERSION) if allowed else Goodbye("refused: peer not accepted")
+        if not allowed:
+            first: wire.Message = Goodbye("refused: peer not accepted")
+        elif shm.supported() and shm.colocated(peername[0]):
+            link._shm_offer = offer = shm.make_offer()
+            first = Welcome(wire.PROTOCOL_VERSION, offer.pid, offer.fd)
+        else:
+            first = Welcome(wire.PROTOCOL_VERSION)
         try:
             await link._send_frames(wire.encode(first))
         except (LinkClosed, ConnectionError) as exc:
             log.info("TLS peer %s left during the handshake: %s", remote.short(), exc)
             allowed = False
         if not allowed:
+            link._mark_closed(LinkClosed("refused during the handshake"))
             await link._close_transport()
             return
         link._start()
@@ -286,6 +318,9 @@ async def connect(key: PeerKey, host: str, port: int, expect: PeerId, *,
             raise AuthenticationError(f"{expect.short()} refused the link: {first.reason}")
         if not isinstance(first, Welcome):
             raise ProtocolError(f"expected a welcome, got {type(first).__name__}")
+        if first.shm_pid is not None and first.shm_fd is not None and shm.supported() \
+                and shm.colocated(host):
+            await _answer_shm(link, first.shm_pid, first.shm_fd)
     except BaseException:
         writer.transport.abort()
         raise

@@ -15,7 +15,8 @@ import asyncio
 import math
 import threading
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,43 @@ from swarm.runtime.scheduler import RateBook
 SHARDS_PER_WORKER = 2
 MIN_SHARD_FLOPS = 4e6
 """Smaller bands cost more in round trips than they save."""
+
+
+class _OneThreadBLAS:
+    """BLAS on one thread while any check runs in this process.
+
+    Checks are matrix-vector products that a multi-threaded BLAS (OpenBLAS) splits over
+    every core, and its threads then spin for a while waiting for more work: on a small
+    machine that spinning takes the cores from the workers still computing the other
+    bands. One thread does a check's few memory-bound passes about as fast. The limit is
+    process-wide, so concurrent checks share it (entered once, restored by the last).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._controller: Any = None
+        self._limit: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                if self._controller is None:
+                    from threadpoolctl import ThreadpoolController
+
+                    self._controller = ThreadpoolController()
+                self._limit = self._controller.limit(limits=1, user_api="blas")
+            self._users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._limit is not None:
+                self._limit.restore_original_limits()
+                self._limit = None
+
+
+ONE_THREAD_BLAS = _OneThreadBLAS()
 
 
 def for_transfer(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]:
@@ -91,13 +129,35 @@ class MatmulJob:
     """Content address of ``b`` as it travels (the verifier's batching key)."""
     verifier: FreivaldsCache
     """Freivalds checks with ``b @ R`` kept per weight."""
+    _out: np.ndarray | None = None
+    _placed: dict[int, np.ndarray] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _merged: bool = False
 
     async def verify(self, i: int, outputs: list[np.ndarray]) -> bool:
         if len(outputs) != 1:
             return False
+        return await asyncio.to_thread(self._verify_and_place, i, outputs[0])
+
+    def _verify_and_place(self, i: int, c: np.ndarray) -> bool:
+        """Check shard ``i`` and, if right, copy it into the output at once (in the check's
+        thread, while other shards still compute), so merging is not left for the end."""
         r0, r1 = self.shards[i].rows
-        return await asyncio.to_thread(self.verifier.check, self.b_oid, self.a[r0:r1], self.b,
-                                       outputs[0])
+        with ONE_THREAD_BLAS:
+            if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c):
+                return False
+        self._place(i, c)
+        return True
+
+    def _place(self, i: int, c: np.ndarray) -> None:
+        with self._lock:
+            if self._merged or i in self._placed:
+                return  # the output is the caller's now, or a twin already filled the band
+            if self._out is None:
+                self._out = np.empty((self.a.shape[0], self.b.shape[1]), dtype=np.float32)
+            (r0, r1), (c0, c1) = self.shards[i].rows, self.shards[i].cols
+            self._out[r0:r1, c0:c1] = c
+            self._placed[i] = c
 
     async def check_shape(self, i: int, outputs: list[np.ndarray]) -> bool:
         """The least check (``verify="none"``): one float result of the band's shape."""
@@ -109,8 +169,18 @@ class MatmulJob:
         return [self.backend.matmul(self.a[r0:r1], self.b)]
 
     def merge(self, results: Sequence[list[np.ndarray]]) -> np.ndarray:
-        m, n = self.a.shape[0], self.b.shape[1]
-        return compute.merge_shards(m, n, self.shards, [r[0] for r in results])
+        """The output: bands placed as they were verified, the rest (local, unverified
+        or replicated results) copied now; no band is written after this returns."""
+        with self._lock:
+            self._merged = True
+            if self._out is None:
+                m, n = self.a.shape[0], self.b.shape[1]
+                return compute.merge_shards(m, n, self.shards, [r[0] for r in results])
+            for i, r in enumerate(results):
+                if self._placed.get(i) is not r[0]:
+                    (r0, r1), (c0, c1) = self.shards[i].rows, self.shards[i].cols
+                    self._out[r0:r1, c0:c1] = r[0]
+            return self._out
 
 
 def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates: RateBook,

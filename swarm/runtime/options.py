@@ -49,6 +49,8 @@ ACTOR_OPTIONS: dict[str, Option] = {
     "max_task_retries": Option((int,), 0, lambda v: v >= -1,
                                "an int >= -1: times a call in flight when the actor died is "
                                "retried on the restarted actor (0 = at-most-once)"),
+    "name": Option((str, type(None)), None, lambda v: v is None or 0 < len(v) <= 64,
+                   "None or a name of 1-64 characters (swarm.get_actor(name) finds it)"),
 }
 
 METHOD_OPTIONS: dict[str, Option] = {

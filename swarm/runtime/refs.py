@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from swarm.errors import GetTimeoutError
+from swarm.errors import GetTimeoutError, TaskCancelledError
 from swarm.runtime.objects import ObjectId
 
 
@@ -73,8 +73,9 @@ def _check_timeout(timeout: float | None) -> None:
 def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None):
     """The array (or list of arrays) behind ``refs``; blocks up to ``timeout`` seconds.
 
-    Raises :class:`~swarm.errors.GetTimeoutError` when they are not all ready in time, and the
-    task's own error when a task failed for good.
+    Raises :class:`~swarm.errors.GetTimeoutError` when they are not all ready in time,
+    :class:`~swarm.errors.TaskCancelledError` for a cancelled task, and the task's own error
+    when a task failed for good.
     """
     items, single = _as_list(refs, "get")
     _check_timeout(timeout)
@@ -84,6 +85,8 @@ def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None):
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             out.append(ref._future.result(left))
+        except cf.CancelledError:
+            raise TaskCancelledError(f"the task behind {ref!r} was cancelled") from None
         except cf.TimeoutError:
             raise GetTimeoutError(
                 f"get() timed out after {timeout} s with {sum(not r.done() for r in items)} "

@@ -1,0 +1,267 @@
+"""Shared memory between co-located peers: large arrays skip TLS and land in numpy zero-copy.
+
+Why: on one machine TLS costs an encryption, a decryption and two copies per byte on each
+side's event loop; shared memory costs one copy by the sender and none by the receiver.
+
+How (Linux): the sender writes an array's bytes into a fresh ``memfd`` and *seals* it
+(no writes, no resizing ever again, by anybody), then sends the message header over the TLS
+link as usual, the array naming ``(fd number)`` instead of being chunked. The receiver opens
+``/proc/<sender pid>/fd/<n>``, checks the seals and the size, maps it copy-on-write and hands
+numpy a view of the mapping: no copy, and the sender cannot change the bytes after they were
+verified. The receiver then says :class:`ShmDone` and the sender closes its descriptor.
+Nothing has a name in any filesystem, so nothing can leak: when either process dies (even by
+SIGKILL) the kernel closes its descriptors and unmaps its views, and the memory is freed once
+neither side holds it.
+
+Who is at the other end is still proven by the TLS handshake: every header (and so every
+descriptor number) arrives on the authenticated link, and the sender's pid is pinned by a
+challenge at link set-up: the listener puts a random nonce in a sealed memfd and names it in
+its :class:`~swarm.links.tls.Welcome`; the dialer reads it through ``/proc``, puts it in a
+sealed memfd of its own and names that in :class:`ShmAck`; the listener reads it back. Only
+a peer on this machine, in the same pid namespace, with the same user, can answer. Links to
+peers that are not on this host (an address that is not loopback and not one of ours: another
+machine, another network namespace) never try; ``SWARM_SHM=0`` turns the path off.
+
+Bounds: a sender keeps at most :data:`MAX_OPEN` descriptors (and :data:`MAX_OPEN_BYTES`)
+waiting for a ShmDone; past that it sends over TLS, so a receiver that never answers costs
+it nothing unbounded. A receiver only maps what the decoder's limits already accept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import ipaddress
+import logging
+import mmap
+import os
+import secrets
+import stat
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from swarm import wire
+from swarm.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+ENV = "SWARM_SHM"
+MIN_BYTES = wire.INLINE_MAX + 1
+"""Arrays at least this large go through shared memory (smaller ones ride in the header)."""
+MAX_OPEN = 64
+"""Descriptors a sender keeps open waiting for the receiver's ShmDone."""
+MAX_OPEN_BYTES = 1 << 30
+"""Bytes a sender keeps in shared memory waiting for ShmDone."""
+_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_NONCE = 32
+
+
+@wire.message("link.shm-ack")
+class ShmAck(wire.Message):
+    """The dialer read the listener's challenge and echoes it from its own memory."""
+
+    pid: int
+    """The dialer's process id (its memfds are read through /proc/<pid>/fd)."""
+    fd: int
+    """A sealed memfd in that process holding the listener's nonce."""
+
+
+@wire.message("link.shm-done")
+class ShmDone(wire.Message):
+    """The receiver mapped these descriptors: the sender may close them."""
+
+    fds: list[int]
+    """Descriptor numbers in the sender's process, as named in the headers."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The listener's challenge, named in its Welcome."""
+
+    pid: int
+    """The listener's process id."""
+    fd: int
+    """A sealed memfd holding ``nonce``."""
+    nonce: bytes
+    """What the dialer must echo (never sent in the clear: it is read through /proc)."""
+
+
+def supported() -> bool:
+    """Whether this process may use shared-memory links (Linux, /proc, not switched off)."""
+    if not (sys.platform.startswith("linux") and hasattr(os, "memfd_create")
+            and os.path.isdir(f"/proc/{os.getpid()}/fd") and os.environ.get(ENV, "1") != "0"):
+        return False
+    _raise_fd_limit()
+    return True
+
+
+@functools.cache
+def _raise_fd_limit() -> None:
+    """Each received array's mapping holds a descriptor while the array lives (CPython's
+    mmap keeps one): lift the soft limit to the hard one, as Ray does."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("cannot raise the descriptor limit: %s", exc)
+
+
+def local_addresses() -> set[str]:
+    """This host's interface addresses (in this network namespace)."""
+    import psutil
+
+    out = set()
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name in ("AF_INET", "AF_INET6"):
+                out.add(a.address.split("%")[0])
+    return out
+
+
+def colocated(host: str) -> bool:
+    """Whether ``host`` is this machine, as seen from this network namespace."""
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return colocated(str(ip.ipv4_mapped))
+    return str(ip) in local_addresses()
+
+
+def _sealed(data: bytes | memoryview) -> int:
+    """A new sealed memfd holding ``data``; the caller owns the descriptor."""
+    fd = os.memfd_create("swarm-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open(pid: int, fd: int, nbytes: int) -> int:
+    """Open a peer's sealed memfd of exactly ``nbytes``; ProtocolError otherwise."""
+    if not (type(pid) is int and type(fd) is int and 0 < pid < 1 << 22 and 0 <= fd < 1 << 20):
+        raise ProtocolError("bad shared-memory reference")
+    try:
+        mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProtocolError(f"shared-memory descriptor {fd} of pid {pid}: {exc.strerror}"
+                            ) from None
+    try:
+        st = os.fstat(mine)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
+            raise ProtocolError(f"shared-memory descriptor {fd} is not a {nbytes}-byte segment")
+        if st.st_uid != os.getuid() or fcntl.fcntl(mine, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
+            raise ProtocolError(f"shared-memory descriptor {fd} is not sealed (it could change "
+                                "after it was checked)")
+    except OSError as exc:
+        os.close(mine)
+        raise ProtocolError(f"shared-memory descriptor {fd}: {exc.strerror}") from None
+    except BaseException:
+        os.close(mine)
+        raise
+    return mine
+
+
+def map_array(pid: int, fd: int, nbytes: int) -> np.ndarray:
+    """A writable (copy-on-write) uint8 view of a peer's sealed segment: no copy is made."""
+    mine = _open(pid, fd, nbytes)
+    try:
+        if nbytes == 0:
+            return np.empty(0, np.uint8)
+        return np.frombuffer(mmap.mmap(mine, nbytes, access=mmap.ACCESS_COPY), np.uint8)
+    except (OSError, ValueError) as exc:
+        raise ProtocolError(f"cannot map shared-memory descriptor {fd}: {exc}") from None
+    finally:
+        os.close(mine)  # the mapping keeps the memory; the descriptor is not needed
+
+
+def make_offer() -> Offer:
+    """A challenge for a dialer that claims to be on this host."""
+    nonce = secrets.token_bytes(_NONCE)
+    return Offer(os.getpid(), _sealed(nonce), nonce)
+
+
+def answer(pid: int, fd: int) -> int:
+    """Dialer: read the listener's challenge and echo it from a memfd of ours (its fd)."""
+    return _sealed(bytes(map_array(pid, fd, _NONCE)))
+
+
+def check_answer(offer: Offer, pid: int, fd: int) -> bool:
+    """Listener: whether the dialer echoed our nonce from its own sealed memory."""
+    try:
+        return secrets.compare_digest(bytes(map_array(pid, fd, _NONCE)), offer.nonce)
+    except ProtocolError as exc:
+        log.info("shared-memory answer refused: %s", exc)
+        return False
+
+
+class Channel:
+    """One link's shared-memory state: descriptors we sent, and the peer we read from."""
+
+    def __init__(self, peer_pid: int) -> None:
+        self.peer_pid = peer_pid
+        """The process whose descriptors this link reads (pinned at the handshake)."""
+        self._open: dict[int, int] = {}  # fd -> bytes, waiting for the peer's ShmDone
+        self._open_bytes = 0
+        self.sent = 0
+        """Arrays sent through shared memory (tests assert the path is used)."""
+        self.received = 0
+        """Arrays received through shared memory."""
+        self.mapped: list[int] = []
+        """The peer's descriptors we mapped and have not yet told it about (ShmDone)."""
+
+    def spill(self, data: memoryview) -> int | None:
+        """Put ``data`` in a sealed segment; its fd, or None to send it over the link."""
+        if len(self._open) >= MAX_OPEN or self._open_bytes + len(data) > MAX_OPEN_BYTES:
+            return None
+        fd = _sealed(data)
+        self.hold(fd, len(data))
+        self.sent += 1
+        return fd
+
+    def hold(self, fd: int, nbytes: int) -> None:
+        """Keep our descriptor ``fd`` open until the peer's ShmDone names it."""
+        self._open[fd] = nbytes
+        self._open_bytes += nbytes
+
+    def resolve(self, fd: int, nbytes: int) -> np.ndarray:
+        """The peer's segment ``fd`` as a zero-copy uint8 array (ProtocolError if bad)."""
+        out = map_array(self.peer_pid, fd, nbytes)
+        self.received += 1
+        self.mapped.append(fd)
+        return out
+
+    def done(self, fds: list[int]) -> None:
+        """The peer mapped these: close them (unknown numbers are ignored, never closed)."""
+        for fd in fds:
+            size = self._open.pop(fd, None)
+            if size is not None:
+                self._open_bytes -= size
+                os.close(fd)
+
+    def close(self) -> None:
+        """The link is gone: close every descriptor still waiting."""
+        self.done(list(self._open))
+
+    @property
+    def waiting(self) -> int:
+        """Descriptors sent and not yet released by the peer."""
+        return len(self._open)
+
+
+__all__ = ["Channel", "ENV", "Offer", "ShmAck", "ShmDone", "answer", "check_answer",
+           "colocated", "make_offer", "map_array", "supported"]

@@ -1,0 +1,192 @@
+"""Ray's manners on the Python API: put, options, direct-call errors, cancel, kill,
+get_actor, refs of running tasks as arguments; and the shared-memory path under
+swarm.local (used between co-located peers, not when switched off)."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+import swarm
+from swarm import api
+from swarm.errors import ActorDiedError, TaskCancelledError
+from swarm.runtime import actors
+from tests.test_runtime_local import rand
+
+pytestmark = [pytest.mark.system]
+
+SAXPY = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    y[id.x] = 3.0 * x[id.x];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def client():
+    with swarm.local(workers=2, threads=1, timeout=60) as c:
+        yield c
+
+
+def test_module_put_uses_the_newest_open_client(client, monkeypatch):
+    rng = np.random.default_rng(0)
+    w = rand(rng, 64, 32)
+    ref = swarm.put(w)
+    assert ref.owner is client and swarm.get(ref) is not w
+    a = rand(rng, 8, 64)
+    np.testing.assert_allclose(swarm.get(client.matmul.remote(a, ref), timeout=30), a @ w,
+                               rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(api, "_OPEN", [])
+    with pytest.raises(RuntimeError, match=r"swarm\.local\(.*\) or swarm\.connect"):
+        swarm.put(w)
+
+
+def test_options_keep_call_options_apart_from_method_parameters(client, monkeypatch):
+    rng = np.random.default_rng(1)
+    a, b = rand(rng, 16, 16), rand(rng, 16, 16)
+    ref = client.matmul.options(verify="none", timeout=30).remote(a, b)
+    np.testing.assert_allclose(swarm.get(ref, timeout=30), a @ b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="verify"):
+        client.matmul.options(verify="sometimes")
+    with pytest.raises(TypeError, match="unknown option"):
+        client.kernel.options(wgsl=SAXPY)
+    # a method whose own parameters are called verify and timeout
+    spec = actors.MethodSpec("scale", lambda arrays, params: None, "scale(x, verify=, timeout=)")
+    fake = type("Fake", (), {"NAME": "fake", "METHODS": {"scale": spec}})
+    monkeypatch.setitem(actors.REGISTRY, "fake", fake)
+    sent = []
+    client.node.requester.on_task_sent = lambda peer, msg: sent.append(msg)
+    try:
+        h = client.actor("fake")
+        ref = h.scale.options(verify="none").remote(a, verify=1, timeout=2.5)
+        with pytest.raises(Exception):  # noqa: B017 - the workers have no class "fake"
+            swarm.get(ref, timeout=30)
+    finally:
+        client.node.requester.on_task_sent = None
+    assert [msgpack.unpackb(m.params) for m in sent] == [{"verify": 1, "timeout": 2.5}]
+
+
+def test_remote_calls_called_directly_say_what_to_do(client):
+    x = np.ones((2, 2), np.float32)
+    with pytest.raises(TypeError, match=r"\.options\(\.\.\.\)\.remote"):
+        client.matmul.options(timeout=5)(x, x)
+    with pytest.raises(TypeError, match=r"remote"):
+        client.actor("matmul").matmul(x, x)
+    with pytest.raises(TypeError, match="no Python functions"):
+        swarm.remote(lambda: 1)
+    with pytest.raises(TypeError, match="two operands"):
+        client.matmul.options().remote(x)
+
+
+def test_cancel_a_running_task():
+    with swarm.local(workers=1, threads=1, chaos="delay=5000") as c:
+        x = np.ones((4, 4), np.float32)
+        ref = c.matmul.remote(x, x)
+        assert swarm.cancel(ref) is True
+        with pytest.raises(TaskCancelledError):
+            swarm.get(ref, timeout=10)
+        done = c.put(x)
+        assert swarm.cancel(done) is False  # nothing to cancel
+        with pytest.raises(TypeError, match="ObjectRef"):
+            swarm.cancel(x)
+
+
+def test_named_actor_get_and_kill(client):
+    h = client.actor("matmul", name="mm")
+    assert swarm.get_actor("mm") is h and client.get_actor("mm") is h
+    with pytest.raises(ValueError, match="already exists"):
+        client.actor("matmul", name="mm")
+    x = np.eye(4, dtype=np.float32)
+    np.testing.assert_array_equal(swarm.get(h.matmul.remote(x, x), timeout=30), x)
+    swarm.kill(h)
+    with pytest.raises(ActorDiedError, match="killed"):
+        h.matmul.remote(x, x)
+    with pytest.raises(ValueError, match="no live actor named 'mm'"):
+        swarm.get_actor("mm")
+    again = client.actor("matmul", name="mm")  # the name is free again
+    assert swarm.get_actor("mm") is again
+    with pytest.raises(TypeError, match="ActorHandle"):
+        swarm.kill("mm")
+
+
+def test_kill_cancels_calls_in_flight():
+    with swarm.local(workers=1, threads=1, chaos="delay=5000") as c:
+        h = c.actor("matmul", max_restarts=-1)
+        x = np.ones((4, 4), np.float32)
+        ref = h.matmul.remote(x, x)
+        swarm.kill(h)
+        with pytest.raises(TaskCancelledError):
+            swarm.get(ref, timeout=10)
+
+
+def test_refs_of_running_tasks_nest_into_kernels_and_actor_calls(client):
+    rng = np.random.default_rng(4)
+    a = rand(rng, 64, 1)
+    ones = np.ones((1, 1), np.float32)
+    col = client.matmul.remote(a, ones)            # still running when passed on
+    flat = client.actor("matmul").matmul.remote(col, ones)
+    y = client.kernel.options(verify="none").remote(
+        flat, np.zeros((64, 1), np.float32), wgsl=SAXPY, inputs=["x", "y"],
+        outputs=[("y", (64,), "float32")], dispatch=(1, 1, 1))
+    np.testing.assert_allclose(swarm.get(y, timeout=60), 3 * a.reshape(-1), rtol=1e-5)
+
+
+def test_colocated_workers_exchange_arrays_through_shared_memory(client):
+    rng = np.random.default_rng(5)
+    a, b = rand(rng, 2048, 512), rand(rng, 512, 512)  # every band > 64 KiB (not inline)
+    before = {p: link.shm.sent for p, link in client.node.requester.links.items()}
+    np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-3, atol=1e-3)
+
+    async def kinds():
+        return {p: (link.shm is not None, link.shm.sent if link.shm else 0, link.shm.received
+                    if link.shm else 0) for p, link in client.node.requester.links.items()}
+
+    after = client._loop.run(kinds())
+    assert len(after) == 2 and all(used for used, _, _ in after.values())  # both negotiated
+    ran = [p for p in after if str(p) in client.last_report.peers]  # the scheduler's choice
+    assert ran and all(after[p][1] > before[p] and after[p][2] > 0 for p in ran), (
+        before, after, client.last_report,
+        {p: link.shm.waiting for p, link in client.node.requester.links.items()})
+
+
+def test_no_shared_memory_when_switched_off(monkeypatch):
+    monkeypatch.setenv("SWARM_SHM", "0")  # the workers inherit it: "remote" on both sides
+    with swarm.local(workers=1, threads=1) as c:
+        rng = np.random.default_rng(6)
+        a = rand(rng, 300, 300)
+        np.testing.assert_allclose(c.matmul(a, a, timeout=30), a @ a, rtol=1e-3, atol=1e-3)
+        assert all(link.shm is None for link in c.node.requester.links.values())
+
+
+@pytest.mark.slow
+def test_swarm_join_workers_on_the_requesters_host_use_shared_memory(tmp_path):
+    """Real `swarm publish` and `swarm join` processes, found through the DHT, dialed at
+    their announced addresses: the same shared-memory path as swarm.local's workers."""
+    from tests.control_support import Cluster
+
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.publish()
+        cluster.join("w1")
+        client = swarm.connect(cluster.uri, data_dir=cluster.root, min_workers=2, timeout=90)
+        try:
+            rng = np.random.default_rng(7)
+            a = rand(rng, 400, 300)
+            np.testing.assert_allclose(client.matmul(a, a.T.copy(), timeout=60), a @ a.T,
+                                       rtol=1e-3, atol=1e-3)
+
+            async def used():
+                return [(link.shm is not None and link.shm.sent > 0 and link.shm.received > 0)
+                        for link in client.node.requester.links.values()
+                        if str(link.remote) in client.last_report.peers]
+
+            shm_links = client._loop.run(used())
+            assert shm_links and all(shm_links)
+        finally:
+            client.close()
+    finally:
+        cluster.close()
