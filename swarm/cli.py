@@ -13,6 +13,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -107,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.verbose - args.quiet)
     try:
         args.data_dir = data_dir(args.data_dir)
+        if hasattr(args, "ice_server"):  # networked commands: validated before any I/O
+            from swarm.links.ice import ice_servers
+
+            args.ice_servers = ice_servers(args.ice_server, os.environ)
         return int(args._run(args) or EXIT_OK)
     except ConfigError as exc:
         print(f"swarm {args.command}: {exc}", file=sys.stderr)

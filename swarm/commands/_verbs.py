@@ -7,10 +7,13 @@ import asyncio
 import sys
 import time
 
+from swarm.commands._network import add_network_options
+
 ROLES = ("owner", "admin", "coordinator")
 
 
 def configure(p: argparse.ArgumentParser, verb: str) -> None:
+    add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
     p.add_argument("peer", help="the peer's id (p... or 64 hex digits)")
     p.add_argument("--reason", default="", help="why (shown to operators, at most 200 bytes)")

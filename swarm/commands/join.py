@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import sys
 
+from swarm.commands._network import add_network_options
+
 HELP = "join a swarm by its magnet URI and serve compute tasks until stopped"
 DESCRIPTION = """\
 Asks for consent ("Always join" is remembered for this swarm; --yes joins non-interactively),
@@ -32,6 +34,7 @@ def _size(text: str) -> int:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
     p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],

@@ -7,6 +7,8 @@ import asyncio
 import json
 import sys
 
+from swarm.commands._network import add_network_options
+
 HELP = "show or change a swarm's ownership: show, add-admin, remove-admin, transfer"
 DESCRIPTION = """\
 show:          the verified owner (hardware-backed or not), admins and policy.
@@ -26,6 +28,7 @@ def _common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the data dir (the publisher's, to change ownership)")
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
     p.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS)
+    add_network_options(p)
     return p
 
 

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import sys
 
+from swarm.commands._network import add_network_options
+
 HELP = "create a swarm owned by your security key, print its join URI, serve it"
 DESCRIPTION = """\
 Creates a swarm (or reopens the one published under the same --name from this data dir):
@@ -16,6 +18,7 @@ the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who shou
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    add_network_options(p)
     p.add_argument("--name", required=True, help="the swarm's name (at most 32 bytes)")
     p.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
                    help="owner key: a FIDO2 security key (default), or a software key file "

@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import json
 
+from swarm.commands._network import add_network_options
+
 HELP = "show a swarm's owner, coordinator and term, members, running jobs and blocklist"
 DESCRIPTION = """\
 Joins the DHT as an observer (no compute, no membership) and reports the verified charter's
@@ -23,6 +25,7 @@ about 2 s (plus one DHT round trip) stale.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
     p.add_argument("--json", action="store_true", help="print JSON")
 

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from swarm.commands._network import add_network_options
+
 HELP = "submit a job (matmul) to a swarm as a requester, verified, with a per-peer report"
 DESCRIPTION = """\
 Joins the swarm named by URI as a requester (no work is taken on), splits the job into
@@ -22,6 +24,7 @@ finish the job, 2 bad arguments or input files.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    add_network_options(p)
     p.add_argument("uri", metavar="URI", help="join URI (magnet:?xs=...) or HOST:PORT bootstrap")
     p.add_argument("op", choices=["matmul"], help="the job: matmul computes A @ B")
     p.add_argument("a", type=Path, metavar="A.npy")
