@@ -341,6 +341,7 @@ class WebRTCEndpoint:
         self.connect_timeout = connect_timeout
         self.guard = ReplayGuard()
         self._answers: dict[bytes, asyncio.Future[Signal]] = {}
+        self._dialing: dict[bytes, PeerId] = {}
         self._handshakes = asyncio.Semaphore(max_handshakes)
         self._tasks: set[asyncio.Task[None]] = set()
         self._pcs: set[RTCPeerConnection] = set()
@@ -364,6 +365,7 @@ class WebRTCEndpoint:
         session = secrets.token_bytes(16)
         answer_fut: asyncio.Future[Signal] = asyncio.get_running_loop().create_future()
         self._answers[session] = answer_fut
+        self._dialing[session] = peer
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self._gather(pc)
@@ -393,7 +395,15 @@ class WebRTCEndpoint:
             raise
         finally:
             self._answers.pop(session, None)
+            self._dialing.pop(session, None)
         return self._link(peer, pc, channel, frames, tuning is not None)
+
+    def unreachable(self, peer: PeerId, reason: str) -> None:
+        """Fail our pending dials to ``peer`` now (a relay said it cannot reach it)."""
+        for session, who in list(self._dialing.items()):
+            fut = self._answers.get(session)
+            if who == peer and fut is not None and not fut.done():
+                fut.set_exception(ConnectionError(f"WebRTC link to {peer.short()}: {reason}"))
 
     # -- answering -----------------------------------------------------------------------
 
