@@ -8,7 +8,13 @@ A :class:`Node` is what ``swarm join`` runs (worker role) and what a client embe
   :class:`~swarm.control.membership.MemberRecord` under the swarm's topic and re-announces it;
 - a worker listens for TLS links and serves tasks on them with an
   :class:`~swarm.runtime.host.ActorHost`; a requester dials workers found in the member list
-  and runs jobs with a :class:`~swarm.runtime.requester.Requester`.
+  and runs jobs with a :class:`~swarm.runtime.requester.Requester`;
+- behind a NAT: every node relays signals between the peers it holds links to
+  (:class:`~swarm.links.relay.SignalRelay`) and keeps links to up to ``relays`` reachable
+  members; a worker the requester cannot dial directly is reached over WebRTC, signaled
+  through those members (sealed and signed end to end), through STUN/TURN where configured.
+  A worker with no path at all is reported unreachable and not dialed again for
+  :data:`UNREACHABLE_BACKOFF` seconds.
 
 Hooks for the control plane (all optional, all on the instance):
 
@@ -50,12 +56,17 @@ from swarm.control.membership import (
 from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
+from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.host import ActorHost
 from swarm.runtime.requester import Requester
 
 log = logging.getLogger("swarm.node")
 KEY_FILE = "peer.key"
+UNREACHABLE_BACKOFF = 60.0
+"""Seconds a worker with no path at all is left alone before the next dial."""
+RELAY_INTERVAL = 5.0
+"""Seconds between checks that the node still holds links to ``relays`` reachable members."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
 
@@ -99,6 +110,13 @@ class NodeConfig:
     listen: bool | None = None
     """Take incoming TLS links (None: when a worker). A non-worker that listens serves only
     control messages on them (a coordinator that is not a worker, say)."""
+    ice_servers: tuple[object, ...] = ()
+    """STUN/TURN servers (aiortc ``RTCIceServer``) for WebRTC links (:mod:`swarm.links.ice`)."""
+    relays: int = 0
+    """Reachable members to keep a link to, so that peers can signal us behind a NAT
+    (``swarm join``, ``publish`` and ``submit`` keep 3)."""
+    webrtc: bool = True
+    """Fall back to WebRTC (signaled through member relays) when a worker cannot be dialed."""
     validators: Mapping[bytes, Validator] = field(kw_only=True)
     """DHT item validators by salt, installed before the node serves anything: every node
     refuses forged swarm items (pass :func:`swarm.control.charter.validators`; required so
@@ -132,6 +150,14 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self.record: MemberRecord | None = None
+        self.relay = SignalRelay()
+        self.webrtc = None  # a WebRTCEndpoint once started (aiortc is imported lazily)
+        self.signaler: RelaySignaler | None = None
+        self.unreachable: dict[PeerId, tuple[float, str]] = {}
+        """Workers with no path: peer -> (monotonic time to retry, why)."""
+        self._relay_links: dict[PeerId, PeerLink] = {}
+        for kind in (RelaySignal, RelayedSignal, RelayRefused):
+            self.on_control(kind, self._relay_message)
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -194,6 +220,17 @@ class Node:
         if cfg.announce:
             await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
             self._spawn(self._reannounce())
+        if cfg.webrtc:
+            from swarm.links.webrtc import WebRTCEndpoint
+
+            self.signaler = RelaySignaler(self.key, self._relays_for)
+            self.webrtc = WebRTCEndpoint(
+                self.key, self.signaler, on_link=self._serve, accept=self._accepts,
+                ice_servers=list(cfg.ice_servers),
+                host_addresses=None if cfg.host in ("0.0.0.0", "::") else [cfg.host])
+            self.signaler.on_unreachable = self.webrtc.unreachable
+        if cfg.relays > 0:
+            self._spawn(self._keep_relays())
         log.info("node %s up: dht %s, links %s, roles %s", self.peer_id.short(),
                  self.dht.address, links, ",".join(cfg.roles))
 
@@ -243,6 +280,7 @@ class Node:
 
     async def _serve(self, link: PeerLink) -> None:
         self._incoming[link.remote] = link
+        self.relay.attach(link)
         try:
             if self.host is not None:
                 await self.host.serve(link, fallback=self._dispatch)
@@ -264,6 +302,10 @@ class Node:
             await self.server.close()
         for task in list(self._tasks):
             task.cancel()
+        if self.webrtc is not None:
+            await self.webrtc.close()
+        for link in list(self._relay_links.values()):
+            await link.close("node stopping")
         await self.requester.close()
         for link in list(self._incoming.values()):
             await link.close("node stopping")
@@ -282,22 +324,22 @@ class Node:
         """Dial every live, accepted worker we have no link to; returns the linked workers."""
         if records is None:
             records = await self.members()
+        now = time.monotonic()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
-                 and r.peer_id not in self.requester.links]
+                 and r.peer_id not in self.requester.links
+                 and self.unreachable.get(r.peer_id, (0.0, ""))[0] <= now]
 
         async def dial(r: MemberRecord) -> None:
-            for host, port in r.links:
-                try:
-                    link = await tls.connect(self.key, host, port, r.peer_id)
-                except (OSError, TimeoutError, LinkClosed) as exc:
-                    log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
-                    continue
-                except Exception as exc:  # AuthenticationError, ProtocolError
-                    log.warning("refusing %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
-                    continue
-                self.requester.attach(link, fallback=self._dispatch)
+            try:
+                link = await self._dial(r)  # its own link: another link has its own reader
+            except Exception as exc:  # AuthenticationError, ProtocolError
+                log.warning("refusing %s: %s", r.peer_id.short(), exc)
                 return
+            if link is not None:
+                self.unreachable.pop(r.peer_id, None)
+                self.requester.attach(link, fallback=self._dispatch)
+                self.relay.attach(link)
 
         await asyncio.gather(*(dial(r) for r in dials))
         return self.requester.workers()
@@ -313,6 +355,73 @@ class Node:
                 await asyncio.sleep(delay)  # members appear through the DHT: poll, backing off
                 delay = min(delay * 2, 1.0)
 
+    async def _dial(self, r: MemberRecord) -> PeerLink | None:
+        """A link to member ``r``: TLS to an announced address, else WebRTC signaled through
+        the members we hold links to; None (and ``r`` marked unreachable) if neither.
+        Raises AuthenticationError/ProtocolError when the peer refuses us or is not ``r``."""
+        why = []
+        for host, port in r.links:
+            try:
+                return await tls.connect(self.key, host, port, r.peer_id)
+            except (OSError, TimeoutError, LinkClosed) as exc:
+                log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
+                why.append(f"tls {host}:{port}: {exc or type(exc).__name__}")
+        if self.webrtc is not None:
+            from swarm.links.relay import RELAY_ADDR
+
+            try:
+                return await self.webrtc.connect(r.peer_id, RELAY_ADDR)
+            except (OSError, TimeoutError, LinkClosed) as exc:
+                why.append(f"webrtc: {exc or type(exc).__name__}")
+        reason = "; ".join(why) or "no address"
+        self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
+        log.warning("worker %s unreachable (no direct, relayed or TURN path; next try in "
+                    "%g s): %s", r.peer_id.short(), UNREACHABLE_BACKOFF, reason)
+        return None
+
+    # -- reachability behind NATs ---------------------------------------------------------
+
+    def _relays_for(self, peer: PeerId) -> list[PeerLink]:
+        """Links a signal to ``peer`` may be relayed through: every open member link."""
+        links = {**self._incoming, **self.requester.links, **self._relay_links}
+        return [link for p, link in links.items() if p != peer and not link.closed]
+
+    async def _relay_message(self, link: PeerLink, msg: wire.Message) -> None:
+        if isinstance(msg, RelaySignal):
+            await self.relay.handle(link, msg)
+        elif self.signaler is not None:
+            await self.signaler.handle(link, msg)
+
+    async def _keep_relays(self) -> None:
+        """Hold TLS links to up to ``relays`` reachable members (outbound, so they work from
+        behind a NAT): through them other peers signal us, and they keep our mapping open."""
+        while True:
+            try:
+                open_ = {p for p, link in self._relay_links.items() if not link.closed}
+                want = self.config.relays - len(open_)
+                if want > 0:
+                    for r in await self.members():
+                        if want <= 0:
+                            break
+                        if r.peer_id == self.peer_id or r.peer_id in open_ or not r.links:
+                            continue
+                        if not self._accepts(r.peer_id):
+                            continue
+                        link = self.link_to(r.peer_id)
+                        if link is None:
+                            try:
+                                link = await tls.connect(self.key, *r.links[0], r.peer_id,
+                                                         timeout=RELAY_INTERVAL)
+                            except Exception as exc:
+                                log.debug("no relay link to %s: %s", r.peer_id.short(), exc)
+                                continue
+                            self._spawn(self._serve(link))
+                        self._relay_links[r.peer_id] = link
+                        want -= 1
+            except Exception as exc:  # the DHT may be unreachable for a while
+                log.info("relay links: %s", exc)
+            await asyncio.sleep(RELAY_INTERVAL)
+
     def link_to(self, peer: PeerId) -> PeerLink | None:
         """An open link to ``peer`` in either direction, if any."""
         for link in (self.requester.links.get(peer), self._incoming.get(peer)):
@@ -327,7 +436,10 @@ class Node:
             records = [r for r in await self.members() if r.peer_id == peer]
             if not records or not records[0].links:
                 raise LinkClosed(f"{peer.short()} is not a reachable member")
-            host, port = records[0].links[0]
-            link = await tls.connect(self.key, host, port, peer)
+            link = await self._dial(records[0])
+            if link is None:
+                raise LinkClosed(f"{peer.short()} is unreachable: "
+                                 f"{self.unreachable.get(peer, (0, '?'))[1]}")
             self.requester.attach(link, fallback=self._dispatch)
+            self.relay.attach(link)
         await link.send(msg)

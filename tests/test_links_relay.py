@@ -13,9 +13,9 @@ from swarm.errors import AuthenticationError
 from swarm.links import memory_pair
 from swarm.links.relay import (
     MAX_BOXED,
-    LinkSignaler,
     RelayedSignal,
     RelaySignal,
+    RelaySignaler,
     SignalRelay,
     _x25519_private,
     _x25519_public,
@@ -67,7 +67,7 @@ class _Cluster:
         mine, relays = memory_pair(self.keys[name], self.keys["R"])
         self.links += [mine, relays]
         self.relay.attach(relays)
-        sig = LinkSignaler(self.keys[name], mine)
+        sig = RelaySignaler(self.keys[name], lambda to: [mine])
         ep = WebRTCEndpoint(self.keys[name], sig, host_addresses=["127.0.0.1"],
                             connect_timeout=10)
         sig.on_unreachable = ep.unreachable
@@ -83,7 +83,7 @@ class _Cluster:
 
         async def peer_side() -> None:
             async for msg in mine:
-                await sig.handle(msg)
+                await sig.handle(mine, msg)
 
         self.tasks += [asyncio.ensure_future(relay_side()), asyncio.ensure_future(peer_side())]
         return ep
@@ -146,9 +146,9 @@ async def test_relay_cannot_forge_or_redirect():
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(a.connect(c.keys["B"].peer_id, ("relay", 0)), 3)
         # the genuine offer, re-attributed by the relay to another sender, is refused too
-        sig_b = LinkSignaler(c.keys["B"], c.links[2])
+        sig_b = RelaySignaler(c.keys["B"], lambda to: [])
         sig_b.on_message(b._inbox)
-        await sig_b.handle(RelayedSignal(c.keys["C"].peer_id, c.seen[0]))
+        await sig_b.handle(c.links[2], RelayedSignal(c.keys["C"].peer_id, c.seen[0]))
         assert any("relayed as from" in str(e) for e in refused), refused
     finally:
         await c.close()

@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
                                       port=args.port, host=args.host, threads=args.threads,
                                       ready=ready, store_capacity=args.max_memory,
-                                      coordinate=not args.no_coordinate))
+                                      coordinate=not args.no_coordinate,
+                                      ice_servers=args.ice_servers))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     if reason.startswith(("kicked", "this peer is blocked")):
         from swarm.cli import EXIT_REFUSED

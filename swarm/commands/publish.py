@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
 
     reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
-                                      host=args.host, publication=pub, ready=ready))
+                                      host=args.host, publication=pub, ready=ready,
+                                      ice_servers=args.ice_servers))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     return 0

@@ -215,35 +215,60 @@ class SignalRelay:
 Inbox = Callable[[PeerId, tuple[str, int], bytes], object]
 
 
-class LinkSignaler:
-    """A :class:`~swarm.links.webrtc.Signaler` through a relay we hold a link to.
+class RelaySignaler:
+    """A :class:`~swarm.links.webrtc.Signaler` through the relays we hold links to.
 
-    The owner reads the relay link and passes each message to :meth:`handle`. A refusal by
-    the relay goes to ``on_unreachable(peer, reason)`` (the WebRTC endpoint's
-    :meth:`~swarm.links.webrtc.WebRTCEndpoint.unreachable`), so a dial fails at once.
+    ``relays(to)`` names the links to try for receiver ``to`` (every member link but the
+    one to ``to``, say); a signal goes out through all of them (a duplicate is refused by
+    the receiver's replay guard). The owner passes each message read from those links to
+    :meth:`handle`. Once every relay tried has refused, ``on_unreachable(peer, reason)``
+    hears it (the WebRTC endpoint's :meth:`~swarm.links.webrtc.WebRTCEndpoint.unreachable`),
+    so a dial fails at once instead of at its timeout.
     """
 
-    def __init__(self, key: PeerKey, link: PeerLink,
+    def __init__(self, key: PeerKey, relays: Callable[[PeerId], list[PeerLink]],
                  on_unreachable: Callable[[PeerId, str], None] | None = None) -> None:
         self.key = key
-        self.link = link
+        self.relays = relays
         self.on_unreachable = on_unreachable
         self._callbacks: list[Inbox] = []
+        self._waiting: dict[PeerId, int] = {}
 
     async def send(self, to: PeerId, addr: tuple[str, int], payload: bytes) -> None:
-        await self.link.send(RelaySignal(to, box(to, payload)))
+        links = [link for link in self.relays(to) if not link.closed and link.remote != to]
+        if not links:
+            self._unreachable(to, "no relay to reach it through")
+            return
+        self._waiting[to] = len(links)
+        sealed = box(to, payload)
+        for link in links:
+            try:
+                await link.send(RelaySignal(to, sealed))
+            except ConnectionError as exc:
+                self._refused(to, f"relay {link.remote.short()} gone: {exc}")
 
     def on_message(self, callback: Inbox) -> Inbox:
         self._callbacks.append(callback)
         return callback
 
-    async def handle(self, msg: wire.Message) -> bool:
-        """Act on a message read from the relay link; False if it is not ours."""
+    def _unreachable(self, to: PeerId, reason: str) -> None:
+        if self.on_unreachable is not None:
+            self.on_unreachable(to, reason)
+
+    def _refused(self, to: PeerId, reason: str) -> None:
+        left = self._waiting.get(to, 0) - 1
+        if left > 0:
+            self._waiting[to] = left
+            return
+        self._waiting.pop(to, None)
+        self._unreachable(to, reason)
+
+    async def handle(self, link: PeerLink, msg: wire.Message) -> bool:
+        """Act on a message read from a relay link; False if it is not ours."""
         if isinstance(msg, RelayRefused):
-            log.info("relay %s refused a signal to %s: %s", self.link.remote.short(),
+            log.info("relay %s refused a signal to %s: %s", link.remote.short(),
                      msg.to.short(), msg.reason)
-            if self.on_unreachable is not None:
-                self.on_unreachable(msg.to, msg.reason)
+            self._refused(msg.to, msg.reason)
             return True
         if not isinstance(msg, RelayedSignal):
             return False
@@ -252,6 +277,7 @@ class LinkSignaler:
         except (AuthenticationError, ProtocolError) as exc:
             log.warning("relayed signal from %s refused: %s", msg.sender.short(), exc)
             return True
+        self._waiting.pop(msg.sender, None)
         for callback in self._callbacks:
             result = callback(msg.sender, RELAY_ADDR, payload)
             if inspect.isawaitable(result):
@@ -259,5 +285,5 @@ class LinkSignaler:
         return True
 
 
-__all__ = ["MAX_BOXED", "LinkSignaler", "RelayRefused", "RelaySignal", "RelayedSignal",
+__all__ = ["MAX_BOXED", "RelaySignaler", "RelayRefused", "RelaySignal", "RelayedSignal",
            "SignalRelay", "box", "unbox"]
