@@ -1,0 +1,87 @@
+"""`swarm publish`, `join` and `submit` across NATs (the testbed of tests/system/nat.py): the
+swarm is published on the public segment; a worker behind one NAT computes the shards of a
+requester behind the other, over WebRTC signaled through the publisher, through TURN where
+a symmetric NAT leaves nothing else; a worker with no path is reported unreachable once and
+not dialed again and again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import subprocess_env, swarm_cmd
+from tests.system.support import NetCluster
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+def _submit(host, uri, tmp_path, env, *extra: str) -> subprocess.CompletedProcess:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((256, 128), dtype=np.float32)
+    b = rng.standard_normal((128, 192), dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    res = subprocess.run(host.wrap(swarm_cmd(
+        "submit", uri, "matmul", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+        "-o", str(tmp_path / "c.npy"), "--json", "--timeout", "150",
+        "--data-dir", str(tmp_path / "req"), *extra)),
+        capture_output=True, text=True, timeout=240, env=subprocess_env(**env))
+    if res.returncode == 0:
+        np.testing.assert_allclose(np.load(tmp_path / "c.npy"), a @ b, rtol=1e-3, atol=1e-2)
+    return res
+
+
+def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str]):
+    """Publisher on the public segment, one worker behind ``worker_nat``, and the host behind
+    the other NAT that the requester runs on."""
+    cluster = NetCluster(tmp_path, natnet)
+    pub = natnet.public_host()
+    cone = natnet.behind(natnet.router("cone"))
+    sym = natnet.behind(natnet.router("symmetric", symmetric=True))
+    worker_host, requester_host = (cone, sym) if worker_nat == "cone" else (sym, cone)
+    cluster.start("pub", pub, swarm_cmd(
+        "publish", "--name", "natlab", "--owner-key", f"soft:{tmp_path / 'owner.key'}",
+        "--backend", "numpy", "--host", pub.addr, "-v", "--data-dir", str(tmp_path / "pub")),
+        env)
+    cluster.uri = cluster.procs[0].wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
+    worker = cluster.start("w", worker_host, swarm_cmd(
+        "join", cluster.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
+        worker_host.addr, "-v", "--data-dir", str(tmp_path / "w")), env)
+    return cluster, worker, requester_host
+
+
+@pytest.mark.parametrize("worker_nat", ["cone", "symmetric"])
+def test_worker_behind_nat_computes_for_requester_behind_the_other(natnet, tmp_path,
+                                                                   worker_nat):
+    turn = natnet.start_turn()
+    env = {"SWARM_ICE_SERVERS": json.dumps(turn.ice_servers())}
+    cluster, worker, requester = _swarm(natnet, tmp_path, worker_nat, env)
+    try:
+        wid = worker.peer
+        res = _submit(requester, cluster.uri, tmp_path, env, "--min-workers", "2")
+        assert res.returncode == 0, res.stderr[-3000:] + "\n".join(worker.err[-40:])
+        report = json.loads(res.stdout)
+        done = {r["peer"]: r for r in report["peers"]}
+        assert wid in done and done[wid]["verified"], report
+        assert turn.credential not in res.stderr + "\n".join(worker.err)
+    finally:
+        cluster.close()
+
+
+def test_worker_with_no_path_is_reported_unreachable_once(natnet, tmp_path):
+    """No TURN: the requester behind the cone NAT cannot reach a worker behind the
+    symmetric one; the job runs on the publisher and the worker is reported, not retried."""
+    cluster, worker, requester = _swarm(natnet, tmp_path, "symmetric", {})
+    try:
+        wid = worker.peer
+        res = _submit(requester, cluster.uri, tmp_path, {}, "--min-workers", "1")
+        assert res.returncode == 0, res.stderr[-3000:]
+        report = json.loads(res.stdout)
+        assert wid not in {r["peer"] for r in report["peers"]}
+        said = [s for s in res.stderr.splitlines() if "unreachable" in s and wid[:12] in s]
+        assert len(said) == 1, res.stderr[-3000:]
+    finally:
+        cluster.close()
