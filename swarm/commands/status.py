@@ -28,6 +28,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--reach", action="store_true",
+                   help="also dial every member and show how it is reached from here: "
+                   "direct (TLS), webrtc LOCAL-REMOTE (ICE path: host, srflx, prflx, relay "
+                   "= TURN) signaled through members, or unreachable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +42,16 @@ def run(args: argparse.Namespace) -> int:
 
     async def look() -> dict:
         async with observer.dht_observer(join) as node:
-            return (await observer.observe(node, join)).to_json()
+            view = await observer.observe(node, join)
+            data = view.to_json()
+            if args.reach:
+                from swarm.links.reach import probe
+
+                how = await probe(node.key, [(r.peer_id, r.links) for r, _ in view.members],
+                                  args.ice_servers, node.address[0])
+                for m, (r, _) in zip(data["members"], view.members, strict=True):
+                    m["reach"] = how.get(r.peer_id, "unreachable")
+            return data
 
     data = asyncio.run(look())
     if args.json:
@@ -57,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     for m in data["members"]:
         load = m["health"]["load"]
         print(f"{m['peer_id'][:12]:<14}{m['tflops']:>9.4f}  {m['role']:<12}"
-              f"{'-' if load is None else f'{load:.2f}':>6}  {m['link']:<5}{m['tasks']:>6}")
+              f"{'-' if load is None else f'{load:.2f}':>6}  {m['link']:<5}{m['tasks']:>6}"
+              + (f"  {m['reach']}" if "reach" in m else ""))
     print(f"running tasks: {data['running_tasks']}")
     for j in data["jobs"]:
         print(f"  job of {j['requester'][:12]}: {j['tasks']} tasks on "

@@ -34,6 +34,19 @@ def _submit(host, uri, tmp_path, env, *extra: str) -> subprocess.CompletedProces
     return res
 
 
+def _reach(host, uri, tmp_path, env, count: int) -> dict[str, str]:
+    """`swarm status --json --reach` from ``host`` once ``count`` members are listed."""
+    for _ in range(60):
+        res = subprocess.run(host.wrap(swarm_cmd(
+            "status", uri, "--json", "--reach", "--data-dir", str(tmp_path / "obs"))),
+            capture_output=True, text=True, timeout=90, env=subprocess_env(**env))
+        assert res.returncode == 0, res.stderr[-2000:]
+        members = json.loads(res.stdout)["members"]
+        if len(members) >= count:
+            return {m["peer_id"]: m["reach"] for m in members}
+    raise AssertionError(f"never {count} members: {res.stdout[-2000:]}")
+
+
 def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str]):
     """Publisher on the public segment, one worker behind ``worker_nat``, and the host behind
     the other NAT that the requester runs on."""
@@ -61,6 +74,9 @@ def test_worker_behind_nat_computes_for_requester_behind_the_other(natnet, tmp_p
     cluster, worker, requester = _swarm(natnet, tmp_path, worker_nat, env)
     try:
         wid = worker.peer
+        reach = _reach(requester, cluster.uri, tmp_path, env, 2)
+        assert reach[wid] == "webrtc relay-relay", reach  # only TURN joins these two NATs
+        assert reach[cluster.procs[0].peer] == "direct", reach
         res = _submit(requester, cluster.uri, tmp_path, env, "--min-workers", "2")
         assert res.returncode == 0, res.stderr[-3000:] + "\n".join(worker.err[-40:])
         report = json.loads(res.stdout)
@@ -77,6 +93,8 @@ def test_worker_with_no_path_is_reported_unreachable_once(natnet, tmp_path):
     cluster, worker, requester = _swarm(natnet, tmp_path, "symmetric", {})
     try:
         wid = worker.peer
+        reach = _reach(requester, cluster.uri, tmp_path, {}, 2)
+        assert reach[wid].startswith("unreachable"), reach
         res = _submit(requester, cluster.uri, tmp_path, {}, "--min-workers", "1")
         assert res.returncode == 0, res.stderr[-3000:]
         report = json.loads(res.stdout)
