@@ -65,6 +65,9 @@ log = logging.getLogger("swarm.node")
 KEY_FILE = "peer.key"
 UNREACHABLE_BACKOFF = 60.0
 """Seconds a worker with no path at all is left alone before the next dial."""
+REDIAL_DELAYS = (0.5, 2.0, 5.0, 10.0)
+"""Seconds before each redial of a worker whose link was lost (not closed by either side):
+a NAT mapping that disappeared costs a new ICE session, not the worker."""
 RELAY_INTERVAL = 5.0
 """Seconds between checks that the node still holds links to ``relays`` reachable members."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
@@ -337,9 +340,7 @@ class Node:
                 log.warning("refusing %s: %s", r.peer_id.short(), exc)
                 return
             if link is not None:
-                self.unreachable.pop(r.peer_id, None)
-                self.requester.attach(link, fallback=self._dispatch)
-                self.relay.attach(link)
+                self._use_worker(r, link)
 
         await asyncio.gather(*(dial(r) for r in dials))
         return self.requester.workers()
@@ -354,6 +355,37 @@ class Node:
                     return linked
                 await asyncio.sleep(delay)  # members appear through the DHT: poll, backing off
                 delay = min(delay * 2, 1.0)
+
+    def _use_worker(self, r: MemberRecord, link: PeerLink) -> None:
+        """Send shards over ``link``; dial ``r`` again if the link is lost."""
+        self.unreachable.pop(r.peer_id, None)
+        self.requester.attach(link, fallback=self._dispatch)
+        self.relay.attach(link)
+        link.add_close_callback(lambda lost: self._lost(r, lost))
+
+    def _lost(self, r: MemberRecord, link: PeerLink) -> None:
+        reason = getattr(link, "_closed", None)
+        text = reason.reason if isinstance(reason, LinkClosed) else ""
+        if self._stopping or text.startswith(("closed by peer", "closed locally")):
+            return
+        log.info("link to worker %s lost (%s); dialing it again", r.peer_id.short(), text)
+        self._spawn(self._redial(r))
+
+    async def _redial(self, r: MemberRecord) -> None:
+        for delay in REDIAL_DELAYS:
+            await asyncio.sleep(delay)
+            current = self.requester.links.get(r.peer_id)
+            if self._stopping or (current is not None and not current.closed):
+                return
+            try:
+                link = await self._dial(r)
+            except Exception as exc:  # AuthenticationError, ProtocolError
+                log.warning("refusing %s: %s", r.peer_id.short(), exc)
+                return
+            if link is not None:
+                log.info("worker %s reached again over %s", r.peer_id.short(), link.kind)
+                self._use_worker(r, link)
+                return
 
     async def _dial(self, r: MemberRecord) -> PeerLink | None:
         """A link to member ``r``: TLS to an announced address, else WebRTC signaled through

@@ -103,3 +103,40 @@ def test_worker_with_no_path_is_reported_unreachable_once(natnet, tmp_path):
         assert len(said) == 1, res.stderr[-3000:]
     finally:
         cluster.close()
+
+
+def test_jobs_survive_nat_mappings_disappearing(natnet, tmp_path):
+    """Both routers forget every mapping (conntrack flushed) while jobs run: no job is lost or
+    wrong, and the worker behind the NAT is dialed again (a new ICE session through TURN)
+    and computes again."""
+    import sys
+
+    turn = natnet.start_turn()
+    env = {"SWARM_ICE_SERVERS": json.dumps(turn.ice_servers())}
+    cluster, worker, requester = _swarm(natnet, tmp_path, "cone", env)
+    stop = tmp_path / "stop"
+    try:
+        wid = worker.peer
+        drv = cluster.start("drv", requester, [
+            sys.executable, "-m", "tests.system.driver", cluster.uri, "--data-dir",
+            str(tmp_path / "drv"), "--until-file", str(stop), "--min-workers", "2",
+            "--size", "192", "--batch", "4", "--timeout", "120"], env)
+
+        def jobs() -> list[dict]:
+            return [json.loads(s) for s in list(drv.out) if s.startswith('{"job"')]
+
+        def worked(rows) -> bool:
+            return any(r["peers"].get(wid, {}).get("verified") for r in rows)
+
+        drv.wait_line(lambda s: s.startswith('{"job"') and wid in s, 120, "out")
+        before = len(jobs())
+        for router in natnet.routers:
+            router.flush()
+        drv.wait_line(lambda s: len(jobs()) > before and worked(jobs()[before:]), 150, "out")
+        stop.touch()
+        assert drv.wait_exit(180) == 0, "\n".join(drv.err[-40:])
+        summary = json.loads(drv.out[-1])["summary"]
+        assert summary["lost"] == 0 and summary["wrong"] == 0, summary
+    finally:
+        stop.touch()
+        cluster.close()
