@@ -120,7 +120,8 @@ def test_jobs_survive_nat_mappings_disappearing(natnet, tmp_path):
         drv = cluster.start("drv", requester, [
             sys.executable, "-m", "tests.system.driver", cluster.uri, "--data-dir",
             str(tmp_path / "drv"), "--until-file", str(stop), "--min-workers", "2",
-            "--size", "192", "--batch", "4", "--timeout", "120"], env)
+            "--size", "192", "--batch", "4", "--timeout", "120"],
+            {**env, "SWARM_DRIVER_LOG": "INFO"})
 
         def jobs() -> list[dict]:
             return [json.loads(s) for s in list(drv.out) if s.startswith('{"job"')]
@@ -135,6 +136,8 @@ def test_jobs_survive_nat_mappings_disappearing(natnet, tmp_path):
         drv.wait_line(lambda s: len(jobs()) > before and worked(jobs()[before:]), 150, "out")
         stop.touch()
         assert drv.wait_exit(180) == 0, "\n".join(drv.err[-40:])
+        log = "\n".join(drv.err)
+        assert f"worker {wid[:12]} reached again over webrtc" in log, log[-4000:]
         summary = json.loads(drv.out[-1])["summary"]
         assert summary["lost"] == 0 and summary["wrong"] == 0, summary
     finally:
