@@ -13,8 +13,9 @@ A :class:`Node` is what ``swarm join`` runs (worker role) and what a client embe
   (:class:`~swarm.links.relay.SignalRelay`) and keeps links to up to ``relays`` reachable
   members; a worker the requester cannot dial directly is reached over WebRTC, signaled
   through those members (sealed and signed end to end), through STUN/TURN where configured.
-  A worker with no path at all is reported unreachable and not dialed again for
-  :data:`UNREACHABLE_BACKOFF` seconds.
+  Members that opt in (``relay_data``) carry the bytes where nothing else works
+  (:mod:`swarm.links.circuit`, end to end encrypted). A worker with no path at all is
+  reported unreachable and not dialed again for :data:`UNREACHABLE_BACKOFF` seconds.
 
 Hooks for the control plane (all optional, all on the instance):
 
@@ -56,6 +57,15 @@ from swarm.control.membership import (
 from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
+from swarm.links.circuit import (
+    CircuitAccept,
+    CircuitClose,
+    CircuitData,
+    CircuitEndpoint,
+    CircuitIncoming,
+    CircuitOpen,
+    DataRelay,
+)
 from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.host import ActorHost
@@ -118,6 +128,9 @@ class NodeConfig:
     relays: int = 0
     """Reachable members to keep a link to, so that peers can signal us behind a NAT
     (``swarm join``, ``publish`` and ``submit`` keep 3)."""
+    relay_data: int = 0
+    """Carry other members' links (circuits) at up to this many bytes/s when they have no
+    other path (0: do not; opt-in, ``--relay-data``)."""
     webrtc: bool = True
     """Fall back to WebRTC (signaled through member relays) when a worker cannot be dialed."""
     validators: Mapping[bytes, Validator] = field(kw_only=True)
@@ -161,6 +174,10 @@ class Node:
         self._relay_links: dict[PeerId, PeerLink] = {}
         for kind in (RelaySignal, RelayedSignal, RelayRefused):
             self.on_control(kind, self._relay_message)
+        self.data_relay = DataRelay(self.relay.links, config.relay_data)
+        self.circuits = CircuitEndpoint(self.key, on_link=self._serve, accept=self._accepts)
+        for kind in (CircuitOpen, CircuitIncoming, CircuitAccept, CircuitData, CircuitClose):
+            self.on_control(kind, self._circuit_message)
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -307,6 +324,7 @@ class Node:
             task.cancel()
         if self.webrtc is not None:
             await self.webrtc.close()
+        await self.circuits.close()
         for link in list(self._relay_links.values()):
             await link.close("node stopping")
         await self.requester.close()
@@ -405,6 +423,12 @@ class Node:
                 return await self.webrtc.connect(r.peer_id, RELAY_ADDR)
             except (OSError, TimeoutError, LinkClosed) as exc:
                 why.append(f"webrtc: {exc or type(exc).__name__}")
+        for relay in self._relays_for(r.peer_id):  # members that opted in carry the bytes
+            try:
+                return await self.circuits.connect(relay, r.peer_id)
+            except (OSError, TimeoutError, LinkClosed) as exc:
+                why.append(f"member relay {relay.remote.short()}: "
+                           f"{exc or type(exc).__name__}")
         reason = "; ".join(why) or "no address"
         self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
         log.warning("worker %s unreachable (no direct, relayed or TURN path; next try in "
@@ -423,6 +447,10 @@ class Node:
             await self.relay.handle(link, msg)
         elif self.signaler is not None:
             await self.signaler.handle(link, msg)
+
+    async def _circuit_message(self, link: PeerLink, msg: wire.Message) -> None:
+        if not await self.data_relay.handle(link, msg):
+            await self.circuits.handle(link, msg)
 
     async def _keep_relays(self) -> None:
         """Hold TLS links to up to ``relays`` reachable members (outbound, so they work from
