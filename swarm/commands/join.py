@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from swarm.commands._network import add_network_options
+from swarm.commands._network import rate as _rate
 
 HELP = "join a swarm by its magnet URI and serve compute tasks until stopped"
 DESCRIPTION = """\
@@ -35,6 +36,9 @@ def _size(text: str) -> int:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_network_options(p)
+    p.add_argument("--relay-data", type=_rate, default=0, metavar="RATE",
+                   help="carry other members' links when they have no other path (behind "
+                   "NATs, no TURN), at most RATE bytes/s, e.g. 2M (default: off)")
     p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
     p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
@@ -64,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
                                       port=args.port, host=args.host, threads=args.threads,
                                       ready=ready, store_capacity=args.max_memory,
                                       coordinate=not args.no_coordinate,
-                                      ice_servers=args.ice_servers))
+                                      ice_servers=args.ice_servers,
+                                      relay_data=args.relay_data))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     if reason.startswith(("kicked", "this peer is blocked")):
         from swarm.cli import EXIT_REFUSED

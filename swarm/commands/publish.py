@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from swarm.commands._network import add_network_options
+from swarm.commands._network import rate as _rate
 
 HELP = "create a swarm owned by your security key, print its join URI, serve it"
 DESCRIPTION = """\
@@ -19,6 +20,9 @@ the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who shou
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_network_options(p)
+    p.add_argument("--relay-data", type=_rate, default=0, metavar="RATE",
+                   help="carry other members' links when they have no other path (behind "
+                   "NATs, no TURN), at most RATE bytes/s, e.g. 2M (default: off)")
     p.add_argument("--name", required=True, help="the swarm's name (at most 32 bytes)")
     p.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
                    help="owner key: a FIDO2 security key (default), or a software key file "
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
                                       host=args.host, publication=pub, ready=ready,
-                                      ice_servers=args.ice_servers))
+                                      ice_servers=args.ice_servers,
+                                      relay_data=args.relay_data))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     return 0

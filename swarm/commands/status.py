@@ -31,7 +31,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reach", action="store_true",
                    help="also dial every member and show how it is reached from here: "
                    "direct (TLS), webrtc LOCAL-REMOTE (ICE path: host, srflx, prflx, relay "
-                   "= TURN) signaled through members, or unreachable")
+                   "= TURN) signaled through members, member relay, or unreachable")
 
 
 def run(args: argparse.Namespace) -> int:

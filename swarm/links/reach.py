@@ -3,7 +3,8 @@
 Each member is tried the way a requester would dial it: TLS to an announced address
 ("direct"), else WebRTC signaled through the members reached directly (they relay signals
 for the peers that hold links to them), reported with the ICE path it took ("webrtc
-host-srflx", "webrtc relay-relay" ...), else "unreachable" with why. Every attempt is
+host-srflx", "webrtc relay-relay" ...), else a circuit through a member that relays data
+("member relay <member>"), else "unreachable" with why. Every attempt is
 bounded; every link opened here is closed before returning.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from identity.keys import PeerId, PeerKey
 from swarm.links import tls
 from swarm.links.base import PeerLink
+from swarm.links.circuit import CircuitEndpoint
 from swarm.links.relay import RELAY_ADDR, RelaySignaler
 
 DIRECT_TIMEOUT = 3.0
@@ -53,10 +55,12 @@ async def probe(key: PeerKey, members: Sequence[tuple[PeerId, Sequence[tuple[str
                               connect_timeout=webrtc_timeout)
     signaler.on_unreachable = endpoint.unreachable
 
+    circuits = CircuitEndpoint(key, on_link=lambda link: None, accept=lambda _: False)
+
     async def read(link: PeerLink) -> None:
         with contextlib.suppress(ConnectionError):
             async for msg in link:
-                await signaler.handle(link, msg)
+                await signaler.handle(link, msg) or await circuits.handle(link, msg)
 
     readers = [asyncio.ensure_future(read(link)) for link in direct.values()]
 
@@ -64,15 +68,27 @@ async def probe(key: PeerKey, members: Sequence[tuple[PeerId, Sequence[tuple[str
         try:
             link = await endpoint.connect(peer, RELAY_ADDR)
         except Exception as exc:
-            result[peer] = f"unreachable ({why[peer]}; webrtc: {exc or type(exc).__name__})"
+            why[peer] += f"; webrtc: {exc or type(exc).__name__}"
+        else:
+            result[peer] = f"webrtc {selected_path(link.pc)}"
+            await link.close("probe done")
             return
-        result[peer] = f"webrtc {selected_path(link.pc)}"
-        await link.close("probe done")
+        for relay in direct.values():
+            try:
+                link = await circuits.connect(relay, peer, timeout=webrtc_timeout)
+            except Exception as exc:
+                why[peer] += f"; member relay {relay.remote.short()}: {exc}"
+                continue
+            result[peer] = f"member relay {relay.remote.short()}"
+            await link.close("probe done")
+            return
+        result[peer] = f"unreachable ({why[peer]})"
 
     try:
         await asyncio.gather(*(rtc(p) for p in rest))
     finally:
         await endpoint.close()
+        await circuits.close()
         await _close(direct.values())
         for r in readers:
             r.cancel()

@@ -47,7 +47,7 @@ def _reach(host, uri, tmp_path, env, count: int) -> dict[str, str]:
     raise AssertionError(f"never {count} members: {res.stdout[-2000:]}")
 
 
-def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str]):
+def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str], *pub_args: str):
     """Publisher on the public segment, one worker behind ``worker_nat``, and the host behind
     the other NAT that the requester runs on."""
     cluster = NetCluster(tmp_path, natnet)
@@ -57,7 +57,8 @@ def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str]):
     worker_host, requester_host = (cone, sym) if worker_nat == "cone" else (sym, cone)
     cluster.start("pub", pub, swarm_cmd(
         "publish", "--name", "natlab", "--owner-key", f"soft:{tmp_path / 'owner.key'}",
-        "--backend", "numpy", "--host", pub.addr, "-v", "--data-dir", str(tmp_path / "pub")),
+        "--backend", "numpy", "--host", pub.addr, "-v", "--data-dir", str(tmp_path / "pub"),
+        *pub_args),
         env)
     cluster.uri = cluster.procs[0].wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
     worker = cluster.start("w", worker_host, swarm_cmd(
@@ -101,6 +102,23 @@ def test_worker_with_no_path_is_reported_unreachable_once(natnet, tmp_path):
         assert wid not in {r["peer"] for r in report["peers"]}
         said = [s for s in res.stderr.splitlines() if "unreachable" in s and wid[:12] in s]
         assert len(said) == 1, res.stderr[-3000:]
+    finally:
+        cluster.close()
+
+
+def test_member_relay_carries_the_link_where_no_turn_exists(natnet, tmp_path):
+    """No TURN, symmetric NAT: the publisher opted in to relay data, so the worker behind it
+    still computes for the requester behind the cone NAT, through a sealed circuit."""
+    cluster, worker, requester = _swarm(natnet, tmp_path, "symmetric", {},
+                                        "--relay-data", "50M")
+    try:
+        wid, pid = worker.peer, cluster.procs[0].peer
+        reach = _reach(requester, cluster.uri, tmp_path, {}, 2)
+        assert reach[wid] == f"member relay {pid[:12]}", reach
+        res = _submit(requester, cluster.uri, tmp_path, {}, "--min-workers", "2")
+        assert res.returncode == 0, res.stderr[-3000:]
+        done = {r["peer"]: r for r in json.loads(res.stdout)["peers"]}
+        assert wid in done and done[wid]["verified"], done
     finally:
         cluster.close()
 
