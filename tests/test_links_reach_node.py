@@ -7,29 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import pytest
+from tests import test_runtime_node
 
-from identity.keys import PeerKey
-from swarm.control.charter import validators
-from swarm.control.membership import swarm_id
-from swarm.node import Node, NodeConfig
-
-
-@pytest.fixture
-async def pair(tmp_path):
-    sid = swarm_id(PeerKey.generate().public_bytes)
-    a = Node(NodeConfig(tmp_path / "a", sid, validators=validators(), roles=("requester",),
-                        listen=True, dht_rpc_timeout=1.0, webrtc=False))
-    await a.start()
-    b = Node(NodeConfig(tmp_path / "b", sid, validators=validators(), roles=("worker",),
-                        backend="numpy", threads=1, bootstrap=(a.dht.address,),
-                        bench_sizes=(64,), dht_rpc_timeout=1.0, webrtc=False))
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await b.stop(graceful=False)
-        await a.stop(graceful=False)
+nodes = test_runtime_node.two_nodes  # a fixture: requester a (listening), worker b
 
 
 async def _linked(a, b, timeout=10.0):
@@ -41,8 +21,8 @@ async def _linked(a, b, timeout=10.0):
             await asyncio.sleep(0.05)
 
 
-async def test_a_lost_link_is_dialed_again(pair):
-    a, b = pair
+async def test_a_lost_link_is_dialed_again(nodes):
+    a, b = nodes
     assert b.peer_id in await a.wait_for_workers(1, 20)
     first = a.requester.links[b.peer_id]
     first._abort("connection lost: the NAT forgot us")
@@ -51,8 +31,8 @@ async def test_a_lost_link_is_dialed_again(pair):
     assert await second.ping(5) > 0
 
 
-async def test_a_goodbye_is_not_redialed(pair):
-    a, b = pair
+async def test_a_goodbye_is_not_redialed(nodes):
+    a, b = nodes
     await a.wait_for_workers(1, 20)
     await b._incoming[a.peer_id].close("leaving")
     await asyncio.sleep(1.5)  # longer than the first redial delay
@@ -60,8 +40,8 @@ async def test_a_goodbye_is_not_redialed(pair):
     assert link is None or link.closed
 
 
-async def test_a_worker_with_no_path_is_marked_unreachable(pair):
-    a, b = pair
+async def test_a_worker_with_no_path_is_marked_unreachable(nodes):
+    a, b = nodes
     records = [r for r in await a.members() if r.peer_id == b.peer_id]
     await b.server.close()  # its address stops answering
     gone = [dataclasses.replace(records[0], links=(("127.0.0.1", 9),))]

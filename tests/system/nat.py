@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.system.netns import NsHost
+
 PUBLIC = "10.215.0"
 """The public segment's /24 (the bridge is .1 and also the STUN/TURN address)."""
 LAN = "10.216"
@@ -70,19 +72,11 @@ def unavailable() -> str | None:
 
 
 @dataclass
-class Host:
-    """One machine: a namespace with one address."""
+class Host(NsHost):
+    """One machine: public, or behind a router."""
 
-    ns: str
-    """Namespace name."""
-    addr: str
-    """Its IPv4 address."""
     where: str
     """"public" or the name of the router it sits behind."""
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this host (``ip netns exec`` execs it: same pid)."""
-        return ["ip", "netns", "exec", self.ns, *argv]
 
 
 @dataclass

@@ -16,10 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from identity.keys import PeerId, PeerKey
-from swarm.links.echo import Bulk, Flush, Flushed
+from swarm.links.echo import serve, throughput
 from swarm.links.ice import ice_servers
 from swarm.links.webrtc import WebRTCEndpoint, selected_path
 
@@ -65,13 +63,7 @@ async def main(role: str, root: Path, seed: str, peer: str, mb: int) -> None:
     try:
         if role == "answer":
             print("ready", flush=True)
-            link = await got
-            count = 0
-            async for msg in link:
-                if isinstance(msg, Bulk):
-                    count += msg.data.nbytes
-                elif isinstance(msg, Flush):
-                    await link.send(Flushed(msg.token, 0, count))
+            await serve(await got)
             return
         t0 = time.perf_counter()
         try:
@@ -81,18 +73,10 @@ async def main(role: str, root: Path, seed: str, peer: str, mb: int) -> None:
             return
         setup = time.perf_counter() - t0
         rtts = [await link.ping(10) for _ in range(20)]
-        payload = np.frombuffer(os.urandom(CHUNK), np.uint8)
-        n = max(1, (mb << 20) // CHUNK)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            await link.send(Bulk(payload))
-        await link.send(Flush(1))
-        done = await asyncio.wait_for(link.recv(), 120)
-        secs = time.perf_counter() - t0
-        assert isinstance(done, Flushed) and done.nbytes == n * CHUNK, done
+        rate = await throughput(link, mb << 20, CHUNK)
         print(json.dumps({"ok": True, "path": selected_path(link.pc), "setup_ms": setup * 1e3,
                           "rtt_ms": statistics.median(rtts) * 1e3,
-                          "mb_s": n * CHUNK / secs / 1e6}), flush=True)
+                          "mb_s": rate}), flush=True)
         await link.close("done")
     finally:
         await ep.close()

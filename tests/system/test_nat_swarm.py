@@ -9,29 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 
-import numpy as np
 import pytest
 
 from tests.conftest import subprocess_env, swarm_cmd
-from tests.system.support import NetCluster
+from tests.system.support import NetCluster, submit_matmul
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
-
-
-def _submit(host, uri, tmp_path, env, *extra: str) -> subprocess.CompletedProcess:
-    rng = np.random.default_rng(5)
-    a = rng.standard_normal((256, 128), dtype=np.float32)
-    b = rng.standard_normal((128, 192), dtype=np.float32)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    res = subprocess.run(host.wrap(swarm_cmd(
-        "submit", uri, "matmul", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
-        "-o", str(tmp_path / "c.npy"), "--json", "--timeout", "150",
-        "--data-dir", str(tmp_path / "req"), *extra)),
-        capture_output=True, text=True, timeout=240, env=subprocess_env(**env))
-    if res.returncode == 0:
-        np.testing.assert_allclose(np.load(tmp_path / "c.npy"), a @ b, rtol=1e-3, atol=1e-2)
-    return res
 
 
 def _reach(host, uri, tmp_path, env, count: int) -> dict[str, str]:
@@ -78,7 +61,7 @@ def test_worker_behind_nat_computes_for_requester_behind_the_other(natnet, tmp_p
         reach = _reach(requester, cluster.uri, tmp_path, env, 2)
         assert reach[wid] == "webrtc relay-relay", reach  # only TURN joins these two NATs
         assert reach[cluster.procs[0].peer] == "direct", reach
-        res = _submit(requester, cluster.uri, tmp_path, env, "--min-workers", "2")
+        res = submit_matmul(requester, cluster.uri, tmp_path, "--min-workers", "2", env=env)
         assert res.returncode == 0, res.stderr[-3000:] + "\n".join(worker.err[-40:])
         report = json.loads(res.stdout)
         done = {r["peer"]: r for r in report["peers"]}
@@ -96,7 +79,7 @@ def test_worker_with_no_path_is_reported_unreachable_once(natnet, tmp_path):
         wid = worker.peer
         reach = _reach(requester, cluster.uri, tmp_path, {}, 2)
         assert reach[wid].startswith("unreachable"), reach
-        res = _submit(requester, cluster.uri, tmp_path, {}, "--min-workers", "1")
+        res = submit_matmul(requester, cluster.uri, tmp_path, "--min-workers", "1")
         assert res.returncode == 0, res.stderr[-3000:]
         report = json.loads(res.stdout)
         assert wid not in {r["peer"] for r in report["peers"]}
@@ -115,7 +98,7 @@ def test_member_relay_carries_the_link_where_no_turn_exists(natnet, tmp_path):
         wid, pid = worker.peer, cluster.procs[0].peer
         reach = _reach(requester, cluster.uri, tmp_path, {}, 2)
         assert reach[wid] == f"member relay {pid[:12]}", reach
-        res = _submit(requester, cluster.uri, tmp_path, {}, "--min-workers", "2")
+        res = submit_matmul(requester, cluster.uri, tmp_path, "--min-workers", "2")
         assert res.returncode == 0, res.stderr[-3000:]
         done = {r["peer"]: r for r in json.loads(res.stdout)["peers"]}
         assert wid in done and done[wid]["verified"], done
