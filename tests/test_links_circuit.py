@@ -126,3 +126,21 @@ async def test_refused_where_the_member_does_not_relay_or_cannot_reach():
             await ep.connect(relay_link, net.keys["X"].peer_id, timeout=5)
     finally:
         await net.close()
+
+
+async def test_one_dialer_gets_a_bounded_share_of_the_relay():
+    from swarm.links.circuit import MAX_PER_SENDER
+
+    net = _Net(rate=1 << 20)
+    try:
+        links = [await net.dial() for _ in range(MAX_PER_SENDER)]
+        with pytest.raises(ConnectionError, match="for you already"):
+            await net.dial()
+        await links[0].close()
+        for _ in range(50):  # the close travels through the relay
+            if net.relay._opened_by.get(net.keys["A"].peer_id) < MAX_PER_SENDER:
+                break
+            await asyncio.sleep(0.02)
+        assert (await net.dial()).remote == net.keys["W"].peer_id
+    finally:
+        await net.close()

@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 
 _DOMAIN = b"swarm circuit v1\x00"
 MAX_CIRCUITS = 64
-"""Circuits one relay carries at once."""
+"""Circuits one relay carries at once, and circuit links one peer holds at once."""
+MAX_PER_SENDER = 8
+"""Circuits one relay carries at once for the same dialer."""
 CONNECT_TIMEOUT = 10.0
 _RELAY_IDS = 1 << 31
 """Dialers number their circuits below this, relays from here up."""
@@ -272,6 +274,8 @@ class CircuitEndpoint:
                 raise AuthenticationError(f"circuit hello is not {msg.sender.short()}'s")
             if not self.accept(msg.sender):
                 raise AuthenticationError("peer not accepted (blocked)")
+            if len(self._links) >= MAX_CIRCUITS:
+                raise AuthenticationError(f"holding {MAX_CIRCUITS} circuits already")
         except (ProtocolError, AuthenticationError) as exc:
             log.warning("circuit from %s refused: %s", msg.sender.short(), exc)
             await relay.send(CircuitClose(msg.circuit, f"refused: {exc}"))
@@ -314,6 +318,8 @@ class DataRelay:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.links, self.rate, self.max_circuits, self.clock = links, rate, max_circuits, clock
         self._route: dict[tuple[int, int], _Hop] = {}
+        self._dialer: dict[tuple[int, int], PeerId] = {}
+        self._opened_by: dict[PeerId, int] = {}
         self._ids = itertools.count(_RELAY_IDS)
         self._tokens = float(rate)
         self._at = clock()
@@ -362,10 +368,14 @@ class DataRelay:
             why = f"no link to {msg.to.short()}"
         elif len(self._route) >= 2 * self.max_circuits:
             why = f"relaying {self.max_circuits} circuits already"
+        elif self._opened_by.get(link.remote, 0) >= MAX_PER_SENDER:
+            why = f"relaying {MAX_PER_SENDER} circuits for you already"
         else:
             cid = next(self._ids)
             self._route[(id(link), msg.circuit)] = _Hop(target, cid)
             self._route[(id(target), cid)] = _Hop(link, msg.circuit)
+            self._dialer[(id(link), msg.circuit)] = self._dialer[(id(target), cid)] = link.remote
+            self._opened_by[link.remote] = self._opened_by.get(link.remote, 0) + 1
             for end in (link, target):
                 end.add_close_callback(lambda gone: self._gone(gone))
             await target.send(CircuitIncoming(link.remote, cid, msg.hello))
@@ -376,6 +386,14 @@ class DataRelay:
         hop = self._route.pop((id(link), circuit), None)
         if hop is not None:
             self._route.pop((id(hop.link), hop.circuit), None)
+            self._dialer.pop((id(hop.link), hop.circuit), None)
+            dialer = self._dialer.pop((id(link), circuit), None)
+            if dialer is not None:
+                left = self._opened_by.get(dialer, 1) - 1
+                if left > 0:
+                    self._opened_by[dialer] = left
+                else:
+                    self._opened_by.pop(dialer, None)
 
     def _gone(self, link: PeerLink) -> None:
         for (lid, cid), hop in list(self._route.items()):
