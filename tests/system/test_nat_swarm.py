@@ -32,7 +32,8 @@ def _reach(host, uri, tmp_path, env, count: int) -> dict[str, str]:
 
 def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str], *pub_args: str):
     """Publisher on the public segment, one worker behind ``worker_nat``, and the host behind
-    the other NAT that the requester runs on."""
+    the other NAT that the requester runs on. The publisher takes 2 s per task, so that the
+    job cannot finish on it before the worker behind the NAT has done its share."""
     cluster = NetCluster(tmp_path, natnet)
     pub = natnet.public_host()
     cone = natnet.behind(natnet.router("cone"))
@@ -42,7 +43,7 @@ def _swarm(natnet, tmp_path, worker_nat: str, env: dict[str, str], *pub_args: st
         "publish", "--name", "natlab", "--owner-key", f"soft:{tmp_path / 'owner.key'}",
         "--backend", "numpy", "--host", pub.addr, "-v", "--data-dir", str(tmp_path / "pub"),
         *pub_args),
-        env)
+        {**env, "SWARM_CHAOS": "delay=2000"})  # a slow publisher: the worker gets shards
     cluster.uri = cluster.procs[0].wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
     worker = cluster.start("w", worker_host, swarm_cmd(
         "join", cluster.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
