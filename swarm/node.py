@@ -78,7 +78,12 @@ UNREACHABLE_BACKOFF = 60.0
 REDIAL_DELAYS = (0.5, 2.0, 5.0, 10.0)
 """Seconds before each redial of a worker whose link was lost (not closed by either side):
 a NAT mapping that disappeared costs a new ICE session, not the worker."""
-RELAY_INTERVAL = 5.0
+CIRCUIT_WAIT = 5.0
+"""Seconds to wait for a member to open a circuit (all members are asked at once)."""
+RELAY_FRESH = 8.0
+"""A member link used as a relay must have carried something within this many seconds
+(keepalive pings come every 5 s)."""
+RELAY_INTERVAL = 10.0
 """Seconds between checks that the node still holds links to ``relays`` reachable members."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
@@ -423,12 +428,26 @@ class Node:
                 return await self.webrtc.connect(r.peer_id, RELAY_ADDR)
             except (OSError, TimeoutError, LinkClosed) as exc:
                 why.append(f"webrtc: {exc or type(exc).__name__}")
-        for relay in self._relays_for(r.peer_id):  # members that opted in carry the bytes
-            try:
-                return await self.circuits.connect(relay, r.peer_id)
-            except (OSError, TimeoutError, LinkClosed) as exc:
-                why.append(f"member relay {relay.remote.short()}: "
-                           f"{exc or type(exc).__name__}")
+        relays = self._relays_for(r.peer_id)  # members that opted in carry the bytes
+        tries = [asyncio.ensure_future(self.circuits.connect(relay, r.peer_id, CIRCUIT_WAIT))
+                 for relay in relays]
+        link = None
+        try:
+            for done in asyncio.as_completed(tries):
+                try:
+                    link = await done
+                    break
+                except (OSError, TimeoutError, LinkClosed) as exc:
+                    why.append(f"member relay: {exc or type(exc).__name__}")
+        finally:
+            for t in tries:
+                t.cancel()
+            for t in tries:  # two members both opened a circuit: keep one
+                if t.done() and not t.cancelled() and t.exception() is None \
+                        and t.result() is not link:
+                    await t.result().close("a circuit through another member is in use")
+        if link is not None:
+            return link
         reason = "; ".join(why) or "no address"
         self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
         log.warning("worker %s unreachable (no direct, relayed or TURN path; next try in "
@@ -438,15 +457,30 @@ class Node:
     # -- reachability behind NATs ---------------------------------------------------------
 
     def _relays_for(self, peer: PeerId) -> list[PeerLink]:
-        """Links a signal to ``peer`` may be relayed through: every open member link."""
+        """Links a signal to ``peer`` may be relayed through: every open member link that
+        was heard from lately (a link cut by a partition answers nothing: asking through it
+        would only wait out the timeout)."""
         links = {**self._incoming, **self.requester.links, **self._relay_links}
-        return [link for p, link in links.items() if p != peer and not link.closed]
+        fresh = time.monotonic() - RELAY_FRESH
+        return [link for p, link in links.items() if p != peer and not link.closed
+                and getattr(link, "_last_rx", fresh) >= fresh]
 
     async def _relay_message(self, link: PeerLink, msg: wire.Message) -> None:
         if isinstance(msg, RelaySignal):
             await self.relay.handle(link, msg)
         elif self.signaler is not None:
             await self.signaler.handle(link, msg)
+
+    async def _serve_relay(self, link: PeerLink) -> None:
+        """Read a link we opened to a member to be reachable through it: only relay and
+        control messages travel on it, and it is not offered to :meth:`link_to` (control
+        messages to that member go on their own link, which fails fast when cut)."""
+        self.relay.attach(link)
+        try:
+            async for msg in link:
+                await self._dispatch(link, msg)
+        except LinkClosed:
+            pass
 
     async def _circuit_message(self, link: PeerLink, msg: wire.Message) -> None:
         if not await self.data_relay.handle(link, msg):
@@ -475,7 +509,7 @@ class Node:
                             except Exception as exc:
                                 log.debug("no relay link to %s: %s", r.peer_id.short(), exc)
                                 continue
-                            self._spawn(self._serve(link))
+                            self._spawn(self._serve_relay(link))
                         self._relay_links[r.peer_id] = link
                         want -= 1
             except Exception as exc:  # the DHT may be unreachable for a while
