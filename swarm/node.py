@@ -84,6 +84,8 @@ RELAY_FRESH = 8.0
 """A member link used as a relay must have carried something within this many seconds
 (keepalive pings come every 5 s)."""
 RELAY_INTERVAL = 10.0
+RELAY_DIAL = 3.0
+"""Seconds a TLS dial to a would-be relay member may take."""
 """Seconds between checks that the node still holds links to ``relays`` reachable members."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
@@ -505,7 +507,7 @@ class Node:
                         if link is None:
                             try:
                                 link = await tls.connect(self.key, *r.links[0], r.peer_id,
-                                                         timeout=RELAY_INTERVAL)
+                                                         timeout=RELAY_DIAL)
                             except Exception as exc:
                                 log.debug("no relay link to %s: %s", r.peer_id.short(), exc)
                                 continue
