@@ -42,6 +42,9 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                 ["--quick", "--require-ray", "--ray-python", RAY_PYTHON], 1500,
                 "sharded, verified matmul on swarm.local(workers=2) vs numpy and Ray (Ray from "
                 "its own venv, `make bench` installs it: a missing Ray row fails the run)"),
+    "nat": (["--runs", "3", "--mb", "8"], ["--runs", "1", "--mb", "2"], 1200,
+            "WebRTC across NATs (network namespaces, iptables, coturn; needs root): "
+            "{public, cone, symmetric} x {same}, with and without TURN"),
     "identity": (["--n", "30"], ["--n", "10"], 300,
                  "owner ceremony timings with the software authenticator"),
     "control": (["--rounds", "3"], ["--rounds", "1"], 600,
@@ -146,6 +149,16 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
               {"median": [f["cost_pct_median"] for f in d["freivalds"]],
                "best": [f["cost_pct_best"] for f in d["freivalds"]]}, "% of matmul time")
         plots.append(("compute_freivalds.png", "Freivalds overhead"))
+    elif name == "nat":
+        rows = [{k: r.get(k, "-") for k in ("dialer", "answerer", "turn", "connected", "path",
+                                             "setup_ms", "rtt_ms", "mb_s")}
+                for r in d["results"]]
+        md = [_records(rows), "",
+              "path: the nominated ICE pair, local-remote (host, srflx, prflx = peer-reflexive, "
+              "relay = TURN). setup_ms: signaling + ICE + DTLS + SCTP until the data channel "
+              "opens; rtt_ms: link ping; mb_s: one-way, 64 KiB messages. With a TURN server "
+              "configured the tuning (large SCTP chunks) is off, since the candidates are no "
+              "longer all LAN host candidates: stock aiortc speed even on direct paths."]
     elif name == "transport":
         kinds = list(d["detail"])
         md = [_records([{"link": k} | {x: v for x, v in d["detail"][k].items()}

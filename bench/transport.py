@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from identity.keys import PeerKey  # noqa: E402
 from swarm.links import tls, webrtc  # noqa: E402
 from swarm.links.base import PeerLink  # noqa: E402
-from swarm.links.echo import Bulk, Echo, Flush, Flushed  # noqa: E402
+from swarm.links.echo import Echo, throughput  # noqa: E402
 
 MESSAGE = 4 << 20
 
@@ -57,22 +57,6 @@ def far_end(kind: str, *extra: str):
             proc.wait()
 
 
-async def throughput(link: PeerLink, total: int) -> float:
-    """MB/s of ``total`` bytes of Bulk arrays, timed until the far end confirms them all."""
-    data = np.ones(MESSAGE, dtype=np.uint8)
-    count = max(1, total // MESSAGE)
-    await link.send(Flush(0))  # what the far end counted so far
-    before = await asyncio.wait_for(link.recv(), 60)
-    start = time.perf_counter()
-    for _ in range(count):
-        await link.send(Bulk(data))
-    await link.send(Flush(1))
-    answer = await asyncio.wait_for(link.recv(), 300)
-    elapsed = time.perf_counter() - start
-    assert isinstance(answer, Flushed) and answer.nbytes - before.nbytes == count * MESSAGE
-    return count * MESSAGE / elapsed / 1e6
-
-
 async def round_trips(link: PeerLink, n: int) -> list[float]:
     """Milliseconds for small request/response exchanges through the far end's app."""
     msg = Echo("ping", [np.zeros(16, dtype=np.float32)])
@@ -86,7 +70,7 @@ async def round_trips(link: PeerLink, n: int) -> list[float]:
 
 
 async def measure(link: PeerLink, total: int, runs: int, pings: int) -> dict[str, float]:
-    rates = [await throughput(link, total) for _ in range(runs)]
+    rates = [await throughput(link, total, MESSAGE) for _ in range(runs)]
     rtts = await round_trips(link, pings)
     await link.close()
     return {"mb_s": statistics.median(rates), "mb_s_min": min(rates), "mb_s_max": max(rates),

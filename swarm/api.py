@@ -736,12 +736,14 @@ def _parse_target(target: str) -> tuple[bytes | None, list[tuple[str, int]]]:
 
 
 def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Path | None = None,
-            min_workers: int = 1, timeout: float = 30.0) -> Client:
+            min_workers: int = 1, timeout: float = 30.0,
+            ice_servers: Sequence[object] | None = None) -> Client:
     """Join a swarm as a requester; returns a :class:`Client` (a context manager).
 
     ``target`` is a join URI (``magnet:?xs=urn:btpk:...``) or bootstrap ``HOST:PORT``
     addresses, in which case ``swarm`` (the 20-byte id, or 40 hex digits) names the swarm.
-    Waits up to ``timeout`` seconds for ``min_workers`` workers to be linked.
+    Waits up to ``timeout`` seconds for ``min_workers`` workers to be linked. ``ice_servers``
+    (STUN/TURN for workers behind NATs) defaults to ``$SWARM_ICE_SERVERS``.
     """
     sid, peers = _parse_target(target)
     if sid is None:
@@ -760,9 +762,17 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
     base = Path(data_dir) if data_dir is not None else default_dir()
     temp = tempfile.mkdtemp(prefix="client-", dir=base)
     config = NodeConfig(Path(temp), sid, validators=validators(), roles=("requester",), bootstrap=tuple(peers),
-                        announce=False, dht_rpc_timeout=2.0, host=source_address(peers))
+                        announce=False, dht_rpc_timeout=2.0, host=source_address(peers),
+                        ice_servers=tuple(_ice_servers() if ice_servers is None else ice_servers),
+                        relays=3)
     return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],
                          key=PeerKey.generate())
+
+
+def _ice_servers() -> list[object]:
+    from swarm.links.ice import ice_servers
+
+    return list(ice_servers((), os.environ))
 
 
 def _start_client(config: NodeConfig, min_workers: int, timeout: float,

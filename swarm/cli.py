@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -119,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(verbosity(args))
     try:
         args.data_dir = data_dir(args.data_dir)
+        if hasattr(args, "ice_server"):  # networked commands: validated before any I/O
+            from swarm.links.ice import ice_servers
+
+            args.ice_servers = ice_servers(args.ice_server, os.environ)
         return int(args._run(args) or EXIT_OK)
     except ConfigError as exc:
         print(f"swarm {args.command}: {exc}", file=sys.stderr)

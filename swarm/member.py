@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                 publication: Publication | None = None, timing: Timing | None = None,
                 ready: Callable[[Ready], None] | None = None,
                 stop: asyncio.Event | None = None, store_capacity: int = 4 << 30,
-                coordinate: bool = True) -> str:
+                coordinate: bool = True, ice_servers: Sequence[object] = (),
+                relay_data: int = 0) -> str:
     """Be a member until ``stop`` (or SIGTERM/SIGINT) or until kicked/blocked; why we left."""
     started = time.monotonic()
     if uri.salt != charter.CHARTER_SALT:
@@ -76,7 +77,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, validators=charter.validators(), host=host, dht_port=port,
                            bootstrap=tuple(uri.peers), hints=seen, backend=backend, threads=threads,
                            store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
-                           roles=("worker",) if coordinate else ("worker", NO_COORDINATE)))
+                           roles=("worker",) if coordinate else ("worker", NO_COORDINATE),
+                           ice_servers=tuple(ice_servers), relays=3, relay_data=relay_data))
     if state is not None and node.peer_id in state.blocked_ids:
         raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
                       f"{uri.name or sid.hex()[:12]}")

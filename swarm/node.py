@@ -8,7 +8,14 @@ A :class:`Node` is what ``swarm join`` runs (worker role) and what a client embe
   :class:`~swarm.control.membership.MemberRecord` under the swarm's topic and re-announces it;
 - a worker listens for TLS links and serves tasks on them with an
   :class:`~swarm.runtime.host.ActorHost`; a requester dials workers found in the member list
-  and runs jobs with a :class:`~swarm.runtime.requester.Requester`.
+  and runs jobs with a :class:`~swarm.runtime.requester.Requester`;
+- behind a NAT: every node relays signals between the peers it holds links to
+  (:class:`~swarm.links.relay.SignalRelay`) and keeps links to up to ``relays`` reachable
+  members; a worker the requester cannot dial directly is reached over WebRTC, signaled
+  through those members (sealed and signed end to end), through STUN/TURN where configured.
+  Members that opt in (``relay_data``) carry the bytes where nothing else works
+  (:mod:`swarm.links.circuit`, end to end encrypted). A worker with no path at all is
+  reported unreachable and not dialed again for :data:`UNREACHABLE_BACKOFF` seconds.
 
 Hooks for the control plane (all optional, all on the instance):
 
@@ -56,6 +63,16 @@ from swarm.control.membership import (
 from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
+from swarm.links.circuit import (
+    CircuitAccept,
+    CircuitClose,
+    CircuitData,
+    CircuitEndpoint,
+    CircuitIncoming,
+    CircuitOpen,
+    DataRelay,
+)
+from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import Evidence
 from swarm.runtime.host import ActorHost
@@ -69,6 +86,20 @@ EVIDENCE_WAIT = 15.0
 """Seconds :meth:`Node.stop` waits for evidence still on its way to the coordinator."""
 EVIDENCE_RETRY = 60.0
 """Seconds a node keeps retrying to deliver one piece of evidence (coordinator failover)."""
+UNREACHABLE_BACKOFF = 60.0
+"""Seconds a worker with no path at all is left alone before the next dial."""
+REDIAL_DELAYS = (0.5, 2.0, 5.0, 10.0)
+"""Seconds before each redial of a worker whose link was lost (not closed by either side):
+a NAT mapping that disappeared costs a new ICE session, not the worker."""
+CIRCUIT_WAIT = 5.0
+"""Seconds to wait for a member to open a circuit (all members are asked at once)."""
+RELAY_FRESH = 8.0
+"""A member link used as a relay must have carried something within this many seconds
+(keepalive pings come every 5 s)."""
+RELAY_INTERVAL = 10.0
+"""Seconds between checks that the node still holds links to ``relays`` reachable members."""
+RELAY_DIAL = 3.0
+"""Seconds a TLS dial to a would-be relay member may take."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
 
@@ -116,6 +147,16 @@ class NodeConfig:
     listen: bool | None = None
     """Take incoming TLS links (None: when a worker). A non-worker that listens serves only
     control messages on them (a coordinator that is not a worker, say)."""
+    ice_servers: tuple[object, ...] = ()
+    """STUN/TURN servers (aiortc ``RTCIceServer``) for WebRTC links (:mod:`swarm.links.ice`)."""
+    relays: int = 0
+    """Reachable members to keep a link to, so that peers can signal us behind a NAT
+    (``swarm join``, ``publish`` and ``submit`` keep 3)."""
+    relay_data: int = 0
+    """Carry other members' links (circuits) at up to this many bytes/s when they have no
+    other path (0: do not; opt-in, ``--relay-data``)."""
+    webrtc: bool = True
+    """Fall back to WebRTC (signaled through member relays) when a worker cannot be dialed."""
     validators: Mapping[bytes, Validator] = field(kw_only=True)
     """DHT item validators by salt, installed before the node serves anything: every node
     refuses forged swarm items (pass :func:`swarm.control.charter.validators`; required so
@@ -155,6 +196,18 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
         self.record: MemberRecord | None = None
+        self.relay = SignalRelay()
+        self.webrtc = None  # a WebRTCEndpoint once started (aiortc is imported lazily)
+        self.signaler: RelaySignaler | None = None
+        self.unreachable: dict[PeerId, tuple[float, str]] = {}
+        """Workers with no path: peer -> (monotonic time to retry, why)."""
+        self._relay_links: dict[PeerId, PeerLink] = {}
+        for kind in (RelaySignal, RelayedSignal, RelayRefused):
+            self.on_control(kind, self._relay_message)
+        self.data_relay = DataRelay(self.relay.links, config.relay_data)
+        self.circuits = CircuitEndpoint(self.key, on_link=self._serve, accept=self._accepts)
+        for kind in (CircuitOpen, CircuitIncoming, CircuitAccept, CircuitData, CircuitClose):
+            self.on_control(kind, self._circuit_message)
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -271,6 +324,17 @@ class Node:
         if cfg.announce:
             await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
             self._spawn(self._reannounce())
+        if cfg.webrtc:
+            from swarm.links.webrtc import WebRTCEndpoint
+
+            self.signaler = RelaySignaler(self.key, self._relays_for)
+            self.webrtc = WebRTCEndpoint(
+                self.key, self.signaler, on_link=self._serve, accept=self._accepts,
+                ice_servers=list(cfg.ice_servers),
+                host_addresses=None if cfg.host in ("0.0.0.0", "::") else [cfg.host])
+            self.signaler.on_unreachable = self.webrtc.unreachable
+        if cfg.relays > 0:
+            self._spawn(self._keep_relays())
         log.info("node %s up: dht %s, links %s, roles %s", self.peer_id.short(),
                  self.dht.address, links, ",".join(cfg.roles))
 
@@ -320,6 +384,7 @@ class Node:
 
     async def _serve(self, link: PeerLink) -> None:
         self._incoming[link.remote] = link
+        self.relay.attach(link)
         try:
             if self.host is not None:
                 await self.host.serve(link, fallback=self._dispatch)
@@ -345,6 +410,11 @@ class Node:
             await self.server.close()
         for task in list(self._tasks):
             task.cancel()
+        if self.webrtc is not None:
+            await self.webrtc.close()
+        await self.circuits.close()
+        for link in list(self._relay_links.values()):
+            await link.close("node stopping")
         await self.requester.close()
         for link in list(self._incoming.values()):
             await link.close("node stopping")
@@ -363,22 +433,20 @@ class Node:
         """Dial every live, accepted worker we have no link to; returns the linked workers."""
         if records is None:
             records = await self.members()
+        now = time.monotonic()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
-                 and r.peer_id not in self.requester.links]
+                 and r.peer_id not in self.requester.links
+                 and self.unreachable.get(r.peer_id, (0.0, ""))[0] <= now]
 
         async def dial(r: MemberRecord) -> None:
-            for host, port in r.links:
-                try:
-                    link = await tls.connect(self.key, host, port, r.peer_id)
-                except (OSError, TimeoutError, LinkClosed) as exc:
-                    log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
-                    continue
-                except Exception as exc:  # AuthenticationError, ProtocolError
-                    log.warning("refusing %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
-                    continue
-                self.requester.attach(link, fallback=self._dispatch)
+            try:
+                link = await self._dial(r)  # its own link: another link has its own reader
+            except Exception as exc:  # AuthenticationError, ProtocolError
+                log.warning("refusing %s: %s", r.peer_id.short(), exc)
                 return
+            if link is not None:
+                self._use_worker(r, link)
 
         await asyncio.gather(*(dial(r) for r in dials))
         return self.requester.workers()
@@ -394,6 +462,143 @@ class Node:
                 await asyncio.sleep(delay)  # members appear through the DHT: poll, backing off
                 delay = min(delay * 2, 1.0)
 
+    def _use_worker(self, r: MemberRecord, link: PeerLink) -> None:
+        """Send shards over ``link``; dial ``r`` again if the link is lost."""
+        self.unreachable.pop(r.peer_id, None)
+        self.requester.attach(link, fallback=self._dispatch)
+        self.relay.attach(link)
+        link.add_close_callback(lambda lost: self._lost(r, lost))
+
+    def _lost(self, r: MemberRecord, link: PeerLink) -> None:
+        reason = getattr(link, "_closed", None)
+        text = reason.reason if isinstance(reason, LinkClosed) else ""
+        if self._stopping or text.startswith(("closed by peer", "closed locally")):
+            return
+        log.info("link to worker %s lost (%s); dialing it again", r.peer_id.short(), text)
+        self._spawn(self._redial(r))
+
+    async def _redial(self, r: MemberRecord) -> None:
+        for delay in REDIAL_DELAYS:
+            await asyncio.sleep(delay)
+            current = self.requester.links.get(r.peer_id)
+            if self._stopping or (current is not None and not current.closed):
+                return
+            try:
+                link = await self._dial(r)
+            except Exception as exc:  # AuthenticationError, ProtocolError
+                log.warning("refusing %s: %s", r.peer_id.short(), exc)
+                return
+            if link is not None:
+                log.info("worker %s reached again over %s", r.peer_id.short(), link.kind)
+                self._use_worker(r, link)
+                return
+
+    async def _dial(self, r: MemberRecord) -> PeerLink | None:
+        """A link to member ``r``: TLS to an announced address, else WebRTC signaled through
+        the members we hold links to; None (and ``r`` marked unreachable) if neither.
+        Raises AuthenticationError/ProtocolError when the peer refuses us or is not ``r``."""
+        why = []
+        for host, port in r.links:
+            try:
+                return await tls.connect(self.key, host, port, r.peer_id)
+            except (OSError, TimeoutError, LinkClosed) as exc:
+                log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
+                why.append(f"tls {host}:{port}: {exc or type(exc).__name__}")
+        if self.webrtc is not None:
+            from swarm.links.relay import RELAY_ADDR
+
+            try:
+                return await self.webrtc.connect(r.peer_id, RELAY_ADDR)
+            except (OSError, TimeoutError, LinkClosed) as exc:
+                why.append(f"webrtc: {exc or type(exc).__name__}")
+        relays = self._relays_for(r.peer_id)  # members that opted in carry the bytes
+        tries = [asyncio.ensure_future(self.circuits.connect(relay, r.peer_id, CIRCUIT_WAIT))
+                 for relay in relays]
+        link = None
+        try:
+            for done in asyncio.as_completed(tries):
+                try:
+                    link = await done
+                    break
+                except (OSError, TimeoutError, LinkClosed) as exc:
+                    why.append(f"member relay: {exc or type(exc).__name__}")
+        finally:
+            for t in tries:
+                t.cancel()
+            for t in tries:  # two members both opened a circuit: keep one
+                if t.done() and not t.cancelled() and t.exception() is None \
+                        and t.result() is not link:
+                    await t.result().close("a circuit through another member is in use")
+        if link is not None:
+            return link
+        reason = "; ".join(why) or "no address"
+        self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
+        log.warning("worker %s unreachable (no direct, relayed or TURN path; next try in "
+                    "%g s): %s", r.peer_id.short(), UNREACHABLE_BACKOFF, reason)
+        return None
+
+    # -- reachability behind NATs ---------------------------------------------------------
+
+    def _relays_for(self, peer: PeerId) -> list[PeerLink]:
+        """Links a signal to ``peer`` may be relayed through: every open member link that
+        was heard from lately (a link cut by a partition answers nothing: asking through it
+        would only wait out the timeout)."""
+        links = {**self._incoming, **self.requester.links, **self._relay_links}
+        fresh = time.monotonic() - RELAY_FRESH
+        return [link for p, link in links.items() if p != peer and not link.closed
+                and getattr(link, "_last_rx", fresh) >= fresh]
+
+    async def _relay_message(self, link: PeerLink, msg: wire.Message) -> None:
+        if isinstance(msg, RelaySignal):
+            await self.relay.handle(link, msg)
+        elif self.signaler is not None:
+            await self.signaler.handle(link, msg)
+
+    async def _serve_relay(self, link: PeerLink) -> None:
+        """Read a link we opened to a member to be reachable through it: only relay and
+        control messages travel on it, and it is not offered to :meth:`link_to` (control
+        messages to that member go on their own link, which fails fast when cut)."""
+        self.relay.attach(link)
+        try:
+            async for msg in link:
+                await self._dispatch(link, msg)
+        except LinkClosed:
+            pass
+
+    async def _circuit_message(self, link: PeerLink, msg: wire.Message) -> None:
+        if not await self.data_relay.handle(link, msg):
+            await self.circuits.handle(link, msg)
+
+    async def _keep_relays(self) -> None:
+        """Hold TLS links to up to ``relays`` reachable members (outbound, so they work from
+        behind a NAT): through them other peers signal us, and they keep our mapping open."""
+        while True:
+            try:
+                open_ = {p for p, link in self._relay_links.items() if not link.closed}
+                want = self.config.relays - len(open_)
+                if want > 0:
+                    for r in await self.members():
+                        if want <= 0:
+                            break
+                        if r.peer_id == self.peer_id or r.peer_id in open_ or not r.links:
+                            continue
+                        if not self._accepts(r.peer_id):
+                            continue
+                        link = self.link_to(r.peer_id)
+                        if link is None:
+                            try:
+                                link = await tls.connect(self.key, *r.links[0], r.peer_id,
+                                                         timeout=RELAY_DIAL)
+                            except Exception as exc:
+                                log.debug("no relay link to %s: %s", r.peer_id.short(), exc)
+                                continue
+                            self._spawn(self._serve_relay(link))
+                        self._relay_links[r.peer_id] = link
+                        want -= 1
+            except Exception as exc:  # the DHT may be unreachable for a while
+                log.info("relay links: %s", exc)
+            await asyncio.sleep(RELAY_INTERVAL)
+
     def link_to(self, peer: PeerId) -> PeerLink | None:
         """An open link to ``peer`` in either direction, if any."""
         for link in (self.requester.links.get(peer), self._incoming.get(peer)):
@@ -408,7 +613,10 @@ class Node:
             records = [r for r in await self.members() if r.peer_id == peer]
             if not records or not records[0].links:
                 raise LinkClosed(f"{peer.short()} is not a reachable member")
-            host, port = records[0].links[0]
-            link = await tls.connect(self.key, host, port, peer)
+            link = await self._dial(records[0])
+            if link is None:
+                raise LinkClosed(f"{peer.short()} is unreachable: "
+                                 f"{self.unreachable.get(peer, (0, '?'))[1]}")
             self.requester.attach(link, fallback=self._dispatch)
+            self.relay.attach(link)
         await link.send(msg)

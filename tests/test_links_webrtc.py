@@ -240,3 +240,39 @@ async def test_signaling_over_the_real_dht():
             await e.close()
         for n in nodes:
             await n.stop()
+
+
+def test_turn_is_not_asked_to_reach_other_lans():
+    from swarm.links.webrtc import turn_cannot_reach
+
+    relay = ["203.0.113.9"]  # a TURN server with a public address
+    assert turn_cannot_reach("192.168.1.20", "host", relay)
+    assert turn_cannot_reach("fe80::1", "host", relay)
+    assert turn_cannot_reach("abcd.local", "host", relay)
+    assert not turn_cannot_reach("8.8.8.8", "host", relay)  # a public host candidate
+    assert not turn_cannot_reach("192.168.1.20", "srflx", relay)
+    assert not turn_cannot_reach("203.0.113.1", "relay", relay)
+    lab = ["10.215.0.1"]  # a lab TURN server reaches its own LAN
+    assert not turn_cannot_reach("10.215.0.7", "host", lab)
+    assert turn_cannot_reach("10.216.1.2", "host", lab)
+
+
+def test_relay_candidates_skip_unreachable_remote_hosts():
+    """A remote LAN host candidate pairs with our host candidate, not our TURN one."""
+    import aioice
+
+    from swarm.links.webrtc import _relay_only_to_reachable
+
+    conn = aioice.Connection(ice_controlling=True)
+
+    class Proto:
+        def __init__(self, host: str, kind: str) -> None:
+            self.local_candidate = aioice.Candidate("1", 1, "udp", 1, host, 5000, kind)
+
+    conn._protocols = [Proto("10.216.1.2", "host"), Proto("10.215.0.1", "relay")]
+    conn._local_candidates = [p.local_candidate for p in conn._protocols]
+    _relay_only_to_reachable(conn)
+    conn._pair_remote_candidate(aioice.Candidate("2", 1, "udp", 1, "10.216.2.2", 6000, "host"))
+    conn._pair_remote_candidate(aioice.Candidate("3", 1, "udp", 1, "10.215.0.1", 7000, "relay"))
+    pairs = {(p.local_candidate.type, p.remote_candidate.type) for p in conn._check_list}
+    assert pairs == {("host", "host"), ("host", "relay"), ("relay", "relay")}

@@ -3,8 +3,10 @@
 ``--bootstrap HOST:PORT`` (repeatable) and ``SWARM_BOOTSTRAP`` (comma-separated HOST:PORT)
 name DHT nodes to join through besides the URI's ``x.pe`` hints, so a swarm stays
 reachable after every peer the URI names is gone (any ``swarm dht serve`` node will do).
-Every networked command calls :func:`add_network_options` on its parser and
-:func:`bootstrap_addresses` on its arguments; nothing else parses these.
+``--ice-server URL`` (and ``SWARM_ICE_SERVERS``) names STUN/TURN servers for WebRTC links to
+peers behind NAT (parsed and checked by :mod:`swarm.links.ice`). Every networked command
+calls :func:`add_network_options` on its parser and :func:`bootstrap_addresses` on its
+arguments; nothing else parses these.
 """
 
 from __future__ import annotations
@@ -13,14 +15,20 @@ import argparse
 import os
 
 ENV = "SWARM_BOOTSTRAP"
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def add_network_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--bootstrap`` (repeatable) to ``parser``; returns it."""
+    """Add ``--bootstrap`` and ``--ice-server`` (both repeatable) to ``parser``; returns it."""
     parser.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
                         help=f"a DHT node to join through, besides the URI's peers "
                              f"(repeatable; 'mainline' for the public BitTorrent DHT "
                              f"routers; also ${ENV}, comma-separated)")
+    parser.add_argument(
+        "--ice-server", action="append", default=[], metavar="URL", dest="ice_server",
+        help="STUN/TURN server for WebRTC links (repeatable): stun:HOST:PORT or "
+        "turn:USER:CREDENTIAL@HOST:PORT; also $SWARM_ICE_SERVERS, a JSON list of "
+        "RTCIceServer objects {urls, username, credential}")
     return parser
 
 
@@ -45,3 +53,16 @@ def bootstrap_addresses(args: argparse.Namespace) -> list[tuple[str, int]]:
             why = str(exc).removeprefix("x.pe: ")
             raise ConfigError(f"{where} {text[:60]!r}: expected HOST:PORT ({why})") from None
     return list(dict.fromkeys(out))
+
+
+def rate(text: str) -> int:
+    """A byte rate such as 500k, 2M or 1G (per second) for ``--relay-data``."""
+    t = text.strip().lower().removesuffix("/s").rstrip("b")
+    mult = _UNITS.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if t[-1:] in _UNITS else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte rate: {text!r} (e.g. 2M)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a byte rate is >= 0")
+    return value

@@ -33,9 +33,12 @@ def _size(text: str) -> int:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from swarm.commands._network import add_network_options
+    from swarm.commands._network import add_network_options, rate
 
     add_network_options(p)
+    p.add_argument("--relay-data", type=rate, default=0, metavar="RATE",
+                   help="carry other members' links when they have no other path (behind "
+                   "NATs, no TURN), at most RATE bytes/s, e.g. 2M (default: off)")
     p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
     p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
@@ -72,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     reason = swarm_loop.run(member.serve(join, args.data_dir, backend=args.backend,
                                          port=args.port, host=args.host, threads=args.threads,
                                          ready=ready, store_capacity=args.max_memory,
-                                         coordinate=not args.no_coordinate))
+                                         coordinate=not args.no_coordinate,
+                                         ice_servers=args.ice_servers,
+                                         relay_data=args.relay_data))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     code = 0
     if reason.startswith(("kicked", "this peer is blocked")):

@@ -18,9 +18,12 @@ the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who shou
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from swarm.commands._network import add_network_options
+    from swarm.commands._network import add_network_options, rate
 
     add_network_options(p)
+    p.add_argument("--relay-data", type=rate, default=0, metavar="RATE",
+                   help="carry other members' links when they have no other path (behind "
+                   "NATs, no TURN), at most RATE bytes/s, e.g. 2M (default: off)")
     p.add_argument("--name", required=True, help="the swarm's name (at most 32 bytes)")
     p.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
                    help="owner key: a FIDO2 security key (default), or a software key file "
@@ -82,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
 
     reason = swarm_loop.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
-                                         host=args.host, publication=pub, ready=ready))
+                                         host=args.host, publication=pub, ready=ready,
+                                         ice_servers=args.ice_servers,
+                                         relay_data=args.relay_data))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     if args.json:
         print_json(left_event(reason, 0))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from swarm.commands._common import add_json_option, print_json, print_table
+from swarm.commands._network import add_network_options
 
 HELP = "show a swarm's owner, coordinator and term, members, running jobs and blocklist"
 DESCRIPTION = """\
@@ -24,11 +25,14 @@ about 2 s (plus one DHT round trip) stale.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from swarm.commands._network import add_network_options
 
     add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
     add_json_option(p, "the status")
+    p.add_argument("--reach", action="store_true",
+                   help="also dial every member and show how it is reached from here: "
+                   "direct (TLS), webrtc LOCAL-REMOTE (ICE path: host, srflx, prflx, relay "
+                   "= TURN) signaled through members, member relay, or unreachable")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
             view = await observer.observe(node, join)
             data = view.to_json()
             data["join_uri"] = str(await observer.join_uri(node, join, view))
+            if args.reach:
+                from swarm.links.reach import probe
+
+                how = await probe(node.key, [(r.peer_id, r.links) for r, _ in view.members],
+                                  args.ice_servers, node.address[0])
+                for m, (r, _) in zip(data["members"], view.members, strict=True):
+                    m["reach"] = how.get(r.peer_id, "unreachable")
             return data
 
     data = swarm_loop.run(look())
@@ -60,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
         print("admins: " + ", ".join(a[:12] for a in data["admins"]))
     coord = data["coordinator"]
     print(f"coordinator: {coord[:12] if coord else 'none'}  term {data['term']}")
-    print_table(("peer", "TFLOPS", "role", "load", "link", "tasks"), [
+    reach = args.reach  # one more column: how each member is reached from here
+    print_table(("peer", "TFLOPS", "role", "load", "link", "tasks") + (("reach",) if reach else ()), [
         (m["peer_id"][:12], f"{m['tflops']:.4f}", m["role"],
          None if m["health"]["load"] is None else f"{m['health']['load']:.2f}", m["link"],
-         m["tasks"]) for m in data["members"]], right=("TFLOPS", "load", "tasks"))
+         m["tasks"]) + ((m.get("reach", ""),) if reach else ()) for m in data["members"]],
+        right=("TFLOPS", "load", "tasks"))
     print(f"running tasks: {data['running_tasks']}")
     print(f"join URI: {data['join_uri']}")
     for j in data["jobs"]:

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
-                               min_workers=args.min_workers, timeout=min(args.timeout, 60.0))
+                               min_workers=args.min_workers, timeout=min(args.timeout, 60.0),
+                               ice_servers=args.ice_servers)
     except TimeoutError:
         raise RemoteError(f"no worker of the swarm answered within "
                           f"{min(args.timeout, 60.0):g} s (is anybody joined?)") from None

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -75,6 +76,24 @@ async def serve(link: PeerLink) -> None:
                 await link.send(msg)
     except LinkClosed:
         pass
+
+
+async def throughput(link: PeerLink, total: int, message: int = 4 << 20) -> float:
+    r"""MB/s of ``total`` bytes of Bulk arrays of ``message`` bytes to a :func:`serve`\ d
+    link, timed until the far end confirms them all."""
+    data = np.ones(message, dtype=np.uint8)
+    count = max(1, total // message)
+    await link.send(Flush(0))  # what the far end counted so far
+    before = await asyncio.wait_for(link.recv(), 60)
+    start = time.perf_counter()
+    for _ in range(count):
+        await link.send(Bulk(data))
+    await link.send(Flush(1))
+    answer = await asyncio.wait_for(link.recv(), 300)
+    elapsed = time.perf_counter() - start
+    if not (isinstance(answer, Flushed) and answer.nbytes - before.nbytes == count * message):
+        raise AssertionError(f"the far end counted {answer}, not {count * message} bytes")
+    return count * message / elapsed / 1e6
 
 
 async def _wait_stdin_closed() -> None:

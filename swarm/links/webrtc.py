@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
 import secrets
 import socket
@@ -234,6 +235,68 @@ def _udp_sockets(pc: RTCPeerConnection) -> list[socket.socket]:
     return socks
 
 
+def turn_cannot_reach(remote_host: str, remote_type: str, relay_hosts: Sequence[str]) -> bool:
+    """Whether a TURN relay at ``relay_hosts`` should not be asked to send to this remote
+    candidate: a host candidate on a LAN address (private, link-local, loopback, an mDNS
+    name) outside the relay's own /16 (/48 for IPv6) is somebody else's LAN.
+
+    Why: coturn tears the whole allocation down when one send to a peer fails locally
+    (``sendto`` -1, e.g. no route to that LAN); aioice does not notice, keeps using the
+    5-tuple, and coturn answers it as a new session (438, then 400 to ChannelBind, 437 to
+    Refresh). Such a pair could never work anyway, and the relay's other pairs die with it.
+    """
+    if remote_type != "host":
+        return False
+    try:
+        remote = ipaddress.ip_address(remote_host)
+    except ValueError:
+        return True  # an mDNS name: a LAN host by definition
+    if remote.is_global:
+        return False
+    for relay in relay_hosts:
+        try:
+            net = ipaddress.ip_network(f"{relay}/{16 if ':' not in relay else 48}", strict=False)
+        except ValueError:
+            continue
+        if remote in net:
+            return False
+    return True
+
+
+def _relay_only_to_reachable(conn) -> None:  # conn: aioice.Connection
+    """Pair this connection's TURN candidates only with remote candidates the relay can
+    reach (:func:`turn_cannot_reach`); other local candidates pair with everything."""
+    relay_hosts = [c.host for c in conn.local_candidates if c.type == "relay"]
+    if not relay_hosts or getattr(conn, "_swarm_relay_filter", False):
+        return
+    pair = conn._pair_remote_candidate
+
+    def pair_reachable(remote) -> None:
+        if not turn_cannot_reach(remote.host, remote.type, relay_hosts):
+            return pair(remote)
+        everything = conn._protocols
+        conn._protocols = [p for p in everything if p.local_candidate.type != "relay"]
+        try:
+            pair(remote)
+        finally:
+            conn._protocols = everything
+
+    conn._pair_remote_candidate = pair_reachable
+    conn._swarm_relay_filter = True
+
+
+def selected_path(pc: RTCPeerConnection) -> str:
+    """The nominated candidate pair as "LOCAL-REMOTE" types ("host-srflx", "relay-relay"...),
+    or "none" before ICE chose one: how a link reaches its peer, for status output."""
+    try:
+        pair = _ice_connection(pc)._nominated.get(1)
+    except AttributeError:
+        return "none"
+    if pair is None:
+        return "none"
+    return f"{pair.local_candidate.type}-{pair.remote_candidate.type}"
+
+
 async def _gather_on(pc: RTCPeerConnection, addresses: Sequence[str]) -> None:
     """Gather ICE candidates on exactly ``addresses`` (aioice skips 127.0.0.1 itself)."""
     conn = _ice_connection(pc)
@@ -278,6 +341,7 @@ class WebRTCEndpoint:
         self.connect_timeout = connect_timeout
         self.guard = ReplayGuard()
         self._answers: dict[bytes, asyncio.Future[Signal]] = {}
+        self._dialing: dict[bytes, PeerId] = {}
         self._handshakes = asyncio.Semaphore(max_handshakes)
         self._tasks: set[asyncio.Task[None]] = set()
         self._pcs: set[RTCPeerConnection] = set()
@@ -301,6 +365,7 @@ class WebRTCEndpoint:
         session = secrets.token_bytes(16)
         answer_fut: asyncio.Future[Signal] = asyncio.get_running_loop().create_future()
         self._answers[session] = answer_fut
+        self._dialing[session] = peer
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self._gather(pc)
@@ -330,7 +395,15 @@ class WebRTCEndpoint:
             raise
         finally:
             self._answers.pop(session, None)
+            self._dialing.pop(session, None)
         return self._link(peer, pc, channel, frames, tuning is not None)
+
+    def unreachable(self, peer: PeerId, reason: str) -> None:
+        """Fail our pending dials to ``peer`` now (a relay said it cannot reach it)."""
+        for session, who in list(self._dialing.items()):
+            fut = self._answers.get(session)
+            if who == peer and fut is not None and not fut.done():
+                fut.set_exception(ConnectionError(f"WebRTC link to {peer.short()}: {reason}"))
 
     # -- answering -----------------------------------------------------------------------
 
@@ -420,6 +493,7 @@ class WebRTCEndpoint:
             await _gather_on(pc, self.host_addresses)
         else:
             await _ice_connection(pc).gather_candidates()
+        _relay_only_to_reachable(_ice_connection(pc))
 
     def _may_tune(self, *sdps: str) -> bool:
         """Tuning is offered/accepted only when wanted and every candidate is LAN-local."""
@@ -597,4 +671,5 @@ class UDPSignaler(asyncio.DatagramProtocol):
 
 
 __all__ = ["CONNECT_TIMEOUT", "Credit", "DHTSignaler", "Signaler", "UDPSignaler",
-           "WebRTCEndpoint", "WebRTCLink"]
+           "WebRTCEndpoint", "WebRTCLink",
+           "selected_path", "turn_cannot_reach"]

@@ -3,8 +3,12 @@ on them, both always torn down."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from tests.system.nat import NatNet
+from tests.system.nat import unavailable as nat_unavailable
 from tests.system.netns import Net, unavailable
 from tests.system.support import NetCluster
 
@@ -29,3 +33,18 @@ def cluster(tmp_path, net):
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def natnet(tmp_path):
+    """Public segment, NAT routers, LAN hosts, coturn (:mod:`tests.system.nat`)."""
+    why = nat_unavailable()
+    if why:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and {why}")
+        pytest.skip(why)
+    n = NatNet(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()

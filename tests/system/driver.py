@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="per job")
     p.add_argument("--report-liars", action="store_true")
     args = p.parse_args(argv)
+    import logging
+    import os
+
+    logging.basicConfig(level=os.environ.get("SWARM_DRIVER_LOG", "WARNING"),
+                        format="%(name)s %(levelname)s %(message)s")
 
     from swarm.api import connect
     from swarm.runtime.refs import get

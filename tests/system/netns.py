@@ -65,21 +65,27 @@ def netem_unavailable() -> str | None:
 
 
 @dataclass
-class Host:
-    """One test host: a namespace with an address on one side of the switch."""
+class NsHost:
+    """A test host: a namespace with one address."""
 
     ns: str
     """Namespace name."""
     addr: str
-    """Its IPv4 address in :data:`SUBNET`.0/24."""
-    side: str
-    """"a" or "b"."""
-    port: str
-    """The switch-side end of its veth (brought down to cut this host off)."""
+    """Its IPv4 address."""
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` run inside this host (``ip netns exec`` execs it: same pid)."""
         return ["ip", "netns", "exec", self.ns, *argv]
+
+
+@dataclass
+class Host(NsHost):
+    """One test host on one side of the switch."""
+
+    side: str
+    """"a" or "b"."""
+    port: str
+    """The switch-side end of its veth (brought down to cut this host off)."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 from identity.keys import SHORT_LEN
 from tests.conftest import subprocess_env, swarm_cmd
 from tests.control_support import Proc, stop_all
-from tests.system.netns import Host, Net
+from tests.system.netns import Host, Net, NsHost
 
 FOLLOW = re.compile(r"following (\S+) at term (\d+)")
 """A node's log line when it starts acting on a coordinator's state."""
@@ -114,3 +114,24 @@ def members(st: dict) -> set[str]:
 
 def blocked(st: dict) -> set[str]:
     return {b["peer_id"] for b in st["blocked"]}
+
+
+def submit_matmul(host: NsHost, uri: str, tmp_path: Path, *extra: str,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`swarm submit URI matmul` from ``host`` (bounded); a result it wrote is checked
+    against numpy's. The caller reads returncode, stdout (``--json``) and stderr."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, 200), dtype=np.float32)
+    b = rng.standard_normal((200, 260), dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    res = subprocess.run(host.wrap(swarm_cmd(
+        "submit", uri, "matmul", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+        "-o", str(tmp_path / "c.npy"), "--json", "--timeout", "150",
+        "--data-dir", str(tmp_path / "req"), *extra)),
+        capture_output=True, text=True, timeout=240, env=subprocess_env(**(env or {})))
+    if res.returncode == 0:
+        np.testing.assert_allclose(np.load(tmp_path / "c.npy"), a @ b, rtol=1e-3, atol=1e-2)
+    return res

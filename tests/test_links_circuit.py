@@ -1,0 +1,146 @@
+"""Member data relay: a circuit carries a link's frames through a member that opted in,
+sealed end to end (the relay sees ciphertext only; any change closes the circuit), at most
+the relay's byte rate, and refused clearly where the relay does not relay or cannot reach."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from identity.keys import PeerKey
+from swarm.errors import LinkClosed
+from swarm.links import memory_pair
+from swarm.links.circuit import CircuitData, CircuitEndpoint, DataRelay
+from swarm.links.echo import Bulk, Echo
+
+
+class _Net:
+    """A and W each linked to relay R; every link end read by a pump."""
+
+    def __init__(self, rate: int, tamper=None) -> None:
+        self.keys = {n: PeerKey.generate() for n in "AWRX"}
+        self.links = {}
+        self.relay = DataRelay(self.links, rate)
+        self.accepted: asyncio.Queue = asyncio.Queue()
+        self.seen: list[bytes] = []
+        self.tasks = []
+        self.ends = {}
+        for name in "AW":
+            mine, relays = memory_pair(self.keys[name], self.keys["R"])
+            self.links[self.keys[name].peer_id] = relays
+            ep = CircuitEndpoint(self.keys[name], on_link=self.accepted.put_nowait)
+            self.ends[name] = (ep, mine)
+            self.tasks += [asyncio.ensure_future(self._pump_relay(relays, tamper)),
+                           asyncio.ensure_future(self._pump_end(ep, mine))]
+
+    async def _pump_relay(self, link, tamper) -> None:
+        async for msg in link:
+            if isinstance(msg, CircuitData):
+                self.seen.append(msg.data.tobytes())
+                if tamper and len(self.seen) == 3:
+                    msg = CircuitData(msg.circuit, tamper(msg.data))
+            await self.relay.handle(link, msg)
+
+    async def _pump_end(self, ep, link) -> None:
+        async for msg in link:
+            await ep.handle(link, msg)
+
+    async def dial(self):
+        ep, relay_link = self.ends["A"]
+        return await ep.connect(relay_link, self.keys["W"].peer_id, timeout=5)
+
+    async def close(self) -> None:
+        for ep, link in self.ends.values():
+            await ep.close()
+            await link.close()
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def test_a_circuit_carries_a_link_the_relay_cannot_read():
+    net = _Net(rate=50 << 20)
+    try:
+        link = await net.dial()
+        theirs = await asyncio.wait_for(net.accepted.get(), 5)
+        assert (link.remote, theirs.remote) == (net.keys["W"].peer_id, net.keys["A"].peer_id)
+        secret = np.frombuffer(b"matrix rows nobody else may read" * 64, np.uint8)
+        await link.send(Echo("hello", [secret]))
+        got = await asyncio.wait_for(theirs.recv(), 5)
+        assert got.text == "hello" and got.arrays[0].tobytes() == secret.tobytes()
+        await theirs.send(Echo("back", []))
+        assert (await asyncio.wait_for(link.recv(), 5)).text == "back"
+        assert await link.ping(5) > 0
+        assert net.seen and not any(b"nobody else" in s or b"hello" in s for s in net.seen)
+        await link.close("done")
+        with pytest.raises(LinkClosed):
+            await asyncio.wait_for(theirs.recv(), 5)
+    finally:
+        await net.close()
+
+
+async def test_a_frame_changed_by_the_relay_closes_the_circuit():
+    net = _Net(rate=50 << 20, tamper=lambda d: np.bitwise_xor(d, 1).astype(np.uint8))
+    try:
+        link = await net.dial()
+        theirs = await asyncio.wait_for(net.accepted.get(), 5)
+        for i in range(4):
+            await link.send(Echo(str(i), []))
+        with pytest.raises(LinkClosed):
+            for _ in range(5):
+                await asyncio.wait_for(theirs.recv(), 5)
+        assert "altered" in str(theirs.error)
+    finally:
+        await net.close()
+
+
+async def test_the_relay_caps_its_byte_rate():
+    rate = 512 << 10
+    net = _Net(rate=rate)
+    try:
+        link = await net.dial()
+        theirs = await asyncio.wait_for(net.accepted.get(), 5)
+        blob = np.zeros(256 << 10, np.uint8)
+        t0 = time.monotonic()
+        for _ in range(6):  # 1.5 MiB through a 0.5 MiB/s relay (1 s of burst)
+            await link.send(Bulk(blob))
+        for _ in range(6):
+            await asyncio.wait_for(theirs.recv(), 10)
+        assert time.monotonic() - t0 >= 1.5
+        assert net.relay.carried >= 6 * blob.nbytes
+    finally:
+        await net.close()
+
+
+async def test_refused_where_the_member_does_not_relay_or_cannot_reach():
+    net = _Net(rate=0)
+    try:
+        with pytest.raises(ConnectionError, match="does not relay data"):
+            await net.dial()
+        net.relay.rate = 1 << 20
+        ep, relay_link = net.ends["A"]
+        with pytest.raises(ConnectionError, match="no link to"):
+            await ep.connect(relay_link, net.keys["X"].peer_id, timeout=5)
+    finally:
+        await net.close()
+
+
+async def test_one_dialer_gets_a_bounded_share_of_the_relay():
+    from swarm.links.circuit import MAX_PER_SENDER
+
+    net = _Net(rate=1 << 20)
+    try:
+        links = [await net.dial() for _ in range(MAX_PER_SENDER)]
+        with pytest.raises(ConnectionError, match="for you already"):
+            await net.dial()
+        await links[0].close()
+        for _ in range(50):  # the close travels through the relay
+            if net.relay._opened_by.get(net.keys["A"].peer_id) < MAX_PER_SENDER:
+                break
+            await asyncio.sleep(0.02)
+        assert (await net.dial()).remote == net.keys["W"].peer_id
+    finally:
+        await net.close()

@@ -1,0 +1,51 @@
+"""A node reaches workers again after losing a link (a NAT mapping gone, a keepalive
+timeout): it redials, on any path, without anybody asking; a link closed on purpose (a
+goodbye) is not redialed; a worker with no path is marked unreachable, not dialed forever."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from tests import test_runtime_node
+
+nodes = test_runtime_node.two_nodes  # a fixture: requester a (listening), worker b
+
+
+async def _linked(a, b, timeout=10.0):
+    async with asyncio.timeout(timeout):
+        while True:
+            link = a.requester.links.get(b.peer_id)
+            if link is not None and not link.closed:
+                return link
+            await asyncio.sleep(0.05)
+
+
+async def test_a_lost_link_is_dialed_again(nodes):
+    a, b = nodes
+    assert b.peer_id in await a.wait_for_workers(1, 20)
+    first = a.requester.links[b.peer_id]
+    first._abort("connection lost: the NAT forgot us")
+    second = await _linked(a, b)
+    assert second is not first
+    assert await second.ping(5) > 0
+
+
+async def test_a_goodbye_is_not_redialed(nodes):
+    a, b = nodes
+    await a.wait_for_workers(1, 20)
+    await b._incoming[a.peer_id].close("leaving")
+    await asyncio.sleep(1.5)  # longer than the first redial delay
+    link = a.requester.links.get(b.peer_id)
+    assert link is None or link.closed
+
+
+async def test_a_worker_with_no_path_is_marked_unreachable(nodes):
+    a, b = nodes
+    records = [r for r in await a.members() if r.peer_id == b.peer_id]
+    await b.server.close()  # its address stops answering
+    gone = [dataclasses.replace(records[0], links=(("127.0.0.1", 9),))]
+    assert await a.connect_workers(gone) == []
+    until, why = a.unreachable[b.peer_id]
+    assert "tls 127.0.0.1:9" in why
+    assert await a.connect_workers(gone) == []  # not dialed again while backing off
