@@ -289,7 +289,12 @@ class Node:
         async def dial(r: MemberRecord) -> None:
             for host, port in r.links:
                 try:
-                    link = await tls.connect(self.key, host, port, r.peer_id)
+                    if r.via is not None:  # a browser tab: through the node that serves it
+                        from swarm.web.relay import dial as relay_dial
+
+                        link = await relay_dial(self.key, host, port, r.via, r.peer_id)
+                    else:
+                        link = await tls.connect(self.key, host, port, r.peer_id)
                 except (OSError, TimeoutError, LinkClosed) as exc:
                     log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
                     continue

@@ -34,6 +34,9 @@ def _size(text: str) -> int:
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
     p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="also serve browser tabs: join page (link and QR code printed), "
+                        "tab signaling and the live status panel (port 0: any free one)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
                    help="compute backend (auto: the fastest that validates)")
     p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
@@ -56,11 +59,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"peer: {r.node.peer_id}", file=sys.stderr, flush=True)
         print(f"joined swarm {join.name!r} in {r.joined_in:.2f} s as {r.control.role.value}; "
               f"{r.node.tflops * 1000:.1f} GFLOPS", file=sys.stderr, flush=True)
+        if r.web:
+            from swarm.web.server import print_join_link
 
+            print_join_link(r.web, sys.stderr)
+
+    http = None
+    if args.http:
+        from swarm.web.server import parse_http
+
+        http = parse_http(args.http)
     reason = asyncio.run(member.serve(join, args.data_dir, backend=args.backend,
                                       port=args.port, host=args.host, threads=args.threads,
                                       ready=ready, store_capacity=args.max_memory,
-                                      coordinate=not args.no_coordinate))
+                                      coordinate=not args.no_coordinate, http=http))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     if reason.startswith(("kicked", "this peer is blocked")):
         from swarm.cli import EXIT_REFUSED

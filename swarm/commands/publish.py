@@ -26,6 +26,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="existing DHT nodes to join through (repeatable)")
     p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                    help="charter policy, e.g. require_hardware=true")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="also serve browser tabs: join page (link and QR code printed), "
+                        "tab signaling and the live status panel (port 0: any free one)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
 
 
@@ -67,8 +70,17 @@ def run(args: argparse.Namespace) -> int:
               f"owner key {swarm.credential.short()}"
               f"{'' if swarm.credential.hardware_backed else ' (software, not hardware-backed)'}",
               file=sys.stderr, flush=True)
+        if r.web:
+            from swarm.web.server import print_join_link
 
+            print_join_link(r.web, sys.stderr)
+
+    http = None
+    if args.http:
+        from swarm.web.server import parse_http
+
+        http = parse_http(args.http)
     reason = asyncio.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
-                                      host=args.host, publication=pub, ready=ready))
+                                      host=args.host, publication=pub, ready=ready, http=http))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     return 0
