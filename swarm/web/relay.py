@@ -160,7 +160,12 @@ async def pipe(a: PeerLink, b: PeerLink,
 
     tasks = [asyncio.ensure_future(one_way(a, b)), asyncio.ensure_future(one_way(b, a))]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if not t.cancelled() and isinstance(t.exception(), Exception) \
+                    and not isinstance(t.exception(), LinkClosed):
+                log.warning("relay %s <-> %s: %r", a.remote.short(), b.remote.short(),
+                            t.exception())
     finally:
         for t in tasks:
             t.cancel()

@@ -219,16 +219,19 @@ class WebServer:
             raise ProtocolError("this tab's peer is already joined here (another tab?)")
         self.tabs[peer] = session
         reader = self._spawn(self._read_ws(ws, session))
+        session.send = ws.send_str
         pc = session.pc = RTCPeerConnection()
         opened: asyncio.Future = asyncio.get_running_loop().create_future()
 
         @pc.on("datachannel")
         def _on_channel(channel) -> None:
-            if not opened.done():
-                if channel.readyState == "open":
-                    opened.set_result(channel)
-                else:
-                    channel.on("open", lambda: opened.done() or opened.set_result(channel))
+            fut = opened if not opened.done() else session.asked.pop(channel.label, None)
+            if fut is None:  # a channel we did not ask for
+                channel.close()
+            elif channel.readyState == "open":
+                fut.done() or fut.set_result(channel)
+            else:
+                channel.on("open", lambda: fut.done() or fut.set_result(channel))
 
         @pc.on("connectionstatechange")
         def _on_state() -> None:
@@ -283,12 +286,9 @@ class WebServer:
             await link.send(RelayOpened(False, "no such tab here (it left?)"))
             await link.close("no such tab")
             return
-        channel = tab.pc.createDataChannel(f"rq:{link.remote.hex()}", ordered=True)
-        opened = asyncio.get_running_loop().create_future()
-        channel.on("open", lambda: opened.done() or opened.set_result(None))
         try:
-            await asyncio.wait_for(opened, OPEN_TIMEOUT)
-        except TimeoutError:
+            channel = await tab.open_channel(f"rq:{link.remote.hex()}", OPEN_TIMEOUT)
+        except (TimeoutError, ProtocolError, ConnectionError):
             await link.send(RelayOpened(False, "the tab did not open a channel"))
             await link.close("tab unreachable")
             return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import math
@@ -41,6 +42,8 @@ VALIDATE_TIMEOUT = 30.0
 """Seconds the tab has to answer the validation task."""
 ANNOUNCE_TTL = 60.0
 """Lifetime of a tab's member record; renewed every third of it while the tab is here."""
+MAX_ASKED = 16
+"""Data channels one tab may be asked to open at once."""
 MAX_TFLOPS = 1000.0
 """Largest TFLOPS claim taken from a tab (its claim only; the scheduler measures)."""
 
@@ -182,6 +185,24 @@ class TabSession:
         self.validate_seconds: float | None = None
         self._inbox: asyncio.Queue[dict] = asyncio.Queue(maxsize=8)
         self.gone = asyncio.Event()
+        self.send: Callable[[str], object] | None = None
+        """Sends a signed message to the tab (set once the WebSocket is up)."""
+        self.asked: dict[str, asyncio.Future] = {}
+        """Data channels asked of the tab, by label, until they open."""
+        self._labels = itertools.count(1)
+
+    async def open_channel(self, purpose: str, timeout: float):
+        """Ask the tab to open one more data channel (Chrome ignores channels aiortc opens
+        on an established connection, so the tab opens them); the channel once open."""
+        if self.send is None or len(self.asked) >= MAX_ASKED:
+            raise ProtocolError("the tab cannot open another channel now")
+        label = f"{purpose}:{next(self._labels)}"
+        fut = self.asked[label] = asyncio.get_running_loop().create_future()
+        try:
+            await self.send(self.send_body({"t": "open", "label": label}))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.asked.pop(label, None)
 
     @property
     def peer(self) -> PeerId | None:

@@ -23,7 +23,7 @@ export class TabHost {
   constructor(backend, onEvent = () => {}) {
     this.backend = backend; this.onEvent = onEvent;
     this.store = new Map(); this.stored = 0; this.queue = Promise.resolve();
-    this.paused = null; this.links = new Set(); this.stats = { tasks: 0, failed: 0 };
+    this.paused = null; this.busy = false; this.links = new Set(); this.stats = { tasks: 0, failed: 0 };
   }
 
   attach(channel) {
@@ -89,8 +89,9 @@ export class TabHost {
     if (a.shape.length !== 2 || b.shape.length !== 2 || a.shape[1] !== b.shape[0]) throw new Error("matmul shapes do not chain");
     const [m, k] = a.shape, n = b.shape[1];
     this.onEvent("task-start", { m, k, n });
+    this.busy = true;
     const t0 = performance.now();
-    const c = await this.backend.matmul(a.data, m, k, b.data, n);
+    const c = await this.backend.matmul(a.data, m, k, b.data, n).finally(() => { this.busy = false; });
     const seconds = (performance.now() - t0) / 1000;
     this.stats.tasks++;
     this.onEvent("task-done", { m, k, n, seconds });

@@ -86,7 +86,6 @@ async function start(config) {
       nonce = body.nonce;
       pc = new RTCPeerConnection();
       host.attach(pc.createDataChannel("swarm", { ordered: true }));
-      pc.ondatachannel = (e) => host.attach(e.channel); // one per requester, opened by the node
       pc.onconnectionstatechange = () => {
         if (["failed", "closed"].includes(pc.connectionState)) setState("left", "Disconnected from the swarm.");
       };
@@ -103,6 +102,10 @@ async function start(config) {
         && MEMBERS_TOPIC.every((x, i) => buf[topicAt + i] === x);
       if (!okPrefix) { setState("failed", "The node asked to sign something that is not a member record."); ws.close(); return; }
       await send({ t: "signed", sig: b64(await me.sign(buf)) });
+    } else if (body.t === "open") { // one channel per requester, labelled by the node
+      if (typeof body.label === "string" && body.label.length < 200) {
+        host.attach(pc.createDataChannel(body.label, { ordered: true }));
+      }
     } else if (body.t === "joined") {
       setState("joined", `Joined as ${me.peerId.slice(0, 12)}: computing for the swarm.`);
     } else if (body.t === "refused") {

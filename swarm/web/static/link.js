@@ -29,6 +29,7 @@ export class WireLink {
       }
       for (const msg of this.decoder.feed(frame)) this.dispatch(msg);
     } catch (err) {
+      console.warn(`swarm link ${this.channel.label}: ${err.stack}`);
       this.send("link.goodbye", { reason: `protocol error: ${err.message}`.slice(0, 200) });
       this.close(`protocol error: ${err.message}`, false);
     }

@@ -6,7 +6,7 @@ import { encode as mpEncode, decode as mpDecode, Ext } from "./msgpack.js";
 
 export const VERSION = 1, HEADER = 1, CHUNK = 2, EXT_ARRAY = 1;
 export const MAX_FRAME = 256 * 1024;
-const CHUNK_HEAD = 13; // u8 version | u8 kind | u32 msg id | u16 array | u32 chunk (LE)
+const CHUNK_HEAD = 12; // u8 version | u8 kind | u32 msg id | u16 array | u32 chunk (LE)
 export const CHUNK_SIZE = MAX_FRAME - CHUNK_HEAD;
 const INLINE_MAX = 64 * 1024;
 const ITEMSIZE = { float32: 4, float16: 2, bf16: 2, float64: 8, int32: 4, uint32: 4,
