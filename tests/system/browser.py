@@ -22,6 +22,10 @@ FLAGS = ["--no-sandbox", "--no-first-run", "--disable-background-networking",
 
 def missing() -> str | None:
     """What the browser tests lack here (None: they can run)."""
+    from tests.system.netns import unavailable
+
+    if why := unavailable():
+        return why
     if shutil.which("chromium") is None:
         return "chromium is not installed (as root: apt-get install -y chromium; `make test` does)"
     try:

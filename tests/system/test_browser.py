@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -12,15 +13,22 @@ import pytest
 from tests.conftest import subprocess_env, swarm_cmd
 from tests.system import browser
 from tests.system.browser import Browser
+from tests.system.netns import Net
+from tests.system.support import NetCluster
 
 pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(420)]
 LINK = re.compile(r"join from a browser: (http://\S+)")
 
 
 @pytest.fixture
-def tabs(tmp_path, cluster, net):
+def tabs(tmp_path):
     """A published swarm serving tabs on one test host, and a browser on that host."""
     browser.require()
+    with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
+        yield from _tabs(tmp_path, net, cluster)
+
+
+def _tabs(tmp_path, net, cluster):
     host = net.host("a")
     pub = cluster.start("pub", host, swarm_cmd(
         "publish", "--name", "lab", "--owner-key", f"soft:{tmp_path / 'owner.key'}",

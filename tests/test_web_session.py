@@ -1,0 +1,164 @@
+"""Browser tabs without a browser: signed signaling, the node's validation of a tab,
+tab member records, tab-signed DHT entries and the relay's refusal (issue 16)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+
+import numpy as np
+import pytest
+
+from dht import DHTNode
+from dht.announce import Announcement, announcement_buffer
+from dht.errors import ItemError
+from identity import PeerKey
+from swarm.control.membership import MemberRecord, membership_topic
+from swarm.control.plane import candidate
+from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
+from swarm.links import tls
+from swarm.runtime.protocol import TaskFailed, TaskResult
+from swarm.web import relay
+from swarm.web.session import (
+    DOMAIN,
+    check_validation,
+    open_json,
+    parse_join,
+    seal_json,
+    tab_record,
+    validation_task,
+)
+
+SDP = "v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"
+
+
+def tab_message(key: PeerKey, body: dict) -> str:
+    """What join.js sends: the JSON text and the tab's Ed25519 signature over it."""
+    text = json.dumps(body)
+    return json.dumps({"b": text, "s": base64.b64encode(key.sign(DOMAIN + text.encode()))
+                       .decode()})
+
+
+def test_signed_signaling_checks_signer_and_session():
+    tab = PeerKey.generate()
+    body = {"t": "join", "peer": tab.peer_id.hex(), "nonce": "n1", "offer": SDP,
+            "tflops": 0.5, "backend": "webgpu"}
+    got, signer = open_json(tab_message(tab, body), None, "n1")
+    assert signer == tab.peer_id and parse_join(got, signer).tflops == 0.5
+    with pytest.raises(AuthenticationError, match="another session"):
+        open_json(tab_message(tab, body), None, "n2")
+    forged = json.loads(tab_message(tab, body))
+    forged["b"] = forged["b"].replace("0.5", "900")
+    with pytest.raises(AuthenticationError, match="does not verify"):
+        open_json(json.dumps(forged), None, "n1")
+    other = PeerKey.generate()  # signed by one key, naming another
+    with pytest.raises(AuthenticationError):
+        open_json(tab_message(other, body), None, "n1")
+    for junk in ("{", '{"b": 1, "s": "x"}', "x" * 40_000):
+        with pytest.raises(ProtocolError):
+            open_json(junk, None, "n1")
+    node = PeerKey.generate()  # and the node's messages verify under its key
+    sealed = json.loads(seal_json(node, {"t": "hello", "nonce": "n1"}))
+    assert node.peer_id.public_key().verify(base64.b64decode(sealed["s"]),
+                                            DOMAIN + sealed["b"].encode()) is None
+
+
+@pytest.mark.parametrize("body", [
+    {"t": "join", "offer": "no data channel", "tflops": 1, "backend": "webgpu"},
+    {"t": "join", "offer": SDP, "tflops": float("nan"), "backend": "webgpu"},
+    {"t": "join", "offer": SDP, "tflops": -1, "backend": "webgpu"},
+    {"t": "join", "offer": SDP, "tflops": 1, "backend": "cuda"},
+])
+def test_bad_join_claims_are_refused(body):
+    with pytest.raises(ProtocolError):
+        parse_join(body, PeerKey.generate().peer_id)
+
+
+def test_validation_accepts_only_the_exact_product():
+    msg, want = validation_task(np.random.default_rng(1))
+    a, b = (arg.array for arg in msg.args)
+    assert np.array_equal(want, a @ b) and np.any(want)
+    check_validation(TaskResult(1, [want.copy()], 0.1), want)
+    cases = {"zeros": np.zeros_like(want), "NaN": np.where(want > 0, np.nan, want),
+             "wrong in": want + (np.arange(want.size).reshape(want.shape) == 5)}
+    for words, out in cases.items():
+        with pytest.raises(AuthenticationError, match=words):
+            check_validation(TaskResult(1, [out.astype(np.float32)], 0.1), want)
+    with pytest.raises(AuthenticationError, match="shape"):
+        check_validation(TaskResult(1, [want[:3]], 0.1), want)
+    with pytest.raises(AuthenticationError, match="failed on the tab"):
+        check_validation(TaskFailed(1, "error", "no GPU"), want)
+    with pytest.raises(AuthenticationError):
+        check_validation(TaskResult(2, [want], 0.1), want)  # another task's answer
+    other, _ = validation_task(np.random.default_rng(2))  # fresh inputs every time
+    assert not np.array_equal(other.args[0].array, a)
+
+
+def test_tab_records_are_browser_workers_that_never_coordinate():
+    tab, node = PeerKey.generate().peer_id, PeerKey.generate().peer_id
+    rec = tab_record(tab, node, ("10.0.0.1", 4000), 9.0)
+    back = MemberRecord.decode(rec.encode(), tab)
+    assert back == rec and back.kind == "browser" and back.via == node
+    assert not candidate(back, 1.0).eligible  # however fast it claims to be
+    native = MemberRecord(node, 1.0)
+    assert MemberRecord.decode(native.encode()).kind == "native"
+    import msgpack
+
+    m = msgpack.unpackb(rec.encode())
+    for change in ({"k": "robot"}, {"via": b"short"}, {"via": None}):
+        bad = dict(m, **change)
+        if change.get("via", 1) is None:
+            del bad["via"]
+        with pytest.raises(ProtocolError):
+            MemberRecord.decode(msgpack.packb(bad, use_bin_type=True))
+
+
+async def test_a_node_publishes_only_entries_its_tab_signed():
+    nodes = [DHTNode(rpc_timeout=1.0) for _ in range(3)]
+    try:
+        for n in nodes:
+            await n.listen(0, "127.0.0.1")
+        for n in nodes[1:]:
+            await n.bootstrap([nodes[0].address])
+        tab = PeerKey.generate()
+        sid = bytes(20)
+        topic = membership_topic(sid)
+        record = tab_record(tab.peer_id, nodes[0].peer_id, ("127.0.0.1", 1), 0.1).encode()
+        expires = time.time() + 60
+        sig = tab.sign(announcement_buffer(topic, expires, record))
+        await nodes[0].publish_announcement(topic, Announcement(tab.peer_id, record,
+                                                                expires, sig))
+        peers = await nodes[2].get_peers(topic)
+        assert [p.peer_id for p in peers] == [tab.peer_id]
+        forged = Announcement(tab.peer_id, record, expires + 1, sig)  # longer life
+        with pytest.raises(ItemError):
+            await nodes[0].publish_announcement(topic, forged)
+        late = time.time() + 3 * 3600
+        with pytest.raises(ValueError):
+            await nodes[0].publish_announcement(topic, Announcement(
+                tab.peer_id, record, late, tab.sign(announcement_buffer(topic, late, record))))
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+async def test_relay_dial_refused_for_a_tab_it_does_not_serve():
+    node, requester = PeerKey.generate(), PeerKey.generate()
+
+    async def serve(link):
+        assert isinstance(await link.recv(), relay.RelayOpen)
+        await link.send(relay.RelayOpened(False, "no such tab here"))
+
+    server = await tls.listen(node, "127.0.0.1", 0, on_link=serve)
+    try:
+        with pytest.raises(LinkClosed, match="no such tab"):
+            await relay.dial(requester, "127.0.0.1", server.port, node.peer_id,
+                             PeerKey.generate().peer_id)
+        with pytest.raises(AuthenticationError):  # a relay with another key than named
+            await asyncio.wait_for(relay.dial(requester, "127.0.0.1", server.port,
+                                              PeerKey.generate().peer_id,
+                                              PeerKey.generate().peer_id), 10)
+    finally:
+        await server.close()
