@@ -284,6 +284,7 @@ class Node:
             records = await self.members()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
+                 and (r.via is None or self._accepts(r.via))
                  and r.peer_id not in self.requester.links]
 
         async def dial(r: MemberRecord) -> None:

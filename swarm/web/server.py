@@ -215,8 +215,9 @@ class WebServer:
         session.join = join = parse_join(body, peer)
         if not self.node._accepts(peer):
             raise AuthenticationError("this tab's peer is blocked in this swarm")
-        if peer in self.tabs:
-            raise ProtocolError("this tab's peer is already joined here (another tab?)")
+        old = self.tabs.get(peer)
+        if old is not None:  # the same browser profile again (a reload): the newest wins
+            old.gone.set()
         self.tabs[peer] = session
         reader = self._spawn(self._read_ws(ws, session))
         session.send = ws.send_str
@@ -256,6 +257,8 @@ class WebServer:
             try:
                 await asyncio.wait_for(session.gone.wait(), ANNOUNCE_TTL / 3)
             except TimeoutError:
+                if not self.node._accepts(peer):
+                    raise AuthenticationError("this tab's peer is now blocked here") from None
                 await session.announce(ws.send_str)
         reader.cancel()
         await link.close("tab left")

@@ -182,3 +182,36 @@ def test_closing_the_tab_mid_job_gets_its_shards_redone(tabs, tmp_path):
     assert row["failed"] >= 1, report
     done = sum(r["verified"] for r in report["peers"])
     assert done >= report["shards"], report
+
+
+def test_always_is_remembered_for_the_swarm(tabs):
+    cluster, host, pub, url, b = tabs
+    page = b.page()
+    page.goto(url)
+    page.get_by_role("button", name="Always", exact=True).click()
+    assert wait_state(page, ("joined", "refused", "failed", "declined-gpu")) == "joined"
+    first = page.evaluate("window.swarmTab.peer")
+    ctx = page.context
+    page.close()  # the tab leaves; the browser keeps the answer and the identity
+    page = ctx.new_page()
+    page.goto(url)
+    assert wait_state(page, ("joined", "refused", "failed", "asking")) == "joined"
+    assert page.evaluate("window.swarmTab.peer") == first  # same key from IndexedDB
+    assert page.get_by_role("button", name="This time", exact=True).is_hidden()
+
+
+def test_a_hidden_tab_takes_no_shards(tabs, tmp_path):
+    cluster, host, pub, url, b = tabs
+    page, tab = join_tab(b, url)
+    page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {value: true, configurable: true});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    assert page.evaluate("window.swarmTab.host.paused") == "hidden"
+    before = page.evaluate("window.swarmTab.host.stats.tasks")  # the node's check
+    proc, want, out = submit(host, tmp_path, cluster.uri)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-3)
+    row = next(r for r in json.loads(stdout)["peers"] if r["peer"] == tab)
+    assert row["shards"] == 0 and page.evaluate("window.swarmTab.host.stats.tasks") == before
