@@ -147,14 +147,14 @@ def test_a_tab_whose_webgpu_returns_zeros_is_refused(tabs):
     page = b.page(ZEROS_AFTER % 0)
     sockets = []
     page.on("websocket", lambda ws: sockets.append(ws.url))
-    page.goto(url)
+    page.goto(url)  # auto: WebGPU is checked even where the CPU would be faster
     page.get_by_role("button", name="This time", exact=True).click()
     assert wait_state(page, ("declined-gpu", "joined", "refused")) == "declined-gpu"
     assert "all zeros" in page.locator("#state").inner_text()
     assert sockets == []
     # a tab that passes its own check and then computes zeros: the node's check refuses it
     page = b.page(ZEROS_AFTER % 1)
-    page.goto(url)
+    page.goto(url + "?backend=webgpu")
     page.get_by_role("button", name="This time", exact=True).click()
     assert wait_state(page, ("refused", "joined", "declined-gpu")) == "refused"
     assert "zeros" in page.locator("#state").inner_text()

@@ -1,4 +1,5 @@
-// CPU fallback for tabs without WebGPU: a plain JavaScript matmul (row-major float32).
+// CPU fallback for tabs without (or with a slower) WebGPU: a plain JavaScript matmul
+// (row-major float32), run in a Web Worker so the page and its link keepalives stay live.
 
 export function matmulCPU(a, m, k, b, n) {
   const c = new Float32Array(m * n);
@@ -14,6 +15,21 @@ export function matmulCPU(a, m, k, b, n) {
   return c;
 }
 
+let worker = null, calls = 0;
+const waiting = new Map();
+
+function inWorker(a, m, k, b, n) {
+  if (!worker) {
+    worker = new Worker("/static/cpu_worker.js", { type: "module" });
+    worker.onmessage = (e) => { waiting.get(e.data.id)(e.data.c); waiting.delete(e.data.id); };
+  }
+  const id = ++calls;
+  return new Promise((resolve) => {
+    waiting.set(id, resolve);
+    worker.postMessage({ id, a: a.slice(), m, k, b: b.slice(), n });
+  });
+}
+
 export function cpuBackend() {
-  return { name: "cpu", detail: "JavaScript", matmul: async (a, m, k, b, n) => matmulCPU(a, m, k, b, n) };
+  return { name: "cpu", detail: "JavaScript in a Web Worker", matmul: inWorker };
 }

@@ -36,27 +36,36 @@ async function main() {
   else setState("asking", "Waiting for your answer.");
 }
 
+/** The faster of the validated backends, as native `auto` picks (SwiftShader's WebGPU is
+ * slower than plain JavaScript); `?backend=webgpu|cpu` forces one. A WebGPU that fails its
+ * check is not papered over with the CPU: the tab declines. Returns [backend, TFLOPS]. */
 async function pickBackend() {
   setState("checking", "Checking this tab's GPU…");
-  const gpu = await gpuBackend("/kernel/matmul_tiled.wgsl").catch(() => null);
-  const backend = gpu || cpuBackend();
-  try {
-    await selfTest(backend);
-  } catch (err) {
-    throw Object.assign(new Error(`this tab's ${backend.name} failed its check (${err.message}); not joining`), { declined: true });
+  const forced = new URLSearchParams(location.search).get("backend");
+  const gpu = forced === "cpu" ? null : await gpuBackend("/kernel/matmul_tiled.wgsl").catch(() => null);
+  if (forced === "webgpu" && !gpu) throw Object.assign(new Error("this tab has no WebGPU; not joining"), { declined: true });
+  const options = forced === "webgpu" ? [gpu] : forced === "cpu" ? [cpuBackend()] : [gpu, cpuBackend()].filter(Boolean);
+  let best = null;
+  for (const backend of options) {
+    try {
+      await selfTest(backend);
+    } catch (err) {
+      throw Object.assign(new Error(`this tab's ${backend.name} failed its check (${err.message}); not joining`), { declined: true });
+    }
+    const tflops = await measure(backend, 128, 300);
+    if (!best || tflops > best[1]) best = [backend, tflops];
   }
-  return backend;
+  return best;
 }
 
 async function start(config) {
-  let backend;
+  let backend, tflops;
   try {
-    backend = await pickBackend();
+    [backend, tflops] = await pickBackend();
   } catch (err) {
     setState("declined-gpu", err.message);
     return;
   }
-  const tflops = await measure(backend, backend.name === "cpu" ? 96 : 256);
   const me = await loadIdentity();
   $("me").hidden = false;
   $("peer").textContent = me.peerId;
@@ -107,6 +116,7 @@ async function start(config) {
         host.attach(pc.createDataChannel(body.label, { ordered: true }));
       }
     } else if (body.t === "joined") {
+      window.swarmTab.checkSeconds = body.check_seconds;
       setState("joined", `Joined as ${me.peerId.slice(0, 12)}: computing for the swarm.`);
     } else if (body.t === "refused") {
       setState("refused", `Refused by the node: ${body.reason}`);
