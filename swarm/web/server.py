@@ -150,7 +150,11 @@ class WebServer:
         now = time.monotonic()
         if self._status_cache is None or now - self._status_cache[0] > 1.0:
             data = await self._observe() if self._observe is not None else {}
-            data = dict(data, served_by=str(self.node.peer_id),
+            me, here = str(self.node.peer_id), {str(p) for p in self.tabs}
+            # tabs that left us are listed in the DHT until their record expires: not here
+            members = [m for m in data.get("members", [])
+                       if m.get("via") != me or m["peer_id"] in here]
+            data = dict(data, members=members, served_by=me,
                         tabs=[str(p) for p in self.tabs],
                         throughput=list(self.history))
             self._status_cache = (now, data)
