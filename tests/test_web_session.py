@@ -162,3 +162,83 @@ async def test_relay_dial_refused_for_a_tab_it_does_not_serve():
                                               PeerKey.generate().peer_id), 10)
     finally:
         await server.close()
+
+
+class _StubNode:
+    """Just what the web server uses of a node (no DHT traffic in these tests)."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.key = PeerKey.generate()
+        self.peer_id = self.key.peer_id
+        self.config = SimpleNamespace(host="127.0.0.1")
+        self.host = None
+        self.published: list = []
+        self.dht = SimpleNamespace(publish_announcement=self._publish)
+        self.blocked: set = set()
+
+    async def _publish(self, topic, ann) -> None:
+        self.published.append(ann)
+
+    def _accepts(self, peer) -> bool:
+        return peer not in self.blocked
+
+
+@pytest.fixture
+async def web():
+    from swarm.web.server import SwarmInfo, WebServer
+
+    node = _StubNode()
+    server = WebServer(node, SwarmInfo(bytes(20), "lab", "ab" * 16, False, "magnet:?"),
+                       "127.0.0.1", 0)
+    await server.start()
+    try:
+        yield server, node
+    finally:
+        await server.stop()
+
+
+async def test_the_signaling_socket_refuses_other_sites_and_unsigned_joins(web):
+    import aiohttp
+
+    server, node = web
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+            await http.ws_connect(f"{server.url}ws", origin="http://evil.example")
+        assert err.value.status == 403
+        async with http.ws_connect(f"{server.url}ws",
+                                   origin=server.url.rstrip("/")) as ws:
+            hello = json.loads(await ws.receive_str(timeout=10))
+            body = json.loads(hello["b"])
+            assert node.peer_id.public_key().verify(
+                base64.b64decode(hello["s"]), DOMAIN + hello["b"].encode()) is None
+            tab, liar = PeerKey.generate(), PeerKey.generate()
+            join = {"t": "join", "peer": tab.peer_id.hex(), "nonce": body["nonce"],
+                    "offer": SDP, "tflops": 1.0, "backend": "cpu"}
+            await ws.send_str(tab_message(liar, join))  # signed by a key it does not name
+            refused = json.loads(json.loads(await ws.receive_str(timeout=10))["b"])
+            assert refused["t"] == "refused" and "verify" in refused["reason"]
+    assert server.tabs == {} and node.published == []
+
+
+async def test_the_join_page_names_the_swarm_and_serves_the_kernel(web):
+    import aiohttp
+
+    server, node = web
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.url) as r:
+            page = await r.text()
+            assert r.status == 200 and "Content-Security-Policy" in r.headers
+        for label in ("Always", "This time", "Not now"):
+            assert f">{label}</button>" in page
+        async with http.get(f"{server.url}config.json") as r:
+            cfg = await r.json()
+        assert cfg["server"] == node.peer_id.hex() and cfg["name"] == "lab"
+        async with http.get(f"{server.url}kernel/matmul_tiled.wgsl") as r:
+            from compute.kernels import source
+
+            assert await r.text() == source("matmul_tiled")
+        for bad in ("static/..%2fserver.py", "static/.hidden.js", "static/server.py"):
+            async with http.get(f"{server.url}{bad}") as r:
+                assert r.status == 404, bad
