@@ -68,6 +68,7 @@ class WebServer:
         self._tasks: set[asyncio.Task] = set()
         self.history: collections.deque = collections.deque(maxlen=HISTORY)
         self._status_cache: tuple[float, dict] | None = None
+        self._sockets = 0
 
     @property
     def url(self) -> str:
@@ -185,21 +186,28 @@ class WebServer:
             raise web.HTTPForbidden(text="cross-origin tabs cannot join through this node")
         ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE, heartbeat=20.0)
         await ws.prepare(request)
-        if len(self.tabs) >= MAX_TABS:
+        if self._sockets >= MAX_TABS:  # joined or joining: each holds a socket (and a pc)
             await ws.close(message=b"this node serves as many tabs as it can")
             return ws
+        self._sockets += 1
         session = TabSession(self.node.key, self.info.swarm_id,
                              (self.node.config.host, self.relay.port),
-                             self.node.dht.publish_announcement, self.node._accepts)
+                             self.node.dht.publish_announcement)
         try:
             await self._run_tab(ws, session)
-        except (ProtocolError, AuthenticationError, TimeoutError, LinkClosed,
-                ConnectionError) as exc:
-            log.warning("tab %s refused: %s", session.peer.short() if session.peer else "?",
-                        exc)
+        except Exception as exc:
+            known = isinstance(exc, ProtocolError | AuthenticationError | TimeoutError
+                               | LinkClosed | ConnectionError)
+            who = session.peer.short() if session.peer else "?"
+            if known:
+                log.warning("tab %s refused: %s", who, exc)
+            else:
+                log.exception("tab %s: internal error", who)
             if not ws.closed:
-                await ws.send_str(session.send_body({"t": "refused", "reason": str(exc)[:300]}))
+                reason = str(exc)[:300] if known else "internal error on the node"
+                await ws.send_str(session.send_body({"t": "refused", "reason": reason}))
         finally:
+            self._sockets -= 1
             session.gone.set()
             if session.peer is not None and self.tabs.get(session.peer) is session:
                 del self.tabs[session.peer]

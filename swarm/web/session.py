@@ -170,13 +170,11 @@ class TabSession:
     """Drives one tab from WebSocket hello to leaving (see module docstring)."""
 
     def __init__(self, key: PeerKey, swarm_id: bytes, relay_addr: tuple[str, int],
-                 publish: Callable[[bytes, Announcement], object],
-                 accept: Callable[[PeerId], bool]) -> None:
+                 publish: Callable[[bytes, Announcement], object]) -> None:
         self.key = key
         self.swarm_id = swarm_id
         self.relay_addr = relay_addr
         self._publish = publish
-        self._accept = accept
         self.nonce = secrets.token_hex(16)
         self.join: Join | None = None
         self.pc = None

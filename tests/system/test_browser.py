@@ -64,7 +64,16 @@ def test_this_time_joins_as_a_browser_member(tabs):
     st = cluster.wait_status(host, lambda s: any(m["peer_id"] == tab for m in s["members"]),
                              60, "the tab as a member")
     me = next(m for m in st["members"] if m["peer_id"] == tab)
-    assert me["kind"] == "browser" and "no-coordinate" in me["role"]
+    assert me["kind"] == "browser" and "no-coordinate" in me["role"] and me["link"] == "relay"
+    assert any("█" in line for line in pub.err)  # the join link's QR code
+    panel = b.page()
+    panel.goto(url + "status")
+    assert wait_state(panel, ("live",)) == "live"
+    panel.wait_for_function(f"document.querySelector('#members').innerText.includes("
+                             f"{json.dumps(tab[:12])})")
+    rows = panel.locator("#members tbody tr").all_inner_texts()
+    assert any(tab[:12] in r and "browser" in r for r in rows), rows
+    assert any("native" in r and "coordinator" in r for r in rows), rows
 
 
 def submit(host, tmp_path, uri: str, m: int = 768, k: int = 256, n: int = 256,
