@@ -242,3 +242,14 @@ async def test_the_join_page_names_the_swarm_and_serves_the_kernel(web):
         for bad in ("static/..%2fserver.py", "static/.hidden.js", "static/server.py"):
             async with http.get(f"{server.url}{bad}") as r:
                 assert r.status == 404, bad
+
+
+def test_http_option_parses_host_and_port():
+    from swarm.errors import ConfigError
+    from swarm.web.server import parse_http
+
+    assert parse_http("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_http("[::1]:8080") == ("::1", 8080)
+    for bad in ("8080", "host:", ":80", "h:99999", "h:x"):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            parse_http(bad)

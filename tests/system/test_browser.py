@@ -224,3 +224,24 @@ def test_a_hidden_tab_takes_no_shards(tabs, tmp_path):
     np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-3)
     row = next(r for r in json.loads(stdout)["peers"] if r["peer"] == tab)
     assert row["shards"] == 0 and page.evaluate("window.swarmTab.host.stats.tasks") == before
+
+
+def test_any_member_can_host_tabs(tmp_path):
+    """`swarm join --http`: a tab joins through a member that is not the publisher."""
+    browser.require()
+    with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
+        cluster.publish(net.host("a"))
+        host = net.host("a")
+        member = cluster.start("w1", host, swarm_cmd(
+            "join", cluster.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
+            host.addr, "--http", "127.0.0.1:0", "--data-dir", str(tmp_path / "w1")))
+        url = LINK.search(member.wait_line(lambda s: bool(LINK.search(s)), 90)).group(1)
+        b = Browser(tmp_path, host.ns)
+        try:
+            page, tab = join_tab(b, url)
+            st = cluster.wait_status(host, lambda s: any(m["peer_id"] == tab
+                                                         for m in s["members"]), 60, "the tab")
+            me = next(m for m in st["members"] if m["peer_id"] == tab)
+            assert me["kind"] == "browser" and me["via"] == member.peer
+        finally:
+            b.close()
