@@ -20,7 +20,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -162,8 +162,6 @@ class TabStats:
     """Floating-point operations of those results (2 m k n each)."""
     running: int = 0
     """Tasks sent to it and not answered yet."""
-    joined_at: float = field(default_factory=time.time)
-    """Unix time it joined."""
 
 
 class TabSession:
