@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean nat-tools
+.PHONY: demo test lint bench clean nat-tools browser
 
 # The NAT system tests (tests/system/test_nat*.py) need these commands (Debian packages).
 NAT_TOOLS := iptables:iptables turnserver:coturn conntrack:conntrack
@@ -29,9 +29,20 @@ nat-tools:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; \
 	else echo "NAT tests need:$$missing (as root: apt-get install -y$$missing)"; fi
 
-test: $(STAMP) nat-tools
+test: $(STAMP) nat-tools browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The browser tests drive the system's Chromium (Debian package; never a downloaded one).
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "missing: chromium (the browser tests skip without it, and fail with CI=true);" \
+		     "as root: apt-get install -y chromium"; \
+	fi
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -51,6 +51,11 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                 "control plane: join, failover after SIGKILL, handoff after SIGTERM"),
     "startup": (["--runs", "30"], ["--runs", "5"], 300,
                 "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
+    "browser": (["--joins", "5", "--jobs", "3", "--shots", "docs/img"],
+                ["--joins", "2", "--jobs", "1", "--shots", "docs/img"], 600,
+                "browser tabs (headless Chromium, WebGPU on SwiftShader) as workers beside a "
+                "native worker on the same machine: join time, shard round trip, throughput; "
+                "needs root (a network namespace) and the chromium package"),
 }
 
 
@@ -220,6 +225,20 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         plots.append(("control.png", "join, failover and handoff times"))
     elif name == "startup":
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
+    elif name == "browser":
+        md = ["Joining (medians):", "", _records(d["join"]), "",
+              "Shard round trip per worker, from `swarm submit --json`:", "",
+              _records(d["shards"]), "", "Throughput of square float32 matmuls:", "",
+              _records(d["throughput"]), "",
+              "![join page](img/browser_join.png)", "",
+              "![status panel](img/browser_status.png)"]
+        t = d["throughput"]
+        cols = [c for c in t[0] if c != "n"]
+        _bars(img / "browser.png", "tab vs native worker, same machine, GFLOPS",
+              [f"n={x['n']}" for x in t],
+              {c: [x[c] if isinstance(x[c], int | float) else 0.0 for x in t] for c in cols},
+              "GFLOPS")
+        plots.append(("browser.png", "tab vs native worker throughput"))
     else:
         md = ["```", json.dumps(d, indent=1)[:4000], "```"]
     return "\n".join(md), plots
@@ -254,6 +273,11 @@ def headlines(results: list[dict]) -> list[str]:
             g = d["dht"]
             out.append(f"DHT gets after killing {g['churn']:.0%} of {g['nodes']} nodes: "
                        f"{g['get_after_churn']['success']:.0%} found the newest value")
+        if "browser" in d:
+            j, sh = d["browser"]["join"][0], {r["worker"]: r for r in d["browser"]["shards"]}
+            out.append(f"a browser tab joins in {j['median_ms'] / 1e3:.2f} s (median); shard "
+                       f"round trip tab {sh['browser tab']['median_ms']:.0f} ms vs native "
+                       f"{sh['native worker']['median_ms']:.0f} ms")
     except (KeyError, TypeError, IndexError, ValueError):
         pass
     return out

@@ -552,17 +552,26 @@ class DHTNode(Server):
         check_topic(topic)
         if not 0 < ttl <= MAX_TTL:
             raise ValueError(f"ttl must be in (0, {MAX_TTL}] seconds")
+        ann = Announcement.create(self.key, self.peer_id, topic, bytes(record),
+                                  self.clock() + ttl)
+        await self.publish_announcement(topic, ann)
+        return ann
+
+    async def publish_announcement(self, topic: bytes, ann: Announcement) -> None:
+        """Store an entry another peer signed (a browser tab this node serves: the tab
+        cannot speak UDP, so its host carries the tab's own signed entry)."""
+        ann.check(check_topic(topic))
+        if not ann.expires_at - MAX_TTL <= self.clock() < ann.expires_at:
+            raise ValueError("announcement is expired or expires too far ahead")
         target = topic_target(topic)
         res = await self._lookup(target, partial(self._q_peers, topic=topic))
         now = self.clock()
-        ann = Announcement.create(self.key, self.peer_id, topic, bytes(record), now + ttl)
         wire = announcement_to_wire(ann)
         writes = [(n, "announce", (r.token, topic, wire)) for n, r in res.responses if r.token]
         accepted, refusals = await self._send_writes(writes)
         local = (partial(self.store.announce, topic, ann, now)
                  if self._self_is_close(target, res.responses) else None)
         self._settle(accepted, refusals, len(res.responses), local)
-        return ann
 
     async def get_peers(self, topic: bytes) -> list[Announcement]:
         """Every live, validly signed entry under ``topic`` (newest per peer), by peer id."""

@@ -57,6 +57,8 @@ class Ready:
     """A join URI naming this node as a bootstrap peer."""
     joined_in: float
     """Seconds from start to joined (charter verified, control plane running)."""
+    web: str | None = None
+    """The join page's URL when serving browser tabs (``http=``)."""
 
 
 async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: int = 0,
@@ -65,8 +67,10 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                 ready: Callable[[Ready], None] | None = None,
                 stop: asyncio.Event | None = None, store_capacity: int = 4 << 30,
                 coordinate: bool = True, ice_servers: Sequence[object] = (),
-                relay_data: int = 0) -> str:
-    """Be a member until ``stop`` (or SIGTERM/SIGINT) or until kicked/blocked; why we left."""
+                relay_data: int = 0, http: tuple[str, int] | None = None) -> str:
+    """Be a member until ``stop`` (or SIGTERM/SIGINT) or until kicked/blocked; why we left.
+
+    ``http=(host, port)`` also serves browser tabs (join page, signaling, status panel)."""
     started = time.monotonic()
     if uri.salt != charter.CHARTER_SALT:
         raise ConfigError(f"s: this swarm version only knows the salt {charter.CHARTER_SALT!r}")
@@ -85,6 +89,7 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     control = ControlPlane(node, uri.pubkey, data_dir, timing=timing,
                            owner_pin=uri.owner or None)
     stop = stop or asyncio.Event()
+    web_server = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -98,8 +103,13 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         await control.start()
         dht_host, dht_port = node.dht.address
         me = uri.with_peers([(dht_host, dht_port)])
+        if http is not None:
+            from swarm.web.server import start_for_member
+
+            web_server = await start_for_member(node, control, uri, me, http)
         if ready is not None:
-            ready(Ready(node, control, me, time.monotonic() - started))
+            ready(Ready(node, control, me, time.monotonic() - started,
+                        web_server.url if web_server else None))
         left = asyncio.ensure_future(control.left.wait())
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait([left, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -110,6 +120,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if web_server is not None:
+            await web_server.stop()
         await control.close()
         await node.stop(graceful=True)
 

@@ -436,6 +436,7 @@ class Node:
         now = time.monotonic()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
+                 and (r.via is None or self._accepts(r.via))
                  and r.peer_id not in self.requester.links
                  and self.unreachable.get(r.peer_id, (0.0, ""))[0] <= now]
 
@@ -500,6 +501,10 @@ class Node:
         why = []
         for host, port in r.links:
             try:
+                if r.via is not None:  # a browser tab: through the node that serves it
+                    from swarm.web.relay import dial as relay_dial
+
+                    return await relay_dial(self.key, host, port, r.via, r.peer_id)
                 return await tls.connect(self.key, host, port, r.peer_id)
             except (OSError, TimeoutError, LinkClosed) as exc:
                 log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)

@@ -41,6 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "NATs, no TURN), at most RATE bytes/s, e.g. 2M (default: off)")
     p.add_argument("uri", help="the swarm's join URI (magnet:?xs=urn:btpk:...)")
     p.add_argument("--yes", action="store_true", help="consent without asking (scripts)")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="also serve browser tabs: join page (link and QR code printed), "
+                        "tab signaling and the live status panel (port 0: any free one)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
                    help="compute backend (auto: the fastest that validates)")
     p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
@@ -56,7 +59,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from swarm import consent, member, uri
     from swarm import loop as swarm_loop
     from swarm.commands._network import bootstrap_addresses
@@ -71,13 +73,22 @@ def run(args: argparse.Namespace) -> int:
               f"{r.node.tflops * 1000:.1f} GFLOPS", file=sys.stderr, flush=True)
         if args.json:
             print_json(member_event("joined", r))
+        if r.web:
+            from swarm.web.server import print_join_link
 
+            print_join_link(r.web, sys.stderr)
+
+    http = None
+    if args.http:
+        from swarm.web.server import parse_http
+
+        http = parse_http(args.http)
     reason = swarm_loop.run(member.serve(join, args.data_dir, backend=args.backend,
                                          port=args.port, host=args.host, threads=args.threads,
                                          ready=ready, store_capacity=args.max_memory,
                                          coordinate=not args.no_coordinate,
                                          ice_servers=args.ice_servers,
-                                         relay_data=args.relay_data))
+                                         relay_data=args.relay_data, http=http))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     code = 0
     if reason.startswith(("kicked", "this peer is blocked")):

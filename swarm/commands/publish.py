@@ -32,6 +32,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind and announce")
     p.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
                    help="charter policy, e.g. require_hardware=true")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="also serve browser tabs: join page (link and QR code printed), "
+                        "tab signaling and the live status panel (port 0: any free one)")
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
     add_json_option(p, 'one object per line instead of the URI: {"event": '
                        '"published", "uri", "peer", "owner", ...} once up, {"event": "left", '
@@ -83,11 +86,20 @@ def run(args: argparse.Namespace) -> int:
               f"owner key {swarm.credential.short()}"
               f"{'' if swarm.credential.hardware_backed else ' (software, not hardware-backed)'}",
               file=sys.stderr, flush=True)
+        if r.web:
+            from swarm.web.server import print_join_link
 
+            print_join_link(r.web, sys.stderr)
+
+    http = None
+    if args.http:
+        from swarm.web.server import parse_http
+
+        http = parse_http(args.http)
     reason = swarm_loop.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
                                          host=args.host, publication=pub, ready=ready,
                                          ice_servers=args.ice_servers,
-                                         relay_data=args.relay_data))
+                                         relay_data=args.relay_data, http=http))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     if args.json:
         print_json(left_event(reason, 0))

@@ -40,6 +40,8 @@ ROLES = ("worker", "requester", "coordinator", "owner")
 MAX_SERVING = 8
 """Requesters listed in one record (the busiest; ``tasks`` still counts all)."""
 MAX_TASKS = 1 << 31
+KINDS = ("native", "browser")
+"""What a member is: a swarm process, or a browser tab relayed by a node."""
 ACTIVITY_INTERVAL = 2.0
 """Least seconds between two announcements caused by a change in running work."""
 
@@ -143,6 +145,11 @@ class MemberRecord:
     serving: tuple[tuple[PeerId, int], ...] = ()
     """Requesters with tasks on it and how many each, busiest first (at most
     :data:`MAX_SERVING`; their counts sum to at most ``tasks``)."""
+    kind: str = "native"
+    """"native" (a swarm process) or "browser" (a tab, reached through ``via``)."""
+    via: PeerId | None = None
+    """For a browser tab: the node that relays links to it (``links`` are that node's relay
+    listener; a requester dials it expecting ``via``'s key, then asks for this peer)."""
 
     def encode(self) -> bytes:
         """msgpack of at most MAX_RECORD bytes; ``serving`` is cut short to fit if need be."""
@@ -153,6 +160,10 @@ class MemberRecord:
             "ver": self.version, "ro": list(self.roles), "ac": list(self.actors),
             "h": [h.load, h.battery, h.plugged, h.thermal, h.mem_free],
         }
+        if self.kind != "native":
+            m["k"] = self.kind
+        if self.via is not None:
+            m["via"] = self.via.raw
         serving = [[p.raw, n] for p, n in self.serving[:MAX_SERVING]]
         while True:
             if self.tasks:
@@ -211,9 +222,18 @@ class MemberRecord:
         health = Health(_opt_num(h[0], "load"), _opt_num(h[1], "battery"), h[2],
                         _opt_num(h[3], "thermal"), mem)
         tasks, serving = _activity(m.get("rt", 0), m.get("sv", []))
+        kind, via = m.get("k", "native"), m.get("via")
+        if kind not in KINDS:
+            raise ProtocolError(f"member record: kind must be one of {', '.join(KINDS)}")
+        if via is not None and (type(via) is not bytes or len(via) != 32):
+            raise ProtocolError("member record: via must be a 32-byte peer id")
+        if (kind == "browser") != (via is not None):
+            raise ProtocolError("member record: a browser member names its relay (via), "
+                                "a native one does not")
         return cls(pid, tflops, tuple(_addr(a) for a in links),
                    _addr(m["dht"]) if m.get("dht") is not None else None,
-                   ver, tuple(roles), health, tuple(actors), tasks, serving)
+                   ver, tuple(roles), health, tuple(actors), tasks, serving, kind,
+                   PeerId(via) if via is not None else None)
 
 
 def _activity(tasks: object, serving: object) -> tuple[int, tuple[tuple[PeerId, int], ...]]:

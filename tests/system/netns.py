@@ -140,6 +140,12 @@ class Net:
         _ip("-n", self.switch, "link", "set", "ab0", "up")
         _ip("-n", self.switch, "link", "set", "ab1", "up")
 
+    def __enter__(self) -> Net:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Delete every namespace made (their links go with them)."""
         errors = []

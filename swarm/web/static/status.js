@@ -1,0 +1,74 @@
+// The live status panel: what `swarm status` shows, polled from /status.json, with a
+// per-peer throughput plot drawn on a canvas.
+
+const $ = (id) => document.getElementById(id);
+const COLORS = ["#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bc4c00", "#0969da", "#57606a"];
+const short = (p) => (p ? p.slice(0, 12) : "none");
+
+function rows(table, items, cells) {
+  const body = $(table).querySelector("tbody");
+  body.replaceChildren(...items.map((item) => {
+    const tr = document.createElement("tr");
+    for (const [text, cls] of cells(item)) {
+      const td = document.createElement("td");
+      td.textContent = text; if (cls) td.className = cls;
+      tr.append(td);
+    }
+    return tr;
+  }));
+}
+
+function plot(history) {
+  const canvas = $("plot"), ctx = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, padL = 40, padB = 20;
+  ctx.clearRect(0, 0, w, h);
+  const peers = [...new Set(history.flatMap((s) => Object.keys(s.peers)))].sort();
+  const max = Math.max(1, ...history.flatMap((s) => Object.values(s.peers).map((v) => v.shards)));
+  ctx.strokeStyle = "#d0d7de"; ctx.fillStyle = "#57606a"; ctx.font = "11px sans-serif";
+  for (let i = 0; i <= 4; i++) {
+    const y = h - padB - ((h - padB - 10) * i) / 4;
+    ctx.beginPath(); ctx.moveTo(padL, y); ctx.lineTo(w, y); ctx.stroke();
+    ctx.fillText(((max * i) / 4).toFixed(1), 4, y + 4);
+  }
+  ctx.fillText("shards/s over the last samples", padL + 4, h - 5);
+  const n = Math.max(2, history.length);
+  peers.forEach((peer, k) => {
+    ctx.strokeStyle = COLORS[k % COLORS.length]; ctx.lineWidth = 2; ctx.beginPath();
+    history.forEach((s, i) => {
+      const v = s.peers[peer] ? s.peers[peer].shards : 0;
+      const x = padL + ((w - padL) * i) / (n - 1), y = h - padB - ((h - padB - 10) * v) / max;
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  });
+  $("legend").replaceChildren(...peers.map((peer, k) => {
+    const span = document.createElement("span"), dot = document.createElement("i");
+    dot.style.background = COLORS[k % COLORS.length];
+    span.append(dot, short(peer));
+    return span;
+  }));
+}
+
+async function refresh() {
+  try {
+    const s = await (await fetch("/status.json")).json();
+    $("name").textContent = JSON.stringify(s.name);
+    $("owner").textContent = `${s.owner.fingerprint.slice(0, 24)} ${s.owner.hardware_backed ? "(hardware-backed)" : "(NOT hardware-backed)"}`;
+    $("coordinator").textContent = short(s.coordinator);
+    $("term").textContent = String(s.term);
+    $("running").textContent = String(s.running_tasks);
+    $("updated").textContent = new Date().toLocaleTimeString();
+    rows("members", s.members, (m) => [[short(m.peer_id)], [m.kind], [m.role], [m.tflops.toFixed(4), "num"],
+      [String(m.tasks), "num"], [m.link]]);
+    rows("jobs", s.jobs, (j) => [[short(j.requester)], [String(j.tasks), "num"], [j.workers.map(short).join(", ")]]);
+    rows("blocked", s.blocked, (b) => [[short(b.peer_id)], [b.by], [b.reason || "-"]]);
+    plot(s.throughput);
+    document.body.dataset.state = "live";
+  } catch (err) {
+    document.body.dataset.state = "error";
+    $("updated").textContent = `cannot reach the node: ${err.message}`;
+  }
+}
+
+refresh();
+setInterval(refresh, 1000);

@@ -1,0 +1,247 @@
+"""Browser tabs join the swarm (issue 16), in real headless Chromium inside a test host."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from contextlib import closing
+
+import numpy as np
+import pytest
+
+from tests.conftest import subprocess_env, swarm_cmd
+from tests.system import browser
+from tests.system.browser import Browser
+from tests.system.netns import Net
+from tests.system.support import NetCluster
+
+pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(420)]
+LINK = re.compile(r"join from a browser: (http://\S+)")
+
+
+@pytest.fixture
+def tabs(tmp_path):
+    """A published swarm serving tabs on one test host, and a browser on that host."""
+    browser.require()
+    with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
+        yield from _tabs(tmp_path, net, cluster)
+
+
+def _tabs(tmp_path, net, cluster):
+    host = net.host("a")
+    pub = cluster.start("pub", host, swarm_cmd(
+        "publish", "--name", "lab", "--owner-key", f"soft:{tmp_path / 'owner.key'}",
+        "--backend", "numpy", "--host", host.addr, "--http", "127.0.0.1:0", "-v",
+        "--data-dir", str(tmp_path / "pub")), env={"SWARM_CHAOS": "delay=300"})
+    cluster.uri = pub.wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
+    url = LINK.search(pub.wait_line(lambda s: bool(LINK.search(s)), 30)).group(1)
+    b = Browser(tmp_path, host.ns)
+    try:
+        yield cluster, host, pub, url, b
+    finally:
+        b.close()
+
+
+def wait_state(page, states: tuple[str, ...], timeout: float = 90.0) -> str:
+    page.wait_for_function(
+        f"{json.dumps(list(states))}.includes(document.body.dataset.state)",
+        timeout=timeout * 1000)
+    return page.evaluate("document.body.dataset.state")
+
+
+def test_this_time_joins_as_a_browser_member(tabs):
+    cluster, host, pub, url, b = tabs
+    page = b.page()
+    page.goto(url)
+    page.get_by_role("button", name="This time", exact=True).wait_for()
+    for label in ("Always", "This time", "Not now"):
+        assert page.get_by_role("button", name=label, exact=True).count() == 1
+    page.get_by_role("button", name="This time", exact=True).click()
+    state = wait_state(page, ("joined", "refused", "failed", "declined-gpu", "left"))
+    assert state == "joined", page.locator("#state").inner_text()
+    tab = page.evaluate("window.swarmTab.peer")
+    st = cluster.wait_status(host, lambda s: any(m["peer_id"] == tab for m in s["members"]),
+                             60, "the tab as a member")
+    me = next(m for m in st["members"] if m["peer_id"] == tab)
+    assert me["kind"] == "browser" and "no-coordinate" in me["role"] and me["link"] == "relay"
+    assert any("█" in line for line in pub.err)  # the join link's QR code
+    panel = b.page()
+    panel.goto(url + "status")
+    assert wait_state(panel, ("live",)) == "live"
+    panel.wait_for_function(f"document.querySelector('#members').innerText.includes("
+                             f"{json.dumps(tab[:12])})")
+    rows = panel.locator("#members tbody tr").all_inner_texts()
+    assert any(tab[:12] in r and "browser" in r for r in rows), rows
+    assert any("native" in r and "coordinator" in r for r in rows), rows
+
+
+def submit(host, tmp_path, uri: str, m: int = 768, k: int = 256, n: int = 256,
+           seed: int = 0) -> tuple[subprocess.Popen, np.ndarray, object]:
+    """Start `swarm submit` (JSON report) inside ``host``; returns it, the expected product,
+    and where the result will be."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    np.save(tmp_path / "A.npy", a)
+    np.save(tmp_path / "B.npy", b)
+    out = tmp_path / "C.npy"
+    proc = subprocess.Popen(host.wrap(swarm_cmd(
+        "submit", uri, "matmul", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"),
+        "-o", str(out), "--json", "--min-workers", "2", "--timeout", "240",
+        "--data-dir", str(tmp_path / "rq"))), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=subprocess_env())
+    return proc, a @ b, out
+
+
+def join_tab(b: Browser, url: str, init_script: str | None = None):
+    page = b.page(init_script)
+    page.goto(url)
+    page.get_by_role("button", name="This time", exact=True).click()
+    state = wait_state(page, ("joined", "refused", "failed", "declined-gpu", "left"))
+    assert state == "joined", page.locator("#state").inner_text()
+    return page, page.evaluate("window.swarmTab.peer")
+
+
+def test_a_submitted_job_gets_shards_computed_by_the_tab(tabs, tmp_path):
+    cluster, host, pub, url, b = tabs
+    page, tab = join_tab(b, url)
+    proc, want, out = submit(host, tmp_path, cluster.uri)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    report = json.loads(stdout)
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-3)
+    row = next((r for r in report["peers"] if r["peer"] == tab), None)
+    assert row is not None, report
+    assert row["shards"] >= 1 and row["verified"] >= 1 and row["rejected"] == 0, (
+        row, b.console[-20:])
+    assert page.evaluate("window.swarmTab.host.stats.tasks") >= 1
+
+
+ZEROS_AFTER = """
+(() => {  // this tab's GPU returns zeros from the n-th read-back on
+  const real = GPUBuffer.prototype.getMappedRange;
+  let reads = 0;
+  GPUBuffer.prototype.getMappedRange = function (...args) {
+    const range = real.apply(this, args);
+    if (++reads > %d) new Uint8Array(range).fill(0);
+    return range;
+  };
+})();
+"""
+
+
+def tab_ids(page) -> list[str]:
+    return page.evaluate("fetch('/status.json').then(r => r.json()).then(s => s.tabs)")
+
+
+def test_not_now_joins_nothing(tabs):
+    cluster, host, pub, url, b = tabs
+    page = b.page()
+    sockets = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    page.goto(url)
+    page.get_by_role("button", name="Not now", exact=True).click()
+    assert wait_state(page, ("declined",)) == "declined"
+    assert "nothing runs" in page.locator("#state").inner_text()
+    page.reload()  # "Not now" is not remembered: the question is asked again
+    assert wait_state(page, ("asking", "remembered")) == "asking"
+    assert sockets == [] and page.evaluate("window.swarmTab === undefined")
+    assert tab_ids(page) == []
+
+
+def test_a_tab_whose_webgpu_returns_zeros_is_refused(tabs):
+    cluster, host, pub, url, b = tabs
+    # from the first read-back on: the tab's own check declines, nothing is sent
+    page = b.page(ZEROS_AFTER % 0)
+    sockets = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    page.goto(url)  # auto: WebGPU is checked even where the CPU would be faster
+    page.get_by_role("button", name="This time", exact=True).click()
+    assert wait_state(page, ("declined-gpu", "joined", "refused")) == "declined-gpu"
+    assert "all zeros" in page.locator("#state").inner_text()
+    assert sockets == []
+    # a tab that passes its own check and then computes zeros: the node's check refuses it
+    page = b.page(ZEROS_AFTER % 1)
+    page.goto(url + "?backend=webgpu")
+    page.get_by_role("button", name="This time", exact=True).click()
+    assert wait_state(page, ("refused", "joined", "declined-gpu")) == "refused"
+    assert "zeros" in page.locator("#state").inner_text()
+    assert tab_ids(page) == []
+    st = cluster.status(host)
+    assert [m for m in st["members"] if m["kind"] == "browser"] == []
+
+
+def test_closing_the_tab_mid_job_gets_its_shards_redone(tabs, tmp_path):
+    cluster, host, pub, url, b = tabs
+    page, tab = join_tab(b, url)
+    proc, want, out = submit(host, tmp_path, cluster.uri, m=2048, k=512, n=512)
+    try:
+        page.wait_for_function("window.swarmTab.host.busy", timeout=120_000, polling=20)
+        page.close()  # mid-shard
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr[-2000:]
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-2)
+    report = json.loads(stdout)
+    row = next(r for r in report["peers"] if r["peer"] == tab)
+    assert row["failed"] >= 1, report
+    done = sum(r["verified"] for r in report["peers"])
+    assert done >= report["shards"], report
+
+
+def test_always_is_remembered_for_the_swarm(tabs):
+    cluster, host, pub, url, b = tabs
+    page = b.page()
+    page.goto(url)
+    page.get_by_role("button", name="Always", exact=True).click()
+    assert wait_state(page, ("joined", "refused", "failed", "declined-gpu")) == "joined"
+    first = page.evaluate("window.swarmTab.peer")
+    ctx = page.context
+    page.close()  # the tab leaves; the browser keeps the answer and the identity
+    page = ctx.new_page()
+    page.goto(url)
+    assert wait_state(page, ("joined", "refused", "failed", "asking")) == "joined"
+    assert page.evaluate("window.swarmTab.peer") == first  # same key from IndexedDB
+    assert page.get_by_role("button", name="This time", exact=True).is_hidden()
+
+
+def test_a_hidden_tab_takes_no_shards(tabs, tmp_path):
+    cluster, host, pub, url, b = tabs
+    page, tab = join_tab(b, url)
+    page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {value: true, configurable: true});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    assert page.evaluate("window.swarmTab.host.paused") == "hidden"
+    before = page.evaluate("window.swarmTab.host.stats.tasks")  # the node's check
+    proc, want, out = submit(host, tmp_path, cluster.uri)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-3)
+    row = next(r for r in json.loads(stdout)["peers"] if r["peer"] == tab)
+    assert row["shards"] == 0 and page.evaluate("window.swarmTab.host.stats.tasks") == before
+
+
+def test_any_member_can_host_tabs(tmp_path):
+    """`swarm join --http`: a tab joins through a member that is not the publisher."""
+    browser.require()
+    with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
+        cluster.publish(net.host("a"))
+        host = net.host("a")
+        member = cluster.start("w1", host, swarm_cmd(
+            "join", cluster.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
+            host.addr, "--http", "127.0.0.1:0", "--data-dir", str(tmp_path / "w1")))
+        url = LINK.search(member.wait_line(lambda s: bool(LINK.search(s)), 90)).group(1)
+        b = Browser(tmp_path, host.ns)
+        try:
+            page, tab = join_tab(b, url)
+            st = cluster.wait_status(host, lambda s: any(m["peer_id"] == tab
+                                                         for m in s["members"]), 60, "the tab")
+            me = next(m for m in st["members"] if m["peer_id"] == tab)
+            assert me["kind"] == "browser" and me["via"] == member.peer
+        finally:
+            b.close()
