@@ -180,7 +180,7 @@ async def join_uri(node: DHTNode, uri: JoinURI, view: View, timeout: float = 2.0
 
 
 async def send_command(node: DHTNode, uri: JoinURI, view: View, signed: Signed,
-                       sender: PeerKey, wait: float = 5.0) -> CoordinatorState | None:
+                       sender: PeerKey, wait: float = 15.0) -> CoordinatorState | None:
     """Deliver a signed command to the coordinator; wait until its DHT state reflects it."""
     coord = view.coordinator
     if coord is None or coord not in view.addrs:
