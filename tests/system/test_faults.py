@@ -83,5 +83,6 @@ def test_lying_worker_caught_every_time_and_blocked(cluster, net):
     assert summary["rejected"] > 0
     st = cluster.wait_status(hosts[4], lambda s: bad in blocked(s), 60, "the liar blocked")
     assert next(b for b in st["blocked"] if b["peer_id"] == bad)["by"] == "coordinator"
-    assert liar.wait_exit(30) == 3
+    # a blocked member leaves on its own; slow after the browser tests in one full run (see note)
+    assert liar.wait_exit(90) == 3
     assert honest.popen.poll() is None
