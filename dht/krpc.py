@@ -21,6 +21,9 @@ from dht.bencode import bdecode, bencode
 from dht.errors import BencodeError, DHTError
 
 MAX_DATAGRAM = 1500 * 2  # larger KRPC datagrams are not ones a mainline node sends
+CLIENT = b"SW\x00\x01"
+"""BEP 5's ``v`` (client and version) on every KRPC message a swarm node sends: a node
+that sees it knows the sender also speaks the swarm framing (announcements, messages)."""
 METHOD_UNKNOWN = 204
 COMPACT_NODE = 26
 COMPACT_PEER = 6
@@ -46,6 +49,13 @@ class Message:
     """(code, message) of an error."""
     ip: tuple[str, int] | None = None
     """BEP 42: the address the sender saw us at, when it said."""
+    v: bytes = b""
+    """BEP 5's client version of the sender (:data:`CLIENT` for a swarm node)."""
+
+    @property
+    def from_swarm(self) -> bool:
+        """Whether the sender is a swarm node (so it also speaks the swarm framing)."""
+        return self.v[:2] == CLIENT[:2]
 
 
 def decode(datagram: bytes) -> Message:
@@ -62,6 +72,7 @@ def decode(datagram: bytes) -> Message:
     if not isinstance(t, bytes) or not 0 < len(t) <= 16 or y not in (b"q", b"r", b"e"):
         raise KrpcError("bad t or y")
     ip = None
+    v = msg.get(b"v") if isinstance(msg.get(b"v"), bytes) else b""
     raw_ip = msg.get(b"ip")
     if isinstance(raw_ip, bytes) and len(raw_ip) == COMPACT_PEER:
         ip = unpack_peer(raw_ip)
@@ -69,32 +80,32 @@ def decode(datagram: bytes) -> Message:
         q, a = msg.get(b"q"), msg.get(b"a")
         if not isinstance(q, bytes) or not isinstance(a, dict):
             raise KrpcError("query without q or a")
-        return Message(t, y, q=q, body=a, ip=ip)
+        return Message(t, y, q=q, body=a, ip=ip, v=v)
     if y == b"r":
         r = msg.get(b"r")
         if not isinstance(r, dict):
             raise KrpcError("response without r")
-        return Message(t, y, body=r, ip=ip)
+        return Message(t, y, body=r, ip=ip, v=v)
     e = msg.get(b"e")
     if (not isinstance(e, list) or len(e) < 2 or not isinstance(e[0], int)
             or not isinstance(e[1], bytes)):
         raise KrpcError("malformed error")
-    return Message(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip)
+    return Message(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip, v=v)
 
 
 def query(t: bytes, method: str, args: dict[str, Any]) -> bytes:
-    return bencode({b"t": t, b"y": b"q", b"q": method.encode(), b"a": args})
+    return bencode({b"t": t, b"y": b"q", b"q": method.encode(), b"a": args, b"v": CLIENT})
 
 
 def response(t: bytes, body: dict[str, Any], to: tuple[str, int] | None = None) -> bytes:
-    msg: dict[bytes, Any] = {b"t": t, b"y": b"r", b"r": body}
+    msg: dict[bytes, Any] = {b"t": t, b"y": b"r", b"r": body, b"v": CLIENT}
     if to is not None and _v4(to[0]):
         msg[b"ip"] = pack_peer(to)
     return bencode(msg)
 
 
 def error(t: bytes, code: int, message: str) -> bytes:
-    return bencode({b"t": t, b"y": b"e", b"e": [code, message[:200].encode()]})
+    return bencode({b"t": t, b"y": b"e", b"e": [code, message[:200].encode()], b"v": CLIENT})
 
 
 def _v4(host: str) -> bool:

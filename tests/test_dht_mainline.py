@@ -20,7 +20,7 @@ import pytest_asyncio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from dht import DHTNode, ItemError
+from dht import DHTNode, ItemError, topic_target
 from dht.items import immutable_target
 
 if os.environ.get("CI") == "true":
@@ -214,3 +214,50 @@ async def test_libtorrent_lookups_route_through_swarm_nodes(net):
         assert any(c.port == lonely.listen_port() for c in nodes[1].protocol.router.contacts())
     finally:
         del lonely
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def lt_only():
+    """Six libtorrent sessions and no swarm node: the network a swarm finds on mainline."""
+    sessions = [_session() for _ in range(LT_SESSIONS)]
+    ports = [s.listen_port() for s in sessions]
+    for s in sessions:
+        for p in ports:
+            if p != s.listen_port():
+                s.add_dht_node(("127.0.0.1", p))
+    yield sessions
+    del sessions
+
+
+async def test_members_find_each_other_through_libtorrent_only(lt_only):
+    sessions = lt_only
+    a, b = DHTNode(rpc_timeout=1.0), DHTNode(rpc_timeout=1.0)  # not told they are on mainline
+    try:
+        for node, s in ((a, sessions[0]), (b, sessions[3])):
+            await node.listen()
+            await node.bootstrap([("127.0.0.1", s.listen_port())])
+            assert node.krpc  # the bootstrap node answered only KRPC
+        topic = b"swarm/members/" + os.urandom(20)
+        await a.announce(topic, b"record of a", ttl=300)
+        await b.announce(topic, b"record of b", ttl=300)
+        got = {e.peer_id: e.record for e in await b.get_peers(topic)}
+        assert got == {a.peer_id: b"record of a", b.peer_id: b"record of b"}
+
+        # libtorrent holds a's address under the topic's info-hash (BEP 5) ...
+        _fresh(sessions[5])
+        sessions[5].dht_get_peers(lt.sha1_hash(topic_target(topic)))
+        reply = await _alert(sessions[5], lt.dht_get_peers_reply_alert,
+                             lambda r: a.address in [tuple(p) for p in r.peers()])
+        assert reply is not None
+        # ... and a's entry as a's BEP 44 item (salt = the topic), which b reads when a is gone
+        _fresh(sessions[4])
+        sessions[4].dht_get_mutable_item(a.key.public_bytes, topic)
+        await _alert(sessions[4], lt.dht_mutable_item_alert,
+                     lambda r: r.authoritative and bytes(r.key) == a.key.public_bytes
+                     and bool(r.item))
+        await a.stop()
+        got = {e.peer_id: e.record for e in await b.get_peers(topic)}
+        assert got[a.peer_id] == b"record of a"
+    finally:
+        await a.stop()
+        await b.stop()
