@@ -22,28 +22,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from dht import DHTNode, ItemError, topic_target
 from dht.items import immutable_target
-
-if os.environ.get("CI") == "true":
-    import libtorrent as lt  # CI installs the test extra: a missing libtorrent fails here
-else:
-    lt = pytest.importorskip("libtorrent")
+from tests.libtorrent_support import lt, network, session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 LT_SESSIONS = 6
 SWARM_NODES = 3
-
-
-def _session() -> lt.session:
-    return lt.session({
-        "listen_interfaces": "127.0.0.1:0", "enable_dht": True, "enable_lsd": False,
-        "enable_upnp": False, "enable_natpmp": False, "dht_bootstrap_nodes": "",
-        "enable_outgoing_utp": False, "enable_incoming_utp": False,
-        "dht_restrict_routing_ips": False, "dht_restrict_search_ips": False,
-        # every node here shares 127.0.0.1: libtorrent's per-IP limits (5 packets/s, then a
-        # 5-minute block; 8 KB/s out) would treat the whole test network as one flooder
-        "dht_block_ratelimit": 1_000_000, "dht_upload_rate_limit": 10_000_000,
-        "alert_mask": lt.alert_category.dht | lt.alert_category.dht_operation
-        | lt.alert_category.error, "alert_queue_size": 100_000})
 
 
 async def _alert(session: lt.session, kind, match=lambda a: True, timeout: float = 30.0):
@@ -91,14 +74,10 @@ def _keypair() -> tuple[Ed25519PrivateKey, bytes, bytes]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def net():
-    sessions = [_session() for _ in range(LT_SESSIONS)]
+    sessions = network(LT_SESSIONS)
     nodes = [DHTNode(rpc_timeout=1.0, krpc=True) for _ in range(SWARM_NODES)]
     try:
         ports = [s.listen_port() for s in sessions]
-        for s in sessions:
-            for p in ports:
-                if p != s.listen_port():
-                    s.add_dht_node(("127.0.0.1", p))
         for n in nodes:
             await n.listen()
             await n.bootstrap([("127.0.0.1", p) for p in ports[:2]])
@@ -198,7 +177,7 @@ async def test_bep5_peers_both_ways(net):
 async def test_libtorrent_lookups_route_through_swarm_nodes(net):
     sessions, nodes = net
     target = await nodes[0].put_immutable(b"found through swarm")
-    lonely = _session()  # knows only one swarm node
+    lonely = session()  # knows only one swarm node
     try:
         lonely.add_dht_node(nodes[1].address)
         end = time.monotonic() + 30
@@ -219,12 +198,7 @@ async def test_libtorrent_lookups_route_through_swarm_nodes(net):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def lt_only():
     """Six libtorrent sessions and no swarm node: the network a swarm finds on mainline."""
-    sessions = [_session() for _ in range(LT_SESSIONS)]
-    ports = [s.listen_port() for s in sessions]
-    for s in sessions:
-        for p in ports:
-            if p != s.listen_port():
-                s.add_dht_node(("127.0.0.1", p))
+    sessions = network(LT_SESSIONS)
     yield sessions
     del sessions
 
