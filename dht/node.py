@@ -27,7 +27,7 @@ from kademlia.network import Server
 from kademlia.node import Node
 
 from dht import errors
-from dht.addresses import bep42_valid
+from dht.addresses import ExternalAddress, bep42_id, bep42_valid, is_local
 from dht.announce import (
     MAX_TTL,
     Announcement,
@@ -57,6 +57,7 @@ from dht.items import (
 from dht.lookup import LookupResult, lookup
 from dht.messages import MAX_PAYLOAD, Envelope, ReplayGuard
 from dht.protocol import DHTProtocol
+from dht.routing import NearestRoutingTable
 from dht.store import ITEM_TTL, MAX_ITEMS, MAX_PER_TOPIC, ItemStore, Published
 from dht.tokens import TokenIssuer
 from dht.validators import Validator, Validators
@@ -153,6 +154,7 @@ class DHTNode(Server):
         self._dead: dict[bytes, float] = {}
         self._own: dict[bytes, dict[PeerId, Announcement]] = {}  # see own_announcements
         self._keys_at: dict[tuple[str, int], tuple[PeerId, ...]] = {}  # see _entries_at
+        self.external = ExternalAddress()
 
     clock = staticmethod(time.time)
 
@@ -183,6 +185,30 @@ class DHTNode(Server):
         if self._address is None:
             raise DHTError("not listening")
         return self._address
+
+    def note_external(self, reporter: tuple[str, int], seen: str) -> None:
+        """A KRPC answer from ``reporter`` said it sees us at ``seen`` (BEP 42). When the
+        vote settles on a public IP our id is not bound to, take a BEP 42 id for it: mainline
+        nodes that enforce BEP 42 ignore a node whose id does not match its address."""
+        ip = self.external.note(reporter, seen)
+        if ip is None or is_local(ip) or bep42_valid(ip, self.node.id):
+            return
+        self._set_node_id(bep42_id(ip))
+        log.info("external address %s: new BEP 42 node id %s", ip, self.node.id.hex())
+
+    def _set_node_id(self, node_id: bytes) -> None:
+        """Change our Kademlia id in place (the Node object is shared by the protocol and
+        the routing table); buckets are laid out around the id, so contacts are re-added."""
+        contacts = self.protocol.router.contacts()
+        self.node.id = node_id
+        self.node.long_id = int(node_id.hex(), 16)
+        router = NearestRoutingTable(self.protocol, self.ksize, self.node)
+        router.require_bep42 = self.require_bep42
+        self.protocol.router = router
+        self.protocol.core.own_id = node_id
+        for contact in contacts:
+            router.add_contact(contact)
+        self._save_state()
 
     def _create_protocol(self) -> DHTProtocol:
         return DHTProtocol(self)

@@ -289,6 +289,8 @@ class DHTProtocol(KademliaProtocol):
             timer.cancel()
             self.round_trips.note(address)
             self._note_codec(address, msg.from_swarm)
+            if msg.ip is not None:
+                self.dht.note_external(address, msg.ip[0])
             if not future.done():
                 future.set_result((True, msg))
             return
