@@ -231,7 +231,8 @@ class DHTProtocol(KademliaProtocol):
 
     # -- incoming ---------------------------------------------------------------------------
 
-    async def _solve_datagram(self, datagram: bytes, address: tuple[str, int]) -> None:
+    async def _solve_datagram(self, datagram: bytes, address: tuple) -> None:
+        address = (address[0], address[1])  # an IPv6 socket adds flowinfo and scope id
         if datagram[:1] == b"d":
             self._accept_krpc(datagram, address)
             return
@@ -300,7 +301,7 @@ class DHTProtocol(KademliaProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(out, address)
 
-    _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes",), (b"token",))
+    _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes", b"nodes6"), (b"token",))
 
     def _krpc_answer(self, msg: krpc.Message, sender: tuple[str, int], size: int
                      ) -> bytes | None:
@@ -328,11 +329,12 @@ class DHTProtocol(KademliaProtocol):
 
     def _krpc_handle(self, q: bytes, a: dict, sender: tuple[str, int], now: float) -> dict:
         core = self.core
+        want = krpc.wants(a, sender)
         if q == b"ping":
             return {}
         if q == b"get_peers":
             peers = core.get_peers(sender, a.get(b"info_hash"), now)
-            body = {b"token": peers.token, b"nodes": krpc.pack_nodes(peers.nodes)}
+            body = {b"token": peers.token, **krpc.node_fields(peers.nodes, want)}
             if peers.values:
                 body[b"values"] = [krpc.pack_peer(v) for v in peers.values]
             return body
@@ -344,7 +346,7 @@ class DHTProtocol(KademliaProtocol):
             seq = a.get(b"seq")
             got = core.get(sender, a.get(b"target"), now,
                            seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
-            body = {b"token": got.token, b"nodes": krpc.pack_nodes(got.nodes)}
+            body = {b"token": got.token, **krpc.node_fields(got.nodes, want)}
             if got.mutable is not None:
                 m = got.mutable
                 body.update({b"v": m.value, b"k": m.pubkey, b"sig": m.signature, b"seq": m.seq})
@@ -364,7 +366,7 @@ class DHTProtocol(KademliaProtocol):
             return {}
         target = a.get(b"target", a.get(b"info_hash"))
         if q == b"find_node" or target is not None:  # unknown methods with a target: as
-            return {b"nodes": krpc.pack_nodes(core.find_node(sender, target, now))}  # BEP 5
+            return krpc.node_fields(core.find_node(sender, target, now), want)  # as BEP 5
         raise ItemError(krpc.METHOD_UNKNOWN, "method unknown")
 
     def _retry_target(self, name: str, args: Any) -> bytes | None:
@@ -546,7 +548,7 @@ def _krpc_answer_shape(name: str, msg: krpc.Message) -> Any:
     if msg.y == b"e":
         return error_reply(*msg.error)
     r = msg.body
-    nodes = [node_to_wire(n) for n in krpc.unpack_nodes(r.get(b"nodes"))]
+    nodes = [node_to_wire(n) for n in krpc.answer_nodes(r)]
     token = r.get(b"token") if isinstance(r.get(b"token"), bytes) else None
     if name == "ping":
         return r.get(b"id")
