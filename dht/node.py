@@ -186,6 +186,13 @@ class DHTNode(Server):
             raise DHTError("not listening")
         return self._address
 
+    def met_mainline(self, addr: tuple[str, int]) -> None:
+        """A node answered only in KRPC: we live among mainline nodes, so from now on this
+        node asks unknown addresses in KRPC and keeps topics there too (KRPC mode)."""
+        if not self.krpc:
+            log.info("%s:%d speaks only KRPC: joining the mainline DHT", *addr)
+            self.krpc = True
+
     def note_external(self, reporter: tuple[str, int], seen: str) -> None:
         """A KRPC answer from ``reporter`` said it sees us at ``seen`` (BEP 42). When the
         vote settles on a public IP our id is not bound to, take a BEP 42 id for it: mainline
@@ -240,10 +247,6 @@ class DHTNode(Server):
         resolved = await asyncio.gather(*(self._resolve(a) for a in wanted))
         targets = [a for a in dict.fromkeys(r for r in resolved if r) if a != self._address]
         seeds = [n for n in await asyncio.gather(*(self._ping_addr(a) for a in targets)) if n]
-        if not self.krpc and any(self.protocol.speaks_swarm((n.ip, n.port)) is False
-                                 for n in seeds):
-            log.info("a bootstrap node speaks only KRPC: joining the mainline DHT")
-            self.krpc = True
         if not seeds:
             if addrs:
                 raise LookupFailed(f"no bootstrap node answered ({len(targets)} tried)")

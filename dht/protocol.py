@@ -97,6 +97,8 @@ class DHTProtocol(KademliaProtocol):
         addr = (str(address[0]), int(address[1]))
         self._swarm_at.pop(addr, None)
         self._swarm_at[addr] = swarm
+        if not swarm:
+            self.dht.met_mainline(addr)
         while len(self._swarm_at) > MAX_CODECS:
             self._swarm_at.pop(next(iter(self._swarm_at)))
 
@@ -160,6 +162,9 @@ class DHTProtocol(KademliaProtocol):
             result = await future
             if result[0]:
                 self.rtt.sample(clock() - started)
+            elif address not in self._swarm_at:
+                # maybe a mainline node (they drop this framing): one KRPC ping tells
+                self.dht._spawn(self._krpc_request(address, "ping", ()))
             cookie = result[1].get("retry") if isinstance(result[1], dict) else None
             if attempt or name not in RETRYABLE or not isinstance(cookie, bytes):
                 if result[0] and name in RETRYABLE:

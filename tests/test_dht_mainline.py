@@ -229,6 +229,18 @@ async def test_members_find_each_other_through_libtorrent_only(lt_only):
         await _alert(sessions[4], lt.dht_mutable_item_alert,
                      lambda r: r.authoritative and bytes(r.key) == a.key.public_bytes
                      and bool(r.item))
+        # a node that knows only a swarm node finds the mainline nodes, and the entries
+        c = DHTNode(rpc_timeout=1.0)
+        await c.listen()
+        try:
+            await c.bootstrap([b.address])
+            end = time.monotonic() + 30
+            while not (c.krpc and len(await c.get_peers(topic)) == 2):
+                assert time.monotonic() < end, "c never found both entries"
+                await asyncio.sleep(0.2)  # poll; the KRPC probes run meanwhile
+        finally:
+            await c.stop()
+
         await a.stop()
         got = {e.peer_id: e.record for e in await b.get_peers(topic)}
         assert got[a.peer_id] == b"record of a"
