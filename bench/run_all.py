@@ -187,6 +187,16 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
               f"{d['items']} mutable items per side; libtorrent's get time is to its first "
               "alert with the value; all swarm nodes share one Python process", "",
               _records(rows)]
+        m = d.get("membership")
+        if m:
+            md += ["", f"Membership: {m['members']} swarm members announce under one topic "
+                   "(signed entries on swarm nodes, addresses on libtorrent nodes by BEP 5, "
+                   "each entry also a BEP 44 item); swarm's get_peers succeeds when it returns "
+                   "every signed entry, libtorrent's BEP 5 get_peers (addresses only, first "
+                   "reply) when it lists any", "",
+                   _records([{"operation": f"topic {op}", "who": who} | m[op][who]
+                             for op, who in (("announce", "swarm"), ("get_peers", "swarm"),
+                                             ("get_peers", "libtorrent"))])]
         amp = d.get("amplification", {})
         if amp:
             before = {x["request"]: x for x in amp.get("before", [])}
