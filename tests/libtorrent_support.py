@@ -7,6 +7,7 @@ is skipped. Nothing leaves 127.0.0.1: ``dht_bootstrap_nodes`` is empty and no ro
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -52,4 +53,17 @@ def wait_alert(session: lt.session, kind, match=lambda a: True, timeout: float =
         for a in session.pop_alerts():
             if isinstance(a, kind) and match(a):
                 return a
+    raise AssertionError(f"no {kind.__name__} within {timeout} s")
+
+
+async def alert(session: lt.session, kind, match=lambda a: True, timeout: float = 30.0):
+    """The first alert of ``kind`` that matches, popping (and dropping) others, on an event
+    loop. Sessions not popped for a while drop new alerts once their queue is full, so pop
+    (``session.pop_alerts()``) before asking."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for a in session.pop_alerts():
+            if isinstance(a, kind) and match(a):
+                return a
+        await asyncio.sleep(0.05)
     raise AssertionError(f"no {kind.__name__} within {timeout} s")

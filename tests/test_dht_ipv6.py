@@ -14,6 +14,7 @@ import pytest_asyncio
 from kademlia.node import Node
 
 from dht import DHTNode, krpc
+from tests.libtorrent_support import alert as _alert
 from tests.libtorrent_support import lt, session
 
 
@@ -44,16 +45,6 @@ def test_bep32_compact_forms_round_trip():
     assert krpc.wants({b"want": [b"n4", b"n6", b"x"]}, ("::1", 1)) == {b"n4", b"n6"}
     msg = krpc.decode(krpc.response(b"tt", {b"id": b"i" * 20}, ("::1", 5)))
     assert msg.ip == ("::1", 5)
-
-
-async def _alert(s: lt.session, kind, match=lambda a: True, timeout: float = 30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for a in s.pop_alerts():
-            if isinstance(a, kind) and match(a):
-                return a
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no {kind.__name__} within {timeout} s")
 
 
 @pytest_asyncio.fixture

@@ -22,25 +22,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from dht import DHTNode, ItemError, topic_target
 from dht.items import immutable_target
+from tests.libtorrent_support import alert as _alert
 from tests.libtorrent_support import lt, network, session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 LT_SESSIONS = 6
 SWARM_NODES = 3
-
-
-async def _alert(session: lt.session, kind, match=lambda a: True, timeout: float = 30.0):
-    """The first alert of ``kind`` that matches, popping (and dropping) others.
-
-    Sessions not popped for a while drop new alerts once their queue is full, so each test
-    pops before it asks (see :func:`_fresh`)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for a in session.pop_alerts():
-            if isinstance(a, kind) and match(a):
-                return a
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no {kind.__name__} within {timeout} s")
 
 
 def _fresh(*sessions: lt.session) -> None:
