@@ -153,6 +153,27 @@ def test_colocated_workers_exchange_arrays_through_shared_memory(client):
         {p: link.shm.waiting for p, link in client.node.requester.links.items()})
 
 
+def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_worker(
+        client, monkeypatch):
+    from swarm.links import shm
+
+    rng = np.random.default_rng(8)
+    a, b = rand(rng, 1024, 512), rand(rng, 512, 1024)  # a fresh b: both workers need it
+    written: list[int] = []
+    real = shm._sealed
+
+    def counted(data):
+        written.append(len(memoryview(data).cast("B")))
+        return real(data)
+
+    monkeypatch.setattr(shm, "_sealed", counted)
+    np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-3, atol=1e-3)
+    report = client.last_report
+    assert len([p for p in report.peers.values() if p.shards]) == 2, report
+    assert sum(p.bytes_out for p in report.peers.values()) == a.nbytes + 2 * b.nbytes
+    assert sum(written) == a.nbytes + b.nbytes, written  # b's bytes written once, not twice
+
+
 def test_no_shared_memory_when_switched_off(monkeypatch):
     monkeypatch.setenv("SWARM_SHM", "0")  # the workers inherit it: "remote" on both sides
     with swarm.local(workers=1, threads=1) as c:

@@ -27,6 +27,7 @@ import numpy as np
 from identity.keys import PeerId, PeerKey
 from swarm import wire
 from swarm.errors import LinkClosed
+from swarm.links import shm
 from swarm.links.base import PeerLink
 from swarm.runtime.actors import REGISTRY, CallOrder
 from swarm.runtime.chaos import Chaos, ChaosSpec
@@ -305,7 +306,9 @@ class ActorHost:
         self.stats.tasks += 1
         outputs = [np.ascontiguousarray(o) for o in outputs]
         receipt = await loop.run_in_executor(None, self._receipt, link.remote, msg, outputs)
-        await self._reply(link, TaskResult(msg.task, outputs, seconds, receipt))
+        # results bound for this host's requester are written to shared memory off the loop
+        async with shm.SEGMENTS.prepared(outputs if getattr(link, "shm", None) is not None else []):
+            await self._reply(link, TaskResult(msg.task, outputs, seconds, receipt))
 
     def _receipt(self, requester: PeerId, msg: RunTask, outputs: list[np.ndarray]) -> bytes:
         """Sign what ran: the inputs as received, the outputs as sent (hashing both)."""

@@ -25,6 +25,7 @@ import numpy as np
 
 from identity.keys import PeerId
 from swarm.errors import LinkClosed
+from swarm.links import shm
 from swarm.links.base import PeerLink
 from swarm.runtime.evidence import Evidence, Receipt, params_digest
 from swarm.runtime.jobcore import (
@@ -228,7 +229,8 @@ class Requester:
             fut = asyncio.get_running_loop().create_future()
             self._puts[key] = fut
             try:
-                await link.send(PutObject(arg.oid.raw, arg.array))
+                async with self._shared(link, [arg.array]):
+                    await link.send(PutObject(arg.oid.raw, arg.array))
                 self.store.add_holder(arg.oid, peer.raw)
                 if report is not None:
                     report.bytes_out += arg.array.nbytes
@@ -239,6 +241,12 @@ class Requester:
                 raise
             finally:
                 del self._puts[key]
+
+    @staticmethod
+    def _shared(link: PeerLink, arrays: list[np.ndarray]):
+        """A block within which ``link`` sends ``arrays`` from shared segments written once
+        per array, off the loop (nothing to do on a link without shared memory)."""
+        return shm.SEGMENTS.prepared(arrays if getattr(link, "shm", None) is not None else [])
 
     async def call(self, peer: PeerId, call: Call, *, instance: int = 0, seq: int = -1,
                    report: PeerReport | None = None) -> Reply:
@@ -253,7 +261,6 @@ class Requester:
             if link is None or link.closed:
                 raise LinkClosed(f"no link to {peer.short()}")
             started = time.perf_counter()
-            await self._send_objects(peer, link, call.args, report)
             tid = next(self._ids)
             fut = loop.create_future()
             self._pending[(peer, tid)] = fut
@@ -261,7 +268,9 @@ class Requester:
                     for a in call.args]
             try:
                 msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
-                await link.send(msg)
+                await self._send_objects(peer, link, call.args, report)
+                async with self._shared(link, [a.array for a in call.args if a.oid is None]):
+                    await link.send(msg)
                 if self.on_task_sent is not None:
                     self.on_task_sent(peer, msg)
                 if report is not None:
