@@ -122,3 +122,19 @@ def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
             assert threads() == {1}
         assert threads() == {1}  # the first one is still running
     assert threads() == before
+
+
+async def test_rates_count_a_bands_time_at_the_worker_not_its_wait_in_the_queue():
+    """Two bands in flight on one worker: the second waits for the first there. Counting that
+    wait halved the second band's rate, and the plan then dealt bands by that noise."""
+    from tests.test_runtime_untrusted import matmul, swarm_of
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((1024, 64), np.float32), rng.standard_normal((64, 64), np.float32)
+    async with swarm_of("delay=300") as (req, hosts):
+        _, report = await matmul(req, a, b)
+        peer = hosts[0][0]
+        assert report.peers[str(peer)].shards == 2
+        band = 2.0 * 512 * 64 * 64
+        # each band takes ~0.3 s at the worker: the rate is ~band/0.3 (with the queue: x0.75)
+        assert req.rates.rate(peer) * 0.3 / band > 0.85, req.rates.rate(peer) * 0.3 / band

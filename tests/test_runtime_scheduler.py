@@ -5,7 +5,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.runtime.scheduler import LOCAL, Assign, Cancel, JobScheduler, RateBook, ShardTask, deal
+from swarm.runtime.scheduler import (
+    LOCAL,
+    Assign,
+    Cancel,
+    JobScheduler,
+    RateBook,
+    ServiceClock,
+    ShardTask,
+    deal,
+)
 
 
 def shards(n, cost=1e9, inputs=()):
@@ -244,3 +253,13 @@ def test_randomized_schedules_never_wait_for_the_straggler():
     20 s: the job always ends long before that, whatever the owners and timings."""
     late = [seed for seed in range(300) if _fast_and_slow(seed) >= 10.0]
     assert late == []
+
+
+def test_service_time_leaves_out_the_wait_behind_the_peers_earlier_task():
+    clock = ServiceClock()
+    # two tasks sent together; the peer runs them one after another, 1 s each
+    assert clock.seconds("w", 0.0, 1.0) == 1.0
+    assert clock.seconds("w", 0.0, 2.0) == 1.0          # not 2.0: it waited for the first
+    assert clock.seconds("v", 0.5, 1.5) == 1.0          # another peer keeps its own clock
+    assert clock.seconds("w", 5.0, 5.5) == 0.5          # sent after the last answer: its trip
+    assert clock.seconds("w", 4.0, 5.4) == 0.0          # out of order: never negative

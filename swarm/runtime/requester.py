@@ -49,7 +49,7 @@ from swarm.runtime.protocol import (
     TaskFailed,
     TaskResult,
 )
-from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ShardTask
+from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ServiceClock, ShardTask
 
 log = logging.getLogger("swarm.runtime.requester")
 
@@ -363,6 +363,8 @@ class _JobRun:
             window=req.window, task_timeout=req.task_timeout)
         self.core = JobCore(n, sched, verify=verify is not None, replicate=replicate,
                             agree=agree)
+        self.clock = ServiceClock()
+        """Rates count each answer's time at the worker, not its wait in the worker's queue."""
         self.events: asyncio.Queue = asyncio.Queue()
         self.running: dict[tuple[int, Any], asyncio.Task] = {}
         self.side: set[asyncio.Task] = set()
@@ -453,7 +455,8 @@ class _JobRun:
                 reply = await self.req.call(peer, self.calls[shard % self.n],
                                             report=core.report.peer(peer))
                 outs = reply.outputs
-            seconds = time.perf_counter() - t0
+            seconds = (time.perf_counter() - t0 if peer == LOCAL
+                       else self.clock.seconds(peer, t0, time.perf_counter()))
             self.events.put_nowait(partial(core.answered, shard, peer, outs, seconds, reply))
         except TaskFailure as exc:
             self.events.put_nowait(partial(core.failed, shard, peer, exc.kind, str(exc)))

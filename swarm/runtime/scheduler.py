@@ -107,6 +107,25 @@ class RateBook:
         return statistics.median(others) if others else 1.0
 
 
+class ServiceClock:
+    """How long each answer took *at the peer*, as the requester sees it, for :class:`RateBook`.
+
+    A peer runs its tasks one after another, and a requester keeps a window of them in
+    flight: the second task of a window waits in the peer's queue while the first runs, so its
+    round trip counts its neighbour's work too and halves the peer's measured rate (bands
+    are then dealt by noise). Its service time starts when the peer's previous answer came.
+    Only times the requester observed are used, never a peer's claim."""
+
+    def __init__(self) -> None:
+        self._last: dict[Peer, float] = {}
+
+    def seconds(self, peer: Peer, sent: float, answered: float) -> float:
+        """Service time of a task sent to ``peer`` at ``sent`` and answered at ``answered``."""
+        last = self._last.get(peer)
+        self._last[peer] = answered if last is None else max(last, answered)
+        return answered - (sent if last is None else min(answered, max(sent, last)))
+
+
 def deal(counts_by_weight: dict[Peer, float], n: int) -> dict[Peer, int]:
     """Split ``n`` items among peers in proportion to weights (largest remainder)."""
     peers = sorted(counts_by_weight, key=repr)
