@@ -352,18 +352,24 @@ class Client:
         b, b_oid = await self._resolve(b)
         method_spec("matmul", "matmul").check([a, b], {})
         req = self._node.requester
+        verify = opts["verify"]
+        # bands are placed here, on the loop, so that calls submitted together see each
+        # other's bands (req.assigned) and spread over the workers
+        bands = jobs.plan_bands(a.shape[0], a.shape[1], b.shape[1], workers=req.workers(),
+                                rates=req.rates, busy=req.assigned,
+                                checked=verify == "freivalds")
         plan = functools.partial(
             jobs.matmul_job, a, b, workers=req.workers(), rates=req.rates,
             precision=opts["precision"], backend=self._local_backend(), verifier=self._verifier,
-            b_oid=b_oid)
-        # hashing a large b (~35 ms per 64 MB) must not stall the links' event loop
-        job = await asyncio.to_thread(plan) if a.nbytes + b.nbytes > 1 << 20 else plan()
-        verify = opts["verify"]
-        results, report = await req.run(
-            job.calls, local=job.local,
-            verify=job.verify if verify == "freivalds" else job.check_shape,
-            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
-            progress=progress)
+            b_oid=b_oid, bands=bands)
+        with req.assigning(bands.owners or []):
+            # hashing a large b (~35 ms per 64 MB) must not stall the links' event loop
+            job = await asyncio.to_thread(plan) if a.nbytes + b.nbytes > 1 << 20 else plan()
+            results, report = await req.run(
+                job.calls, local=job.local,
+                verify=job.verify if verify == "freivalds" else job.check_shape,
+                replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
+                progress=progress)
         self.last_report = report
         return job.merge(results)
 

@@ -174,6 +174,24 @@ def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_wo
     assert sum(written) == a.nbytes + b.nbytes, written  # b's bytes written once, not twice
 
 
+def test_many_small_calls_in_flight_are_one_band_each_and_spread_over_the_workers(client):
+    rng = np.random.default_rng(10)
+    w = client.put(rand(rng, 1024, 1024))  # 4 MiB: each band's check reads all of it
+    xs = [rand(rng, 256, 1024) for _ in range(8)]
+    swarm.get(client.matmul.remote(xs[0], w), timeout=30)  # w cached on the workers
+    sent: list = []
+    req = client.node.requester
+    req.on_task_sent = lambda peer, msg: sent.append((peer, msg.args[0].array.shape[0]))
+    try:
+        outs = swarm.get([client.matmul.remote(x, w) for x in xs], timeout=60)
+    finally:
+        req.on_task_sent = None
+    for x, out in zip(xs, outs, strict=True):
+        np.testing.assert_allclose(out, x @ swarm.get(w), rtol=1e-3, atol=1e-3)
+    assert {rows for _, rows in sent} == {256}, sent  # one band (one check) per call
+    assert len({peer for peer, _ in sent}) == 2, sent  # and the calls spread over both workers
+
+
 def test_no_shared_memory_when_switched_off(monkeypatch):
     monkeypatch.setenv("SWARM_SHM", "0")  # the workers inherit it: "remote" on both sides
     with swarm.local(workers=1, threads=1) as c:

@@ -7,7 +7,7 @@ import pytest
 
 import compute
 from identity.keys import PeerKey
-from swarm.runtime.jobs import FreivaldsCache, matmul_job
+from swarm.runtime.jobs import MIN_CHECKED_ROWS, FreivaldsCache, matmul_job, plan_bands
 from swarm.runtime.objects import object_id
 from swarm.runtime.scheduler import RateBook
 
@@ -138,3 +138,31 @@ async def test_rates_count_a_bands_time_at_the_worker_not_its_wait_in_the_queue(
         band = 2.0 * 512 * 64 * 64
         # each band takes ~0.3 s at the worker: the rate is ~band/0.3 (with the queue: x0.75)
         assert req.rates.rate(peer) * 0.3 / band > 0.85, req.rates.rate(peer) * 0.3 / band
+
+
+def test_bands_are_large_enough_that_checking_them_stays_cheap():
+    peers = [PeerKey.generate().peer_id for _ in range(2)]
+    big = plan_bands(4096, 4096, 4096, workers=peers, rates=RateBook())
+    assert len(big.shards) == 4 and sorted(set(big.owners)) == sorted(peers)  # 2 per worker
+    for m in (64, 256, 511):  # each band's check reads all of b: no 64-row slivers
+        small = plan_bands(m, 4096, 4096, workers=peers, rates=RateBook())
+        assert len(small.shards) == 1, small
+    two = plan_bands(2 * MIN_CHECKED_ROWS, 4096, 4096, workers=peers, rates=RateBook())
+    assert [s.rows for s in two.shards] == [(0, 256), (256, 512)] and len(set(two.owners)) == 2
+    # unchecked jobs and small b keep the round-trip floor only
+    assert len(plan_bands(256, 4096, 4096, workers=peers, rates=RateBook(),
+                          checked=False).shards) == 4
+    assert len(plan_bands(256, 256, 256, workers=peers, rates=RateBook()).shards) == 4
+
+
+def test_a_job_too_small_for_every_worker_goes_to_the_least_busy():
+    fast, slow = PeerKey.generate().peer_id, PeerKey.generate().peer_id
+    rates = RateBook()
+    rates.observe(fast, 1.2e9, 1.0)
+    rates.observe(slow, 1e9, 1.0)
+    busy: dict = {}
+    for _ in range(8):  # calls submitted together, each one band
+        bands = plan_bands(256, 4096, 4096, workers=[fast, slow], rates=rates, busy=busy)
+        for owner in bands.owners:
+            busy[owner] = busy.get(owner, 0) + 1
+    assert busy[fast] >= busy[slow] >= 3, busy  # spread, the faster one a little ahead

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,14 @@ from swarm.runtime.scheduler import RateBook
 SHARDS_PER_WORKER = 2
 MIN_SHARD_FLOPS = 4e6
 """Smaller bands cost more in round trips than they save."""
+MIN_CHECKED_ROWS = 256
+"""Rows of the smallest band worth a Freivalds check of a large ``b``. A check reads all of
+``b`` (``b @ R``, memory-bound): measured at n=4096 on one core it costs about as much as
+computing 25 rows of the band (64-row bands: checks 39% of the band's work; 256: 12%;
+1024: 4%). On one machine the requester's checks take the workers' cores, so bands of
+at least this many rows; smaller ``b`` (see :data:`CHECKED_B_BYTES`) keeps the flops floor."""
+CHECKED_B_BYTES = 4 << 20
+"""Below this ``b`` costs a check well under a millisecond: round trips dominate instead."""
 
 
 class _OneThreadBLAS:
@@ -183,10 +191,52 @@ class MatmulJob:
             return self._out
 
 
+@dataclass(frozen=True)
+class Bands:
+    """Row bands of one matmul's output and the worker each was sized for."""
+
+    shards: list[compute.Shard]
+    """The bands, in row order."""
+    owners: list[PeerId] | None
+    """First worker of each band; None without workers (the requester computes)."""
+
+
+def plan_bands(m: int, k: int, n: int, *, workers: Sequence[PeerId], rates: RateBook,
+               busy: Mapping[PeerId, int] | None = None, checked: bool = True) -> Bands:
+    """Split the ``m`` output rows among ``workers``: shares by measured rate, each share cut
+    into up to :data:`SHARDS_PER_WORKER` bands (so a result travels while the next band
+    computes), no band under the floor (round trips; checks of a large ``b``).
+
+    ``busy`` counts bands this requester already gave each worker and that are not done
+    (other jobs): a worker's weight is divided by ``1 + busy``. A job too small to reach
+    every worker then goes to the least loaded (many small calls in flight spread out
+    instead of piling on the fastest peer)."""
+    min_rows = max(1, math.ceil(MIN_SHARD_FLOPS / (2.0 * k * n)))
+    if checked and 4 * k * n >= CHECKED_B_BYTES:
+        min_rows = max(min_rows, MIN_CHECKED_ROWS)
+    peers = list(workers)
+    if not peers:
+        return Bands(compute.plan_shards(m, n, [1.0], min_rows=min_rows), None)
+    busy = busy or {}
+    weights = [rates.weight(p, peers) / (1 + busy.get(p, 0)) for p in peers]
+    shares = compute.plan_shards(m, n, weights, min_rows=min_rows)
+    shards: list[compute.Shard] = []
+    owners: list[PeerId] = []
+    for share in shares:
+        r0, r1 = share.rows
+        pieces = max(1, min(SHARDS_PER_WORKER, (r1 - r0) // min_rows))
+        for band in compute.plan_shards(r1 - r0, n, [1.0] * pieces, min_rows=1):
+            shards.append(compute.Shard(len(shards), (r0 + band.rows[0], r0 + band.rows[1]),
+                                        (0, n), share.worker))
+            owners.append(peers[share.worker])
+    return Bands(shards, owners)
+
+
 def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates: RateBook,
                precision: str, backend: compute.Backend, verifier: FreivaldsCache,
-               b_oid: ObjectId | None = None) -> MatmulJob:
-    """Plan ``a @ b`` over ``workers`` (already validated operands)."""
+               b_oid: ObjectId | None = None, bands: Bands | None = None) -> MatmulJob:
+    """Plan ``a @ b`` over ``workers`` (already validated operands); ``bands`` when already
+    planned (:func:`plan_bands`)."""
     a_sent, a_seen = for_transfer(a, precision)
     if b_oid is not None and precision == "f32" and b.dtype == np.float32:
         b_sent = b_seen = b
@@ -195,14 +245,9 @@ def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates
         b_oid = object_id(b_sent)
     m, k = a.shape
     n = b.shape[1]
-    min_rows = max(1, math.ceil(MIN_SHARD_FLOPS / (2.0 * k * n)))
-    peers = list(workers)
-    if peers:
-        weights = [rates.weight(p, peers) for p in peers for _ in range(SHARDS_PER_WORKER)]
-    else:
-        weights = [1.0]
-    shards = compute.plan_shards(m, n, weights, min_rows=min_rows)
-    owners = [peers[s.worker // SHARDS_PER_WORKER] for s in shards] if peers else None
+    if bands is None:
+        bands = plan_bands(m, k, n, workers=workers, rates=rates)
+    shards, owners = bands.shards, bands.owners
     calls = []
     for s in shards:
         r0, r1 = s.rows

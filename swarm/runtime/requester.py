@@ -12,10 +12,12 @@ redone, counted against the peer and reported through ``on_rejected``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -163,6 +165,23 @@ class Requester:
         self._readers: set[asyncio.Task] = set()
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
         """Observer called after each RunTask is sent (progress displays, tests)."""
+        self.clock = ServiceClock()
+        """Rates count each answer's time at the worker, not its wait in the worker's queue
+        (behind this job's or another job's tasks)."""
+        self.assigned: Counter[PeerId] = Counter()
+        """Bands planned for each worker by jobs not finished yet (plans weigh by it)."""
+
+    @contextlib.contextmanager
+    def assigning(self, owners: Sequence[PeerId]) -> Iterator[None]:
+        """Count ``owners``' bands in :attr:`assigned` while the block (a job) runs."""
+        self.assigned.update(owners)
+        try:
+            yield
+        finally:
+            self.assigned.subtract(owners)
+            for peer in set(owners):
+                if self.assigned[peer] <= 0:
+                    del self.assigned[peer]
 
     # -- links ----------------------------------------------------------------------------
 
@@ -178,6 +197,10 @@ class Requester:
         self._readers.add(task)
         task.add_done_callback(self._readers.discard)
         self._changed.set()
+
+    def inflight(self, peer: PeerId) -> int:
+        """Tasks sent to ``peer`` and not answered yet (all jobs)."""
+        return sum(p == peer for p, _ in self._pending)
 
     def workers(self) -> list[PeerId]:
         """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
@@ -360,11 +383,9 @@ class _JobRun:
         sched = JobScheduler(
             tasks, req.workers(), req.rates, holds=holds, owners=owners,
             twins=twins_of(n) if replicate else None,
-            window=req.window, task_timeout=req.task_timeout)
+            window=req.window, task_timeout=req.task_timeout, elsewhere=req.inflight)
         self.core = JobCore(n, sched, verify=verify is not None, replicate=replicate,
                             agree=agree)
-        self.clock = ServiceClock()
-        """Rates count each answer's time at the worker, not its wait in the worker's queue."""
         self.events: asyncio.Queue = asyncio.Queue()
         self.running: dict[tuple[int, Any], asyncio.Task] = {}
         self.side: set[asyncio.Task] = set()
@@ -456,7 +477,7 @@ class _JobRun:
                                             report=core.report.peer(peer))
                 outs = reply.outputs
             seconds = (time.perf_counter() - t0 if peer == LOCAL
-                       else self.clock.seconds(peer, t0, time.perf_counter()))
+                       else self.req.clock.seconds(peer, t0, time.perf_counter()))
             self.events.put_nowait(partial(core.answered, shard, peer, outs, seconds, reply))
         except TaskFailure as exc:
             self.events.put_nowait(partial(core.failed, shard, peer, exc.kind, str(exc)))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 LOCAL = "local"
@@ -163,6 +163,7 @@ class JobScheduler:
         straggler_min: float = 0.05,
         task_timeout: float = 60.0,
         max_attempts: int = 6,
+        elsewhere: Callable[[Peer], int] | None = None,
     ) -> None:
         if [s.index for s in shards] != list(range(len(shards))):
             raise ValueError("shard indices must be 0..n-1 in order")
@@ -174,6 +175,10 @@ class JobScheduler:
         self.straggler_min = straggler_min
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
+        self.elsewhere = elsewhere or (lambda peer: 0)
+        """Tasks a peer runs or queues for the requester's other jobs: a peer with a window's
+        worth is busy, not idle, even with nothing of this job (it neither steals nor copies
+        a straggler, whose wait may just be the queue in front of it)."""
         self.done: dict[int, Peer] = {}
         self.attempts = [0] * len(shards)
         self._failed_on: dict[int, set[Peer]] = {}
@@ -375,8 +380,8 @@ class JobScheduler:
         shard = self._from_pool(w)
         if shard is not None:
             return shard
-        if w.running:  # only an idle worker steals: the deal already matched measured rates
-            return None
+        if w.running or self.elsewhere(w.peer) >= self.window:
+            return None  # only an idle worker steals: the deal already matched measured rates
         shard = self._steal(w)
         if shard is not None:
             return shard
