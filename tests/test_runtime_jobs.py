@@ -124,6 +124,26 @@ def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
     assert threads() == before
 
 
+def test_checks_from_any_executor_thread_run_blas_on_one_thread():
+    """threadpoolctl obeys only the first thread that set a limit (while it lives): checks in
+    other executor threads ran on every core, its spinning threads included."""
+    import concurrent.futures as cf
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from swarm.runtime.jobs import ONE_THREAD_BLAS
+
+    def check_in_a_thread() -> set[int]:
+        with ONE_THREAD_BLAS:
+            return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    with threadpool_limits(limits=2, user_api="blas"), cf.ThreadPoolExecutor(1) as first, \
+            cf.ThreadPoolExecutor(1) as second:  # this thread took control first
+        assert first.submit(check_in_a_thread).result() == {1}  # first takes control; lives on
+        assert second.submit(check_in_a_thread).result() == {1}
+        assert first.submit(check_in_a_thread).result() == {1}
+
+
 async def test_rates_count_a_bands_time_at_the_worker_not_its_wait_in_the_queue():
     """Two bands in flight on one worker: the second waits for the first there. Counting that
     wait halved the second band's rate, and the plan then dealt bands by that noise."""

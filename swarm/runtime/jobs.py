@@ -49,6 +49,13 @@ class _OneThreadBLAS:
     machine that spinning takes the cores from the workers still computing the other
     bands. One thread does a check's few memory-bound passes about as fast. The limit is
     process-wide, so concurrent checks share it (entered once, restored by the last).
+
+    threadpoolctl lets only one Python thread (the first that set a limit, while it lives)
+    change OpenBLAS's process-wide count and silently ignores the others: checks run in
+    whichever executor thread is free, so most limits were no-ops and most checks ran on
+    two spinning threads (the requester burned more CPU than both workers in the
+    64-call inference row). Under our own lock, the thread that sets or restores the
+    limit takes that control first.
     """
 
     def __init__(self) -> None:
@@ -64,6 +71,7 @@ class _OneThreadBLAS:
                     from threadpoolctl import ThreadpoolController
 
                     self._controller = ThreadpoolController()
+                _take_blas_control()
                 self._limit = self._controller.limit(limits=1, user_api="blas")
             self._users += 1
 
@@ -71,8 +79,19 @@ class _OneThreadBLAS:
         with self._lock:
             self._users -= 1
             if self._users == 0 and self._limit is not None:
+                _take_blas_control()
                 self._limit.restore_original_limits()
                 self._limit = None
+
+
+def _take_blas_control() -> None:
+    """Make the calling thread the one threadpoolctl lets set OpenBLAS's thread count."""
+    import threadpoolctl
+
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
+                    "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
 
 
 ONE_THREAD_BLAS = _OneThreadBLAS()
