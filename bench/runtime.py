@@ -10,7 +10,9 @@ Rows (same matrices side by side in one run; medians of --repeats):
 - ``matmul n=4096 cold``: a fresh A and B each repeat, so B travels to both workers, every
   shard is verified with Freivalds and merged: the whole cost of one job.
 - ``matmul n=4096 warm``: the same B again (already cached on the workers by content
-  address), a fresh A: only activations travel.
+  address), a fresh A: only activations travel. ``B cached`` passes the array (the
+  requester hashes it each call to find it cached); ``B put once`` passes a
+  ``client.put(B)`` ref, as Ray's warm row passes its ``ray.put`` ref.
 - ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
 - ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
 - ``ray ...``: the same sharded matmul on a local Ray, one task per band: ``cold`` puts a
@@ -184,9 +186,11 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
             a, b = next(pairs)
             assert client.matmul(a, b).shape == (n, n)
 
+        b_ref = client.put(b_warm)
         runners = {"numpy a@b": lambda: fixed_a @ b_warm,
                    "swarm cold (B sent)": cold,
-                   "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm)}
+                   "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm),
+                   "swarm warm (B put once)": lambda: client.matmul(fixed_a, b_ref)}
         if ray is not None:
             runners[RAY_COLD] = lambda: ray.call("cold")
             runners[RAY_WARM] = lambda: ray.call("warm")
