@@ -4,6 +4,8 @@ swarm.local (used between co-located peers, not when switched off)."""
 
 from __future__ import annotations
 
+import mmap
+
 import msgpack
 import numpy as np
 import pytest
@@ -189,6 +191,10 @@ def test_many_small_calls_in_flight_are_one_band_each_and_spread_over_the_worker
     for x, out in zip(xs, outs, strict=True):
         np.testing.assert_allclose(out, x @ swarm.get(w), rtol=1e-3, atol=1e-3)
     assert {rows for _, rows in sent} == {256}, sent  # one band (one check) per call
+    base = outs[0]
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)  # that band is the output: received zero-copy, kept
     assert len({peer for peer, _ in sent}) == 2, sent  # and the calls spread over both workers
 
 

@@ -265,14 +265,21 @@ def test_service_time_leaves_out_the_wait_behind_the_peers_earlier_task():
     assert clock.seconds("w", 4.0, 5.4) == 0.0          # out of order: never negative
 
 
-def test_a_worker_busy_with_other_jobs_neither_steals_nor_copies_a_straggler():
+def test_a_worker_full_with_other_jobs_gets_nothing_more_until_a_slot_frees():
     rates = RateBook()
     rates.observe("a", 1e9, 1.0)
     rates.observe("b", 1e9, 1.0)
     queued = {"a": 0, "b": 2}  # b runs two tasks of the requester's other jobs
     s = JobScheduler(shards(3), ["a", "b"], rates, owners=["a", "a", "a"], window=1,
-                     straggler_factor=2.0, elsewhere=queued.get)
+                     straggler_factor=2.0, inflight=queued.get)
     assert [(x.shard, x.peer) for x in s.step(0.0)] == [(0, "a")]
     assert s.step(10.0) == []  # shard 0 is late, shards 1-2 queued on a: b is not idle
     queued["b"] = 0
     assert [x.peer for x in s.step(10.0)] == ["b"]  # now it is: it helps
+
+
+def test_the_window_is_per_peer_across_the_requesters_jobs():
+    queued = {"a": 1, "b": 0}  # a already runs another job's task
+    s = JobScheduler(shards(1), ["a", "b"], RateBook(), owners=["a"], window=1,
+                     inflight=queued.get)
+    assert [(x.shard, x.peer) for x in s.step(0.0)] == [(0, "b")]  # the free peer takes it

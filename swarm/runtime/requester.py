@@ -305,6 +305,7 @@ class Requester:
                 raise
             finally:
                 self._pending.pop((peer, tid), None)
+                self._changed.set()  # a slot at ``peer`` is free: other jobs may use it
             if isinstance(reply, TaskResult):
                 if report is not None:
                     report.bytes_in += sum(o.nbytes for o in reply.outputs)
@@ -383,7 +384,7 @@ class _JobRun:
         sched = JobScheduler(
             tasks, req.workers(), req.rates, holds=holds, owners=owners,
             twins=twins_of(n) if replicate else None,
-            window=req.window, task_timeout=req.task_timeout, elsewhere=req.inflight)
+            window=req.window, task_timeout=req.task_timeout, inflight=req.inflight)
         self.core = JobCore(n, sched, verify=verify is not None, replicate=replicate,
                             agree=agree)
         self.events: asyncio.Queue = asyncio.Queue()

@@ -163,7 +163,7 @@ class JobScheduler:
         straggler_min: float = 0.05,
         task_timeout: float = 60.0,
         max_attempts: int = 6,
-        elsewhere: Callable[[Peer], int] | None = None,
+        inflight: Callable[[Peer], int] | None = None,
     ) -> None:
         if [s.index for s in shards] != list(range(len(shards))):
             raise ValueError("shard indices must be 0..n-1 in order")
@@ -175,10 +175,11 @@ class JobScheduler:
         self.straggler_min = straggler_min
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
-        self.elsewhere = elsewhere or (lambda peer: 0)
-        """Tasks a peer runs or queues for the requester's other jobs: a peer with a window's
-        worth is busy, not idle, even with nothing of this job (it neither steals nor copies
-        a straggler, whose wait may just be the queue in front of it)."""
+        self.inflight = inflight or (lambda peer: 0)
+        """Tasks the requester has at a peer, all its jobs (this one's included). The window
+        is per peer, not per job: a peer full with other jobs' tasks gets nothing more, so
+        many small jobs in flight queue here, where an idle peer can still take them,
+        instead of piling up in one peer's queue (and looking like stragglers there)."""
         self.done: dict[int, Peer] = {}
         self.attempts = [0] * len(shards)
         self._failed_on: dict[int, set[Peer]] = {}
@@ -360,7 +361,7 @@ class JobScheduler:
         while progress:
             progress = False
             for w in sorted(usable, key=lambda w: len(w.running)):
-                if len(w.running) >= self.window:
+                if max(len(w.running), self.inflight(w.peer)) >= self.window:
                     continue
                 shard = self._pick(w, now)
                 if shard is not None:
@@ -380,8 +381,8 @@ class JobScheduler:
         shard = self._from_pool(w)
         if shard is not None:
             return shard
-        if w.running or self.elsewhere(w.peer) >= self.window:
-            return None  # only an idle worker steals: the deal already matched measured rates
+        if w.running:  # only an idle worker steals: the deal already matched measured rates
+            return None
         shard = self._steal(w)
         if shard is not None:
             return shard
