@@ -112,6 +112,16 @@ class _LoopThread:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+_REF_PREFIX = secrets.token_bytes(24)
+_ref_serial = itertools.count(1)
+
+
+def _ref_id() -> ObjectId:
+    """A fresh id for the ref of a task's result: unique in this process (a random prefix
+    and a counter; one getrandom call per process instead of one per call)."""
+    return ObjectId(_REF_PREFIX + next(_ref_serial).to_bytes(8, "big"))
+
+
 def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
     if isinstance(x, ObjectRef):
         if client is not None and x.owner is not client:
@@ -223,7 +233,7 @@ class _Kernel:
         if all(isinstance(x, np.ndarray) for x in arrays):
             method_spec("matmul", "kernel").check(list(arrays), params)
         fut = client._submit(client._kernel(list(arrays), dict(params), opts))
-        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
+        return ObjectRef(_ref_id(), fut, client)
 
 
 class Client:
@@ -344,7 +354,7 @@ class Client:
         elif isinstance(b, np.ndarray):
             method_spec("matmul", "matmul").check([b.T, b], {})
         fut = self._submit(self._matmul(a, b, opts))
-        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
+        return ObjectRef(_ref_id(), fut, self)
 
     async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
                       progress: Callable[[int, int], None] | None = None) -> np.ndarray:
@@ -668,7 +678,7 @@ class ActorMethod:
         with h._lock:
             h._calls.add(fut)
         fut.add_done_callback(h._calls.discard)
-        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, h._client)
+        return ObjectRef(_ref_id(), fut, h._client)
 
 
 # -- Ray's module-level manners ---------------------------------------------------------------

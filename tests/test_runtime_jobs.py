@@ -186,3 +186,18 @@ def test_a_job_too_small_for_every_worker_goes_to_the_least_busy():
         for owner in bands.owners:
             busy[owner] = busy.get(owner, 0) + 1
     assert busy[fast] >= busy[slow] >= 3, busy  # spread, the faster one a little ahead
+
+
+async def test_a_tiny_band_is_checked_on_the_loop_without_a_thread_hop(monkeypatch):
+    from swarm.runtime import jobs
+
+    a = np.ones((1, 1), np.float32)
+    job = matmul_job(a, a, workers=[], rates=RateBook(), precision="f32",
+                     backend=compute.get_backend("numpy"), verifier=FreivaldsCache())
+
+    def no_thread(*args, **kwargs):
+        raise AssertionError("a 1x1 check went to a thread")
+
+    monkeypatch.setattr(jobs.asyncio, "to_thread", no_thread)
+    assert await job.verify(0, [a @ a])
+    assert not await job.verify(0, [a * 3])

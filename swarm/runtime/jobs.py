@@ -37,6 +37,9 @@ MIN_CHECKED_ROWS = 256
 computing 25 rows of the band (64-row bands: checks 39% of the band's work; 256: 12%;
 1024: 4%). On one machine the requester's checks take the workers' cores, so bands of
 at least this many rows; smaller ``b`` (see :data:`CHECKED_B_BYTES`) keeps the flops floor."""
+INLINE_CHECK_ELEMENTS = 1 << 14
+"""Bands whose check touches at most about this many elements are checked on the loop (the
+1x1 round trip: a thread hop cost more than the check)."""
 CHECKED_B_BYTES = 4 << 20
 """Below this ``b`` costs a check well under a millisecond: round trips dominate instead."""
 
@@ -164,6 +167,8 @@ class MatmulJob:
     async def verify(self, i: int, outputs: list[np.ndarray]) -> bool:
         if len(outputs) != 1:
             return False
+        if self.shards[i].size * self.a.shape[1] <= INLINE_CHECK_ELEMENTS:
+            return self._verify_and_place(i, outputs[0])  # microseconds: no thread hop
         return await asyncio.to_thread(self._verify_and_place, i, outputs[0])
 
     def _verify_and_place(self, i: int, c: np.ndarray) -> bool:
