@@ -205,7 +205,11 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         plots.append(("dht_mainline.png", "swarm vs libtorrent BEP 44 gets"))
     elif name == "runtime":
         rows = d["results"]
-        md = [_records(rows), "", f"meta: {json.dumps(d.get('meta', {}))}"]
+        md = [_records(rows), "", f"meta: {json.dumps(d.get('meta', {}))}", "",
+              "load_1m: each run's 1-minute load (other work on the machine). numpy's one "
+              "product on two BLAS threads loses most when another process takes a core "
+              "(on an idle machine it took 0.54 s, Ray 0.57 s); compare within a run. Where "
+              "the time goes: docs/architecture.md, runtime, Figures."]
         timed = [x for x in rows if x.get("gflops")]
         if timed:
             _bars(img / "runtime.png", "matmul GFLOPS by runner",
