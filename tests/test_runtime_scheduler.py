@@ -263,6 +263,10 @@ def test_service_time_leaves_out_the_wait_behind_the_peers_earlier_task():
     assert clock.seconds("v", 0.5, 1.5) == 1.0          # another peer keeps its own clock
     assert clock.seconds("w", 5.0, 5.5) == 0.5          # sent after the last answer: its trip
     assert clock.seconds("w", 4.0, 5.4) == 0.0          # out of order: never negative
+    small = ServiceClock(max_peers=2)
+    for peer in "abc":
+        small.seconds(peer, 0.0, 1.0)
+    assert small.seconds("a", 0.0, 2.0) == 2.0          # the oldest was forgotten: bounded
 
 
 def test_a_worker_full_with_other_jobs_gets_nothing_more_until_a_slot_frees():

@@ -116,13 +116,16 @@ class ServiceClock:
     are then dealt by noise). Its service time starts when the peer's previous answer came.
     Only times the requester observed are used, never a peer's claim."""
 
-    def __init__(self) -> None:
-        self._last: dict[Peer, float] = {}
+    def __init__(self, max_peers: int = 4096) -> None:
+        self.max_peers = max_peers
+        self._last: dict[Peer, float] = {}  # oldest first; forgetting one costs one estimate
 
     def seconds(self, peer: Peer, sent: float, answered: float) -> float:
         """Service time of a task sent to ``peer`` at ``sent`` and answered at ``answered``."""
-        last = self._last.get(peer)
+        last = self._last.pop(peer, None)
         self._last[peer] = answered if last is None else max(last, answered)
+        if len(self._last) > self.max_peers:
+            del self._last[next(iter(self._last))]
         return answered - (sent if last is None else min(answered, max(sent, last)))
 
 
