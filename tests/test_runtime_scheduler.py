@@ -287,3 +287,15 @@ def test_the_window_is_per_peer_across_the_requesters_jobs():
     s = JobScheduler(shards(1), ["a", "b"], RateBook(), owners=["a"], window=1,
                      inflight=queued.get)
     assert [(x.shard, x.peer) for x in s.step(0.0)] == [(0, "b")]  # the free peer takes it
+
+
+def test_a_task_waiting_behind_another_at_its_peer_is_not_called_a_straggler_early():
+    rates = RateBook()
+    rates.observe("a", 1e9, 1.0)  # a service time: 1 s per shard below
+    rates.observe("b", 1e9, 1.0)
+    s = JobScheduler([ShardTask(i, 1e9) for i in range(2)], ["a"], rates, window=2,
+                     straggler_factor=2.0)
+    assert sorted(x.shard for x in s.step(0.0)) == [0, 1]  # both sent to a at once
+    s.add_worker("b")
+    # shard 0 is due after 2 s; shard 1 runs after it, so it is due after 4 s
+    assert [(x.shard, x.peer) for x in s.step(2.5)] == [(0, "b")]

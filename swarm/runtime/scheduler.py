@@ -437,7 +437,14 @@ class JobScheduler:
         expected = self._expected(peer, shard)
         if expected is None:
             return None
-        return started + max(self.straggler_factor * expected, self.straggler_min)
+        # rates are service times: a task may first wait for those sent before it (this
+        # job's or, within the per-peer window, another job's) before its own turn comes
+        w = self._workers.get(peer)
+        order = list(w.running) if w is not None else []
+        ahead = order.index(shard) + 1 if shard in order else 1  # this job's, in send order
+        foreign = self.inflight(peer) - len(order)  # other jobs' tasks sent there before
+        depth = max(1, min(self.window, ahead + max(0, foreign)))
+        return started + max(self.straggler_factor * expected * depth, self.straggler_min)
 
     def _straggler(self, w: _Worker, now: float) -> int | None:
         best, best_due = None, now
