@@ -146,6 +146,7 @@ class _Worker:
     peer: Peer
     queue: deque[int] = field(default_factory=deque)
     running: dict[int, float] = field(default_factory=dict)  # shard -> started at
+    turn: dict[int, int] = field(default_factory=dict)  # shard -> tasks at the peer before it + 1
     banned: bool = False
 
 
@@ -437,14 +438,11 @@ class JobScheduler:
         expected = self._expected(peer, shard)
         if expected is None:
             return None
-        # rates are service times: a task may first wait for those sent before it (this
-        # job's or, within the per-peer window, another job's) before its own turn comes
+        # rates are service times: a task first waits for those sent to the peer before it
+        # (fixed when it was sent, so a deadline never moves)
         w = self._workers.get(peer)
-        order = list(w.running) if w is not None else []
-        ahead = order.index(shard) + 1 if shard in order else 1  # this job's, in send order
-        foreign = self.inflight(peer) - len(order)  # other jobs' tasks sent there before
-        depth = max(1, min(self.window, ahead + max(0, foreign)))
-        return started + max(self.straggler_factor * expected * depth, self.straggler_min)
+        turn = w.turn.get(shard, 1) if w is not None else 1
+        return started + max(self.straggler_factor * expected * turn, self.straggler_min)
 
     def _straggler(self, w: _Worker, now: float) -> int | None:
         best, best_due = None, now
@@ -465,7 +463,9 @@ class JobScheduler:
 
     def _start(self, w: _Worker, shard: int, now: float) -> Assign:
         self.attempts[shard] += 1
+        others = max(0, self.inflight(w.peer) - len(w.running))  # other jobs' tasks there
         w.running[shard] = now
+        w.turn[shard] = min(self.window, len(w.running) + others)
         return Assign(shard, w.peer, self.attempts[shard])
 
     def _solo(self, now: float) -> list[Assign]:
