@@ -5,7 +5,11 @@ Half the nodes are libtorrent 2.x sessions, half swarm ``DHTNode``\\ s in KRPC m
 other side's and its own; then 30% of the nodes (of both kinds) are stopped and the gets
 run again. Per operation: median and p90 latency, request datagrams sent by the node doing
 it, and the share of gets that return the newest value. libtorrent's get time is to its
-first alert carrying the value (or its final one). Run with ``--nodes 52``.
+first alert carrying the value (or its final one). Then membership as the control plane
+uses it: a few swarm nodes announce under one topic (swarm nodes keep the signed entries,
+libtorrent nodes the announcers' addresses, BEP 5) and random swarm nodes list the topic;
+libtorrent's BEP 5 get_peers of the topic's info-hash (addresses only, unsigned, to its
+first reply) is beside it. Run with ``--nodes 52``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import libtorrent as lt  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
-from dht import DHTNode  # noqa: E402
+from dht import DHTNode, topic_target  # noqa: E402
 
 SETTINGS = {
     "listen_interfaces": "127.0.0.1:0", "enable_dht": True, "enable_lsd": False,
@@ -170,6 +174,7 @@ async def run(n: int, items: int, churn: float, seed: int) -> dict:
                     "swarm": _summary(rows_sw, lambda r: r[2])}
 
         report["get"] = await gets(sessions, nodes)
+        report["membership"] = await membership(rng, sessions, nodes, items)
         dead_s = rng.sample(sessions, int(churn * len(sessions)))
         dead_n = rng.sample(nodes, int(churn * len(nodes)))
         for s in dead_s:
@@ -179,6 +184,34 @@ async def run(n: int, items: int, churn: float, seed: int) -> dict:
                                                [x for x in nodes if x not in dead_n])
     finally:
         await asyncio.gather(*(x.stop() for x in nodes))
+    return report
+
+
+async def membership(rng: random.Random, sessions, nodes, lists: int,
+                     members: int = 5) -> dict:
+    """Topic announce and get_peers by swarm nodes among libtorrent nodes."""
+    topic = b"swarm/members/" + rng.randbytes(20)
+    target = topic_target(topic)
+    announcers = rng.sample(nodes, min(members, len(nodes)))
+    rows = [await _swarm_op(m, lambda m=m: m.announce(topic, b"r" * 200, ttl=600))
+            for m in announcers]
+    report = {"members": len(announcers),
+              "announce": {"swarm": _summary(rows, lambda r: not isinstance(r[2], Exception))}}
+    want = {m.peer_id for m in announcers}
+    rows_sw, rows_lt = [], []
+    for _ in range(lists):
+        node = rng.choice(nodes)
+        row = await _swarm_op(node, lambda node=node: node.get_peers(topic))
+        rows_sw.append((*row[:2], not isinstance(row[2], Exception)
+                        and {a.peer_id for a in row[2]} >= want))
+        s = rng.choice(sessions)
+        row = await _lt_op(s, lambda s=s: s.dht_get_peers(lt.sha1_hash(target)),
+                           lt.dht_get_peers_reply_alert,
+                           lambda a: bytes.fromhex(str(a.info_hash)) == target,
+                           lambda a: len(a.peers()))
+        rows_lt.append((*row[:2], bool(row[2])))
+    report["get_peers"] = {"swarm": _summary(rows_sw, lambda r: r[2]),
+                           "libtorrent": _summary(rows_lt, lambda r: r[2])}
     return report
 
 
@@ -202,6 +235,17 @@ def print_table(r: dict) -> None:
                       (f"get after {int(r['churn'] * 100)}% killed", "get_after_churn")):
         for who in ("libtorrent", "swarm"):
             s = r[key][who]
+            print(f"{name:<30}{who:<12}{s['count']:>6}{s['median_ms']:>11.1f}"
+                  f"{s['p90_ms']:>9.1f}{s['requests_per_op']:>13.0f}"
+                  f"{100 * s['success']:>8.1f}%")
+    m = r.get("membership")
+    if m:
+        print(f"\nmembership: {m['members']} swarm members under one topic; swarm's get_peers "
+              "succeeds with every signed entry, libtorrent's BEP 5 get_peers with any address")
+        for name, key, who in (("topic announce", "announce", "swarm"),
+                               ("topic get_peers", "get_peers", "swarm"),
+                               ("BEP 5 get_peers (1st reply)", "get_peers", "libtorrent")):
+            s = m[key][who]
             print(f"{name:<30}{who:<12}{s['count']:>6}{s['median_ms']:>11.1f}"
                   f"{s['p90_ms']:>9.1f}{s['requests_per_op']:>13.0f}"
                   f"{100 * s['success']:>8.1f}%")

@@ -38,10 +38,12 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
     "dht_mainline": (["--nodes", "52", "--items", "15"], ["--nodes", "20", "--items", "4"], 600,
                      "swarm nodes (KRPC) and libtorrent side by side in one mainline DHT: BEP 44 "
                      "put/get, gets after killing 30%, reflection amplification"),
-    "runtime": (["--require-ray", "--ray-python", RAY_PYTHON],
+    "runtime": (["--runs", "3", "--require-ray", "--ray-python", RAY_PYTHON],
                 ["--quick", "--require-ray", "--ray-python", RAY_PYTHON], 1500,
                 "sharded, verified matmul on swarm.local(workers=2) vs numpy and Ray (Ray from "
-                "its own venv, `make bench` installs it: a missing Ray row fails the run)"),
+                "its own venv, `make bench` installs it: a missing Ray row fails the run); "
+                "three separate runs, each row the median of the runs (every run's ratio "
+                "beside it)"),
     "nat": (["--runs", "3", "--mb", "8"], ["--runs", "1", "--mb", "2"], 1200,
             "WebRTC across NATs (network namespaces, iptables, coturn; needs root): "
             "{public, cone, symmetric} x {same}, with and without TURN"),
@@ -187,6 +189,16 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
               f"{d['items']} mutable items per side; libtorrent's get time is to its first "
               "alert with the value; all swarm nodes share one Python process", "",
               _records(rows)]
+        m = d.get("membership")
+        if m:
+            md += ["", f"Membership: {m['members']} swarm members announce under one topic "
+                   "(signed entries on swarm nodes, addresses on libtorrent nodes by BEP 5, "
+                   "each entry also a BEP 44 item); swarm's get_peers succeeds when it returns "
+                   "every signed entry, libtorrent's BEP 5 get_peers (addresses only, first "
+                   "reply) when it lists any", "",
+                   _records([{"operation": f"topic {op}", "who": who} | m[op][who]
+                             for op, who in (("announce", "swarm"), ("get_peers", "swarm"),
+                                             ("get_peers", "libtorrent"))])]
         amp = d.get("amplification", {})
         if amp:
             before = {x["request"]: x for x in amp.get("before", [])}
@@ -203,7 +215,11 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         plots.append(("dht_mainline.png", "swarm vs libtorrent BEP 44 gets"))
     elif name == "runtime":
         rows = d["results"]
-        md = [_records(rows), "", f"meta: {json.dumps(d.get('meta', {}))}"]
+        md = [_records(rows), "", f"meta: {json.dumps(d.get('meta', {}))}", "",
+              "load_1m: each run's 1-minute load (other work on the machine). numpy's one "
+              "product on two BLAS threads loses most when another process takes a core "
+              "(on an idle machine it took 0.54 s, Ray 0.57 s); compare within a run. Where "
+              "the time goes: docs/architecture.md, runtime, Figures."]
         timed = [x for x in rows if x.get("gflops")]
         if timed:
             _bars(img / "runtime.png", "matmul GFLOPS by runner",

@@ -10,7 +10,9 @@ Rows (same matrices side by side in one run; medians of --repeats):
 - ``matmul n=4096 cold``: a fresh A and B each repeat, so B travels to both workers, every
   shard is verified with Freivalds and merged: the whole cost of one job.
 - ``matmul n=4096 warm``: the same B again (already cached on the workers by content
-  address), a fresh A: only activations travel.
+  address), a fresh A: only activations travel. ``B cached`` passes the array (the
+  requester hashes it each call to find it cached); ``B put once`` passes a
+  ``client.put(B)`` ref, as Ray's warm row passes its ``ray.put`` ref.
 - ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
 - ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
 - ``ray ...``: the same sharded matmul on a local Ray, one task per band: ``cold`` puts a
@@ -21,6 +23,9 @@ Rows (same matrices side by side in one run; medians of --repeats):
   memory on one machine; swarm also checks every shard (Freivalds), Ray verifies nothing.
 
 On a shared 2-core machine every figure is noisy: compare the ratios in one run.
+``--runs N`` runs the whole benchmark N times, each in a fresh process (own swarm, own
+Ray), and reports per row the median over the runs of each run's own median and ratio,
+with every run's ratio beside it (``make bench`` takes three).
 """
 
 from __future__ import annotations
@@ -184,9 +189,11 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
             a, b = next(pairs)
             assert client.matmul(a, b).shape == (n, n)
 
+        b_ref = client.put(b_warm)
         runners = {"numpy a@b": lambda: fixed_a @ b_warm,
                    "swarm cold (B sent)": cold,
-                   "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm)}
+                   "swarm warm (B cached)": lambda: client.matmul(fixed_a, b_warm),
+                   "swarm warm (B put once)": lambda: client.matmul(fixed_a, b_ref)}
         if ray is not None:
             runners[RAY_COLD] = lambda: ray.call("cold")
             runners[RAY_WARM] = lambda: ray.call("warm")
@@ -225,6 +232,52 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
     return results
 
 
+def combine(runs: list[dict]) -> dict:
+    """Separate runs' JSON -> one: per row the median of the runs' medians and ratios, and
+    each run's ratio (or seconds) in a list; the load of each run in ``meta``."""
+    keys = [[(r["case"], r["runner"]) for r in run["results"]] for run in runs]
+    if any(k != keys[0] for k in keys):
+        raise ValueError("the runs measured different rows")
+    rows = []
+    for i, first in enumerate(runs[0]["results"]):
+        same = [run["results"][i] for run in runs]
+        if any("skipped" in x for x in same):
+            rows.append(next(x for x in same if "skipped" in x))
+            continue
+        row = dict(first)
+        for key in ("median_s", "gflops", "vs_numpy", "p90_s"):
+            if first.get(key) is not None:
+                row[key] = statistics.median(x[key] for x in same)
+        if first.get("vs_numpy") is not None:
+            row["vs_numpy_runs"] = " ".join(f"{x['vs_numpy']:.2f}" for x in same)
+        else:
+            row["median_s_runs"] = " ".join(f"{x['median_s']:.3g}" for x in same)
+        rows.append(row)
+    meta = dict(runs[0]["meta"])
+    meta["runs"] = len(runs)
+    meta["load_1m"] = [round(run["meta"]["load_1m"], 1) for run in runs]
+    return {"meta": meta, "results": rows}
+
+
+def separate_runs(count: int) -> tuple[dict, int]:
+    """This script ``count`` times in fresh processes (same arguments, one run each)."""
+    import subprocess
+
+    argv = [a for a in sys.argv[1:] if a != "--json"]
+    if "--runs" in argv:
+        at = argv.index("--runs")
+        del argv[at:at + 2]
+    runs, failed = [], 0
+    for _ in range(count):
+        res = subprocess.run([sys.executable, __file__, "--json", *argv], capture_output=True,
+                             text=True)
+        if res.returncode not in (0, 1) or not res.stdout.strip():
+            raise RuntimeError(f"a run failed (rc {res.returncode}): {res.stderr[-400:]}")
+        failed |= res.returncode
+        runs.append(json.loads(res.stdout))
+    return combine(runs), failed
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true")
@@ -236,12 +289,23 @@ def main() -> int:
                    help="run the Ray rows with this interpreter (a venv where ray is installed)")
     p.add_argument("--require-ray", action="store_true",
                    help="exit 1 when the Ray rows could not be measured (make bench)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="separate runs (fresh processes); rows report the median over runs")
+    p.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                   help="combine saved --json outputs of separate runs instead of running")
     p.add_argument("--ray-server", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     n, batch, rows, calls = (1024, 16, 128, 50) if args.quick else (4096, 64, 256, 200)
     if args.ray_server:
         return ray_server(args.n or n, args.workers)
+    if args.combine or args.runs > 1:
+        if args.combine:
+            combined = combine([json.loads(Path(f).read_text()) for f in args.combine])
+            failed = 0
+        else:
+            combined, failed = separate_runs(args.runs)
+        return report(combined, args, failed)
     ray, why = (None, "not asked for (--only swarm)") if args.only == "swarm" else \
         start_ray(args.ray_python, n, args.workers)
     results = []
@@ -258,14 +322,22 @@ def main() -> int:
     failed = 1 if args.require_ray and skipped else 0
     if failed:
         print(f"Ray was required and not measured: {skipped[0]['skipped']}", file=sys.stderr)
+    return report({"meta": meta, "results": results}, args, failed)
+
+
+def report(out: dict, args: argparse.Namespace, failed: int) -> int:
+    """Print ``out`` as JSON or as a table; returns ``failed``."""
+    meta, results = out["meta"], out["results"]
     if args.json:
-        print(json.dumps({"meta": meta, "results": results}, indent=1))
+        print(json.dumps(out, indent=1))
         return failed
     from rich.console import Console
     from rich.table import Table
 
+    load = meta["load_1m"]
     table = Table(title=f"swarm runtime vs numpy ({meta['cpus']} CPUs, load "
-                        f"{meta['load_1m']:.1f}, {args.workers} workers; medians)")
+                        f"{load if isinstance(load, list) else round(load, 1)}, "
+                        f"{args.workers} workers; medians)")
     for col in ("case", "runner", "median", "GFLOPS", "x numpy"):
         table.add_column(col, justify="left" if col in ("case", "runner") else "right")
     for r in results:
@@ -276,7 +348,8 @@ def main() -> int:
         table.add_row(r["case"], r["runner"],
                       f"{med * 1e3:.2f} ms" if med < 0.1 else f"{med:.3f} s",
                       f"{r['gflops']:.1f}" if r["gflops"] else "-",
-                      f"{r['vs_numpy']:.2f}" if r["vs_numpy"] else "-")
+                      (f"{r['vs_numpy']:.2f}" if r["vs_numpy"] else "-")
+                      + (f" ({r['vs_numpy_runs']})" if r.get("vs_numpy_runs") else ""))
     Console().print(table)
     return failed
 

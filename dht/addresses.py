@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from functools import lru_cache
 
 _V4_MASK = bytes([0x03, 0x0F, 0x3F, 0xFF])
@@ -38,13 +38,20 @@ def crc32c(data: bytes) -> int:
     return crc ^ 0xFFFFFFFF
 
 
+_LOCAL = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
+    "fc00::/7", "fe80::/10", "::1/128"))
+
+
 def is_local(host: str) -> bool:
-    """Loopback, private and link-local addresses (BEP 42 exempts them)."""
+    """The addresses BEP 42 (and libtorrent) exempt: loopback, RFC 1918, link-local and
+    unique-local. Not Python's ``is_private``, which also counts documentation and
+    benchmarking ranges that libtorrent treats as public."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
         return False
-    return ip.is_loopback or ip.is_private or ip.is_link_local
+    return any(ip.version == net.version and ip in net for net in _LOCAL)
 
 
 def source_key(addr: tuple[str, int]) -> str:
@@ -137,3 +144,35 @@ class RoundTrips:
     def allows(self, addr: tuple[str, int], request_len: int, reply_len: int) -> bool:
         """Whether a reply of ``reply_len`` bytes may go to ``addr`` for that request."""
         return reply_len <= self.ratio * request_len or self.proven(addr)
+
+
+class ExternalAddress:
+    """This node's IP as other nodes see it (BEP 42: the ``ip`` in KRPC answers), by vote.
+
+    The last ``window`` reports are kept, one per reporting source (:func:`source_key`, so
+    one host with many ports is one vote); an IP becomes the external address when at least
+    ``quorum`` sources and a strict majority of those kept report it. Sans-IO.
+    """
+
+    def __init__(self, window: int = 16, quorum: int = 3) -> None:
+        self.window = window
+        self.quorum = quorum
+        self.current: str | None = None
+        self._votes: OrderedDict[str, str] = OrderedDict()
+
+    def note(self, reporter: tuple[str, int], seen: str) -> str | None:
+        """Count one report; the new external IP when the vote just moved to it."""
+        try:
+            seen = str(ipaddress.ip_address(seen))
+        except ValueError:
+            return None
+        key = source_key(reporter)
+        self._votes.pop(key, None)
+        self._votes[key] = seen
+        while len(self._votes) > self.window:
+            self._votes.popitem(last=False)
+        ip, n = Counter(self._votes.values()).most_common(1)[0]
+        if n >= self.quorum and 2 * n > len(self._votes) and ip != self.current:
+            self.current = ip
+            return ip
+        return None

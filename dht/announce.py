@@ -98,3 +98,21 @@ class Announcement:
         _verified[key] = None
         while len(_verified) > VERIFIED:
             _verified.popitem(last=False)
+
+
+def entry_value(ann: Announcement) -> dict[bytes, bytes]:
+    """An announcement as the value of its peer's BEP 44 mutable item (salt = the topic):
+    the copy a reader fetches by the peer's key when the peer cannot be asked directly.
+    Mainline nodes check the item's signature; the reader also checks the entry's own."""
+    return {b"r": ann.record, b"s": ann.signature, b"x": struct.pack(">d", ann.expires_at)}
+
+
+def entry_from_value(topic: bytes, pubkey: bytes, value: object) -> Announcement:
+    """The announcement in a BEP 44 value written by :func:`entry_value`, checked against
+    the topic and the item's key; raises :class:`ItemError`."""
+    if not isinstance(value, dict) or not isinstance(value.get(b"x"), bytes) \
+            or len(value[b"x"]) != 8:
+        raise ItemError(errors.PROTOCOL, "not a membership entry")
+    (expires_at,) = struct.unpack(">d", value[b"x"])
+    return Announcement.from_wire(topic, pubkey, value.get(b"r"), expires_at,
+                                  value.get(b"s"))

@@ -93,13 +93,16 @@ class RequestCore:
 
     def __init__(self, own_id: bytes, store: ItemStore, tokens: TokenIssuer,
                  replay: ReplayGuard, nodes_near: Callable[[bytes, Addr], list[Node]],
-                 deliver: Callable[[PeerId, Addr, bytes], None]) -> None:
+                 deliver: Callable[[PeerId, Addr, bytes], None],
+                 own: Callable[[bytes, float], list[Announcement]] = lambda t, now: []
+                 ) -> None:
         self.own_id = own_id
         self.store = store
         self.tokens = tokens
         self.replay = replay
         self.nodes_near = nodes_near
         self.deliver = deliver
+        self._own = own
 
     def _check_token(self, token: object, sender: Addr, target: bytes, now: float) -> None:
         if not self.tokens.check(token, sender, target, now):
@@ -175,6 +178,12 @@ class RequestCore:
         topic = check_topic(topic)
         self._check_token(token, sender, topic_target(topic), now)
         self.store.announce(topic, ann_of(topic), now, source_key(sender))
+
+    def own(self, sender: Addr, topic: object, now: float) -> list[Announcement]:
+        """This node's own live entries under a topic: a reader that found our address
+        under the topic's BEP 5 info-hash (on mainline nodes, which hold no entries) asks
+        us for them; each is signed, so the reader checks it, not us."""
+        return self._own(check_topic(topic), now)
 
     def message(self, sender: Addr, env: Envelope, now: float) -> None:
         """A signed message for this node: checked against replays, then delivered."""

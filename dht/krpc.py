@@ -4,8 +4,10 @@ A KRPC message is one bencoded dict (so its first byte is ``d``; the swarm frami
 with 0x00 or 0x01, so one UDP socket carries both): ``t`` a transaction id, ``y`` one of
 ``q`` (query: ``q`` the method, ``a`` its arguments), ``r`` (response: ``r``) or ``e``
 (error: ``e`` = [code, message]). Contacts travel as compact node info (20-byte id + 4-byte
-IPv4 + 2-byte port), peers as compact peer info (6 bytes). Nothing here does I/O; decoding
-never raises anything but :class:`KrpcError` on untrusted bytes.
+IPv4 + 2-byte port), peers as compact peer info (6 bytes); BEP 32 adds IPv6: ``nodes6``
+(20 + 16 + 2 bytes each), 18-byte peers and ``ip``, and ``want`` (``n4``/``n6``) to ask for
+either family. Nothing here does I/O; decoding never raises anything but :class:`KrpcError`
+on untrusted bytes.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ from dht.bencode import bdecode, bencode
 from dht.errors import BencodeError, DHTError
 
 MAX_DATAGRAM = 1500 * 2  # larger KRPC datagrams are not ones a mainline node sends
+CLIENT = b"SW\x00\x01"
+"""BEP 5's ``v`` (client and version) on every KRPC message a swarm node sends: a node
+that sees it knows the sender also speaks the swarm framing (announcements, messages)."""
 METHOD_UNKNOWN = 204
 COMPACT_NODE = 26
 COMPACT_PEER = 6
+COMPACT_NODE6 = 38
+COMPACT_PEER6 = 18
 
 
 class KrpcError(DHTError):
@@ -46,6 +53,13 @@ class Message:
     """(code, message) of an error."""
     ip: tuple[str, int] | None = None
     """BEP 42: the address the sender saw us at, when it said."""
+    v: bytes = b""
+    """BEP 5's client version of the sender (:data:`CLIENT` for a swarm node)."""
+
+    @property
+    def from_swarm(self) -> bool:
+        """Whether the sender is a swarm node (so it also speaks the swarm framing)."""
+        return self.v[:2] == CLIENT[:2]
 
 
 def decode(datagram: bytes) -> Message:
@@ -62,76 +76,110 @@ def decode(datagram: bytes) -> Message:
     if not isinstance(t, bytes) or not 0 < len(t) <= 16 or y not in (b"q", b"r", b"e"):
         raise KrpcError("bad t or y")
     ip = None
+    v = msg.get(b"v") if isinstance(msg.get(b"v"), bytes) else b""
     raw_ip = msg.get(b"ip")
-    if isinstance(raw_ip, bytes) and len(raw_ip) == COMPACT_PEER:
+    if isinstance(raw_ip, bytes) and len(raw_ip) in (COMPACT_PEER, COMPACT_PEER6):
         ip = unpack_peer(raw_ip)
     if y == b"q":
         q, a = msg.get(b"q"), msg.get(b"a")
         if not isinstance(q, bytes) or not isinstance(a, dict):
             raise KrpcError("query without q or a")
-        return Message(t, y, q=q, body=a, ip=ip)
+        return Message(t, y, q=q, body=a, ip=ip, v=v)
     if y == b"r":
         r = msg.get(b"r")
         if not isinstance(r, dict):
             raise KrpcError("response without r")
-        return Message(t, y, body=r, ip=ip)
+        return Message(t, y, body=r, ip=ip, v=v)
     e = msg.get(b"e")
     if (not isinstance(e, list) or len(e) < 2 or not isinstance(e[0], int)
             or not isinstance(e[1], bytes)):
         raise KrpcError("malformed error")
-    return Message(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip)
+    return Message(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip, v=v)
 
 
 def query(t: bytes, method: str, args: dict[str, Any]) -> bytes:
-    return bencode({b"t": t, b"y": b"q", b"q": method.encode(), b"a": args})
+    return bencode({b"t": t, b"y": b"q", b"q": method.encode(), b"a": args, b"v": CLIENT})
 
 
 def response(t: bytes, body: dict[str, Any], to: tuple[str, int] | None = None) -> bytes:
-    msg: dict[bytes, Any] = {b"t": t, b"y": b"r", b"r": body}
-    if to is not None and _v4(to[0]):
+    msg: dict[bytes, Any] = {b"t": t, b"y": b"r", b"r": body, b"v": CLIENT}
+    if to is not None and _version(to[0]):
         msg[b"ip"] = pack_peer(to)
     return bencode(msg)
 
 
 def error(t: bytes, code: int, message: str) -> bytes:
-    return bencode({b"t": t, b"y": b"e", b"e": [code, message[:200].encode()]})
+    return bencode({b"t": t, b"y": b"e", b"e": [code, message[:200].encode()], b"v": CLIENT})
 
 
-def _v4(host: str) -> bool:
+def _version(host: str) -> int:
+    """4 or 6, or 0 for something that is not an IP address."""
     try:
-        return ipaddress.ip_address(host).version == 4
+        return ipaddress.ip_address(host).version
     except ValueError:
-        return False
+        return 0
 
 
 def pack_peer(addr: tuple[str, int]) -> bytes:
-    return ipaddress.IPv4Address(addr[0]).packed + struct.pack(">H", addr[1])
+    """Compact peer info: 6 bytes for IPv4, 18 for IPv6 (BEP 32)."""
+    return ipaddress.ip_address(addr[0]).packed + struct.pack(">H", addr[1])
 
 
 def unpack_peer(raw: bytes) -> tuple[str, int]:
-    return str(ipaddress.IPv4Address(raw[:4])), struct.unpack(">H", raw[4:6])[0]
+    ip = raw[:-2]
+    addr = ipaddress.IPv4Address(ip) if len(ip) == 4 else ipaddress.IPv6Address(ip)
+    return str(addr), struct.unpack(">H", raw[-2:])[0]
 
 
-def pack_nodes(nodes: list[Node]) -> bytes:
-    """Compact node info of the IPv4 contacts in ``nodes``."""
-    return b"".join(n.id + pack_peer((n.ip, n.port)) for n in nodes if _v4(n.ip))
+def pack_nodes(nodes: list[Node], version: int = 4) -> bytes:
+    """Compact node info of the contacts of one family in ``nodes`` (``nodes``/``nodes6``)."""
+    return b"".join(n.id + pack_peer((n.ip, n.port)) for n in nodes
+                    if _version(n.ip) == version)
 
 
-def unpack_nodes(raw: object, limit: int = 64) -> list[Node]:
-    """Contacts from compact node info; a malformed blob yields nothing, bad entries skipped."""
-    if not isinstance(raw, bytes) or len(raw) % COMPACT_NODE:
+def unpack_nodes(raw: object, limit: int = 64, size: int = COMPACT_NODE) -> list[Node]:
+    """Contacts from compact node info (``size`` 38 for ``nodes6``); a malformed blob yields
+    nothing, bad entries are skipped."""
+    if not isinstance(raw, bytes) or len(raw) % size:
         return []
     out = []
-    for i in range(0, min(len(raw), limit * COMPACT_NODE), COMPACT_NODE):
-        nid, (ip, port) = raw[i:i + 20], unpack_peer(raw[i + 20:i + COMPACT_NODE])
+    for i in range(0, min(len(raw), limit * size), size):
+        nid, (ip, port) = raw[i:i + 20], unpack_peer(raw[i + 20:i + size])
         if port:
             out.append(Node(nid, ip, port))
     return out
 
 
+def answer_nodes(body: dict, limit: int = 64) -> list[Node]:
+    """The contacts of an answer: ``nodes`` and ``nodes6`` (BEP 32)."""
+    return (unpack_nodes(body.get(b"nodes"), limit)
+            + unpack_nodes(body.get(b"nodes6"), limit, COMPACT_NODE6))[:limit]
+
+
+def wants(args: dict, sender: tuple[str, int]) -> set[bytes]:
+    """BEP 32: the families a query asks contacts of (its own family when it says none)."""
+    w = args.get(b"want")
+    if isinstance(w, list):
+        asked = {x for x in w if x in (b"n4", b"n6")}
+        if asked:
+            return asked
+    return {b"n6"} if _version(sender[0]) == 6 else {b"n4"}
+
+
+def node_fields(nodes: list[Node], want: set[bytes]) -> dict[bytes, bytes]:
+    """``nodes`` and/or ``nodes6`` for an answer, as ``want`` asks."""
+    out = {}
+    if b"n4" in want:
+        out[b"nodes"] = pack_nodes(nodes, 4)
+    if b"n6" in want:
+        out[b"nodes6"] = pack_nodes(nodes, 6)
+    return out
+
+
 def unpack_values(raw: object, limit: int = 200) -> list[tuple[str, int]]:
-    """Peers from a get_peers ``values`` list of compact peer infos."""
+    """Peers from a get_peers ``values`` list of compact peer infos (6 or 18 bytes)."""
     if not isinstance(raw, list):
         return []
     return [unpack_peer(v) for v in raw[:limit]
-            if isinstance(v, bytes) and len(v) == COMPACT_PEER and v[4:6] != b"\0\0"]
+            if isinstance(v, bytes) and len(v) in (COMPACT_PEER, COMPACT_PEER6)
+            and v[-2:] != b"\0\0"]

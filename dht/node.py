@@ -27,8 +27,15 @@ from kademlia.network import Server
 from kademlia.node import Node
 
 from dht import errors
-from dht.addresses import bep42_valid
-from dht.announce import MAX_TTL, Announcement, check_topic, topic_target
+from dht.addresses import ExternalAddress, bep42_id, bep42_valid, is_local
+from dht.announce import (
+    MAX_TTL,
+    Announcement,
+    check_topic,
+    entry_from_value,
+    entry_value,
+    topic_target,
+)
 from dht.bencode import Value, bdecode
 from dht.errors import (
     DHTError,
@@ -50,6 +57,7 @@ from dht.items import (
 from dht.lookup import LookupResult, lookup
 from dht.messages import MAX_PAYLOAD, Envelope, ReplayGuard
 from dht.protocol import DHTProtocol
+from dht.routing import NearestRoutingTable
 from dht.store import ITEM_TTL, MAX_ITEMS, MAX_PER_TOPIC, ItemStore, Published
 from dht.tokens import TokenIssuer
 from dht.validators import Validator, Validators
@@ -74,6 +82,9 @@ STATE_FILE = "node.json"
 ITEMS_FILE = "items.sqlite3"
 KEY_FILE = "node.key"
 MAX_PEER_PAGES = 64
+MAX_ENTRY_ADDRS = 64  # BEP 5 addresses a krpc-mode get_peers asks for their own entries
+MAX_OWN = 16  # entries one address may answer with (itself and the browser tabs it hosts)
+MAX_OWN_TOPICS = 64
 DEAD_FOR = 60.0
 
 
@@ -145,6 +156,9 @@ class DHTNode(Server):
         self._address: tuple[str, int] | None = None
         self._stopped = False
         self._dead: dict[bytes, float] = {}
+        self._own: dict[bytes, dict[PeerId, Announcement]] = {}  # see own_announcements
+        self._keys_at: dict[tuple[str, int], tuple[PeerId, ...]] = {}  # see _entries_at
+        self.external = ExternalAddress()
 
     clock = staticmethod(time.time)
 
@@ -175,6 +189,37 @@ class DHTNode(Server):
         if self._address is None:
             raise DHTError("not listening")
         return self._address
+
+    def met_mainline(self, addr: tuple[str, int]) -> None:
+        """A node answered only in KRPC: we live among mainline nodes, so from now on this
+        node asks unknown addresses in KRPC and keeps topics there too (KRPC mode)."""
+        if not self.krpc:
+            log.info("%s:%d speaks only KRPC: joining the mainline DHT", *addr)
+            self.krpc = True
+
+    def note_external(self, reporter: tuple[str, int], seen: str) -> None:
+        """A KRPC answer from ``reporter`` said it sees us at ``seen`` (BEP 42). When the
+        vote settles on a public IP our id is not bound to, take a BEP 42 id for it: mainline
+        nodes that enforce BEP 42 ignore a node whose id does not match its address."""
+        ip = self.external.note(reporter, seen)
+        if ip is None or is_local(ip) or bep42_valid(ip, self.node.id):
+            return
+        self._set_node_id(bep42_id(ip))
+        log.info("external address %s: new BEP 42 node id %s", ip, self.node.id.hex())
+
+    def _set_node_id(self, node_id: bytes) -> None:
+        """Change our Kademlia id in place (the Node object is shared by the protocol and
+        the routing table); buckets are laid out around the id, so contacts are re-added."""
+        contacts = self.protocol.router.contacts()
+        self.node.id = node_id
+        self.node.long_id = int(node_id.hex(), 16)
+        router = NearestRoutingTable(self.protocol, self.ksize, self.node)
+        router.require_bep42 = self.require_bep42
+        self.protocol.router = router
+        self.protocol.core.own_id = node_id
+        for contact in contacts:
+            router.add_contact(contact)
+        self._save_state()
 
     def _create_protocol(self) -> DHTProtocol:
         return DHTProtocol(self)
@@ -267,7 +312,7 @@ class DHTNode(Server):
         return (infos[0][4][0], port) if infos else None
 
     async def _ping_addr(self, addr: tuple[str, int]) -> Node | None:
-        ok, data = await self.protocol.request(addr, "ping")
+        ok, data = await self.protocol.ping_any(addr)
         if not ok or not is_node_id(data) or data == self.node.id:
             return None
         node = Node(data, addr[0], addr[1])
@@ -563,25 +608,111 @@ class DHTNode(Server):
 
     async def publish_announcement(self, topic: bytes, ann: Announcement) -> None:
         """Store an entry another peer signed (a browser tab this node serves: the tab
-        cannot speak UDP, so its host carries the tab's own signed entry)."""
+        cannot speak UDP, so its host carries the tab's own signed entry).
+
+        Among mainline nodes (KRPC mode) the closest swarm nodes keep the entry itself, the
+        mainline ones this node's address under the topic's info-hash (BEP 5; readers then
+        ask us for our entries), and our own entry also goes out as our BEP 44 item."""
         ann.check(check_topic(topic))
         if not ann.expires_at - MAX_TTL <= self.clock() < ann.expires_at:
             raise ValueError("announcement is expired or expires too far ahead")
+        self._keep_own(topic, ann)
         target = topic_target(topic)
-        res = await self._lookup(target, partial(self._q_peers, topic=topic))
+        res = await self._lookup(target, partial(self._topic_query(), topic=topic))
         now = self.clock()
         wire = announcement_to_wire(ann)
-        writes = [(n, "announce", (r.token, topic, wire)) for n, r in res.responses if r.token]
+        writes = [(n, "announce_peer", (r.token, target, self.address[1]))
+                  if self.protocol.speaks_swarm((n.ip, n.port)) is False
+                  else (n, "announce", (r.token, topic, wire))
+                  for n, r in res.responses if r.token]
         accepted, refusals = await self._send_writes(writes)
         local = (partial(self.store.announce, topic, ann, now)
                  if self._self_is_close(target, res.responses) else None)
+        if self.krpc and ann.peer_id == self.peer_id:
+            await self._put_entry(topic, ann)
         self._settle(accepted, refusals, len(res.responses), local)
+
+    def _keep_own(self, topic: bytes, ann: Announcement) -> None:
+        now = self.clock()
+        for t in [t for t, e in self._own.items() if all(a.expires_at <= now
+                                                          for a in e.values())]:
+            del self._own[t]
+        if topic not in self._own and len(self._own) >= MAX_OWN_TOPICS:
+            raise ValueError(f"this node already announces under {MAX_OWN_TOPICS} topics")
+        entries = self._own.setdefault(topic, {})
+        entries[ann.peer_id] = ann
+        if len(entries) > MAX_OWN:
+            del entries[min(entries, key=lambda p: entries[p].expires_at)]
+
+    def own_announcements(self, topic: bytes, now: float) -> list[Announcement]:
+        """The live entries this node published under ``topic`` (its own, its tabs')."""
+        return [a for a in self._own.get(topic, {}).values() if a.expires_at > now]
+
+    async def _put_entry(self, topic: bytes, ann: Announcement) -> None:
+        try:
+            await self.put_mutable(self.key, entry_value(ann), salt=topic,
+                                   seq=int(ann.expires_at * 1000))
+        except (ItemError, LookupFailed) as exc:
+            log.info("no BEP 44 copy of our entry under %r: %s", topic[:20], exc)
+
+    def _topic_query(self):
+        return self._q_topic if self.krpc else self._q_peers
+
+    async def _q_topic(self, node: Node, topic: bytes):
+        """A topic lookup step among mainline nodes: a swarm node is asked for the entries
+        it holds, a mainline node (or one not known yet) for BEP 5 peers under the topic's
+        info-hash; a swarm node met that way is then asked for its entries too."""
+        addr = (node.ip, node.port)
+        if self.protocol.speaks_swarm(addr):
+            return await self._q_peers(node, topic)
+        got = await self._q_bep5(node, topic_target(topic))
+        if got is None:
+            return None
+        nodes, found = got
+        if self.protocol.speaks_swarm(addr):
+            native = await self._q_peers(node, topic)
+            if native is not None:
+                native[1].values = found.values
+                return native
+        return nodes, PeersReply(found.token, nodes, values=found.values)
+
+    async def _entries_at(self, addr: tuple[str, int], topic: bytes) -> list[Announcement]:
+        """The entries the swarm node at ``addr`` (found under the topic's info-hash)
+        publishes; when it does not answer, the BEP 44 copies of the peers it answered
+        for last time."""
+        if self.protocol.speaks_swarm(addr) is False:
+            return []
+        ok, data = await self.protocol.request(addr, "own", topic)
+        if ok and isinstance(data, dict) and reply_error(data) is None:
+            raw = data.get("peers")
+            entries = []
+            for wire in raw[:MAX_OWN] if isinstance(raw, list | tuple) else []:
+                try:
+                    entries.append(announcement_from_wire(topic, wire))
+                except (ItemError, ValueError):
+                    log.debug("dropping a forged or malformed entry from %s", addr)
+            self._keys_at.pop(addr, None)
+            self._keys_at[addr] = tuple(a.peer_id for a in entries)
+            while len(self._keys_at) > 4096:
+                self._keys_at.pop(next(iter(self._keys_at)))
+            return entries
+        got = await asyncio.gather(*(self._get_entry(topic, p)
+                                     for p in self._keys_at.get(addr, ())))
+        return [a for a in got if a is not None]
+
+    async def _get_entry(self, topic: bytes, peer: PeerId) -> Announcement | None:
+        try:
+            item = await self.get_mutable(peer.raw, topic)
+            return entry_from_value(topic, item.pubkey, item.value) if item else None
+        except DHTError as exc:
+            log.debug("no BEP 44 entry of %s: %s", peer.short(), exc)
+            return None
 
     async def get_peers(self, topic: bytes) -> list[Announcement]:
         """Every live, validly signed entry under ``topic`` (newest per peer), by peer id."""
         check_topic(topic)
         target = topic_target(topic)
-        res = await self._lookup(target, partial(self._q_peers, topic=topic))
+        res = await self._lookup(target, partial(self._topic_query(), topic=topic))
         best: dict[PeerId, Announcement] = {}
         now = self.clock()
 
@@ -604,6 +735,14 @@ class DHTNode(Server):
         for _, reply in res.responses:
             merge(reply.peers)
         await asyncio.gather(*(rest_of(n, r) for n, r in res.responses if r.more))
+        if self.krpc:
+            addrs = dict.fromkeys(v for _, r in res.responses for v in r.values)
+            addrs.update(dict.fromkeys(self.store.peers(target, now)))
+            addrs.pop(self.address, None)
+            for found in await asyncio.gather(*(self._entries_at(a, topic) for a in
+                                                list(addrs)[:MAX_ENTRY_ADDRS])):
+                merge(found)
+            merge(self.own_announcements(topic, now))
         merge(self.store.get_peers(topic, now))
         return sorted(best.values(), key=lambda a: a.peer_id)
 

@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _NO_REPLY = object()
-PADDED = ("find_node", "get", "peers")  # requests padded on first contact
+PADDED = ("find_node", "get", "peers", "own")  # requests padded on first contact
+MAX_CODECS = 4096  # addresses whose codec is remembered
 PAD_BYTES = 600  # 3x a padded get covers a 1000-byte item with 20 contacts
 
 
@@ -87,10 +88,11 @@ class DHTProtocol(KademliaProtocol):
         self.rtt = RttEstimator()
         self.round_trips = RoundTrips()
         self.core = RequestCore(dht.node.id, dht.store, dht.tokens, dht.replay,
-                                self._nodes_near, dht.deliver)
+                                self._nodes_near, dht.deliver, dht.own_announcements)
         self._challenges: set[tuple[str, int]] = set()
         self._known_by: dict[tuple[str, int], None] = {}  # nodes that answered us in full
         self._krpc_pending: dict[bytes, tuple[asyncio.Future, asyncio.TimerHandle, tuple]] = {}
+        self._swarm_at: dict[tuple[str, int], bool] = {}  # see speaks_swarm
         self._next_t = int.from_bytes(os.urandom(2), "big")
 
     def connection_made(self, transport: Any) -> None:
@@ -106,15 +108,64 @@ class DHTProtocol(KademliaProtocol):
 
     # -- outgoing ---------------------------------------------------------------------------
 
+    def speaks_swarm(self, address: tuple[str, int]) -> bool | None:
+        """What the node at ``address`` answered in: True the swarm framing (a swarm node:
+        it answered a swarm request, or its KRPC carried :data:`krpc.CLIENT`), False KRPC
+        only (a mainline node), None not known yet. Learned from answers, never from
+        queries (a spoofed query must not change how we talk to an address)."""
+        return self._swarm_at.get((str(address[0]), int(address[1])))
+
+    def _note_codec(self, address: tuple[str, int], swarm: bool) -> None:
+        addr = (str(address[0]), int(address[1]))
+        self._swarm_at.pop(addr, None)
+        self._swarm_at[addr] = swarm
+        if not swarm:
+            self.dht.met_mainline(addr)
+        while len(self._swarm_at) > MAX_CODECS:
+            self._swarm_at.pop(next(iter(self._swarm_at)))
+
     async def request(self, address: tuple[str, int], name: str, *args: Any) -> tuple[bool, Any]:
-        """Send one request; (True, reply) or (False, None) on timeout. No routing changes."""
+        """Send one request; (True, reply) or (False, None) on timeout. No routing changes.
+
+        The codec follows :meth:`speaks_swarm`: KRPC to a mainline node (a request it has no
+        KRPC form for is not sent: (False, None)), the swarm framing to a swarm node, and to
+        an address not known yet KRPC when the node is in KRPC mode, else the swarm framing.
+        """
         if name not in REQUESTS or len(args) != REQUESTS[name]:
             raise ValueError(f"no request {name!r} with {len(args)} arguments")
         if self.transport is None or self.transport.is_closing():
             return False, None
-        if self.dht.krpc and name in KRPC_FORMS:
-            return await self._krpc_request(tuple(address), name, args)
         address = (str(address[0]), int(address[1]))
+        swarm = self._swarm_at.get(address)
+        if name not in KRPC_FORMS:
+            if swarm is False:
+                return False, None  # a mainline node drops the swarm framing unanswered
+        elif swarm is False or (swarm is None and self.dht.krpc):
+            return await self._krpc_request(address, name, args)
+        return await self._swarm_request(address, name, args)
+
+    async def ping_any(self, address: tuple[str, int]) -> tuple[bool, Any]:
+        """Ping an address in both codecs at once (a bootstrap node may be a mainline node
+        or a swarm node); the first answer, which also teaches :meth:`speaks_swarm`."""
+        address = (str(address[0]), int(address[1]))
+        if self._swarm_at.get(address) is not None:
+            return await self.request(address, "ping")
+        tries = [asyncio.ensure_future(self._krpc_request(address, "ping", ())),
+                 asyncio.ensure_future(self._swarm_request(address, "ping", ()))]
+        result: tuple[bool, Any] = (False, None)
+        try:
+            for done in asyncio.as_completed(tries):
+                result = await done
+                if result[0]:
+                    break
+        finally:
+            for t in tries:
+                t.cancel()
+            await asyncio.gather(*tries, return_exceptions=True)
+        return result
+
+    async def _swarm_request(self, address: tuple[str, int], name: str, args: tuple
+                             ) -> tuple[bool, Any]:
         # QUIC's answer to the reflection budget: a first request to a node that may not
         # know our address yet is padded, so that a full reply fits 3x its size and needs
         # no retry round trip; the padding rides in the cookie slot (an invalid cookie).
@@ -133,6 +184,9 @@ class DHTProtocol(KademliaProtocol):
             result = await future
             if result[0]:
                 self.rtt.sample(clock() - started)
+            elif address not in self._swarm_at:
+                # maybe a mainline node (they drop this framing): one KRPC ping tells
+                self.dht._spawn(self._krpc_request(address, "ping", ()))
             cookie = result[1].get("retry") if isinstance(result[1], dict) else None
             if attempt or name not in RETRYABLE or not isinstance(cookie, bytes):
                 if result[0] and name in RETRYABLE:
@@ -204,7 +258,8 @@ class DHTProtocol(KademliaProtocol):
 
     # -- incoming ---------------------------------------------------------------------------
 
-    async def _solve_datagram(self, datagram: bytes, address: tuple[str, int]) -> None:
+    async def _solve_datagram(self, datagram: bytes, address: tuple) -> None:
+        address = (address[0], address[1])  # an IPv6 socket adds flowinfo and scope id
         if datagram[:1] == b"d":
             self._accept_krpc(datagram, address)
             return
@@ -225,6 +280,7 @@ class DHTProtocol(KademliaProtocol):
         if entry is None:
             return
         self.round_trips.note(address)
+        self._note_codec(address, True)
         future, timer = entry
         timer.cancel()
         if not future.done():
@@ -260,6 +316,9 @@ class DHTProtocol(KademliaProtocol):
             future, timer, _ = entry
             timer.cancel()
             self.round_trips.note(address)
+            self._note_codec(address, msg.from_swarm)
+            if msg.ip is not None:
+                self.dht.note_external(address, msg.ip[0])
             if not future.done():
                 future.set_result((True, msg))
             return
@@ -269,7 +328,7 @@ class DHTProtocol(KademliaProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(out, address)
 
-    _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes",), (b"token",))
+    _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes", b"nodes6"), (b"token",))
 
     def _krpc_answer(self, msg: krpc.Message, sender: tuple[str, int], size: int
                      ) -> bytes | None:
@@ -297,11 +356,12 @@ class DHTProtocol(KademliaProtocol):
 
     def _krpc_handle(self, q: bytes, a: dict, sender: tuple[str, int], now: float) -> dict:
         core = self.core
+        want = krpc.wants(a, sender)
         if q == b"ping":
             return {}
         if q == b"get_peers":
             peers = core.get_peers(sender, a.get(b"info_hash"), now)
-            body = {b"token": peers.token, b"nodes": krpc.pack_nodes(peers.nodes)}
+            body = {b"token": peers.token, **krpc.node_fields(peers.nodes, want)}
             if peers.values:
                 body[b"values"] = [krpc.pack_peer(v) for v in peers.values]
             return body
@@ -313,7 +373,7 @@ class DHTProtocol(KademliaProtocol):
             seq = a.get(b"seq")
             got = core.get(sender, a.get(b"target"), now,
                            seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
-            body = {b"token": got.token, b"nodes": krpc.pack_nodes(got.nodes)}
+            body = {b"token": got.token, **krpc.node_fields(got.nodes, want)}
             if got.mutable is not None:
                 m = got.mutable
                 body.update({b"v": m.value, b"k": m.pubkey, b"sig": m.signature, b"seq": m.seq})
@@ -333,13 +393,13 @@ class DHTProtocol(KademliaProtocol):
             return {}
         target = a.get(b"target", a.get(b"info_hash"))
         if q == b"find_node" or target is not None:  # unknown methods with a target: as
-            return {b"nodes": krpc.pack_nodes(core.find_node(sender, target, now))}  # BEP 5
+            return krpc.node_fields(core.find_node(sender, target, now), want)  # as BEP 5
         raise ItemError(krpc.METHOD_UNKNOWN, "method unknown")
 
     def _retry_target(self, name: str, args: Any) -> bytes | None:
         """The target a retry token for this request is bound to, if it has one."""
         try:
-            if name == "get_peers":
+            if name in ("get_peers", "own"):
                 return topic_target(check_topic(args[1]))
             return args[1] if name in RETRYABLE and is_node_id(args[1]) else None
         except (ItemError, IndexError):
@@ -468,6 +528,11 @@ class DHTProtocol(KademliaProtocol):
                            lambda t: announcement_from_wire(t, entry), self.dht.clock())
         return {"ok": True}
 
+    def rpc_own(self, sender, nodeid, topic):
+        self._welcome(sender, nodeid)
+        return {"peers": [announcement_to_wire(a)
+                          for a in self.core.own(sender, topic, self.dht.clock())]}
+
     def rpc_message(self, sender, nodeid, envelope):
         self._welcome(sender, nodeid)
         self.core.message((sender[0], sender[1]), Envelope.from_wire(envelope),
@@ -510,7 +575,7 @@ def _krpc_answer_shape(name: str, msg: krpc.Message) -> Any:
     if msg.y == b"e":
         return error_reply(*msg.error)
     r = msg.body
-    nodes = [node_to_wire(n) for n in krpc.unpack_nodes(r.get(b"nodes"))]
+    nodes = [node_to_wire(n) for n in krpc.answer_nodes(r)]
     token = r.get(b"token") if isinstance(r.get(b"token"), bytes) else None
     if name == "ping":
         return r.get(b"id")

@@ -32,11 +32,12 @@ REQUESTS = {
     "message": 1,  # envelope
     "peers": 1,  # info-hash (BEP 5 get_peers)
     "announce_peer": 3,  # token, info-hash, port (BEP 5)
+    "own": 1,  # topic: the answering node's own entries under it (found by BEP 5 address)
 }
 # requests whose reply can be large: one from an address that has not completed a round trip
 # gets {"retry": token} instead, and the same request again with the token appended (one
 # more argument) gets the full reply (see dht.addresses.RoundTrips)
-RETRYABLE = ("find_node", "get", "get_peers", "peers")
+RETRYABLE = ("find_node", "get", "get_peers", "peers", "own")
 # requests that have a KRPC form (a node in KRPC mode sends these as KRPC queries)
 KRPC_FORMS = ("ping", "find_node", "get", "put", "peers", "announce_peer")
 
@@ -131,6 +132,9 @@ class PeersReply:
     """Valid entries on this page (forged ones are dropped)."""
     more: bool = False
     """Whether a next page exists (ask again with ``after`` = the last peer id)."""
+    values: list[tuple[str, int]] = field(default_factory=list)
+    """BEP 5 peers under the topic's info-hash (from a mainline node, which holds no
+    announcements: each is asked for its own entries)."""
 
 
 @dataclass

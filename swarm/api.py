@@ -112,6 +112,16 @@ class _LoopThread:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+_REF_PREFIX = secrets.token_bytes(24)
+_ref_serial = itertools.count(1)
+
+
+def _ref_id() -> ObjectId:
+    """A fresh id for the ref of a task's result: unique in this process (a random prefix
+    and a counter; one getrandom call per process instead of one per call)."""
+    return ObjectId(_REF_PREFIX + next(_ref_serial).to_bytes(8, "big"))
+
+
 def _check_operand(name: str, x: Any, client: Client | None = None) -> None:
     if isinstance(x, ObjectRef):
         if client is not None and x.owner is not client:
@@ -223,7 +233,7 @@ class _Kernel:
         if all(isinstance(x, np.ndarray) for x in arrays):
             method_spec("matmul", "kernel").check(list(arrays), params)
         fut = client._submit(client._kernel(list(arrays), dict(params), opts))
-        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, client)
+        return ObjectRef(_ref_id(), fut, client)
 
 
 class Client:
@@ -344,7 +354,7 @@ class Client:
         elif isinstance(b, np.ndarray):
             method_spec("matmul", "matmul").check([b.T, b], {})
         fut = self._submit(self._matmul(a, b, opts))
-        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, self)
+        return ObjectRef(_ref_id(), fut, self)
 
     async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
                       progress: Callable[[int, int], None] | None = None) -> np.ndarray:
@@ -352,18 +362,24 @@ class Client:
         b, b_oid = await self._resolve(b)
         method_spec("matmul", "matmul").check([a, b], {})
         req = self._node.requester
+        verify = opts["verify"]
+        # bands are placed here, on the loop, so that calls submitted together see each
+        # other's bands (req.assigned) and spread over the workers
+        bands = jobs.plan_bands(a.shape[0], a.shape[1], b.shape[1], workers=req.workers(),
+                                rates=req.rates, busy=req.assigned,
+                                checked=verify == "freivalds")
         plan = functools.partial(
             jobs.matmul_job, a, b, workers=req.workers(), rates=req.rates,
             precision=opts["precision"], backend=self._local_backend(), verifier=self._verifier,
-            b_oid=b_oid)
-        # hashing a large b (~35 ms per 64 MB) must not stall the links' event loop
-        job = await asyncio.to_thread(plan) if a.nbytes + b.nbytes > 1 << 20 else plan()
-        verify = opts["verify"]
-        results, report = await req.run(
-            job.calls, local=job.local,
-            verify=job.verify if verify == "freivalds" else job.check_shape,
-            replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
-            progress=progress)
+            b_oid=b_oid, bands=bands)
+        with req.assigning(bands.owners or []):
+            # hashing a large b (~35 ms per 64 MB) must not stall the links' event loop
+            job = await asyncio.to_thread(plan) if a.nbytes + b.nbytes > 1 << 20 else plan()
+            results, report = await req.run(
+                job.calls, local=job.local,
+                verify=job.verify if verify == "freivalds" else job.check_shape,
+                replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
+                progress=progress)
         self.last_report = report
         return job.merge(results)
 
@@ -662,7 +678,7 @@ class ActorMethod:
         with h._lock:
             h._calls.add(fut)
         fut.add_done_callback(h._calls.discard)
-        return ObjectRef(ObjectId(secrets.token_bytes(32)), fut, h._client)
+        return ObjectRef(_ref_id(), fut, h._client)
 
 
 # -- Ray's module-level manners ---------------------------------------------------------------

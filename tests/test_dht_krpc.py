@@ -9,7 +9,7 @@ import pytest
 from kademlia.node import Node
 
 from dht import DHTNode, MutableItem, krpc
-from dht.addresses import bep42_id, bep42_valid, source_key
+from dht.addresses import ExternalAddress, bep42_id, bep42_valid, source_key
 from dht.bencode import bdecode, bencode
 from identity import PeerKey
 
@@ -146,5 +146,44 @@ async def test_require_bep42_refuses_ids_not_bound_to_a_public_address():
         assert {c.ip for c in node.protocol.router.contacts()} == {"8.8.4.4", "127.0.0.1"}
         m = Lookup(os.urandom(20), [bad, good, local], k=8, alpha=3, admit=DHTNode._admit)
         assert set(m.known) == {good.id, local.id}
+    finally:
+        await node.stop()
+
+
+def test_bep42_exempts_what_libtorrent_exempts():
+    # Python's is_private also covers documentation ranges; libtorrent checks ids there
+    assert not bep42_valid("203.0.113.10", bytes(20))
+    assert bep42_valid("10.1.2.3", bytes(20)) and bep42_valid("192.168.1.1", bytes(20))
+
+
+def test_the_external_address_is_what_most_distinct_sources_report():
+    ext = ExternalAddress(window=16, quorum=3)
+    for port in range(10):  # one host with many ports is one vote
+        assert ext.note(("44.0.0.1", port), "203.0.113.9") is None
+    assert ext.note(("44.0.0.2", 1), "203.0.113.9") is None
+    assert ext.note(("44.0.0.3", 1), "203.0.113.9") == "203.0.113.9"
+    for i in (4, 5):  # a minority cannot move it
+        assert ext.note((f"44.0.0.{i}", 1), "192.0.2.1") is None
+    assert ext.current == "203.0.113.9"
+    assert ext.note(("44.0.0.6", 1), "not an address") is None
+
+
+async def test_a_node_takes_a_bep42_id_for_the_address_others_see():
+    node = DHTNode()
+    await node.listen()
+    try:
+        contacts = [Node(os.urandom(20), "127.0.0.1", 7000 + i) for i in range(5)]
+        for c in contacts:
+            node.protocol.router.add_contact(c)
+        old = node.node_id
+        for i in (1, 2):
+            node.note_external((f"44.0.0.{i}", 6881), "203.0.113.10")
+        assert node.node_id == old  # two sources are not a quorum
+        node.note_external(("44.0.0.3", 6881), "203.0.113.10")
+        assert node.node_id != old and bep42_valid("203.0.113.10", node.node_id)
+        assert node.protocol.core.own_id == node.protocol.source_node.id == node.node_id
+        assert {c.id for c in node.protocol.router.contacts()} == {c.id for c in contacts}
+        node.note_external(("44.0.0.4", 6881), "127.0.0.1")  # loopback: kept as is
+        assert bep42_valid("203.0.113.10", node.node_id)
     finally:
         await node.stop()

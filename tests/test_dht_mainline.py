@@ -20,44 +20,14 @@ import pytest_asyncio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from dht import DHTNode, ItemError
+from dht import DHTNode, ItemError, topic_target
 from dht.items import immutable_target
-
-if os.environ.get("CI") == "true":
-    import libtorrent as lt  # CI installs the test extra: a missing libtorrent fails here
-else:
-    lt = pytest.importorskip("libtorrent")
+from tests.libtorrent_support import alert as _alert
+from tests.libtorrent_support import lt, network, session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 LT_SESSIONS = 6
 SWARM_NODES = 3
-
-
-def _session() -> lt.session:
-    return lt.session({
-        "listen_interfaces": "127.0.0.1:0", "enable_dht": True, "enable_lsd": False,
-        "enable_upnp": False, "enable_natpmp": False, "dht_bootstrap_nodes": "",
-        "enable_outgoing_utp": False, "enable_incoming_utp": False,
-        "dht_restrict_routing_ips": False, "dht_restrict_search_ips": False,
-        # every node here shares 127.0.0.1: libtorrent's per-IP limits (5 packets/s, then a
-        # 5-minute block; 8 KB/s out) would treat the whole test network as one flooder
-        "dht_block_ratelimit": 1_000_000, "dht_upload_rate_limit": 10_000_000,
-        "alert_mask": lt.alert_category.dht | lt.alert_category.dht_operation
-        | lt.alert_category.error, "alert_queue_size": 100_000})
-
-
-async def _alert(session: lt.session, kind, match=lambda a: True, timeout: float = 30.0):
-    """The first alert of ``kind`` that matches, popping (and dropping) others.
-
-    Sessions not popped for a while drop new alerts once their queue is full, so each test
-    pops before it asks (see :func:`_fresh`)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for a in session.pop_alerts():
-            if isinstance(a, kind) and match(a):
-                return a
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no {kind.__name__} within {timeout} s")
 
 
 def _fresh(*sessions: lt.session) -> None:
@@ -91,14 +61,10 @@ def _keypair() -> tuple[Ed25519PrivateKey, bytes, bytes]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def net():
-    sessions = [_session() for _ in range(LT_SESSIONS)]
+    sessions = network(LT_SESSIONS)
     nodes = [DHTNode(rpc_timeout=1.0, krpc=True) for _ in range(SWARM_NODES)]
     try:
         ports = [s.listen_port() for s in sessions]
-        for s in sessions:
-            for p in ports:
-                if p != s.listen_port():
-                    s.add_dht_node(("127.0.0.1", p))
         for n in nodes:
             await n.listen()
             await n.bootstrap([("127.0.0.1", p) for p in ports[:2]])
@@ -198,7 +164,7 @@ async def test_bep5_peers_both_ways(net):
 async def test_libtorrent_lookups_route_through_swarm_nodes(net):
     sessions, nodes = net
     target = await nodes[0].put_immutable(b"found through swarm")
-    lonely = _session()  # knows only one swarm node
+    lonely = session()  # knows only one swarm node
     try:
         lonely.add_dht_node(nodes[1].address)
         end = time.monotonic() + 30
@@ -214,3 +180,57 @@ async def test_libtorrent_lookups_route_through_swarm_nodes(net):
         assert any(c.port == lonely.listen_port() for c in nodes[1].protocol.router.contacts())
     finally:
         del lonely
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def lt_only():
+    """Six libtorrent sessions and no swarm node: the network a swarm finds on mainline."""
+    sessions = network(LT_SESSIONS)
+    yield sessions
+    del sessions
+
+
+async def test_members_find_each_other_through_libtorrent_only(lt_only):
+    sessions = lt_only
+    a, b = DHTNode(rpc_timeout=1.0), DHTNode(rpc_timeout=1.0)  # not told they are on mainline
+    try:
+        for node, s in ((a, sessions[0]), (b, sessions[3])):
+            await node.listen()
+            await node.bootstrap([("127.0.0.1", s.listen_port())])
+            assert node.krpc  # the bootstrap node answered only KRPC
+        topic = b"swarm/members/" + os.urandom(20)
+        await a.announce(topic, b"record of a", ttl=300)
+        await b.announce(topic, b"record of b", ttl=300)
+        got = {e.peer_id: e.record for e in await b.get_peers(topic)}
+        assert got == {a.peer_id: b"record of a", b.peer_id: b"record of b"}
+
+        # libtorrent holds a's address under the topic's info-hash (BEP 5) ...
+        _fresh(sessions[5])
+        sessions[5].dht_get_peers(lt.sha1_hash(topic_target(topic)))
+        reply = await _alert(sessions[5], lt.dht_get_peers_reply_alert,
+                             lambda r: a.address in [tuple(p) for p in r.peers()])
+        assert reply is not None
+        # ... and a's entry as a's BEP 44 item (salt = the topic), which b reads when a is gone
+        _fresh(sessions[4])
+        sessions[4].dht_get_mutable_item(a.key.public_bytes, topic)
+        await _alert(sessions[4], lt.dht_mutable_item_alert,
+                     lambda r: r.authoritative and bytes(r.key) == a.key.public_bytes
+                     and bool(r.item))
+        # a node that knows only a swarm node finds the mainline nodes, and the entries
+        c = DHTNode(rpc_timeout=1.0)
+        await c.listen()
+        try:
+            await c.bootstrap([b.address])
+            end = time.monotonic() + 30
+            while not (c.krpc and len(await c.get_peers(topic)) == 2):
+                assert time.monotonic() < end, "c never found both entries"
+                await asyncio.sleep(0.2)  # poll; the KRPC probes run meanwhile
+        finally:
+            await c.stop()
+
+        await a.stop()
+        got = {e.peer_id: e.record for e in await b.get_peers(topic)}
+        assert got[a.peer_id] == b"record of a"
+    finally:
+        await a.stop()
+        await b.stop()

@@ -84,6 +84,51 @@ async def test_colocated_peers_negotiate_shared_memory_and_receive_zero_copy():
         await listener.wait_closed()
 
 
+async def test_an_array_sent_to_several_colocated_peers_is_written_to_shared_memory_once():
+    before, written = _memfds(), shm.SEGMENTS.written
+    links: asyncio.Queue = asyncio.Queue()
+    server = await tls.listen(A, on_link=links.put_nowait)
+    async with server:
+        dialers = [await tls.connect(k, "127.0.0.1", server.port, expect=A.peer_id)
+                   for k in (B, PeerKey.generate())]
+        listeners = [await asyncio.wait_for(links.get(), 5) for _ in dialers]
+        await _until(lambda: all(x.shm is not None for x in listeners))
+        async with shm.SEGMENTS.prepared([BIG]):  # written here, off the loop, once
+            assert shm.SEGMENTS.written == written + 1 and shm.SEGMENTS.held == 1
+            await asyncio.gather(*(x.send(Echo("shared", [BIG])) for x in listeners))
+        got = [await asyncio.wait_for(d.recv(), 5) for d in dialers]
+        assert shm.SEGMENTS.written == written + 1 and shm.SEGMENTS.held == 0
+        assert all(x.shm.sent == 1 for x in listeners) and all(d.shm.received == 1
+                                                               for d in dialers)
+        assert all(np.array_equal(g.arrays[0], BIG) for g in got)
+        # each link held its own descriptor of the one segment until its peer mapped it
+        await _until(lambda: all(x.shm.waiting == 0 for x in listeners))
+        del got
+        assert _memfds() == before
+        # outside a prepared block each link writes its own segment, as before
+        await listeners[0].send(Echo("own", [BIG]))
+        await asyncio.wait_for(dialers[0].recv(), 5)
+        assert listeners[0].shm.sent == 2 and shm.SEGMENTS.written == written + 1
+        for d in dialers:
+            await d.close()
+
+
+async def test_a_prepare_cancelled_midway_leaves_no_segment_behind():
+    before = _memfds()
+    task = asyncio.ensure_future(_enter_and_wait(shm.SEGMENTS.prepared([BIG * 3])))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _until(lambda: shm.SEGMENTS.held == 0)
+    assert _memfds() == before
+
+
+async def _enter_and_wait(block) -> None:
+    async with block:
+        await asyncio.Event().wait()
+
+
 async def test_segments_mapped_while_a_release_is_being_sent_are_released_too():
     server, dialer, listener = await _pair()
     async with server:

@@ -4,6 +4,8 @@ swarm.local (used between co-located peers, not when switched off)."""
 
 from __future__ import annotations
 
+import mmap
+
 import msgpack
 import numpy as np
 import pytest
@@ -147,10 +149,54 @@ def test_colocated_workers_exchange_arrays_through_shared_memory(client):
 
     after = client._loop.run(kinds())
     assert len(after) == 2 and all(used for used, _, _ in after.values())  # both negotiated
-    ran = [p for p in after if str(p) in client.last_report.peers]  # the scheduler's choice
+    ran = [p for p in after if client.last_report.peers.get(str(p))
+           and client.last_report.peers[str(p)].shards]  # the scheduler's choice (answered)
     assert ran and all(after[p][1] > before[p] and after[p][2] > 0 for p in ran), (
         before, after, client.last_report,
         {p: link.shm.waiting for p, link in client.node.requester.links.items()})
+
+
+def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_worker(
+        client, monkeypatch):
+    from swarm.links import shm
+
+    rng = np.random.default_rng(8)
+    a, b = rand(rng, 1024, 512), rand(rng, 512, 1024)  # a fresh b: both workers need it
+    written: list[int] = []
+    real = shm._sealed
+
+    def counted(data):
+        written.append(len(memoryview(data).cast("B")))
+        return real(data)
+
+    monkeypatch.setattr(shm, "_sealed", counted)
+    np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-3, atol=1e-3)
+    report = client.last_report
+    assert len([p for p in report.peers.values() if p.shards]) == 2, report
+    assert sum(p.bytes_out for p in report.peers.values()) == a.nbytes + 2 * b.nbytes
+    assert sum(written) == a.nbytes + b.nbytes, written  # b's bytes written once, not twice
+
+
+def test_many_small_calls_in_flight_are_one_band_each_and_spread_over_the_workers(client):
+    rng = np.random.default_rng(10)
+    w = client.put(rand(rng, 1024, 1024))  # 4 MiB: each band's check reads all of it
+    xs = [rand(rng, 256, 1024) for _ in range(8)]
+    swarm.get(client.matmul.remote(xs[0], w), timeout=30)  # w cached on the workers
+    sent: list = []
+    req = client.node.requester
+    req.on_task_sent = lambda peer, msg: sent.append((peer, msg.args[0].array.shape[0]))
+    try:
+        outs = swarm.get([client.matmul.remote(x, w) for x in xs], timeout=60)
+    finally:
+        req.on_task_sent = None
+    for x, out in zip(xs, outs, strict=True):
+        np.testing.assert_allclose(out, x @ swarm.get(w), rtol=1e-3, atol=1e-3)
+    assert {rows for _, rows in sent} == {256}, sent  # one band (one check) per call
+    base = outs[0]
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)  # that band is the output: received zero-copy, kept
+    assert len({peer for peer, _ in sent}) == 2, sent  # and the calls spread over both workers
 
 
 def test_no_shared_memory_when_switched_off(monkeypatch):

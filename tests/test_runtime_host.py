@@ -67,6 +67,26 @@ async def test_bad_requests_get_a_clear_refusal(pair, msg, kind):
     assert isinstance(ok, TaskResult) and np.array_equal(ok.outputs[0], x)
 
 
+async def test_small_results_are_signed_on_the_loop_large_ones_in_a_thread(pair):
+    """A thread hop cost more than hashing a small task's arrays (the 1x1 round trip)."""
+    import threading
+
+    host, link = pair
+    signed_in: list[bool] = []
+    real = host._receipt
+
+    def receipt(*args):
+        signed_in.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    host._receipt = receipt
+    small, big = np.eye(2, dtype=np.float32), np.ones((256, 256), np.float32)
+    for task, x in ((1, small), (2, big)):
+        reply = await ask(link, matmul_task(task, [TaskArg(array=x), TaskArg(array=x)]))
+        assert isinstance(reply, TaskResult) and np.array_equal(reply.outputs[0], x @ x)
+    assert signed_in == [True, False]
+
+
 async def test_actor_calls_run_in_seq_order(pair):
     host, link = pair
     x = np.eye(2, dtype=np.float32)

@@ -7,7 +7,7 @@ import pytest
 
 import compute
 from identity.keys import PeerKey
-from swarm.runtime.jobs import FreivaldsCache, matmul_job
+from swarm.runtime.jobs import MIN_CHECKED_ROWS, FreivaldsCache, matmul_job, plan_bands
 from swarm.runtime.objects import object_id
 from swarm.runtime.scheduler import RateBook
 
@@ -122,3 +122,82 @@ def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
             assert threads() == {1}
         assert threads() == {1}  # the first one is still running
     assert threads() == before
+
+
+def test_checks_from_any_executor_thread_run_blas_on_one_thread():
+    """threadpoolctl obeys only the first thread that set a limit (while it lives): checks in
+    other executor threads ran on every core, its spinning threads included."""
+    import concurrent.futures as cf
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from swarm.runtime.jobs import ONE_THREAD_BLAS
+
+    def check_in_a_thread() -> set[int]:
+        with ONE_THREAD_BLAS:
+            return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    with threadpool_limits(limits=2, user_api="blas"), cf.ThreadPoolExecutor(1) as first, \
+            cf.ThreadPoolExecutor(1) as second:  # this thread took control first
+        assert first.submit(check_in_a_thread).result() == {1}  # first takes control; lives on
+        assert second.submit(check_in_a_thread).result() == {1}
+        assert first.submit(check_in_a_thread).result() == {1}
+
+
+async def test_rates_count_a_bands_time_at_the_worker_not_its_wait_in_the_queue():
+    """Two bands in flight on one worker: the second waits for the first there. Counting that
+    wait halved the second band's rate, and the plan then dealt bands by that noise."""
+    from tests.test_runtime_untrusted import matmul, swarm_of
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((1024, 64), np.float32), rng.standard_normal((64, 64), np.float32)
+    async with swarm_of("delay=300") as (req, hosts):
+        _, report = await matmul(req, a, b)
+        peer = hosts[0][0]
+        assert report.peers[str(peer)].shards == 2
+        band = 2.0 * 512 * 64 * 64
+        # each band takes ~0.3 s at the worker: the rate is ~band/0.3 (with the queue: x0.75)
+        assert req.rates.rate(peer) * 0.3 / band > 0.85, req.rates.rate(peer) * 0.3 / band
+
+
+def test_bands_are_large_enough_that_checking_them_stays_cheap():
+    peers = [PeerKey.generate().peer_id for _ in range(2)]
+    big = plan_bands(4096, 4096, 4096, workers=peers, rates=RateBook())
+    assert len(big.shards) == 4 and sorted(set(big.owners)) == sorted(peers)  # 2 per worker
+    for m in (64, 256, 511):  # each band's check reads all of b: no 64-row slivers
+        small = plan_bands(m, 4096, 4096, workers=peers, rates=RateBook())
+        assert len(small.shards) == 1, small
+    two = plan_bands(2 * MIN_CHECKED_ROWS, 4096, 4096, workers=peers, rates=RateBook())
+    assert [s.rows for s in two.shards] == [(0, 256), (256, 512)] and len(set(two.owners)) == 2
+    # unchecked jobs and small b keep the round-trip floor only
+    assert len(plan_bands(256, 4096, 4096, workers=peers, rates=RateBook(),
+                          checked=False).shards) == 4
+    assert len(plan_bands(256, 256, 256, workers=peers, rates=RateBook()).shards) == 4
+
+
+def test_a_job_too_small_for_every_worker_goes_to_the_least_busy():
+    fast, slow = PeerKey.generate().peer_id, PeerKey.generate().peer_id
+    rates = RateBook()
+    rates.observe(fast, 1.2e9, 1.0)
+    rates.observe(slow, 1e9, 1.0)
+    busy: dict = {}
+    for _ in range(8):  # calls submitted together, each one band
+        bands = plan_bands(256, 4096, 4096, workers=[fast, slow], rates=rates, busy=busy)
+        for owner in bands.owners:
+            busy[owner] = busy.get(owner, 0) + 1
+    assert busy[fast] >= busy[slow] >= 3, busy  # spread, the faster one a little ahead
+
+
+async def test_a_tiny_band_is_checked_on_the_loop_without_a_thread_hop(monkeypatch):
+    from swarm.runtime import jobs
+
+    a = np.ones((1, 1), np.float32)
+    job = matmul_job(a, a, workers=[], rates=RateBook(), precision="f32",
+                     backend=compute.get_backend("numpy"), verifier=FreivaldsCache())
+
+    def no_thread(*args, **kwargs):
+        raise AssertionError("a 1x1 check went to a thread")
+
+    monkeypatch.setattr(jobs.asyncio, "to_thread", no_thread)
+    assert await job.verify(0, [a @ a])
+    assert not await job.verify(0, [a * 3])

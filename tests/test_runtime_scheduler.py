@@ -5,7 +5,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.runtime.scheduler import LOCAL, Assign, Cancel, JobScheduler, RateBook, ShardTask, deal
+from swarm.runtime.scheduler import (
+    LOCAL,
+    Assign,
+    Cancel,
+    JobScheduler,
+    RateBook,
+    ServiceClock,
+    ShardTask,
+    deal,
+)
 
 
 def shards(n, cost=1e9, inputs=()):
@@ -244,3 +253,49 @@ def test_randomized_schedules_never_wait_for_the_straggler():
     20 s: the job always ends long before that, whatever the owners and timings."""
     late = [seed for seed in range(300) if _fast_and_slow(seed) >= 10.0]
     assert late == []
+
+
+def test_service_time_leaves_out_the_wait_behind_the_peers_earlier_task():
+    clock = ServiceClock()
+    # two tasks sent together; the peer runs them one after another, 1 s each
+    assert clock.seconds("w", 0.0, 1.0) == 1.0
+    assert clock.seconds("w", 0.0, 2.0) == 1.0          # not 2.0: it waited for the first
+    assert clock.seconds("v", 0.5, 1.5) == 1.0          # another peer keeps its own clock
+    assert clock.seconds("w", 5.0, 5.5) == 0.5          # sent after the last answer: its trip
+    assert clock.seconds("w", 4.0, 5.4) == 0.0          # out of order: never negative
+    small = ServiceClock(max_peers=2)
+    for peer in "abc":
+        small.seconds(peer, 0.0, 1.0)
+    assert small.seconds("a", 0.0, 2.0) == 2.0          # the oldest was forgotten: bounded
+
+
+def test_a_worker_full_with_other_jobs_gets_nothing_more_until_a_slot_frees():
+    rates = RateBook()
+    rates.observe("a", 1e9, 1.0)
+    rates.observe("b", 1e9, 1.0)
+    queued = {"a": 0, "b": 2}  # b runs two tasks of the requester's other jobs
+    s = JobScheduler(shards(3), ["a", "b"], rates, owners=["a", "a", "a"], window=1,
+                     straggler_factor=2.0, inflight=queued.get)
+    assert [(x.shard, x.peer) for x in s.step(0.0)] == [(0, "a")]
+    assert s.step(10.0) == []  # shard 0 is late, shards 1-2 queued on a: b is not idle
+    queued["b"] = 0
+    assert [x.peer for x in s.step(10.0)] == ["b"]  # now it is: it helps
+
+
+def test_the_window_is_per_peer_across_the_requesters_jobs():
+    queued = {"a": 1, "b": 0}  # a already runs another job's task
+    s = JobScheduler(shards(1), ["a", "b"], RateBook(), owners=["a"], window=1,
+                     inflight=queued.get)
+    assert [(x.shard, x.peer) for x in s.step(0.0)] == [(0, "b")]  # the free peer takes it
+
+
+def test_a_task_waiting_behind_another_at_its_peer_is_not_called_a_straggler_early():
+    rates = RateBook()
+    rates.observe("a", 1e9, 1.0)  # a service time: 1 s per shard below
+    rates.observe("b", 1e9, 1.0)
+    s = JobScheduler([ShardTask(i, 1e9) for i in range(2)], ["a"], rates, window=2,
+                     straggler_factor=2.0)
+    assert sorted(x.shard for x in s.step(0.0)) == [0, 1]  # both sent to a at once
+    s.add_worker("b")
+    # shard 0 is due after 2 s; shard 1 runs after it, so it is due after 4 s
+    assert [(x.shard, x.peer) for x in s.step(2.5)] == [(0, "b")]

@@ -22,6 +22,12 @@ a peer on this machine, in the same pid namespace, with the same user, can answe
 peers that are not on this host (an address that is not loopback and not one of ours: another
 machine, another network namespace) never try; ``SWARM_SHM=0`` turns the path off.
 
+Writing a segment costs about as much as hashing the bytes (the kernel allocates and
+zeroes its pages): :data:`SEGMENTS` writes an array *once*, ahead of the send and off the
+event loop (:meth:`Segments.prepared`), and every link that sends that array meanwhile names
+a duplicate of the one descriptor. A weight sent to every co-located worker is written once,
+and the loop keeps moving other links' data while it is written.
+
 Bounds: a sender keeps at most :data:`MAX_OPEN` descriptors (and :data:`MAX_OPEN_BYTES`)
 waiting for a ShmDone; past that it sends over TLS, so a receiver that never answers costs
 it nothing unbounded. A receiver only maps what the decoder's limits already accept.
@@ -29,6 +35,8 @@ it nothing unbounded. A receiver only maps what the decoder's limits already acc
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import functools
 import ipaddress
@@ -38,7 +46,9 @@ import os
 import secrets
 import stat
 import sys
-from dataclasses import dataclass
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -225,10 +235,13 @@ class Channel:
         """The peer's descriptors we mapped and have not yet told it about (ShmDone)."""
 
     def spill(self, data: memoryview) -> int | None:
-        """Put ``data`` in a sealed segment; its fd, or None to send it over the link."""
+        """Put ``data`` in a sealed segment (a prepared one when :data:`SEGMENTS` holds it);
+        its fd, or None to send it over the link."""
         if len(self._open) >= MAX_OPEN or self._open_bytes + len(data) > MAX_OPEN_BYTES:
             return None
-        fd = _sealed(data)
+        fd = SEGMENTS.take(data)
+        if fd is None:
+            fd = _sealed(data)
         self.hold(fd, len(data))
         self.sent += 1
         return fd
@@ -263,5 +276,121 @@ class Channel:
         return len(self._open)
 
 
+def _key(data: memoryview | np.ndarray) -> tuple[int, int]:
+    """Where an array's bytes live: (address, size). Equal keys of live arrays mean the
+    same memory, hence the same bytes."""
+    arr = np.frombuffer(data, np.uint8) if isinstance(data, memoryview) else data
+    return arr.__array_interface__["data"][0], arr.nbytes
+
+
+@dataclass(eq=False)
+class _Prepared:
+    users: int = 1
+    fd: int | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+class Segments:
+    """Sealed segments written ahead of a send, once, and shared by every link that sends them.
+
+    An entry lives only between :meth:`prepare` and the matching :meth:`release`, while the
+    caller holds the array: it is found by the array's memory (address, size), and an array
+    that later takes the same memory never meets a stale segment. Sealed, so no link (and
+    no receiver) can change what another one maps.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int], _Prepared] = {}
+        self.written = 0
+        """Segments written by :meth:`prepare` (tests assert one per array, not per link)."""
+        self.written_bytes = 0
+        """Their bytes."""
+
+    def prepare(self, arr: np.ndarray) -> tuple[int, int]:
+        """Blocking (call it off the loop): write ``arr`` (C-contiguous) into a sealed segment
+        unless one is already prepared; returns the key to :meth:`release`."""
+        key = _key(arr)
+        with self._lock:
+            entry = self._entries.get(key)
+            writer = entry is None
+            if writer:
+                entry = self._entries[key] = _Prepared()
+            else:
+                entry.users += 1
+        if not writer:
+            entry.ready.wait()  # another thread writes it: share that segment
+            return key
+        try:
+            fd = _sealed(memoryview(arr).cast("B"))
+        except OSError as exc:  # out of memory, say: each link then tries on its own
+            log.debug("cannot prepare a shared-memory segment: %s", exc)
+        else:
+            with self._lock:
+                entry.fd = fd
+                self.written += 1
+                self.written_bytes += arr.nbytes
+        finally:
+            entry.ready.set()
+        return key
+
+    def release(self, key: tuple[int, int]) -> None:
+        """One :meth:`prepare` is done with its entry; the last closes the descriptor."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            entry.users -= 1
+            if entry.users > 0:
+                return
+            del self._entries[key]
+            if entry.fd is not None:
+                os.close(entry.fd)
+
+    def take(self, data: memoryview) -> int | None:
+        """A new descriptor (the caller owns it) for the prepared segment holding ``data``."""
+        with self._lock:
+            entry = self._entries.get(_key(data))
+            if entry is None or entry.fd is None:
+                return None
+            return os.dup(entry.fd)
+
+    @contextlib.asynccontextmanager
+    async def prepared(self, arrays: Sequence[np.ndarray]) -> AsyncIterator[None]:
+        """Within this block, links send these arrays from segments written once, in a
+        worker thread (arrays too small for shared memory, or not contiguous, are left out)."""
+        big = [a for a in arrays
+               if a.nbytes >= MIN_BYTES and a.flags.c_contiguous and a.dtype.kind in "fiucb"]
+        if not big or not supported():
+            yield
+            return
+        job = asyncio.get_running_loop().run_in_executor(
+            None, lambda: [self.prepare(a) for a in big])
+        try:
+            keys = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(self._release_later)
+            raise
+        try:
+            yield
+        finally:
+            for key in keys:
+                self.release(key)
+
+    def _release_later(self, job: asyncio.Future) -> None:
+        if not job.cancelled() and job.exception() is None:
+            for key in job.result():
+                self.release(key)
+
+    @property
+    def held(self) -> int:
+        """Entries prepared and not yet released."""
+        return len(self._entries)
+
+
+SEGMENTS = Segments()
+"""This process's prepared segments (one table: a segment is shared by all of its links)."""
+
+
 __all__ = ["Channel", "ENV", "Offer", "ShmAck", "ShmDone", "answer", "check_answer",
-           "colocated", "make_offer", "map_array", "supported"]
+           "SEGMENTS", "Segments", "colocated", "make_offer", "map_array", "supported"]

@@ -27,6 +27,7 @@ import numpy as np
 from identity.keys import PeerId, PeerKey
 from swarm import wire
 from swarm.errors import LinkClosed
+from swarm.links import shm
 from swarm.links.base import PeerLink
 from swarm.runtime.actors import REGISTRY, CallOrder
 from swarm.runtime.chaos import Chaos, ChaosSpec
@@ -49,6 +50,9 @@ MAX_INSTANCES = 256
 """Actor instances one requester may create on this worker."""
 MAX_HELD = 1024
 """Out-of-order calls held for one actor instance."""
+INLINE_RECEIPT_BYTES = 64 << 10
+"""Receipts over at most this many array bytes are signed on the loop (hashing them takes
+microseconds; a hop to a thread and back costs more on small tasks)."""
 
 
 class _Missing(Exception):
@@ -304,8 +308,13 @@ class ActorHost:
             return
         self.stats.tasks += 1
         outputs = [np.ascontiguousarray(o) for o in outputs]
-        receipt = await loop.run_in_executor(None, self._receipt, link.remote, msg, outputs)
-        await self._reply(link, TaskResult(msg.task, outputs, seconds, receipt))
+        if sum(o.nbytes for o in outputs) + call.nbytes <= INLINE_RECEIPT_BYTES:
+            receipt = self._receipt(link.remote, msg, outputs)  # cheaper than a thread hop
+        else:
+            receipt = await loop.run_in_executor(None, self._receipt, link.remote, msg, outputs)
+        # results bound for this host's requester are written to shared memory off the loop
+        async with shm.SEGMENTS.prepared(outputs if getattr(link, "shm", None) is not None else []):
+            await self._reply(link, TaskResult(msg.task, outputs, seconds, receipt))
 
     def _receipt(self, requester: PeerId, msg: RunTask, outputs: list[np.ndarray]) -> bytes:
         """Sign what ran: the inputs as received, the outputs as sent (hashing both)."""

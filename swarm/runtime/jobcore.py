@@ -16,6 +16,7 @@ straggler's late copy is ignored; a wrong result counts even when another copy a
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +62,13 @@ class JobReport:
     """Per peer (printable PeerId, or "local" for the requester)."""
 
     def peer(self, key: Any) -> PeerReport:
-        return self.peers.setdefault(str(key), PeerReport())
+        return self.peers.setdefault(_printable(key), PeerReport())
+
+
+@functools.lru_cache(maxsize=4096)
+def _printable(key: Any) -> str:
+    """A peer's report key (base32 of its id: cached, a job asks several times per shard)."""
+    return str(key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,17 @@ from swarm.runtime.scheduler import RateBook
 SHARDS_PER_WORKER = 2
 MIN_SHARD_FLOPS = 4e6
 """Smaller bands cost more in round trips than they save."""
+MIN_CHECKED_ROWS = 256
+"""Rows of the smallest band worth a Freivalds check of a large ``b``. A check reads all of
+``b`` (``b @ R``, memory-bound): measured at n=4096 on one core it costs about as much as
+computing 25 rows of the band (64-row bands: checks 39% of the band's work; 256: 12%;
+1024: 4%). On one machine the requester's checks take the workers' cores, so bands of
+at least this many rows; smaller ``b`` (see :data:`CHECKED_B_BYTES`) keeps the flops floor."""
+INLINE_CHECK_ELEMENTS = 1 << 14
+"""Bands whose check touches at most about this many elements are checked on the loop (the
+1x1 round trip: a thread hop cost more than the check)."""
+CHECKED_B_BYTES = 4 << 20
+"""Below this ``b`` costs a check well under a millisecond: round trips dominate instead."""
 
 
 class _OneThreadBLAS:
@@ -41,6 +52,13 @@ class _OneThreadBLAS:
     machine that spinning takes the cores from the workers still computing the other
     bands. One thread does a check's few memory-bound passes about as fast. The limit is
     process-wide, so concurrent checks share it (entered once, restored by the last).
+
+    threadpoolctl lets only one Python thread (the first that set a limit, while it lives)
+    change OpenBLAS's process-wide count and silently ignores the others: checks run in
+    whichever executor thread is free, so most limits were no-ops and most checks ran on
+    two spinning threads (the requester burned more CPU than both workers in the
+    64-call inference row). Under our own lock, the thread that sets or restores the
+    limit takes that control first.
     """
 
     def __init__(self) -> None:
@@ -56,6 +74,7 @@ class _OneThreadBLAS:
                     from threadpoolctl import ThreadpoolController
 
                     self._controller = ThreadpoolController()
+                _take_blas_control()
                 self._limit = self._controller.limit(limits=1, user_api="blas")
             self._users += 1
 
@@ -63,8 +82,19 @@ class _OneThreadBLAS:
         with self._lock:
             self._users -= 1
             if self._users == 0 and self._limit is not None:
+                _take_blas_control()
                 self._limit.restore_original_limits()
                 self._limit = None
+
+
+def _take_blas_control() -> None:
+    """Make the calling thread the one threadpoolctl lets set OpenBLAS's thread count."""
+    import threadpoolctl
+
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
+                    "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
 
 
 ONE_THREAD_BLAS = _OneThreadBLAS()
@@ -137,6 +167,8 @@ class MatmulJob:
     async def verify(self, i: int, outputs: list[np.ndarray]) -> bool:
         if len(outputs) != 1:
             return False
+        if self.shards[i].size * self.a.shape[1] <= INLINE_CHECK_ELEMENTS:
+            return self._verify_and_place(i, outputs[0])  # microseconds: no thread hop
         return await asyncio.to_thread(self._verify_and_place, i, outputs[0])
 
     def _verify_and_place(self, i: int, c: np.ndarray) -> bool:
@@ -150,6 +182,8 @@ class MatmulJob:
         return True
 
     def _place(self, i: int, c: np.ndarray) -> None:
+        if len(self.shards) == 1:
+            return  # the band is the output: merge hands it over, no copy
         with self._lock:
             if self._merged or i in self._placed:
                 return  # the output is the caller's now, or a twin already filled the band
@@ -173,8 +207,10 @@ class MatmulJob:
         or replicated results) copied now; no band is written after this returns."""
         with self._lock:
             self._merged = True
+            m, n = self.a.shape[0], self.b.shape[1]
+            if len(results) == 1 and _whole(results[0][0], m, n):
+                return results[0][0]  # one band: it is the output (received zero-copy)
             if self._out is None:
-                m, n = self.a.shape[0], self.b.shape[1]
                 return compute.merge_shards(m, n, self.shards, [r[0] for r in results])
             for i, r in enumerate(results):
                 if self._placed.get(i) is not r[0]:
@@ -183,10 +219,58 @@ class MatmulJob:
             return self._out
 
 
+def _whole(c: np.ndarray, m: int, n: int) -> bool:
+    """Whether ``c`` can be handed over as an ``m x n`` float32 output as it is."""
+    return (isinstance(c, np.ndarray) and c.shape == (m, n) and c.dtype == np.float32
+            and c.flags.c_contiguous and c.flags.writeable)
+
+
+@dataclass(frozen=True)
+class Bands:
+    """Row bands of one matmul's output and the worker each was sized for."""
+
+    shards: list[compute.Shard]
+    """The bands, in row order."""
+    owners: list[PeerId] | None
+    """First worker of each band; None without workers (the requester computes)."""
+
+
+def plan_bands(m: int, k: int, n: int, *, workers: Sequence[PeerId], rates: RateBook,
+               busy: Mapping[PeerId, int] | None = None, checked: bool = True) -> Bands:
+    """Split the ``m`` output rows among ``workers``: shares by measured rate, each share cut
+    into up to :data:`SHARDS_PER_WORKER` bands (so a result travels while the next band
+    computes), no band under the floor (round trips; checks of a large ``b``).
+
+    ``busy`` counts bands this requester already gave each worker and that are not done
+    (other jobs): a worker's weight is divided by ``1 + busy``. A job too small to reach
+    every worker then goes to the least loaded (many small calls in flight spread out
+    instead of piling on the fastest peer)."""
+    min_rows = max(1, math.ceil(MIN_SHARD_FLOPS / (2.0 * k * n)))
+    if checked and 4 * k * n >= CHECKED_B_BYTES:
+        min_rows = max(min_rows, MIN_CHECKED_ROWS)
+    peers = list(workers)
+    if not peers:
+        return Bands(compute.plan_shards(m, n, [1.0], min_rows=min_rows), None)
+    busy = busy or {}
+    weights = [rates.weight(p, peers) / (1 + busy.get(p, 0)) for p in peers]
+    shares = compute.plan_shards(m, n, weights, min_rows=min_rows)
+    shards: list[compute.Shard] = []
+    owners: list[PeerId] = []
+    for share in shares:
+        r0, r1 = share.rows
+        pieces = max(1, min(SHARDS_PER_WORKER, (r1 - r0) // min_rows))
+        for band in compute.plan_shards(r1 - r0, n, [1.0] * pieces, min_rows=1):
+            shards.append(compute.Shard(len(shards), (r0 + band.rows[0], r0 + band.rows[1]),
+                                        (0, n), share.worker))
+            owners.append(peers[share.worker])
+    return Bands(shards, owners)
+
+
 def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates: RateBook,
                precision: str, backend: compute.Backend, verifier: FreivaldsCache,
-               b_oid: ObjectId | None = None) -> MatmulJob:
-    """Plan ``a @ b`` over ``workers`` (already validated operands)."""
+               b_oid: ObjectId | None = None, bands: Bands | None = None) -> MatmulJob:
+    """Plan ``a @ b`` over ``workers`` (already validated operands); ``bands`` when already
+    planned (:func:`plan_bands`)."""
     a_sent, a_seen = for_transfer(a, precision)
     if b_oid is not None and precision == "f32" and b.dtype == np.float32:
         b_sent = b_seen = b
@@ -195,14 +279,9 @@ def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates
         b_oid = object_id(b_sent)
     m, k = a.shape
     n = b.shape[1]
-    min_rows = max(1, math.ceil(MIN_SHARD_FLOPS / (2.0 * k * n)))
-    peers = list(workers)
-    if peers:
-        weights = [rates.weight(p, peers) for p in peers for _ in range(SHARDS_PER_WORKER)]
-    else:
-        weights = [1.0]
-    shards = compute.plan_shards(m, n, weights, min_rows=min_rows)
-    owners = [peers[s.worker // SHARDS_PER_WORKER] for s in shards] if peers else None
+    if bands is None:
+        bands = plan_bands(m, k, n, workers=workers, rates=rates)
+    shards, owners = bands.shards, bands.owners
     calls = []
     for s in shards:
         r0, r1 = s.rows

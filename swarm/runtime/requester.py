@@ -12,10 +12,12 @@ redone, counted against the peer and reported through ``on_rejected``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -25,6 +27,7 @@ import numpy as np
 
 from identity.keys import PeerId
 from swarm.errors import LinkClosed
+from swarm.links import shm
 from swarm.links.base import PeerLink
 from swarm.runtime.evidence import Evidence, Receipt, params_digest
 from swarm.runtime.jobcore import (
@@ -48,7 +51,7 @@ from swarm.runtime.protocol import (
     TaskFailed,
     TaskResult,
 )
-from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ShardTask
+from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ServiceClock, ShardTask
 
 log = logging.getLogger("swarm.runtime.requester")
 
@@ -162,6 +165,23 @@ class Requester:
         self._readers: set[asyncio.Task] = set()
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
         """Observer called after each RunTask is sent (progress displays, tests)."""
+        self.clock = ServiceClock()
+        """Rates count each answer's time at the worker, not its wait in the worker's queue
+        (behind this job's or another job's tasks)."""
+        self.assigned: Counter[PeerId] = Counter()
+        """Bands planned for each worker by jobs not finished yet (plans weigh by it)."""
+
+    @contextlib.contextmanager
+    def assigning(self, owners: Sequence[PeerId]) -> Iterator[None]:
+        """Count ``owners``' bands in :attr:`assigned` while the block (a job) runs."""
+        self.assigned.update(owners)
+        try:
+            yield
+        finally:
+            self.assigned.subtract(owners)
+            for peer in set(owners):
+                if self.assigned[peer] <= 0:
+                    del self.assigned[peer]
 
     # -- links ----------------------------------------------------------------------------
 
@@ -177,6 +197,10 @@ class Requester:
         self._readers.add(task)
         task.add_done_callback(self._readers.discard)
         self._changed.set()
+
+    def inflight(self, peer: PeerId) -> int:
+        """Tasks sent to ``peer`` and not answered yet (all jobs)."""
+        return sum(p == peer for p, _ in self._pending)
 
     def workers(self) -> list[PeerId]:
         """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
@@ -228,7 +252,8 @@ class Requester:
             fut = asyncio.get_running_loop().create_future()
             self._puts[key] = fut
             try:
-                await link.send(PutObject(arg.oid.raw, arg.array))
+                async with self._shared(link, [arg.array]):
+                    await link.send(PutObject(arg.oid.raw, arg.array))
                 self.store.add_holder(arg.oid, peer.raw)
                 if report is not None:
                     report.bytes_out += arg.array.nbytes
@@ -239,6 +264,12 @@ class Requester:
                 raise
             finally:
                 del self._puts[key]
+
+    @staticmethod
+    def _shared(link: PeerLink, arrays: list[np.ndarray]):
+        """A block within which ``link`` sends ``arrays`` from shared segments written once
+        per array, off the loop (nothing to do on a link without shared memory)."""
+        return shm.SEGMENTS.prepared(arrays if getattr(link, "shm", None) is not None else [])
 
     async def call(self, peer: PeerId, call: Call, *, instance: int = 0, seq: int = -1,
                    report: PeerReport | None = None) -> Reply:
@@ -253,7 +284,6 @@ class Requester:
             if link is None or link.closed:
                 raise LinkClosed(f"no link to {peer.short()}")
             started = time.perf_counter()
-            await self._send_objects(peer, link, call.args, report)
             tid = next(self._ids)
             fut = loop.create_future()
             self._pending[(peer, tid)] = fut
@@ -261,7 +291,9 @@ class Requester:
                     for a in call.args]
             try:
                 msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
-                await link.send(msg)
+                await self._send_objects(peer, link, call.args, report)
+                async with self._shared(link, [a.array for a in call.args if a.oid is None]):
+                    await link.send(msg)
                 if self.on_task_sent is not None:
                     self.on_task_sent(peer, msg)
                 if report is not None:
@@ -273,6 +305,7 @@ class Requester:
                 raise
             finally:
                 self._pending.pop((peer, tid), None)
+                self._changed.set()  # a slot at ``peer`` is free: other jobs may use it
             if isinstance(reply, TaskResult):
                 if report is not None:
                     report.bytes_in += sum(o.nbytes for o in reply.outputs)
@@ -351,7 +384,7 @@ class _JobRun:
         sched = JobScheduler(
             tasks, req.workers(), req.rates, holds=holds, owners=owners,
             twins=twins_of(n) if replicate else None,
-            window=req.window, task_timeout=req.task_timeout)
+            window=req.window, task_timeout=req.task_timeout, inflight=req.inflight)
         self.core = JobCore(n, sched, verify=verify is not None, replicate=replicate,
                             agree=agree)
         self.events: asyncio.Queue = asyncio.Queue()
@@ -444,7 +477,8 @@ class _JobRun:
                 reply = await self.req.call(peer, self.calls[shard % self.n],
                                             report=core.report.peer(peer))
                 outs = reply.outputs
-            seconds = time.perf_counter() - t0
+            seconds = (time.perf_counter() - t0 if peer == LOCAL
+                       else self.req.clock.seconds(peer, t0, time.perf_counter()))
             self.events.put_nowait(partial(core.answered, shard, peer, outs, seconds, reply))
         except TaskFailure as exc:
             self.events.put_nowait(partial(core.failed, shard, peer, exc.kind, str(exc)))

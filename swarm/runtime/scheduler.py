@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 LOCAL = "local"
@@ -107,6 +107,28 @@ class RateBook:
         return statistics.median(others) if others else 1.0
 
 
+class ServiceClock:
+    """How long each answer took *at the peer*, as the requester sees it, for :class:`RateBook`.
+
+    A peer runs its tasks one after another, and a requester keeps a window of them in
+    flight: the second task of a window waits in the peer's queue while the first runs, so its
+    round trip counts its neighbour's work too and halves the peer's measured rate (bands
+    are then dealt by noise). Its service time starts when the peer's previous answer came.
+    Only times the requester observed are used, never a peer's claim."""
+
+    def __init__(self, max_peers: int = 4096) -> None:
+        self.max_peers = max_peers
+        self._last: dict[Peer, float] = {}  # oldest first; forgetting one costs one estimate
+
+    def seconds(self, peer: Peer, sent: float, answered: float) -> float:
+        """Service time of a task sent to ``peer`` at ``sent`` and answered at ``answered``."""
+        last = self._last.pop(peer, None)
+        self._last[peer] = answered if last is None else max(last, answered)
+        if len(self._last) > self.max_peers:
+            del self._last[next(iter(self._last))]
+        return answered - (sent if last is None else min(answered, max(sent, last)))
+
+
 def deal(counts_by_weight: dict[Peer, float], n: int) -> dict[Peer, int]:
     """Split ``n`` items among peers in proportion to weights (largest remainder)."""
     peers = sorted(counts_by_weight, key=repr)
@@ -124,6 +146,7 @@ class _Worker:
     peer: Peer
     queue: deque[int] = field(default_factory=deque)
     running: dict[int, float] = field(default_factory=dict)  # shard -> started at
+    turn: dict[int, int] = field(default_factory=dict)  # shard -> tasks at the peer before it + 1
     banned: bool = False
 
 
@@ -144,6 +167,7 @@ class JobScheduler:
         straggler_min: float = 0.05,
         task_timeout: float = 60.0,
         max_attempts: int = 6,
+        inflight: Callable[[Peer], int] | None = None,
     ) -> None:
         if [s.index for s in shards] != list(range(len(shards))):
             raise ValueError("shard indices must be 0..n-1 in order")
@@ -155,6 +179,11 @@ class JobScheduler:
         self.straggler_min = straggler_min
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
+        self.inflight = inflight or (lambda peer: 0)
+        """Tasks the requester has at a peer, all its jobs (this one's included). The window
+        is per peer, not per job: a peer full with other jobs' tasks gets nothing more, so
+        many small jobs in flight queue here, where an idle peer can still take them,
+        instead of piling up in one peer's queue (and looking like stragglers there)."""
         self.done: dict[int, Peer] = {}
         self.attempts = [0] * len(shards)
         self._failed_on: dict[int, set[Peer]] = {}
@@ -336,7 +365,7 @@ class JobScheduler:
         while progress:
             progress = False
             for w in sorted(usable, key=lambda w: len(w.running)):
-                if len(w.running) >= self.window:
+                if max(len(w.running), self.inflight(w.peer)) >= self.window:
                     continue
                 shard = self._pick(w, now)
                 if shard is not None:
@@ -409,7 +438,11 @@ class JobScheduler:
         expected = self._expected(peer, shard)
         if expected is None:
             return None
-        return started + max(self.straggler_factor * expected, self.straggler_min)
+        # rates are service times: a task first waits for those sent to the peer before it
+        # (fixed when it was sent, so a deadline never moves)
+        w = self._workers.get(peer)
+        turn = w.turn.get(shard, 1) if w is not None else 1
+        return started + max(self.straggler_factor * expected * turn, self.straggler_min)
 
     def _straggler(self, w: _Worker, now: float) -> int | None:
         best, best_due = None, now
@@ -430,7 +463,9 @@ class JobScheduler:
 
     def _start(self, w: _Worker, shard: int, now: float) -> Assign:
         self.attempts[shard] += 1
+        others = max(0, self.inflight(w.peer) - len(w.running))  # other jobs' tasks there
         w.running[shard] = now
+        w.turn[shard] = min(self.window, len(w.running) + others)
         return Assign(shard, w.peer, self.attempts[shard])
 
     def _solo(self, now: float) -> list[Assign]:
