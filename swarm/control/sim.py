@@ -31,7 +31,7 @@ import math
 import random
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import msgpack
@@ -60,6 +60,11 @@ HEADER = 21
 """Datagram framing of a request or reply: one type byte and a 20-byte message id."""
 NODE_BYTES = 34
 """One contact in a ``nodes`` list (id, host, port, msgpack overhead)."""
+
+
+KINDS = ("heartbeat", "membership", "state", "charter", "election")
+"""What control traffic is for: the coordinator's heartbeats; listing and announcing members;
+reading and writing coordinator-state items (and blocklist pages); the charter; term claims."""
 
 
 def _packed(obj: object) -> int:
@@ -98,30 +103,29 @@ class EventLoop:
 # -- traffic ---------------------------------------------------------------------------------
 
 
-@dataclass
 class Traffic:
     """Bytes and messages each node sent and received, by kind, since the last reset."""
 
-    bytes: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
-    msgs: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
-    since: float = 0.0
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+        self.since = 0.0
+        self.reset(0.0)
 
     def count(self, src: int, dst: int, kind: str, nbytes: int) -> None:
-        for n in (src, dst):
-            self.bytes[n, kind] += nbytes
-            self.msgs[n, kind] += 1
+        b, m = self.bytes[kind], self.msgs[kind]
+        b[src] += nbytes
+        b[dst] += nbytes
+        m[src] += 1
+        m[dst] += 1
 
     def reset(self, now: float) -> None:
-        self.bytes.clear()
-        self.msgs.clear()
+        self.bytes = {k: [0] * self.nodes for k in KINDS}
+        self.msgs = {k: [0] * self.nodes for k in KINDS}
         self.since = now
 
-    def per_node(self, node: int, kinds: set[str] | None = None) -> tuple[int, int]:
-        b = sum(v for (n, k), v in self.bytes.items() if n == node and (kinds is None
-                                                                        or k in kinds))
-        m = sum(v for (n, k), v in self.msgs.items() if n == node and (kinds is None
-                                                                       or k in kinds))
-        return b, m
+    def per_node(self, node: int, kinds: Iterable[str] = KINDS) -> tuple[int, int]:
+        return (sum(self.bytes[k][node] for k in kinds),
+                sum(self.msgs[k][node] for k in kinds))
 
 
 # -- the network and the DHT model -----------------------------------------------------------
@@ -156,35 +160,54 @@ class SimDHT:
         self.topics: dict[bytes, dict[PeerId, Announcement]] = defaultdict(dict)
         self.mutable: dict[bytes, MutableItem] = {}
         self.immutable: dict[bytes, bytes] = {}
-        self._close: dict[bytes, list[int]] = {}
+        self._order: dict[bytes, list[int]] = {}
+        self._close: dict[tuple[bytes, int], list[int]] = {}
+        self._path = list(range(len(ids)))
+        net.rng.shuffle(self._path)
+        self._next = 0
         self._ann_bytes: dict[bytes, int] = {}
+        self._req = _packed(["find", [b"\0" * 20, b"\0" * 20]])
+        self._found = _packed({"nodes": b"\0" * (NODE_BYTES * k), "token": b"\0" * 8})
         self.version = 0
         """Bumped when a topic changes (readers rebuild their decoded view then)."""
 
     def replicas(self, target: bytes) -> list[int]:
         """The ``k`` live nodes closest to ``target`` by XOR distance."""
-        if target not in self._close:
-            t = int.from_bytes(target, "big")
-            self._close[target] = sorted(range(len(self.ids)),
-                                         key=lambda i: int.from_bytes(self.ids[i], "big") ^ t)
-        return [i for i in self._close[target] if i not in self.net.down][:self.k]
+        key = (target, len(self.net.down))
+        if key not in self._close:
+            if target not in self._order:
+                t = int.from_bytes(target, "big")
+                self._order[target] = sorted(
+                    range(len(self.ids)), key=lambda i: int.from_bytes(self.ids[i], "big") ^ t)
+            self._close[key] = [i for i in self._order[target]
+                                if i not in self.net.down][:self.k]
+        return self._close[key]
 
     def hops(self) -> int:
         return max(1, math.ceil(math.log2(max(2, len(self.ids)))))
 
     def lookup(self, me: int, target: bytes, kind: str, answer: Callable[[int], int]) -> float:
         """Charge one lookup (``answer(replica)`` = bytes of that replica's value reply);
-        returns its duration (one round trip per ``alpha`` queries in flight)."""
-        req = _packed(["find", [b"\0" * 20, target]])
-        found = _packed({"nodes": b"\0" * (NODE_BYTES * self.k), "token": b"\0" * 8})
-        n = len(self.ids)
-        for _ in range(min(n - 1, self.alpha * self.hops())):
-            peer = self.net.rng.randrange(n)
-            self.net.send(me, peer, kind, req)
-            self.net.send(peer, me, kind, found)
+        returns its duration (one round trip per ``alpha`` queries in flight).
+
+        The queries on the way go to nodes taken in turn from a seeded permutation (so the
+        load spreads as over random routing paths) and are counted in bulk."""
+        req, found, n = self._req, self._found, len(self.ids)
+        b, m = self.net.traffic.bytes[kind], self.net.traffic.msgs[kind]
+        ways = min(n - 1, self.alpha * self.hops())
+        for _ in range(ways):
+            p = self._path[self._next]
+            self._next = (self._next + 1) % n
+            b[p] += req + found
+            m[p] += 2
+        b[me] += ways * (req + found)
+        m[me] += 2 * ways
         for r in self.replicas(target):
-            self.net.send(me, r, kind, req)
-            self.net.send(r, me, kind, found + answer(r))
+            nbytes = req + found + answer(r)
+            b[r] += nbytes
+            m[r] += 2
+            b[me] += nbytes
+            m[me] += 2
         rounds = self.hops() // 2 + 2
         return rounds * 2 * (self.net.latency + self.net.jitter / 2)
 
@@ -340,7 +363,7 @@ class Sim:
                  k: int = 20, alpha: int = 3) -> None:
         self.rng = random.Random(seed)
         self.loop = EventLoop()
-        self.traffic = Traffic()
+        self.traffic = Traffic(members)
         self.net = Network(self.loop, self.rng, latency, jitter, loss, self.traffic)
         self.timing = timing
         self.swarm_key = PeerKey.from_seed(self.rng.randbytes(32))
@@ -356,6 +379,7 @@ class Sim:
         self.adapter = adapter(self)
         self._view: tuple[int, list[Candidate]] = (-1, [])
         self._decoded: dict[bytes, Candidate] = {}
+        self._items: dict[bytes, StateItem] = {}
         self.watch: Callable[[Member], None] | None = None
         """Called after each event that may change a member's controller."""
 
@@ -418,7 +442,9 @@ class Sim:
         if item is None:
             return None
         try:
-            return _run(self._resolve(m, StateItem.decode(item.value), kind))
+            if item.signature not in self._items:  # decoded once for all readers
+                self._items[item.signature] = StateItem.decode(item.value)
+            return _run(self._resolve(m, self._items[item.signature], kind))
         except ProtocolError:
             return None
 
@@ -575,11 +601,14 @@ class Sim:
         return m if m is not None and m.alive and m.controller.role is Duty.COORDINATOR \
             else None
 
-    def converge(self, limit: float) -> float | None:
-        """Run until one coordinator is followed by all; the simulated time it took."""
+    def converge(self, limit: float, step: float = 0.05) -> float | None:
+        """Run until one coordinator is followed by all (checked every ``step`` simulated
+        seconds); the simulated time it took."""
         t0 = self.loop.now
-        if self.loop.run_until(t0 + limit, lambda: self.coordinator() is not None):
-            return self.loop.now - t0
+        while self.loop.now < t0 + limit:
+            self.loop.run_until(self.loop.now + step)
+            if self.coordinator() is not None:
+                return self.loop.now - t0
         return None
 
     def kill(self, m: Member) -> None:
@@ -633,15 +662,12 @@ class Sim:
                                coord.index if coord else None, seconds)
 
 
-KINDS = ("heartbeat", "membership", "state", "charter", "election")
-
-
 def traffic_summary(t: Traffic, nodes: list[int], coord: int | None, seconds: float) -> dict:
     """Median and max bytes and messages per node per second (members apart from the
     coordinator), by kind and in total."""
     out: dict = {}
     members = [n for n in nodes if n != coord]
-    for label, kinds in [("total", None)] + [(k, {k}) for k in KINDS]:
+    for label, kinds in [("total", KINDS)] + [(k, (k,)) for k in KINDS]:
         per = [t.per_node(n, kinds) for n in members]
         b = [x[0] / seconds for x in per] or [0.0]
         m = [x[1] / seconds for x in per] or [0.0]
@@ -681,4 +707,10 @@ def scenario(members: int, *, seed: int = 1, window: float = 10.0,
     return out
 
 
-__all__ = ["EventLoop", "Network", "PollingAdapter", "Sim", "SimDHT", "Traffic", "scenario"]
+__all__ = ["EventLoop", "Network", "PollingAdapter", "Sim", "SimDHT", "Traffic", "adapters",
+           "scenario"]
+
+
+def adapters() -> dict[str, Callable[[Sim], PollingAdapter]]:
+    """The refresh policies the simulation can drive, by name."""
+    return {PollingAdapter.name: PollingAdapter}

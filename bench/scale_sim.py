@@ -1,0 +1,82 @@
+"""Issue 19 (b): the control plane of 100, 300 and 1,000 members, simulated in one process.
+
+Every member runs the real Controller with real keys and signatures; the clock, the network
+and the DHT are modelled (see :mod:`swarm.control.sim`). Per swarm size it prints election
+convergence from a cold start and after the coordinator dies, control traffic per member
+per second (median and max; the coordinator apart) by kind, and how long a block and a
+charter change take to reach every member, all in simulated seconds; wall time too.
+
+    python bench/scale_sim.py [--members 100,300,1000] [--adapter poll|sync|both] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swarm.control.sim import KINDS, adapters, scenario  # noqa: E402
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _kb(v: float) -> str:
+    return f"{v / 1000:.1f}"
+
+
+def table(rows: list[dict]) -> str:
+    """Side by side: one line per (adapter, members)."""
+    head = ("adapter members | cold s  failover s  block s  charter s | member KB/s med  max "
+            "msgs/s med | coord KB/s msgs/s | " + "  ".join(f"{k} med" for k in KINDS)
+            + " | wall s")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        t = r.get("traffic") or {}
+        tot = t.get("total", {})
+        out.append(
+            f"{r['adapter']:>7} {r['members']:>7} | {_s(r.get('cold_start_s')):>6} "
+            f"{_s(r.get('failover_s')):>11} {_s(r.get('block_s')):>8} "
+            f"{_s(r.get('charter_s')):>10} | {_kb(tot.get('bytes_median', 0)):>15} "
+            f"{_kb(tot.get('bytes_max', 0)):>4} {tot.get('msgs_median', 0):>10.1f} | "
+            f"{_kb(tot.get('coord_bytes', 0)):>10} {tot.get('coord_msgs', 0):>6.0f} | "
+            + "  ".join(f"{_kb(t.get(k, {}).get('bytes_median', 0)):>{len(k) + 4}}"
+                        for k in KINDS)
+            + f" | {r.get('wall_s', 0):>6.1f}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--members", default="100,300,1000",
+                    help="comma-separated swarm sizes (default 100,300,1000)")
+    ap.add_argument("--adapter", default="both", choices=[*adapters(), "both"],
+                    help="refresh policy: today's polling, the sync core, or both")
+    ap.add_argument("--window", type=float, default=10.0,
+                    help="simulated seconds of steady traffic measured (default 10)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = ap.parse_args(argv)
+    logging.getLogger("swarm").setLevel(logging.ERROR)  # thousands of expected failovers
+    sizes = [int(x) for x in args.members.split(",") if x.strip()]
+    names = list(adapters()) if args.adapter == "both" else [args.adapter]
+    rows = []
+    for name in names:
+        for n in sizes:
+            rows.append(scenario(n, seed=args.seed, window=args.window,
+                                 adapter=adapters()[name]))
+            if not args.json:
+                print(table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else table(rows),
+                      flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
