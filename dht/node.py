@@ -87,6 +87,10 @@ class Stats:
     """Requests those lookups sent."""
     requests: int = 0
     """Request datagrams this node sent (both codecs, retries and writes included)."""
+    bytes_in: int = 0
+    """UDP payload bytes received on the DHT socket (control messages ride on it too)."""
+    bytes_out: int = 0
+    """UDP payload bytes sent on the DHT socket."""
 
 
 def _not_here(name: str, instead: str):

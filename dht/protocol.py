@@ -60,6 +60,21 @@ PADDED = ("find_node", "get", "peers")  # requests padded on first contact
 PAD_BYTES = 600  # 3x a padded get covers a 1000-byte item with 20 contacts
 
 
+class _Counted:
+    """The UDP transport with a byte counter on ``sendto`` (for the scale benchmark)."""
+
+    def __init__(self, transport: Any, stats: Any) -> None:
+        self._transport = transport
+        self._stats = stats
+
+    def sendto(self, data: bytes, addr: Any = None) -> None:
+        self._stats.bytes_out += len(data)
+        self._transport.sendto(data, addr)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class DHTProtocol(KademliaProtocol):
     """One node's RPC endpoint. Handlers are ``rpc_<name>(addr, nodeid, *args)``."""
 
@@ -77,6 +92,13 @@ class DHTProtocol(KademliaProtocol):
         self._known_by: dict[tuple[str, int], None] = {}  # nodes that answered us in full
         self._krpc_pending: dict[bytes, tuple[asyncio.Future, asyncio.TimerHandle, tuple]] = {}
         self._next_t = int.from_bytes(os.urandom(2), "big")
+
+    def connection_made(self, transport: Any) -> None:
+        RPCProtocol.connection_made(self, _Counted(transport, self.dht.stats))
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.dht.stats.bytes_in += len(data)
+        RPCProtocol.datagram_received(self, data, addr)
 
     def __getattr__(self, name: str) -> Any:
         # rpcudp turns any unknown attribute into a remote call; a typo must fail loudly.

@@ -17,6 +17,9 @@ from typing import Any, TypeVar
 from swarm.errors import ConfigError
 
 ENV = "SWARM_LOOP"
+PROFILE_ENV = "SWARM_PROFILE"
+"""``SWARM_PROFILE=path``: run the loop under cProfile and dump its stats to ``path.<pid>``
+at exit (py-spy is not always at hand; finding where an idle node spends its time)."""
 T = TypeVar("T")
 
 
@@ -57,8 +60,18 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         coro.close()  # never started: no "coroutine was never awaited" warning
         raise
-    with asyncio.Runner(loop_factory=make) as runner:
-        return runner.run(coro)
+    profile = os.environ.get(PROFILE_ENV, "")
+    if not profile:
+        with asyncio.Runner(loop_factory=make) as runner:
+            return runner.run(coro)
+    import cProfile
+
+    prof = cProfile.Profile()
+    try:
+        with asyncio.Runner(loop_factory=make) as runner:
+            return prof.runcall(runner.run, coro)
+    finally:
+        prof.dump_stats(f"{profile}.{os.getpid()}")
 
 
 __all__ = ["ENV", "choice", "factory", "new_loop", "run"]

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +84,9 @@ from swarm.runtime.requester import EvidencePackage, Requester
 
 log = logging.getLogger("swarm.node")
 KEY_FILE = "peer.key"
+STATS_ENV = "SWARM_STATS"
+"""``SWARM_STATS=path``: keep the DHT socket's byte and request counters in ``path`` (JSON)."""
+STATS_EVERY = 2.0
 EVIDENCE_WAIT = 15.0
 """Seconds :meth:`Node.stop` waits for evidence still on its way to the coordinator."""
 EVIDENCE_RETRY = 60.0
@@ -335,6 +340,8 @@ class Node:
             self.signaler.on_unreachable = self.webrtc.unreachable
         if cfg.relays > 0:
             self._spawn(self._keep_relays())
+        if os.environ.get(STATS_ENV):
+            self._spawn(self._dump_stats(Path(os.environ[STATS_ENV])))
         log.info("node %s up: dht %s, links %s, roles %s", self.peer_id.short(),
                  self.dht.address, links, ",".join(cfg.roles))
 
@@ -342,6 +349,18 @@ class Node:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _dump_stats(self, path: Path) -> None:
+        """Write the DHT socket's counters to ``path`` every STATS_EVERY s (benchmarks read
+        them from outside the process)."""
+        tmp = path.with_name(path.name + ".tmp")
+        while True:
+            s = self.dht.stats
+            tmp.write_text(json.dumps({"t": time.monotonic(), "bytes_in": s.bytes_in,
+                                       "bytes_out": s.bytes_out, "requests": s.requests,
+                                       "lookups": s.lookups}))
+            os.replace(tmp, path)
+            await asyncio.sleep(STATS_EVERY)
 
     async def _reannounce(self) -> None:
         """Re-announce every ``announce_ttl / 3`` s, and within ACTIVITY_INTERVAL s of a

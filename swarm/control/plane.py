@@ -72,6 +72,7 @@ from swarm.control.state import (
     seal,
     unseal,
 )
+from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 from swarm.runtime.evidence import Evidence, check_evidence
 from swarm.runtime.objects import ObjectId
@@ -80,10 +81,8 @@ from swarm.runtime.protocol import EvidenceMsg
 log = logging.getLogger("swarm.control")
 
 TICK = 0.1
-VIEW_INTERVAL = 1.0
 MAX_JUDGED = 4096
 """Evidence keys remembered (so replays of one receipt count once)."""
-CHARTER_REFRESH = 5.0
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
 MAX_PENDING_REPORTS = 64
 """Our own liar reports kept to resend to a new coordinator (oldest dropped)."""
@@ -117,9 +116,11 @@ class ControlPlane:
         """A node that does not announce itself (a client) gets no heartbeats: it follows
         the coordinator through the DHT state items instead."""
         persisted = load_state(self.data_dir, self.swarm_id)
+        timing = timing or Timing()
         self.controller = Controller(self.key.peer_id, self.swarm_id, clock(),
-                                     timing or Timing(), persisted,
-                                     check_evidence=check_evidence)
+                                     timing, persisted, check_evidence=check_evidence)
+        self.sync = Sync(clock(), SyncTiming(silence=timing.failover), passive=self.passive)
+        """What to read from the DHT and when (heartbeat digests; fallback on silence)."""
         self.commands = CommandGuard()
         self.charter_floor = load_floor(self.data_dir, swarm_pubkey)
         """The highest charter counter accepted here (persisted: no rollback on restart)."""
@@ -201,33 +202,40 @@ class ControlPlane:
     # -- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        next_view = self.clock() + VIEW_INTERVAL
-        next_charter = next_check = self.clock()
-        check: asyncio.Task | None = None
         while not self.left.is_set():
             now = self.clock()
-            if now >= next_view and (self._view_task is None or self._view_task.done()):
-                self._view_task = asyncio.get_running_loop().create_task(self._refresh_view())
-                next_view = now + VIEW_INTERVAL
-            if now >= next_charter:
-                self._spawn(self._refresh_charter())
-                next_charter = now + CHARTER_REFRESH
-            if now >= next_check and (check is None or check.done()):
-                check = asyncio.get_running_loop().create_task(self._check_dht())
-                check.add_done_callback(_log_crash)
-                self._tasks.add(check)
-                check.add_done_callback(self._tasks.discard)
-                next_check = now + VIEW_INTERVAL
+            for fetch in self.sync.due(now):
+                self._spawn(self._fetch(fetch))
             self.controller.tick(now)
             await self._do(self.controller.actions())
             await asyncio.sleep(TICK)
 
-    async def _refresh_view(self) -> None:
+    async def _fetch(self, fetch: Fetch) -> None:
+        """One read the sync core asked for; reported back to it however it ends."""
+        ok = False
+        try:
+            if fetch is Fetch.VIEW:
+                ok = await self._fresh_view()
+            elif fetch is Fetch.CHARTER:
+                ok = await self._refresh_charter()
+            elif fetch is Fetch.STATE:
+                ok = await self._check_state()
+            else:
+                ok = await self._check_rivals()
+        finally:
+            self.sync.done(fetch, self.clock(), ok)
+
+    def _digest(self) -> Digest:
+        """What our heartbeats say we hold (members fetch what differs from theirs)."""
+        view = self.controller.view
+        return Digest(view_digest(view), len(view), self.charter_floor)
+
+    async def _refresh_view(self) -> bool:
         try:
             anns = await self.node.dht.get_peers(membership_topic(self.swarm_id))
         except DHTError as exc:
             log.info("member lookup failed: %s", exc)
-            return
+            return False
         blocked = self.controller.blocked()
         for ann in anns:
             try:
@@ -267,19 +275,26 @@ class ControlPlane:
             except OSError as exc:
                 log.info("cannot keep the peers seen in the data dir: %s", exc)
         self.controller.members(view, self.clock())
+        self.sync.have(view=view_digest(self.controller.view))
         await self._do(self.controller.actions())
+        return True
 
-    async def _check_dht(self) -> None:
-        """Slower checks against the DHT, apart from the view so they never delay it."""
+    async def _check_state(self) -> bool:
+        """Read the state items: all members' while we follow nobody (a newcomer counts the
+        terms before it follows; a passive client follows the DHT), else our coordinator's."""
         if self.passive or self.controller.state is None:
-            await self._read_states()  # a newcomer counts the terms before it follows
-            if self.passive:
-                return
-        await self._catch_up()
+            await self._read_states()
+        else:
+            await self._catch_up()
+        return True
+
+    async def _check_rivals(self) -> bool:
+        """A coordinator's look for a rival's state item (after a partition healed)."""
         if self.role is Duty.COORDINATOR:
             for state in self.controller.dht_states(await self._dht_states()):
                 self.controller.rival(state, self.clock())
             await self._do(self.controller.actions())
+        return True
 
     async def _page(self, target: bytes) -> bytes | None:
         value = await self.node.dht.get_immutable(target)
@@ -311,7 +326,7 @@ class ControlPlane:
                 log.info("not adopting %s's newer DHT state: %s", st.coordinator.short(), exc)
             await self._do(self.controller.actions())
 
-    async def _refresh_charter(self) -> None:
+    async def _refresh_charter(self) -> bool:
         """Pick up ownership changes (new admins, policy, owner) from the DHT; never an
         older charter than one already accepted (the floor survives restarts)."""
         try:
@@ -319,9 +334,10 @@ class ControlPlane:
                                       now=self.wall(), floor=self.charter_floor)
         except (CharterError, DHTError) as exc:
             log.info("charter refresh failed: %s", exc)
-            return
+            return False
         self.accept_charter(rec.ownership)
         await self._do(self.controller.actions())
+        return True
 
     def accept_charter(self, ownership: Ownership) -> None:
         """Take a verified charter (from :func:`swarm.control.charter.fetch` with our floor)
@@ -333,6 +349,7 @@ class ControlPlane:
         if ownership.counter > self.charter_floor:
             self.charter_floor = ownership.counter
             save_floor(self.data_dir, self.swarm_pubkey, ownership.counter)
+        self.sync.have(charter=self.charter_floor)
         for cred, n in ownership.sign_counts.items():
             if n > self.commands.sign_counts.get(cred, 0):
                 self.commands.sign_counts[cred] = n
@@ -372,7 +389,7 @@ class ControlPlane:
                 self._spawn(self._put_state(act))
             elif isinstance(act, control.SendHeartbeat):
                 msg = seal(self.key, self.swarm_id, "hb", act.state.encode_item(),
-                           act.endorsement)
+                           act.endorsement, digest=self._digest().encode())
                 self._spawn(self._send_state(act.state, act.to, msg))
             elif isinstance(act, control.SendHandoff):
                 endorse = seal(self.key, self.swarm_id, "endorse",
@@ -408,6 +425,7 @@ class ControlPlane:
             elif isinstance(act, control.Persist):
                 save_state(self.data_dir, act.state)
             elif isinstance(act, control.RoleChanged):
+                self.sync.role(act.new is Duty.COORDINATOR, self.clock())
                 self.role_changes.append((self.wall(), act.new, act.term))
                 level = logging.WARNING if act.new is Duty.COORDINATOR else logging.INFO
                 log.log(level, "%s: %s -> %s at term %d", self.key.peer_id.short(),
@@ -476,14 +494,15 @@ class ControlPlane:
             log.info("blocklist pages not stored (%s); sending anyway", exc)
         await asyncio.gather(*(self._send(peer, msg) for peer in to))
 
-    async def _fresh_view(self) -> None:
-        """Refresh the member view now (sharing a refresh already under way)."""
+    async def _fresh_view(self) -> bool:
+        """Refresh the member view now (sharing a refresh already under way); False if the
+        lookup failed or took over 10 s."""
         if self._view_task is None or self._view_task.done():
             self._view_task = asyncio.get_running_loop().create_task(self._refresh_view())
         try:
-            await asyncio.wait_for(asyncio.shield(self._view_task), 10.0)
+            return await asyncio.wait_for(asyncio.shield(self._view_task), 10.0)
         except TimeoutError:
-            pass
+            return False
 
     async def _send(self, peer: PeerId, msg: bytes) -> None:
         addr = self.addrs.get(peer)
@@ -589,9 +608,12 @@ class ControlPlane:
                     if env.sender not in c.view:  # joined since our last lookup, maybe
                         self._spawn(self._fresh_view())
                     raise NotCoordinator(f"heartbeat at term {item.head.term}: {why}")
+                digest = Digest.decode(env.digest) if env.digest else None
                 state = await resolve(item, self._page, c.state)
                 c.heartbeat(state, env.sender, now, self._endorser(env.endorsement, state))
                 self.addrs.setdefault(env.sender, addr)  # only a coordinator we follow
+                if c.coordinator == env.sender:
+                    self.sync.heard(digest, self.clock())
             elif env.kind == "handoff":
                 item = StateItem.decode(env.body)
                 if why := c.implausible(replace(item.head, coordinator=env.sender)):

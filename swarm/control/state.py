@@ -342,19 +342,26 @@ class SignedMessage:
     """The kind's payload (msgpack)."""
     endorsement: bytes = b""
     """For a new coordinator's heartbeats: the handoff envelope its predecessor signed."""
+    digest: bytes = b""
+    """A heartbeat's :class:`swarm.control.sync.Digest` (signed with the body)."""
 
 
-def _signed_part(swarm: bytes, kind: str, body: bytes) -> bytes:
-    return DOMAIN + swarm + kind.encode() + b"\0" + body
+def _signed_part(swarm: bytes, kind: str, body: bytes, digest: bytes = b"") -> bytes:
+    if not digest:
+        return DOMAIN + swarm + kind.encode() + b"\0" + body
+    return DOMAIN + swarm + kind.encode() + b"\1" + len(body).to_bytes(4, "big") + body + digest
 
 
-def seal(key: PeerKey, swarm: bytes, kind: str, body: bytes, endorsement: bytes = b"") -> bytes:
-    """Sign and encode a control message."""
+def seal(key: PeerKey, swarm: bytes, kind: str, body: bytes, endorsement: bytes = b"",
+         digest: bytes = b"") -> bytes:
+    """Sign and encode a control message (``digest``: a heartbeat's sync digest)."""
     if kind not in KINDS:
         raise ValueError(f"unknown control message kind {kind!r}")
-    sig = key.sign(_signed_part(swarm, kind, body))
-    out = msgpack.packb({"k": kind, "f": key.peer_id.raw, "b": body, "s": sig,
-                         "e": endorsement}, use_bin_type=True)
+    sig = key.sign(_signed_part(swarm, kind, body, digest))
+    fields = {"k": kind, "f": key.peer_id.raw, "b": body, "s": sig, "e": endorsement}
+    if digest:
+        fields["d"] = digest
+    out = msgpack.packb(fields, use_bin_type=True)
     if len(out) > MAX_MESSAGE:
         raise ProtocolError(f"control message of {len(out)} bytes is over {MAX_MESSAGE}")
     return out
@@ -365,14 +372,15 @@ def unseal(swarm: bytes, data: bytes) -> SignedMessage:
     o = _unpack(data)
     try:
         kind, sender, body, sig, endorsement = o["k"], PeerId(o["f"]), o["b"], o["s"], o["e"]
+        digest = o.get("d", b"")
         if kind not in KINDS or not isinstance(body, bytes) or not isinstance(sig, bytes) \
-                or not isinstance(endorsement, bytes):
+                or not isinstance(endorsement, bytes) or not isinstance(digest, bytes):
             raise ValueError("bad fields")
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed control message: {exc}") from None
-    if not verify(sender, sig, _signed_part(swarm, kind, body)):
+    if not verify(sender, sig, _signed_part(swarm, kind, body, digest)):
         raise ProtocolError(f"bad signature on {kind!r} message from {sender.short()}")
-    return SignedMessage(kind, sender, body, endorsement)
+    return SignedMessage(kind, sender, body, endorsement, digest)
 
 
 @dataclass(frozen=True)
