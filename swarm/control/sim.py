@@ -49,7 +49,9 @@ from swarm.control.charter import state_salt, validate_state_item
 from swarm.control.election import Candidate
 from swarm.control.machine import Command, Controller, Duty, Timing
 from swarm.control.membership import MemberRecord, candidate, membership_topic
+from swarm.control.plane import TICK
 from swarm.control.state import CoordinatorState, StateItem, seal, unseal
+from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 EPOCH = 1_800_000_000.0
@@ -311,44 +313,104 @@ class Member:
 
 
 class PollingAdapter:
-    """Today's adapter policy (:mod:`swarm.control.plane`), played on the simulated clock:
-    list the membership topic every ``VIEW_INTERVAL``, read the coordinator's state item
-    every ``VIEW_INTERVAL``, fetch the charter every ``CHARTER_REFRESH``, tick every
-    ``TICK``; a claim reads every member's state item first (the CAS)."""
+    """The adapter's policy before issue 19 (:mod:`swarm.control.plane` at that time),
+    played on the simulated clock: every member lists the membership topic every
+    :data:`VIEW_INTERVAL`, reads its coordinator's state item (all members' items while it
+    follows nobody; a coordinator: all, for rivals) as often, and fetches the charter every
+    :data:`CHARTER_REFRESH`; heartbeats carry no digest."""
 
     name = "poll"
+    VIEW_INTERVAL = 1.0
+    CHARTER_REFRESH = 5.0
 
     def __init__(self, sim: Sim) -> None:
-        from swarm.control.plane import CHARTER_REFRESH, TICK, VIEW_INTERVAL
         self.sim = sim
-        self.view_interval, self.charter_interval, self.tick = (VIEW_INTERVAL,
-                                                                CHARTER_REFRESH, TICK)
 
     def start(self, m: Member) -> None:
         s = self.sim
         phase = s.rng.random()
-        s.every(m, self.tick, phase * self.tick, lambda: s.tick(m))
-        s.every(m, self.view_interval, phase, lambda: s.refresh_view(m))
-        s.every(m, self.view_interval, phase + 0.5, lambda: self.check_dht(m))
-        s.every(m, self.charter_interval, phase * self.charter_interval,
+        s.every(m, TICK, phase * TICK, lambda: s.tick(m))
+        s.every(m, self.VIEW_INTERVAL, phase, lambda: s.refresh_view(m))
+        s.every(m, self.VIEW_INTERVAL, phase + 0.5, lambda: self.check_dht(m))
+        s.every(m, self.CHARTER_REFRESH, phase * self.CHARTER_REFRESH,
                 lambda: s.refresh_charter(m))
 
     def check_dht(self, m: Member) -> None:
-        """The adapter's ``_check_dht``: catch up on the coordinator's item; a coordinator
-        reads every member's item for rivals."""
-        s, c = self.sim, m.controller
+        """``_check_dht`` of that time: state items, then a coordinator's rivals."""
+        c = m.controller
         if c.state is None:
-            s.read_states(m)
-            return
-        if c.role is Duty.COORDINATOR:
-            for st in c.dht_states(s.all_states(m, "state")):
-                c.rival(st, s.loop.now)
-            s.do(m)
-        elif c.state.coordinator != m.peer_id:
-            s.catch_up(m)
+            self.sim.read_states(m)
+        elif c.role is Duty.COORDINATOR:
+            self.sim.rivals(m)
+        else:
+            self.sim.catch_up(m)
 
-    def on_heartbeat(self, m: Member, state: CoordinatorState) -> None:
-        """Nothing more to do on a heartbeat: polling finds changes on its own timers."""
+    def digest(self, m: Member) -> bytes:
+        return b""
+
+    def heard(self, m: Member, digest: bytes) -> None:
+        """Polling finds changes on its own timers."""
+
+    def role_changed(self, m: Member, role: Duty) -> None:
+        """Polling does the same whatever the role."""
+
+
+class SyncAdapter:
+    """Today's adapter policy: the sans-IO :class:`swarm.control.sync.Sync` core decides
+    every DHT read (heartbeats carry its :class:`~swarm.control.sync.Digest`); this only
+    starts the reads it asks for and reports them back, as :mod:`swarm.control.plane`
+    does."""
+
+    name = "sync"
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.cores: dict[int, Sync] = {}
+
+    def start(self, m: Member) -> None:
+        s = self.sim
+        self.cores[m.index] = Sync(s.loop.now, SyncTiming(silence=s.timing.failover),
+                                   rng=random.Random(s.rng.random()))
+        s.every(m, TICK, s.rng.random() * TICK, lambda: self.tick(m))
+
+    def tick(self, m: Member) -> None:
+        s, core = self.sim, self.cores[m.index]
+        for fetch in core.due(s.loop.now):
+            self.fetch(m, fetch)
+        s.tick(m)
+
+    def fetch(self, m: Member, fetch: Fetch) -> None:
+        s, core, c = self.sim, self.cores[m.index], m.controller
+
+        def done() -> None:
+            core.have(view=view_digest(c.view), charter=m.charter)
+            core.done(fetch, s.loop.now, True)
+        if fetch is Fetch.VIEW:
+            s.refresh_view(m, done)
+        elif fetch is Fetch.CHARTER:
+            s.refresh_charter(m, done)
+        else:
+            if fetch is Fetch.RIVALS:
+                s.rivals(m)
+            elif c.state is None:
+                s.read_states(m)
+            else:
+                s.catch_up(m)
+            done()
+
+    def digest(self, m: Member) -> bytes:
+        view = m.controller.view
+        return Digest(view_digest(view), len(view), m.charter).encode()
+
+    def heard(self, m: Member, digest: bytes) -> None:
+        self.cores[m.index].heard(Digest.decode(digest) if digest else None,
+                                  self.sim.loop.now)
+
+    def role_changed(self, m: Member, role: Duty) -> None:
+        self.cores[m.index].role(role is Duty.COORDINATOR, self.sim.loop.now)
+
+
+Adapter = PollingAdapter | SyncAdapter
 
 
 # -- the simulation --------------------------------------------------------------------------
@@ -358,14 +420,14 @@ class Sim:
     """N members over a simulated network and DHT, each with a real Controller."""
 
     def __init__(self, members: int, *, seed: int = 1, latency: float = 0.02,
-                 jitter: float = 0.03, loss: float = 0.0, timing: Timing = Timing(),
-                 adapter: Callable[[Sim], PollingAdapter] = PollingAdapter,
+                 jitter: float = 0.03, loss: float = 0.0, timing: Timing | None = None,
+                 adapter: Callable[[Sim], Adapter] = PollingAdapter,
                  k: int = 20, alpha: int = 3) -> None:
         self.rng = random.Random(seed)
         self.loop = EventLoop()
         self.traffic = Traffic(members)
         self.net = Network(self.loop, self.rng, latency, jitter, loss, self.traffic)
-        self.timing = timing
+        self.timing = timing or Timing()
         self.swarm_key = PeerKey.from_seed(self.rng.randbytes(32))
         self.swarm_id = mutable_target(self.swarm_key.public_bytes, b"swarm")
         self.topic = membership_topic(self.swarm_id)
@@ -424,7 +486,8 @@ class Sim:
             self._view = (self.dht.version, out)
         return self._view[1]
 
-    def refresh_view(self, m: Member) -> None:
+    def refresh_view(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
+        """List the membership topic; the controller gets the view when the lookup ends."""
         anns, took = self.dht.get_peers(m.index, self.topic, self.wall())
         view = self.view()
 
@@ -435,6 +498,7 @@ class Sim:
             m.controller.members([c for c in view if c.peer_id not in blocked],
                                  self.loop.now)
             self.do(m)
+            then()
         self.loop.after(took, done)
 
     def state_of(self, m: Member, peer: PeerId, kind: str) -> CoordinatorState | None:
@@ -483,19 +547,30 @@ class Sim:
                 pass
             self.do(m)
 
-    def refresh_charter(self, m: Member) -> None:
+    def refresh_charter(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
+        """Fetch the charter; a newer one reaches the controller when the lookup ends."""
         ch = self.charter
         took = self.dht.lookup(m.index, mutable_target(self.swarm_key.public_bytes,
                                                        b"swarm"), "charter",
                                lambda r: CHARTER_BYTES)
-        self.loop.after(took, lambda: self.accept_charter(m, ch))
 
-    def accept_charter(self, m: Member, ch: Charter) -> None:
-        if not m.alive or ch.counter <= m.charter:
-            return
-        m.charter = ch.counter
-        m.controller.charter_changed(ch.admins, ch.policy, self.loop.now)
-        self.do(m)
+        def done() -> None:
+            if not m.alive:
+                return
+            if ch.counter > m.charter:
+                m.charter = ch.counter
+                m.controller.charter_changed(ch.admins, ch.policy, self.loop.now)
+                self.do(m)
+            then()
+        self.loop.after(took, done)
+
+    def rivals(self, m: Member) -> None:
+        """A coordinator's look for a rival's state item (every member's item)."""
+        c = m.controller
+        if c.role is Duty.COORDINATOR:
+            for st in c.dht_states(self.all_states(m, "state")):
+                c.rival(st, self.loop.now)
+            self.do(m)
 
     # -- actions -----------------------------------------------------------------------------
 
@@ -506,7 +581,7 @@ class Sim:
                 self.put_state(m, act)
             elif isinstance(act, control.SendHeartbeat):
                 msg = seal(m.key, self.swarm_id, "hb", act.state.encode_item(),
-                           act.endorsement)
+                           act.endorsement, digest=self.adapter.digest(m))
                 self.put_pages(m, act.state)
                 for peer in act.to:
                     self.send(m, peer, "heartbeat", msg)
@@ -517,6 +592,8 @@ class Sim:
                 msg = seal(m.key, self.swarm_id, "kick", act.order.encode())
                 for peer in act.to:
                     self.send(m, peer, "kick", msg)
+            elif isinstance(act, control.RoleChanged):
+                self.adapter.role_changed(m, act.new)
         if self.watch is not None:
             self.watch(m)
 
@@ -573,7 +650,8 @@ class Sim:
                 state = _run(self._resolve(m, item, "state"))
                 if msg.kind == "hb":
                     c.heartbeat(state, msg.sender, now)
-                    self.adapter.on_heartbeat(m, state)
+                    if c.coordinator == msg.sender:
+                        self.adapter.heard(m, msg.digest)
                 else:
                     c.handoff_offer(state, msg.sender, now, msg.endorsement)
         except (StaleTerm, NotCoordinator, ProtocolError, ItemError):
@@ -646,7 +724,8 @@ class Sim:
             st = m.controller.state
             return m.charter >= want and st is not None and st.policy == pol
         waiting = {m.index for m in self.live()}
-        self.watch = lambda m: waiting.discard(m.index) if has(m) else None
+        self.watch = lambda m: waiting.discard(m.index) if has(m) \
+            or m.controller.role is Duty.STOPPED else None
         try:
             done = self.loop.run_until(t0 + limit, lambda: not waiting)
         finally:
@@ -681,7 +760,7 @@ def traffic_summary(t: Traffic, nodes: list[int], coord: int | None, seconds: fl
 
 
 def scenario(members: int, *, seed: int = 1, window: float = 10.0,
-             adapter: Callable[[Sim], PollingAdapter] = PollingAdapter, **kw) -> dict:
+             adapter: Callable[[Sim], Adapter] = PollingAdapter, **kw) -> dict:
     """The figures for one swarm size: cold-start election, steady traffic, a block, a
     charter change, failover after the coordinator dies."""
     import time
@@ -707,10 +786,10 @@ def scenario(members: int, *, seed: int = 1, window: float = 10.0,
     return out
 
 
-__all__ = ["EventLoop", "Network", "PollingAdapter", "Sim", "SimDHT", "Traffic", "adapters",
-           "scenario"]
+__all__ = ["EventLoop", "Network", "PollingAdapter", "Sim", "SimDHT", "SyncAdapter", "Traffic",
+           "adapters", "scenario"]
 
 
-def adapters() -> dict[str, Callable[[Sim], PollingAdapter]]:
+def adapters() -> dict[str, Callable[[Sim], Adapter]]:
     """The refresh policies the simulation can drive, by name."""
-    return {PollingAdapter.name: PollingAdapter}
+    return {PollingAdapter.name: PollingAdapter, SyncAdapter.name: SyncAdapter}
