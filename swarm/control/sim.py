@@ -55,7 +55,7 @@ from swarm.control.election import Candidate
 from swarm.control.machine import Command, Controller, Duty, Timing
 from swarm.control.membership import MemberRecord, candidate, membership_topic
 from swarm.control.plane import TICK
-from swarm.control.state import CoordinatorState, StateItem, seal, unseal
+from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
 from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
@@ -517,11 +517,15 @@ class Sim:
         except ProtocolError:
             return None
 
-    async def _resolve(self, m: Member, item: StateItem, kind: str) -> CoordinatorState:
-        from swarm.control.state import resolve
-
+    async def _resolve(self, m: Member, item: StateItem, kind: str,
+                       took: list[float] | None = None) -> CoordinatorState:
+        """The real :func:`~swarm.control.state.resolve`, its page reads from the modelled
+        DHT (their lookup times added to ``took``)."""
         async def page(target: bytes) -> bytes | None:
-            return self.dht.get_immutable(m.index, target, kind)[0]
+            value, t = self.dht.get_immutable(m.index, target, kind)
+            if took is not None:
+                took.append(t)
+            return value
         return await resolve(item, page, m.controller.state)
 
     def all_states(self, m: Member, kind: str) -> list[CoordinatorState]:
@@ -639,29 +643,43 @@ class Sim:
         self.net.send(dst.index, m.index, kind, _packed({"ok": True}))
 
     def receive(self, m: Member, env: Envelope) -> None:
-        """The recipient's side: replay guard, unseal, then the controller."""
+        """The recipient's side: replay guard, unseal, blocklist pages, then the controller
+        (after the page lookups, when the state names pages this member lacks)."""
         if not m.alive:
             return
-        c, now = m.controller, self.loop.now
+        c = m.controller
         try:
             m.replay.admit(env, m.node_id, self.wall())
             msg = unseal(self.swarm_id, env.payload)
-            if msg.kind in ("hb", "handoff"):
-                item = StateItem.decode(msg.body)
-                head = item.head if msg.kind == "hb" else \
-                    replace(item.head, coordinator=msg.sender)
-                if why := c.implausible(head):
-                    raise NotCoordinator(why)
-                state = _run(self._resolve(m, item, "state"))
+            if msg.kind not in ("hb", "handoff"):
+                return
+            item = StateItem.decode(msg.body)
+            head = item.head if msg.kind == "hb" else replace(item.head,
+                                                              coordinator=msg.sender)
+            if why := c.implausible(head):
+                raise NotCoordinator(why)
+            took: list[float] = []
+            state = _run(self._resolve(m, item, "state", took))
+        except (StaleTerm, NotCoordinator, ProtocolError, ItemError):
+            return
+
+        def apply() -> None:
+            if not m.alive:
+                return
+            try:
                 if msg.kind == "hb":
-                    c.heartbeat(state, msg.sender, now)
+                    c.heartbeat(state, msg.sender, self.loop.now)
                     if c.coordinator == msg.sender:
                         self.adapter.heard(m, msg.digest)
                 else:
-                    c.handoff_offer(state, msg.sender, now, msg.endorsement)
-        except (StaleTerm, NotCoordinator, ProtocolError, ItemError):
-            pass
-        self.do(m)
+                    c.handoff_offer(state, msg.sender, self.loop.now, msg.endorsement)
+            except (StaleTerm, NotCoordinator, ProtocolError):
+                pass
+            self.do(m)
+        if took:
+            self.loop.after(sum(took), apply)
+        else:
+            apply()
 
     # -- scenarios ---------------------------------------------------------------------------
 
