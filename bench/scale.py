@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.control_support import SIGKILL, Cluster  # noqa: E402
+from tests.control_support import SIGKILL, SIGTERM, Cluster  # noqa: E402
 
 SIZES = (2, 4, 7, 13, 24)
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -48,12 +48,15 @@ def counters(path: Path) -> dict:
         return {}
 
 
-def one_size(k: int, window: float, root: Path) -> dict:
+def one_size(k: int, window: float, root: Path, profile: Path | None = None) -> dict:
     cluster = Cluster(root, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                                  "MKL_NUM_THREADS": "1"})
 
     def stats_env(name: str) -> dict[str, str]:
-        return {"SWARM_STATS": str(root / f"{name}.stats")}
+        env = {"SWARM_STATS": str(root / f"{name}.stats")}
+        if profile is not None and name == "w1":
+            env["SWARM_PROFILE"] = str(profile / f"worker-{k}")
+        return env
 
     try:
         pub = cluster.start("pub", "publish", "--name", "scale", "--owner-key",
@@ -89,6 +92,9 @@ def one_size(k: int, window: float, root: Path) -> dict:
                                       - a["bytes_out"]) / dt,
                             "lookups": (b["lookups"] - a["lookups"]) / dt}
         workers = [n for n in procs if n != coord]
+        if profile is not None and "w1" in workers:  # a graceful exit dumps the profile
+            procs["w1"].signal(SIGTERM)
+            procs["w1"].wait_exit(60)
         t_kill = time.monotonic()
         procs[coord].signal(SIGKILL)
         obs.wait(lambda s: s["term"] > st["term"] and s["coordinator"] != peers[coord]
@@ -117,13 +123,14 @@ def main() -> int:
     ap.add_argument("--max", type=int, default=max(SIZES), help="skip sizes above this")
     ap.add_argument("--window", type=float, default=20.0, help="idle window, seconds")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", type=Path, help="cProfile worker w1 into DIR/worker-K.<pid>")
     args = ap.parse_args()
     logging.getLogger("kademlia").setLevel(logging.ERROR)  # the killed coordinator's contact
     sizes = [k for k in (int(x) for x in args.sizes.split(",")) if 2 <= k <= args.max]
     rows = []
     for k in sizes:
         with tempfile.TemporaryDirectory(prefix=f"bench-scale-{k}-") as tmp:
-            rows.append(one_size(k, args.window, Path(tmp)))
+            rows.append(one_size(k, args.window, Path(tmp), args.profile))
         if not args.json:
             print(f"  {k} members done", file=sys.stderr, flush=True)
     if args.json:

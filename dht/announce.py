@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from dht import errors
@@ -21,6 +22,11 @@ MAX_RECORD = 1024
 MAX_TOPIC = 64
 MAX_TTL = 2 * 3600.0  # a node keeps an entry at most this long, whatever it claims
 _DOMAIN = b"swarm-dht-announce\x00"
+VERIFIED = 4096
+"""Announcements whose signature verified, remembered (per process): a node serving a topic
+re-reads its entries from the store for every get_peers, and a swarm's members re-serve the
+same few hundred entries all day."""
+_verified: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
 
 
 def topic_target(topic: bytes) -> bytes:
@@ -80,6 +86,15 @@ class Announcement:
         return ann
 
     def check(self, topic: bytes) -> None:
-        if not verify(self.peer_id, self.signature,
-                      announcement_buffer(topic, self.expires_at, self.record)):
+        """Verify the signature, once per (peer, signature, signed bytes): the key holds the
+        whole signed content, so a borrowed signature on other bytes is checked afresh."""
+        buf = announcement_buffer(topic, self.expires_at, self.record)
+        key = (self.peer_id.raw, self.signature, hashlib.sha256(buf).digest())
+        if key in _verified:
+            _verified.move_to_end(key)
+            return
+        if not verify(self.peer_id, self.signature, buf):
             raise ItemError(errors.BAD_SIGNATURE, "announcement signature does not verify")
+        _verified[key] = None
+        while len(_verified) > VERIFIED:
+            _verified.popitem(last=False)

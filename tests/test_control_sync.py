@@ -122,7 +122,7 @@ def test_a_newcomer_reads_at_once_and_the_coordinator_on_fixed_periods():
     started = run(c, 0.0, 10.0)
     assert sum(1 for _, f in started if f is Fetch.VIEW) == 10
     assert sum(1 for _, f in started if f is Fetch.CHARTER) == 2
-    assert sum(1 for _, f in started if f is Fetch.RIVALS) == 5
+    assert sum(1 for _, f in started if f is Fetch.RIVALS) == 2
     assert not any(f is Fetch.STATE for _, f in started)
 
 

@@ -114,6 +114,46 @@ def test_kick_disconnects_the_peer(cluster, tmp_path):
     assert w1.popen.poll() is None  # the others stay
 
 
+def test_idle_members_do_not_poll_the_dht_while_heartbeats_flow(cluster, tmp_path):
+    """Issue 19: a follower reads the membership topic, the charter and the state items only
+    when a heartbeat's digest says its copy differs (or the coordinator falls silent), so an
+    idle member's DHT lookups over a window stay bounded whatever the window's length (the
+    polling code ran two or three lookups a second on every member)."""
+    import json
+
+    def stats(name: str) -> dict:
+        return json.loads((tmp_path / f"{name}.stats").read_text())
+
+    pub = cluster.start("pub", "publish", "--name", "lab", "--owner-key",
+                        f"soft:{tmp_path / 'owner.key'}", "--backend", "numpy",
+                        env={"SWARM_STATS": str(tmp_path / "pub.stats")})
+    cluster.uri = pub.wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
+    workers = {n: cluster.join(n, env={"SWARM_STATS": str(tmp_path / f"{n}.stats")})
+               for n in ("w1", "w2")}
+    peers = {n: p.peer for n, p in workers.items()} | {"pub": pub.peer}
+    st = cluster.observer().wait(lambda s: _members(s) == set(peers.values())
+                                 and s["coordinator"] in _members(s), 60, "3 members")
+    follower = next(n for n, p in peers.items() if p != st["coordinator"])
+    proc = workers.get(follower, pub)
+    deadline = time.monotonic() + 30
+    while True:  # the joins settle: the follower's reads stop (bounded wait)
+        first = stats(follower)
+        time.sleep(4.0)
+        second = stats(follower)
+        if second["lookups"] - first["lookups"] <= 1 or time.monotonic() > deadline:
+            break
+    before = second
+    window_end = time.monotonic() + 12.0
+    while time.monotonic() < window_end:
+        assert proc.popen.poll() is None
+        time.sleep(0.5)
+    after = stats(follower)
+    lookups = after["lookups"] - before["lookups"]
+    assert lookups <= 4, f"{lookups} DHT lookups by an idle follower in 12 s"
+    assert after["bytes_in"] > before["bytes_in"]  # the coordinator's heartbeats came
+    assert cluster.observer().status()["coordinator"] == st["coordinator"]
+
+
 def test_consent_refused_without_a_terminal_names_yes(tmp_path):
     uri = "magnet:?xs=urn:btpk:" + "11" * 32 + "&dn=lab&x.pe=127.0.0.1:9&x.op=" + "ab" * 16
     res = run_swarm("join", uri, "--data-dir", str(tmp_path / "d"), timeout=60)

@@ -98,3 +98,26 @@ def test_store_rules():
     assert _code(lambda: decide_mutable_store(v1, v2, cas=0)) == 301
     assert decide_mutable_store(v1, v2, cas=1) is True
     assert decide_mutable_store(None, v2, cas=7) is True  # nothing stored: CAS has nothing to fail
+
+
+def test_an_announcement_signature_is_verified_once(monkeypatch):
+    """Issue 19: a node serving a topic re-reads its entries for every get_peers; the
+    signature check runs once per (peer, signature, signed bytes), and other bytes under a
+    borrowed signature are still checked (and refused)."""
+    import dataclasses
+
+    from dht import announce
+
+    key = PeerKey.from_seed(b"a" * 32)
+    ann = announce.Announcement.create(key, key.peer_id, b"topic", b"rec", 2e9)
+    calls = []
+    real = announce.verify
+    monkeypatch.setattr(announce, "verify", lambda *a: calls.append(1) or real(*a))
+    for _ in range(5):
+        ann.check(b"topic")
+    assert len(calls) == 1
+    forged = dataclasses.replace(ann, record=b"other")
+    with pytest.raises(ItemError):
+        forged.check(b"topic")
+    with pytest.raises(ItemError):
+        ann.check(b"other-topic")

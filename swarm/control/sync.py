@@ -109,7 +109,7 @@ class SyncTiming:
     """A coordinator's (and a passive client's) topic read; the fallback's first step."""
     charter: float = 5.0
     """A coordinator's (and a passive client's) charter refresh."""
-    rivals: float = 2.0
+    rivals: float = 5.0
     """A coordinator's read of the members' state items."""
     silence: float = 2.0
     """No heartbeat for this long: the follower reads the DHT itself (Timing.failover)."""
