@@ -7,6 +7,7 @@ per second (median and max; the coordinator apart) by kind, and how long a block
 charter change take to reach every member, all in simulated seconds; wall time too.
 
     python bench/scale_sim.py [--members 100,300,1000] [--adapter poll|sync|both] [--json]
+                              [--plot docs/img/scale_sim.png] [--from-json rows.json]
 """
 
 from __future__ import annotations
@@ -51,6 +52,43 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Each figure against the member count, one line per adapter (needs matplotlib, the
+    ``bench`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (traffic, times) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name in dict.fromkeys(r["adapter"] for r in rows):
+        mine = sorted((r for r in rows if r["adapter"] == name and r.get("traffic")),
+                      key=lambda r: r["members"])
+        n = [r["members"] for r in mine]
+        tot = [r["traffic"]["total"] for r in mine]
+        traffic.plot(n, [t["bytes_median"] / 1000 for t in tot], "o-",
+                     label=f"{name}: member median")
+        traffic.plot(n, [t["bytes_max"] / 1000 for t in tot], "o:", label=f"{name}: member max")
+        traffic.plot(n, [t["coord_bytes"] / 1000 for t in tot], "o--",
+                     label=f"{name}: coordinator")
+        for key, style in (("cold_start_s", "o-"), ("failover_s", "s--"), ("block_s", "^:"),
+                           ("charter_s", "d-.")):
+            times.plot(n, [r.get(key) if r.get(key) is not None else float("nan")
+                           for r in mine], style, label=f"{name}: {key[:-2]}")
+    for ax, title, unit in ((traffic, "control traffic per node", "KB/s (log)"),
+                            (times, "to every member (simulated)", "s")):
+        ax.set_xscale("log")
+        ax.set_xlabel("members (log)", fontsize=8)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=6)
+    traffic.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--members", default="100,300,1000",
@@ -62,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
                          "times the sync core's 30 s safety net, so that it is sampled)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--plot", type=Path, help="also draw the figures into this PNG")
+    ap.add_argument("--from-json", type=Path, help="render rows saved by --json; run nothing")
     args = ap.parse_args(argv)
+    if args.from_json:
+        rows = json.loads(args.from_json.read_text())
+        print(table(rows))
+        if args.plot:
+            plot(rows, args.plot)
+        return 0
     logging.getLogger("swarm").setLevel(logging.ERROR)  # thousands of expected failovers
     sizes = [int(x) for x in args.members.split(",") if x.strip()]
     names = list(adapters()) if args.adapter == "both" else [args.adapter]
@@ -76,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 
