@@ -13,7 +13,7 @@ from swarm.control.state import seal, unseal
 from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming, view_digest
 from swarm.errors import ProtocolError
 
-T = SyncTiming()
+T = SyncTiming(silence=2.0)
 PEERS = [PeerKey.from_seed(bytes([i]) * 32).peer_id for i in range(1, 6)]
 VIEW = view_digest(PEERS)
 

@@ -119,8 +119,11 @@ class ControlPlane:
         timing = timing or Timing()
         self.controller = Controller(self.key.peer_id, self.swarm_id, clock(),
                                      timing, persisted, check_evidence=check_evidence)
-        self.sync = Sync(clock(), SyncTiming(silence=timing.failover), passive=self.passive)
-        """What to read from the DHT and when (heartbeat digests; fallback on silence)."""
+        self.sync = Sync(clock(), SyncTiming(silence=timing.failover / 2), passive=self.passive)
+        """What to read from the DHT and when (heartbeat digests; fallback on silence). Silence
+        is judged at half the failover time, so that the view the election runs on is fresh
+        (a stale copy of the dead coordinator's announcement would un-suspect it when the
+        fresher one arrives)."""
         self.commands = CommandGuard()
         self.charter_floor = load_floor(self.data_dir, swarm_pubkey)
         """The highest charter counter accepted here (persisted: no rollback on restart)."""

@@ -111,8 +111,9 @@ class SyncTiming:
     """A coordinator's (and a passive client's) charter refresh."""
     rivals: float = 5.0
     """A coordinator's read of the members' state items."""
-    silence: float = 2.0
-    """No heartbeat for this long: the follower reads the DHT itself (Timing.failover)."""
+    silence: float = 1.0
+    """No heartbeat for this long: the follower reads the DHT itself (the plane uses half
+    of Timing.failover: the view is fresh before the election runs)."""
     backoff_max: float = 8.0
     """The longest gap between a silent follower's reads."""
     min_gap: float = 1.0
