@@ -374,7 +374,7 @@ class SyncAdapter:
 
     def start(self, m: Member) -> None:
         s = self.sim
-        self.cores[m.index] = Sync(s.loop.now, SyncTiming(silence=s.timing.failover),
+        self.cores[m.index] = Sync(s.loop.now, SyncTiming(silence=s.timing.failover / 2),
                                    rng=random.Random(s.rng.random()))
         s.every(m, TICK, s.rng.random() * TICK, lambda: self.tick(m))
 
