@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulated seconds of steady traffic measured (default 90: three "
                          "times the sync core's 30 s safety net, so that it is sampled)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--loss", type=float, default=0.0,
+                    help="share of control messages lost (default 0)")
+    ap.add_argument("--latency", type=float, default=0.02,
+                    help="one-way latency in s, plus up to 30 ms of jitter (default 0.02)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--plot", type=Path, help="also draw the figures into this PNG")
     ap.add_argument("--from-json", type=Path, help="render rows saved by --json; run nothing")
@@ -116,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for n in sizes:
             rows.append(scenario(n, seed=args.seed, window=args.window,
-                                 adapter=adapters()[name]))
+                                 adapter=adapters()[name], loss=args.loss,
+                                 latency=args.latency))
             if not args.json:
                 print(table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else table(rows),
                       flush=True)

@@ -58,9 +58,12 @@ from swarm.control.plane import TICK
 from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
 from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+from swarm.node import NodeConfig
 
 EPOCH = 1_800_000_000.0
 """Unix time at simulated time 0 (announcement expiry and message windows use it)."""
+ANNOUNCE_TTL = NodeConfig.announce_ttl
+"""A member's announcement lifetime; it re-announces at a third of it, as nodes do."""
 CHARTER_BYTES = 1000
 """Modelled size of the charter item's value (a BEP 44 value is at most 1000 bytes)."""
 HEADER = 21
@@ -445,6 +448,7 @@ class Sim:
         self.dht = SimDHT(self.net, [m.node_id for m in self.members], k, alpha)
         self.adapter = adapter(self)
         self._view: tuple[int, list[Candidate]] = (-1, [])
+        self._view_expires = float("inf")
         self._decoded: dict[bytes, Candidate] = {}
         self._items: dict[bytes, StateItem] = {}
         self.watch: Callable[[Member], None] | None = None
@@ -473,22 +477,27 @@ class Sim:
     # -- membership and DHT reads -------------------------------------------------------------
 
     def announce(self, m: Member) -> None:
+        """Announce ``m`` (a real signed record) for the node's ``announce_ttl``."""
         ann = Announcement.create(m.key, m.peer_id, self.topic, m.record.encode(),
-                                  self.wall() + 120.0)
+                                  self.wall() + ANNOUNCE_TTL)
         self.dht.announce(m.index, self.topic, ann)
 
     def view(self) -> list[Candidate]:
         """The live members as a full listing decodes them (once per change of the store:
         each announcement's record decoded and its signature checked once)."""
-        if self._view[0] != self.dht.version:
+        wall = self.wall()
+        if self._view[0] != self.dht.version or self._view_expires < wall:
             out = []
             for ann in self.dht.topics[self.topic].values():
+                if ann.expires_at < wall:
+                    continue
                 if ann.signature not in self._decoded:
                     ann.check(self.topic)
                     rec = MemberRecord.decode(ann.record, ann.peer_id)
                     self._decoded[ann.signature] = candidate(rec, ann.expires_at)
                 out.append(self._decoded[ann.signature])
             self._view = (self.dht.version, out)
+            self._view_expires = min((c.freshness for c in out), default=float("inf"))
         return self._view[1]
 
     def refresh_view(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
@@ -687,7 +696,7 @@ class Sim:
         """Every member announces itself at a random moment within ``window`` s."""
         for m in self.members:
             def begin(m: Member = m) -> None:
-                self.announce(m)
+                self.every(m, ANNOUNCE_TTL / 3, 0.0, lambda: self.announce(m))
                 m.controller.last_heard = self.loop.now
                 self.adapter.start(m)
             self.loop.at(self.rng.random() * window, begin)
@@ -792,7 +801,7 @@ def scenario(members: int, *, seed: int = 1, window: float = 10.0,
     sim.start()
     cold = sim.converge(60.0)
     out: dict = {"members": members, "adapter": sim.adapter.name, "seed": seed,
-                 "cold_start_s": cold}
+                 "loss": sim.net.loss, "cold_start_s": cold}
     if cold is None:
         return out
     sim.loop.run_until(sim.loop.now + 3.0)
