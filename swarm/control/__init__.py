@@ -22,6 +22,8 @@ Sans-IO cores, fed events and ``now``, and one thin asyncio adapter:
 ``observer.py``     a read-only view of a swarm for ``swarm status`` and owner commands,
                     by the members' own rules; a fresh ``join_uri`` of live peers
 ``owned.py``        swarms this machine published (swarm key, owner credential, chain)
+``sync.py``         :class:`Sync`: what a node reads from the DHT and when (heartbeat
+                    digests; members fetch what changed; DHT fallback on silence)
 ``plane.py``        :class:`ControlPlane`, the asyncio adapter: frames, sends, receives,
                     persists
 ==================  ==================================================================
