@@ -33,8 +33,8 @@ def _kb(v: float) -> str:
 
 def table(rows: list[dict]) -> str:
     """Side by side: one line per (adapter, members)."""
-    head = ("adapter members | cold s  failover s  block s  charter s | member KB/s med  max "
-            "msgs/s med | coord KB/s msgs/s | " + "  ".join(f"{k} med" for k in KINDS)
+    head = ("adapter members | cold s  failover s  block s  charter s | member KB/s med  mean  "
+            "max msgs/s med | coord KB/s msgs/s | " + "  ".join(f"{k} med" for k in KINDS)
             + " | wall s")
     out = [head, "-" * len(head)]
     for r in rows:
@@ -44,7 +44,8 @@ def table(rows: list[dict]) -> str:
             f"{r['adapter']:>7} {r['members']:>7} | {_s(r.get('cold_start_s')):>6} "
             f"{_s(r.get('failover_s')):>11} {_s(r.get('block_s')):>8} "
             f"{_s(r.get('charter_s')):>10} | {_kb(tot.get('bytes_median', 0)):>15} "
-            f"{_kb(tot.get('bytes_max', 0)):>4} {tot.get('msgs_median', 0):>10.1f} | "
+            f"{_kb(tot.get('bytes_mean', 0)):>5} {_kb(tot.get('bytes_max', 0)):>6} "
+            f"{tot.get('msgs_median', 0):>10.1f} | "
             f"{_kb(tot.get('coord_bytes', 0)):>10} {tot.get('coord_msgs', 0):>6.0f} | "
             + "  ".join(f"{_kb(t.get(k, {}).get('bytes_median', 0)):>{len(k) + 4}}"
                         for k in KINDS)

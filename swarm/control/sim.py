@@ -774,15 +774,18 @@ class Sim:
 
 
 def traffic_summary(t: Traffic, nodes: list[int], coord: int | None, seconds: float) -> dict:
-    """Median and max bytes and messages per node per second (members apart from the
-    coordinator), by kind and in total."""
+    """Median, mean and max bytes and messages per node per second (members apart from the
+    coordinator), by kind and in total. The mean is the swarm's total cost per member; it
+    is also the fair figure for a window shorter than a timer's period (each member's
+    timer runs at its own phase, so the median can miss it)."""
     out: dict = {}
     members = [n for n in nodes if n != coord]
     for label, kinds in [("total", KINDS)] + [(k, (k,)) for k in KINDS]:
         per = [t.per_node(n, kinds) for n in members]
         b = [x[0] / seconds for x in per] or [0.0]
         m = [x[1] / seconds for x in per] or [0.0]
-        row = {"bytes_median": statistics.median(b), "bytes_max": max(b),
+        row = {"bytes_median": statistics.median(b), "bytes_mean": statistics.fmean(b),
+               "bytes_max": max(b),
                "msgs_median": statistics.median(m), "msgs_max": max(m)}
         if coord is not None:
             cb, cm = t.per_node(coord, kinds)
