@@ -45,6 +45,7 @@ import inspect
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -363,9 +364,10 @@ class Node:
             await asyncio.sleep(STATS_EVERY)
 
     async def _reannounce(self) -> None:
-        """Re-announce every ``announce_ttl / 3`` s, and within ACTIVITY_INTERVAL s of a
+        """Re-announce every ``announce_ttl / 3`` s (less up to a fifth, at random: members
+        that joined together do not re-announce together), and within ACTIVITY_INTERVAL s of a
         change in the work this worker runs (rate-bounded), so status shows running jobs."""
-        period = self.config.announce_ttl / 3
+        period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
         changed = self.host.changed if self.host is not None else None
         last = time.monotonic()
         while True:
@@ -394,6 +396,7 @@ class Node:
             except Exception as exc:  # the DHT may be unreachable for a while
                 log.warning("re-announce failed: %s", exc)
             last = time.monotonic()
+            period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
 
     def _activity(self) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
         if self.host is None:
