@@ -63,7 +63,7 @@ from swarm.node import NodeConfig
 EPOCH = 1_800_000_000.0
 """Unix time at simulated time 0 (announcement expiry and message windows use it)."""
 ANNOUNCE_TTL = NodeConfig.announce_ttl
-"""A member's announcement lifetime; it re-announces at a third of it, as nodes do."""
+"""A member's announcement lifetime (it re-announces before a third of it has passed)."""
 CHARTER_BYTES = 1000
 """Modelled size of the charter item's value (a BEP 44 value is at most 1000 bytes)."""
 HEADER = 21
@@ -696,7 +696,9 @@ class Sim:
         """Every member announces itself at a random moment within ``window`` s."""
         for m in self.members:
             def begin(m: Member = m) -> None:
-                self.every(m, ANNOUNCE_TTL / 3, 0.0, lambda: self.announce(m))
+                # as nodes do: a third of the lifetime, less up to a fifth at random
+                self.every(m, ANNOUNCE_TTL / 3 * self.rng.uniform(0.8, 1.0), 0.0,
+                           lambda: self.announce(m))
                 m.controller.last_heard = self.loop.now
                 self.adapter.start(m)
             self.loop.at(self.rng.random() * window, begin)
