@@ -53,6 +53,26 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def markdown(rows: list[dict]) -> str:
+    """The figures as markdown tables (docs/benchmarks.md), adapters side by side."""
+    def row(r: dict) -> str:
+        t = r.get("traffic") or {}
+        tot, hb, mem = t.get("total", {}), t.get("heartbeat", {}), t.get("membership", {})
+        return (f"| {r['adapter']} | {r['members']} | {_s(r.get('cold_start_s'))} | "
+                f"{_s(r.get('failover_s'))} | {_s(r.get('block_s'))} | "
+                f"{_s(r.get('charter_s'))} | {_kb(tot.get('bytes_median', 0))} | "
+                f"{_kb(tot.get('bytes_mean', 0))} | {_kb(tot.get('bytes_max', 0))} | "
+                f"{tot.get('msgs_median', 0):.0f} | {_kb(hb.get('bytes_median', 0))} | "
+                f"{_kb(mem.get('bytes_median', 0))} | {_kb(tot.get('coord_bytes', 0))} | "
+                f"{tot.get('coord_msgs', 0):.0f} | {r.get('wall_s', 0):.0f} |")
+    head = ("| adapter | members | cold start s | failover s | block s | charter s | "
+            "member KB/s median | mean | max | member msgs/s median | heartbeat KB/s | "
+            "membership KB/s | coordinator KB/s | coordinator msgs/s | wall s |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    order = sorted(rows, key=lambda r: (r["members"], r["adapter"]))
+    return "\n".join([head] + [row(r) for r in order])
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Each figure against the member count, one line per adapter (needs matplotlib, the
     ``bench`` extra)."""
@@ -107,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--plot", type=Path, help="also draw the figures into this PNG")
     ap.add_argument("--from-json", type=Path, help="render rows saved by --json; run nothing")
+    ap.add_argument("--markdown", action="store_true", help="with --from-json: markdown")
     args = ap.parse_args(argv)
     if args.from_json:
         rows = json.loads(args.from_json.read_text())
-        print(table(rows))
+        print(markdown(rows) if args.markdown else table(rows))
         if args.plot:
             plot(rows, args.plot)
         return 0
