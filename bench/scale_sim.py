@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated swarm sizes (default 100,300,1000)")
     ap.add_argument("--adapter", default="both", choices=[*adapters(), "both"],
                     help="refresh policy: today's polling, the sync core, or both")
-    ap.add_argument("--window", type=float, default=90.0,
-                    help="simulated seconds of steady traffic measured (default 90: three "
-                         "times the sync core's 30 s safety net, so that it is sampled)")
+    ap.add_argument("--window", type=float, default=300.0,
+                    help="simulated seconds of steady traffic measured (default 300: ten "
+                         "periods of the sync core's 30 s safety net at 20 members)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--loss", type=float, default=0.0,
                     help="share of control messages lost (default 0)")
