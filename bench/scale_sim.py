@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--loss", type=float, default=0.0,
                     help="share of control messages lost (default 0)")
+    ap.add_argument("--churn", type=float, default=0.0,
+                    help="members joining per minute during the window (default 0)")
     ap.add_argument("--latency", type=float, default=0.02,
                     help="one-way latency in s, plus up to 30 ms of jitter (default 0.02)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             rows.append(scenario(n, seed=args.seed, window=args.window,
                                  adapter=adapters()[name], loss=args.loss,
-                                 latency=args.latency))
+                                 latency=args.latency, churn=args.churn))
             if not args.json:
                 print(table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else table(rows),
                       flush=True)

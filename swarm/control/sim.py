@@ -314,7 +314,7 @@ class Member:
         self.replay = ReplayGuard()
         self.charter = 0
         self.alive = True
-        self.view_version = -1
+        self.started = False
 
     def __repr__(self) -> str:
         return f"Member({self.index}, {self.peer_id.short()})"
@@ -467,7 +467,7 @@ class Sim:
         self.loop.at(self.loop.now + first, run)
 
     def live(self) -> list[Member]:
-        return [m for m in self.members if m.alive
+        return [m for m in self.members if m.alive and m.started
                 and m.controller.role is not Duty.STOPPED]
 
     def tick(self, m: Member) -> None:
@@ -692,16 +692,20 @@ class Sim:
 
     # -- scenarios ---------------------------------------------------------------------------
 
-    def start(self, window: float = 1.0) -> None:
-        """Every member announces itself at a random moment within ``window`` s."""
-        for m in self.members:
-            def begin(m: Member = m) -> None:
-                # as nodes do: a third of the lifetime, less up to a fifth at random
-                self.every(m, ANNOUNCE_TTL / 3 * self.rng.uniform(0.8, 1.0), 0.0,
-                           lambda: self.announce(m))
-                m.controller.last_heard = self.loop.now
-                self.adapter.start(m)
-            self.loop.at(self.rng.random() * window, begin)
+    def start(self, window: float = 1.0, hold: int = 0) -> None:
+        """Every member but the last ``hold`` (see :meth:`join`) starts at a random moment
+        within ``window`` s."""
+        for m in self.members[:len(self.members) - hold]:
+            self.loop.at(self.rng.random() * window, lambda m=m: self.join(m))
+
+    def join(self, m: Member) -> None:
+        """``m`` starts now: it announces itself (and again before a third of the lifetime
+        has passed, less up to a fifth at random, as nodes do) and its adapter runs."""
+        m.started = True
+        m.controller = Controller(m.peer_id, self.swarm_id, self.loop.now, self.timing)
+        self.every(m, ANNOUNCE_TTL / 3 * self.rng.uniform(0.8, 1.0), 0.0,
+                   lambda: self.announce(m))
+        self.adapter.start(m)
 
     def coordinator(self) -> Member | None:
         """The member every live member follows, when they all agree."""
@@ -797,19 +801,24 @@ def traffic_summary(t: Traffic, nodes: list[int], coord: int | None, seconds: fl
 
 
 def scenario(members: int, *, seed: int = 1, window: float = 10.0,
-             adapter: Callable[[Sim], Adapter] = PollingAdapter, **kw) -> dict:
-    """The figures for one swarm size: cold-start election, steady traffic, a block, a
+             adapter: Callable[[Sim], Adapter] = PollingAdapter, churn: float = 0.0,
+             **kw) -> dict:
+    """The figures for one swarm size: cold-start election, traffic over ``window`` s
+    (while ``churn`` members a minute join, held back from the cold start), a block, a
     charter change, failover after the coordinator dies."""
     import time
     started = time.perf_counter()
     sim = Sim(members, seed=seed, adapter=adapter, **kw)
-    sim.start()
+    joins = min(members // 2, round(churn * window / 60))
+    sim.start(hold=joins)
     cold = sim.converge(60.0)
     out: dict = {"members": members, "adapter": sim.adapter.name, "seed": seed,
-                 "loss": sim.net.loss, "cold_start_s": cold}
+                 "loss": sim.net.loss, "churn_per_min": churn, "cold_start_s": cold}
     if cold is None:
         return out
     sim.loop.run_until(sim.loop.now + 3.0)
+    for i, m in enumerate(sim.members[members - joins:]):
+        sim.loop.after((i + 0.5) * window / joins, lambda m=m: sim.join(m))
     out["traffic"] = sim.measure(window)
     coord = sim.coordinator()
     victim = next(m for m in sim.live() if coord is not None and m is not coord)
