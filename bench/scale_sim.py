@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from swarm.control.sim import KINDS, adapters, scenario  # noqa: E402
+from swarm.node import NodeConfig  # noqa: E402
 
 
 def _s(v: float | None) -> str:
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             rows.append(scenario(n, seed=args.seed, window=args.window,
                                  adapter=adapters()[name], loss=args.loss,
-                                 latency=args.latency, churn=args.churn))
+                                 latency=args.latency, churn=args.churn,
+                                 announce_ttl=NodeConfig.announce_ttl))
             if not args.json:
                 print(table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else table(rows),
                       flush=True)

@@ -58,12 +58,12 @@ from swarm.control.plane import TICK
 from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
 from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
-from swarm.node import NodeConfig
 
 EPOCH = 1_800_000_000.0
 """Unix time at simulated time 0 (announcement expiry and message windows use it)."""
-ANNOUNCE_TTL = NodeConfig.announce_ttl
-"""A member's announcement lifetime (it re-announces before a third of it has passed)."""
+ANNOUNCE_TTL = 120.0
+"""A member's announcement lifetime by default (``NodeConfig.announce_ttl``, which
+bench/scale_sim.py passes in); it re-announces before a third of it has passed."""
 CHARTER_BYTES = 1000
 """Modelled size of the charter item's value (a BEP 44 value is at most 1000 bytes)."""
 HEADER = 21
@@ -430,12 +430,13 @@ class Sim:
     def __init__(self, members: int, *, seed: int = 1, latency: float = 0.02,
                  jitter: float = 0.03, loss: float = 0.0, timing: Timing | None = None,
                  adapter: Callable[[Sim], Adapter] = PollingAdapter,
-                 k: int = 20, alpha: int = 3) -> None:
+                 k: int = 20, alpha: int = 3, announce_ttl: float = ANNOUNCE_TTL) -> None:
         self.rng = random.Random(seed)
         self.loop = EventLoop()
         self.traffic = Traffic(members)
         self.net = Network(self.loop, self.rng, latency, jitter, loss, self.traffic)
         self.timing = timing or Timing()
+        self.announce_ttl = announce_ttl
         self.swarm_key = PeerKey.from_seed(self.rng.randbytes(32))
         self.swarm_id = mutable_target(self.swarm_key.public_bytes, b"swarm")
         self.topic = membership_topic(self.swarm_id)
@@ -479,7 +480,7 @@ class Sim:
     def announce(self, m: Member) -> None:
         """Announce ``m`` (a real signed record) for the node's ``announce_ttl``."""
         ann = Announcement.create(m.key, m.peer_id, self.topic, m.record.encode(),
-                                  self.wall() + ANNOUNCE_TTL)
+                                  self.wall() + self.announce_ttl)
         self.dht.announce(m.index, self.topic, ann)
 
     def view(self) -> list[Candidate]:
@@ -703,7 +704,7 @@ class Sim:
         has passed, less up to a fifth at random, as nodes do) and its adapter runs."""
         m.started = True
         m.controller = Controller(m.peer_id, self.swarm_id, self.loop.now, self.timing)
-        self.every(m, ANNOUNCE_TTL / 3 * self.rng.uniform(0.8, 1.0), 0.0,
+        self.every(m, self.announce_ttl / 3 * self.rng.uniform(0.8, 1.0), 0.0,
                    lambda: self.announce(m))
         self.adapter.start(m)
 
