@@ -376,6 +376,7 @@ class SyncAdapter:
         self.cores: dict[int, Sync] = {}
 
     def start(self, m: Member) -> None:
+        """A core per member, timed as plane.py times it (silence at half the failover)."""
         s = self.sim
         self.cores[m.index] = Sync(s.loop.now, SyncTiming(silence=s.timing.failover / 2),
                                    rng=random.Random(s.rng.random()))
