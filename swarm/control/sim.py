@@ -230,13 +230,21 @@ class SimDHT:
 
     # -- topics (membership) ---------------------------------------------------------------
 
-    def announce(self, me: int, topic: bytes, ann: Announcement) -> float:
+    def announce(self, me: int, topic: bytes, ann: Announcement, now: float) -> float:
+        """Store ``ann``: a topic lookup (each replica answers with the first page of its
+        entries, as ``publish_announcement``'s lookup does), then a write to each replica."""
         ann.check(topic)  # what each storing node does with it (a real verify)
         wire = _packed(announcement_to_wire(ann))
         self._ann_bytes[ann.signature] = wire
+        target = mutable_target(topic)
+        held = [a for a in self.topics[topic].values() if a.expires_at > now][:MAX_PER_TOPIC]
+        page = min(PEERS_PAGE_BYTES, sum(self._ann_bytes[a.signature] for a in held))
+        took = self.lookup(me, target, "membership", lambda r: page)
+        for r in self.replicas(target):
+            self.net.send(me, r, "membership", HEADER + wire)
         self.topics[topic][ann.peer_id] = ann
         self.version += 1
-        return self.store(me, mutable_target(topic), "membership", wire)
+        return took
 
     def get_peers(self, me: int, topic: bytes, now: float) -> tuple[list[Announcement], float]:
         """Every live announcement under ``topic`` and the lookup's duration; each
@@ -482,7 +490,7 @@ class Sim:
         """Announce ``m`` (a real signed record) for the node's ``announce_ttl``."""
         ann = Announcement.create(m.key, m.peer_id, self.topic, m.record.encode(),
                                   self.wall() + self.announce_ttl)
-        self.dht.announce(m.index, self.topic, ann)
+        self.dht.announce(m.index, self.topic, ann, self.wall())
 
     def view(self) -> list[Candidate]:
         """The live members as a full listing decodes them (once per change of the store:
