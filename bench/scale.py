@@ -1,6 +1,7 @@
 """Control-plane cost against the swarm's size, (a): real processes on this machine.
 
     python bench/scale.py [--sizes 2,4,7,13,24] [--max 13] [--window 20] [--json]
+    python bench/scale.py --sim [bench/scale_sim.py's flags]   # (b): 100-1,000 simulated
 
 For each size K: `swarm publish` + K-1 `swarm join` processes (numpy backend, one BLAS
 thread, a software owner key, the helpers of tests/control_support.py), then
@@ -118,6 +119,9 @@ def one_size(k: int, window: float, root: Path, profile: Path | None = None) -> 
 
 
 def main() -> int:
+    if "--sim" in sys.argv[1:]:  # (b): the one-process simulation, its own flags and table
+        import scale_sim
+        return scale_sim.main([a for a in sys.argv[1:] if a != "--sim"])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--max", type=int, default=max(SIZES), help="skip sizes above this")

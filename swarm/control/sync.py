@@ -120,6 +120,10 @@ class SyncTiming:
     """The shortest gap between two fetches of one kind that a digest asks for."""
     safety: float = 30.0
     """A following member's refresh of each item, whatever the digests say."""
+    view_batch: int = 20
+    """Members per ``safety`` seconds of a follower's view safety net: a listing of N members
+    costs O(N) bytes, so it is repeated every ``safety * N / view_batch`` s and costs each
+    member the same whatever the swarm's size (a silent coordinator re-lists it at once)."""
     jitter: float = 0.25
     """Each safety-net and backoff gap is scaled by a random factor in [1 - j, 1 + j]."""
 
@@ -201,7 +205,7 @@ class Sync:
             self._gap[fetch] = min(self._gap[fetch] * 2, self.timing.safety)
         else:
             self._gap[fetch] = self.timing.min_gap
-            self._next[fetch] = now + self._jittered(self.timing.safety)
+            self._next[fetch] = now + self._jittered(self._safety(fetch))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -260,9 +264,17 @@ class Sync:
             for f in (Fetch.VIEW, Fetch.CHARTER, Fetch.STATE):
                 self._gap[f] = self.timing.min_gap
                 self._next[f] = now if self._differs(f) else \
-                    now + self._jittered(self.timing.safety)
+                    now + self._jittered(self._safety(f))
         else:
             self._next = dict.fromkeys(Fetch, now)
+
+    def _safety(self, fetch: Fetch) -> float:
+        """The safety-net gap of ``fetch``: a listing of the whole membership costs O(members)
+        bytes, so its gap grows with the swarm (per member per second the net stays flat);
+        single items keep ``safety``."""
+        if fetch is Fetch.VIEW and self.digest is not None:
+            return self.timing.safety * max(1.0, self.digest.members / self.timing.view_batch)
+        return self.timing.safety
 
     def _jittered(self, gap: float) -> float:
         j = self.timing.jitter

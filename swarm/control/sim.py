@@ -1,0 +1,851 @@
+"""A one-process simulation of a swarm's control plane at 100-1,000 members (sans-IO).
+
+What is real: every member runs the real :class:`~swarm.control.machine.Controller` with its
+own ed25519 key; control messages are sealed with :func:`swarm.control.state.seal` and
+wrapped in a per-recipient :class:`dht.messages.Envelope` (a real signature each), and the
+recipient's :class:`dht.messages.ReplayGuard` and :func:`~swarm.control.state.unseal`
+verify them; membership announcements are real signed :class:`dht.announce.Announcement` s
+of real :class:`~swarm.control.membership.MemberRecord` s; coordinator-state items are real
+BEP 44 :class:`dht.items.MutableItem` s checked by the swarm's own DHT validators. Byte
+counts are the lengths of those real encodings in the DHT's datagram framing.
+
+What is modelled: the clock (a heap of events, no sleeping), the network (one-way latency
+``latency + U(0, jitter)``, optional loss), and the DHT. The DHT is a shared in-memory store
+(:class:`SimDHT`) that validates on store and on read with the real validators and charges
+each lookup the traffic a Kademlia lookup would cost: ``alpha * ceil(log2 N)`` find
+queries to seeded random nodes plus one query to each of the ``k`` nodes closest (XOR) to
+the target, which answer with the value (a topic's announcements paged at the DHT's
+``PEERS_PAGE_BYTES``, at most ``MAX_PER_TOPIC`` per node). The charter is modelled as a
+counter in an item of :data:`CHARTER_BYTES` (its FIDO2 proof is not re-created here).
+
+How each member decides its DHT reads is its adapter, the one point to swap:
+:class:`SyncAdapter` drives the real :class:`swarm.control.sync.Sync` core as
+:class:`swarm.control.plane.ControlPlane` does (heartbeats carry digests; members fetch what
+changed); :class:`PollingAdapter` replays the policy before issue 19 (every member listed the
+whole membership topic every second, read its coordinator's state item every second and the
+charter every five) for the before figures.
+
+Wall time: the DHT is charged arithmetically, so the cost is the cores and the signatures;
+1,000 members run about as fast as real time on one core (``bench/scale_sim.py`` prints it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+import msgpack
+
+from dht.announce import Announcement
+from dht.core import PEERS_PAGE_BYTES
+from dht.errors import ItemError
+from dht.items import MutableItem, mutable_target
+from dht.messages import Envelope, ReplayGuard
+from dht.store import MAX_PER_TOPIC
+from dht.wire import announcement_to_wire, mutable_to_wire
+from identity.keys import PeerId, PeerKey
+from swarm.control import machine as control
+from swarm.control.charter import state_salt, validate_state_item
+from swarm.control.election import Candidate
+from swarm.control.machine import Command, Controller, Duty, Timing
+from swarm.control.membership import MemberRecord, candidate, membership_topic
+from swarm.control.plane import TICK
+from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
+from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
+from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+
+EPOCH = 1_800_000_000.0
+"""Unix time at simulated time 0 (announcement expiry and message windows use it)."""
+ANNOUNCE_TTL = 120.0
+"""A member's announcement lifetime by default (``NodeConfig.announce_ttl``, which
+bench/scale_sim.py passes in); it re-announces before a third of it has passed."""
+CHARTER_BYTES = 1000
+"""Modelled size of the charter item's value (a BEP 44 value is at most 1000 bytes)."""
+HEADER = 21
+"""Datagram framing of a request or reply: one type byte and a 20-byte message id."""
+NODE_BYTES = 34
+"""One contact in a ``nodes`` list (id, host, port, msgpack overhead)."""
+
+
+KINDS = ("heartbeat", "membership", "state", "charter", "election")
+"""What control traffic is for: the coordinator's heartbeats; listing and announcing members;
+reading and writing coordinator-state items (and blocklist pages); the charter; term claims."""
+
+
+def _packed(obj: object) -> int:
+    return HEADER + len(msgpack.packb(obj, use_bin_type=True))
+
+
+# -- the clock -------------------------------------------------------------------------------
+
+
+class EventLoop:
+    """Discrete events on a simulated clock (deterministic: ties run in scheduling order)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._n = 0
+
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._n, fn))
+
+    def after(self, delay: float, fn: Callable[[], None]) -> None:
+        self.at(self.now + delay, fn)
+
+    def run_until(self, end: float, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Run events up to ``end``; True when ``stop()`` held after some event."""
+        while self._heap and self._heap[0][0] <= end:
+            self.now, _, fn = heapq.heappop(self._heap)
+            fn()
+            if stop():
+                return True
+        self.now = max(self.now, end)
+        return False
+
+
+# -- traffic ---------------------------------------------------------------------------------
+
+
+class Traffic:
+    """Bytes and messages each node sent and received, by kind, since the last reset."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+        self.since = 0.0
+        self.reset(0.0)
+
+    def count(self, src: int, dst: int, kind: str, nbytes: int) -> None:
+        b, m = self.bytes[kind], self.msgs[kind]
+        b[src] += nbytes
+        b[dst] += nbytes
+        m[src] += 1
+        m[dst] += 1
+
+    def reset(self, now: float) -> None:
+        self.bytes = {k: [0] * self.nodes for k in KINDS}
+        self.msgs = {k: [0] * self.nodes for k in KINDS}
+        self.since = now
+
+    def per_node(self, node: int, kinds: Iterable[str] = KINDS) -> tuple[int, int]:
+        return (sum(self.bytes[k][node] for k in kinds),
+                sum(self.msgs[k][node] for k in kinds))
+
+
+# -- the network and the DHT model -----------------------------------------------------------
+
+
+class Network:
+    """Latency, loss and byte counting between node indices."""
+
+    def __init__(self, loop: EventLoop, rng: random.Random, latency: float, jitter: float,
+                 loss: float, traffic: Traffic) -> None:
+        self.loop, self.rng, self.traffic = loop, rng, traffic
+        self.latency, self.jitter, self.loss = latency, jitter, loss
+        self.down: set[int] = set()
+
+    def delay(self) -> float:
+        return self.latency + self.rng.random() * self.jitter
+
+    def send(self, src: int, dst: int, kind: str, nbytes: int,
+             deliver: Callable[[], None] | None = None) -> None:
+        """One datagram: counted at both ends, delivered after a latency unless lost."""
+        self.traffic.count(src, dst, kind, nbytes)
+        if deliver is None or dst in self.down or self.rng.random() < self.loss:
+            return
+        self.loop.after(self.delay(), lambda: None if dst in self.down else deliver())
+
+
+class SimDHT:
+    """The modelled DHT: one shared store, real validators, Kademlia-shaped traffic."""
+
+    def __init__(self, net: Network, ids: list[bytes], k: int = 20, alpha: int = 3) -> None:
+        self.net, self.ids, self.k, self.alpha = net, ids, k, alpha
+        self.topics: dict[bytes, dict[PeerId, Announcement]] = defaultdict(dict)
+        self.mutable: dict[bytes, MutableItem] = {}
+        self.immutable: dict[bytes, bytes] = {}
+        self._order: dict[bytes, list[int]] = {}
+        self._close: dict[tuple[bytes, int], list[int]] = {}
+        self._path = list(range(len(ids)))
+        net.rng.shuffle(self._path)
+        self._next = 0
+        self._ann_bytes: dict[bytes, int] = {}
+        self._req = _packed(["find", [b"\0" * 20, b"\0" * 20]])
+        self._found = _packed({"nodes": b"\0" * (NODE_BYTES * k), "token": b"\0" * 8})
+        self.version = 0
+        """Bumped when a topic changes (readers rebuild their decoded view then)."""
+
+    def replicas(self, target: bytes) -> list[int]:
+        """The ``k`` live nodes closest to ``target`` by XOR distance."""
+        key = (target, len(self.net.down))
+        if key not in self._close:
+            if target not in self._order:
+                t = int.from_bytes(target, "big")
+                self._order[target] = sorted(
+                    range(len(self.ids)), key=lambda i: int.from_bytes(self.ids[i], "big") ^ t)
+            self._close[key] = [i for i in self._order[target]
+                                if i not in self.net.down][:self.k]
+        return self._close[key]
+
+    def hops(self) -> int:
+        return max(1, math.ceil(math.log2(max(2, len(self.ids)))))
+
+    def lookup(self, me: int, target: bytes, kind: str, answer: Callable[[int], int]) -> float:
+        """Charge one lookup (``answer(replica)`` = bytes of that replica's value reply);
+        returns its duration (one round trip per ``alpha`` queries in flight).
+
+        The queries on the way go to nodes taken in turn from a seeded permutation (so the
+        load spreads as over random routing paths) and are counted in bulk."""
+        req, found, n = self._req, self._found, len(self.ids)
+        b, m = self.net.traffic.bytes[kind], self.net.traffic.msgs[kind]
+        ways = min(n - 1, self.alpha * self.hops())
+        for _ in range(ways):
+            p = self._path[self._next]
+            self._next = (self._next + 1) % n
+            b[p] += req + found
+            m[p] += 2
+        b[me] += ways * (req + found)
+        m[me] += 2 * ways
+        for r in self.replicas(target):
+            nbytes = req + found + answer(r)
+            b[r] += nbytes
+            m[r] += 2
+            b[me] += nbytes
+            m[me] += 2
+        rounds = self.hops() // 2 + 2
+        return rounds * 2 * (self.net.latency + self.net.jitter / 2)
+
+    def store(self, me: int, target: bytes, kind: str, nbytes: int) -> float:
+        """A lookup then a write of ``nbytes`` to each replica."""
+        took = self.lookup(me, target, kind, lambda r: 0)
+        for r in self.replicas(target):
+            self.net.send(me, r, kind, HEADER + nbytes)
+        return took
+
+    # -- topics (membership) ---------------------------------------------------------------
+
+    def announce(self, me: int, topic: bytes, ann: Announcement, now: float) -> float:
+        """Store ``ann``: a topic lookup (each replica answers with the first page of its
+        entries, as ``publish_announcement``'s lookup does), then a write to each replica."""
+        ann.check(topic)  # what each storing node does with it (a real verify)
+        wire = _packed(announcement_to_wire(ann))
+        self._ann_bytes[ann.signature] = wire
+        target = mutable_target(topic)
+        held = [a for a in self.topics[topic].values() if a.expires_at > now][:MAX_PER_TOPIC]
+        page = min(PEERS_PAGE_BYTES, sum(self._ann_bytes[a.signature] for a in held))
+        took = self.lookup(me, target, "membership", lambda r: page)
+        for r in self.replicas(target):
+            self.net.send(me, r, "membership", HEADER + wire)
+        self.topics[topic][ann.peer_id] = ann
+        self.version += 1
+        return took
+
+    def get_peers(self, me: int, topic: bytes, now: float) -> tuple[list[Announcement], float]:
+        """Every live announcement under ``topic`` and the lookup's duration; each
+        replica answers with its (at most ``MAX_PER_TOPIC``) entries in pages."""
+        live = [a for a in self.topics[topic].values() if a.expires_at > now]
+        held = live[:MAX_PER_TOPIC]
+        size = sum(self._ann_bytes[a.signature] for a in held)
+        pages = max(1, math.ceil(size / PEERS_PAGE_BYTES))
+        req = _packed(["get_peers", [b"\0" * 20, topic, b""]])
+
+        def answer(r: int) -> int:
+            for _ in range(pages - 1):  # the follow-up pages, one request each
+                self.net.send(me, r, "membership", req)
+            return size + HEADER * (pages - 1)
+        return live, self.lookup(me, mutable_target(topic), "membership", answer)
+
+    # -- items -------------------------------------------------------------------------------
+
+    def put_mutable(self, me: int, item: MutableItem, kind: str) -> float:
+        validate_state_item(item)
+        old = self.mutable.get(item.target)
+        if old is not None and old.seq > item.seq:
+            raise ItemError(302, "sequence number less than current")
+        self.mutable[item.target] = item
+        return self.store(me, item.target, kind, _packed(mutable_to_wire(item)))
+
+    def get_mutable(self, me: int, target: bytes, kind: str) -> tuple[MutableItem | None, float]:
+        item = self.mutable.get(target)
+        size = _packed(mutable_to_wire(item)) if item is not None else 0
+        took = self.lookup(me, target, kind, lambda r: size)
+        if item is not None:
+            validate_state_item(item)  # the reader's validators (a cached verdict)
+        return item, took
+
+    def put_immutable(self, me: int, target: bytes, value: bytes, kind: str) -> float:
+        self.immutable[target] = value
+        return self.store(me, target, kind, len(value) + HEADER)
+
+    def get_immutable(self, me: int, target: bytes, kind: str) -> tuple[bytes | None, float]:
+        value = self.immutable.get(target)
+        took = self.lookup(me, target, kind, lambda r: len(value or b""))
+        return value, took
+
+
+def _run(coro):
+    """Run a coroutine that never suspends (a resolve whose fetches answer at once)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("a simulated coroutine suspended")
+
+
+# -- members ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Charter:
+    """The modelled charter: a counter with the admins and policy it carries."""
+
+    counter: int = 1
+    admins: tuple[PeerId, ...] = ()
+    policy: dict = field(default_factory=lambda: {"require_hardware": False})
+
+
+class Member:
+    """One simulated member: its key, its DHT id, its real controller."""
+
+    def __init__(self, sim: Sim, index: int, key: PeerKey, tflops: float) -> None:
+        self.sim, self.index, self.key = sim, index, key
+        self.peer_id = key.peer_id
+        self.node_id = mutable_target(key.public_bytes)[:20]
+        self.record = MemberRecord(self.peer_id, tflops, dht=("10.0.0.1", 1 + index))
+        self.controller = Controller(self.peer_id, sim.swarm_id, 0.0, sim.timing)
+        self.replay = ReplayGuard()
+        self.charter = 0
+        self.alive = True
+        self.started = False
+
+    def __repr__(self) -> str:
+        return f"Member({self.index}, {self.peer_id.short()})"
+
+
+class PollingAdapter:
+    """The adapter's policy before issue 19 (:mod:`swarm.control.plane` at that time),
+    played on the simulated clock: every member lists the membership topic every
+    :data:`VIEW_INTERVAL`, reads its coordinator's state item (all members' items while it
+    follows nobody; a coordinator: all, for rivals) as often, and fetches the charter every
+    :data:`CHARTER_REFRESH`; heartbeats carry no digest."""
+
+    name = "poll"
+    VIEW_INTERVAL = 1.0
+    CHARTER_REFRESH = 5.0
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def start(self, m: Member) -> None:
+        s = self.sim
+        phase = s.rng.random()
+        s.every(m, TICK, phase * TICK, lambda: s.tick(m))
+        s.every(m, self.VIEW_INTERVAL, phase, lambda: s.refresh_view(m))
+        s.every(m, self.VIEW_INTERVAL, phase + 0.5, lambda: self.check_dht(m))
+        s.every(m, self.CHARTER_REFRESH, phase * self.CHARTER_REFRESH,
+                lambda: s.refresh_charter(m))
+
+    def check_dht(self, m: Member) -> None:
+        """``_check_dht`` of that time: state items, then a coordinator's rivals."""
+        c = m.controller
+        if c.state is None:
+            self.sim.read_states(m)
+        elif c.role is Duty.COORDINATOR:
+            self.sim.rivals(m)
+        else:
+            self.sim.catch_up(m)
+
+    def digest(self, m: Member) -> bytes:
+        return b""
+
+    def heard(self, m: Member, digest: bytes) -> None:
+        """Polling finds changes on its own timers."""
+
+    def role_changed(self, m: Member, role: Duty) -> None:
+        """Polling does the same whatever the role."""
+
+
+class SyncAdapter:
+    """Today's adapter policy: the sans-IO :class:`swarm.control.sync.Sync` core decides
+    every DHT read (heartbeats carry its :class:`~swarm.control.sync.Digest`); this only
+    starts the reads it asks for and reports them back, as :mod:`swarm.control.plane`
+    does."""
+
+    name = "sync"
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.cores: dict[int, Sync] = {}
+
+    def start(self, m: Member) -> None:
+        """A core per member, timed as plane.py times it (silence at half the failover)."""
+        s = self.sim
+        self.cores[m.index] = Sync(s.loop.now, SyncTiming(silence=s.timing.failover / 2),
+                                   rng=random.Random(s.rng.random()))
+        s.every(m, TICK, s.rng.random() * TICK, lambda: self.tick(m))
+
+    def tick(self, m: Member) -> None:
+        s, core = self.sim, self.cores[m.index]
+        for fetch in core.due(s.loop.now):
+            self.fetch(m, fetch)
+        s.tick(m)
+
+    def fetch(self, m: Member, fetch: Fetch) -> None:
+        s, core, c = self.sim, self.cores[m.index], m.controller
+
+        def done() -> None:
+            core.have(view=view_digest(c.view), charter=m.charter)
+            core.done(fetch, s.loop.now, True)
+        if fetch is Fetch.VIEW:
+            s.refresh_view(m, done)
+        elif fetch is Fetch.CHARTER:
+            s.refresh_charter(m, done)
+        else:
+            if fetch is Fetch.RIVALS:
+                s.rivals(m)
+            elif c.state is None:
+                s.read_states(m)
+            else:
+                s.catch_up(m)
+            done()
+
+    def digest(self, m: Member) -> bytes:
+        view = m.controller.view
+        return Digest(view_digest(view), len(view), m.charter).encode()
+
+    def heard(self, m: Member, digest: bytes) -> None:
+        self.cores[m.index].heard(Digest.decode(digest) if digest else None,
+                                  self.sim.loop.now)
+
+    def role_changed(self, m: Member, role: Duty) -> None:
+        self.cores[m.index].role(role is Duty.COORDINATOR, self.sim.loop.now)
+
+
+Adapter = PollingAdapter | SyncAdapter
+
+
+# -- the simulation --------------------------------------------------------------------------
+
+
+class Sim:
+    """N members over a simulated network and DHT, each with a real Controller."""
+
+    def __init__(self, members: int, *, seed: int = 1, latency: float = 0.02,
+                 jitter: float = 0.03, loss: float = 0.0, timing: Timing | None = None,
+                 adapter: Callable[[Sim], Adapter] = PollingAdapter,
+                 k: int = 20, alpha: int = 3, announce_ttl: float = ANNOUNCE_TTL) -> None:
+        self.rng = random.Random(seed)
+        self.loop = EventLoop()
+        self.traffic = Traffic(members)
+        self.net = Network(self.loop, self.rng, latency, jitter, loss, self.traffic)
+        self.timing = timing or Timing()
+        self.announce_ttl = announce_ttl
+        self.swarm_key = PeerKey.from_seed(self.rng.randbytes(32))
+        self.swarm_id = mutable_target(self.swarm_key.public_bytes, b"swarm")
+        self.topic = membership_topic(self.swarm_id)
+        self.salt = state_salt(self.swarm_id)
+        self.charter = Charter()
+        keys = [PeerKey.from_seed(self.rng.randbytes(32)) for _ in range(members)]
+        self.members = [Member(self, i, k, round(self.rng.uniform(0.5, 5.0), 3))
+                        for i, k in enumerate(keys)]
+        self.by_peer = {m.peer_id: m for m in self.members}
+        self.dht = SimDHT(self.net, [m.node_id for m in self.members], k, alpha)
+        self.adapter = adapter(self)
+        self._view: tuple[int, list[Candidate]] = (-1, [])
+        self._view_expires = float("inf")
+        self._decoded: dict[bytes, Candidate] = {}
+        self._items: dict[bytes, StateItem] = {}
+        self.watch: Callable[[Member], None] | None = None
+        """Called after each event that may change a member's controller."""
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def wall(self) -> float:
+        return EPOCH + self.loop.now
+
+    def every(self, m: Member, period: float, first: float, fn: Callable[[], None]) -> None:
+        def run() -> None:
+            if m.alive:
+                fn()
+                self.loop.after(period, run)
+        self.loop.at(self.loop.now + first, run)
+
+    def live(self) -> list[Member]:
+        return [m for m in self.members if m.alive and m.started
+                and m.controller.role is not Duty.STOPPED]
+
+    def tick(self, m: Member) -> None:
+        m.controller.tick(self.loop.now)
+        self.do(m)
+
+    # -- membership and DHT reads -------------------------------------------------------------
+
+    def announce(self, m: Member) -> None:
+        """Announce ``m`` (a real signed record) for the node's ``announce_ttl``."""
+        ann = Announcement.create(m.key, m.peer_id, self.topic, m.record.encode(),
+                                  self.wall() + self.announce_ttl)
+        self.dht.announce(m.index, self.topic, ann, self.wall())
+
+    def view(self) -> list[Candidate]:
+        """The live members as a full listing decodes them (once per change of the store:
+        each announcement's record decoded and its signature checked once)."""
+        wall = self.wall()
+        if self._view[0] != self.dht.version or self._view_expires < wall:
+            out = []
+            for ann in self.dht.topics[self.topic].values():
+                if ann.expires_at < wall:
+                    continue
+                if ann.signature not in self._decoded:
+                    ann.check(self.topic)
+                    rec = MemberRecord.decode(ann.record, ann.peer_id)
+                    self._decoded[ann.signature] = candidate(rec, ann.expires_at)
+                out.append(self._decoded[ann.signature])
+            self._view = (self.dht.version, out)
+            self._view_expires = min((c.freshness for c in out), default=float("inf"))
+        return self._view[1]
+
+    def refresh_view(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
+        """List the membership topic; the controller gets the view when the lookup ends."""
+        anns, took = self.dht.get_peers(m.index, self.topic, self.wall())
+        view = self.view()
+
+        def done() -> None:
+            if not m.alive:
+                return
+            blocked = m.controller.blocked()
+            m.controller.members([c for c in view if c.peer_id not in blocked],
+                                 self.loop.now)
+            self.do(m)
+            then()
+        self.loop.after(took, done)
+
+    def state_of(self, m: Member, peer: PeerId, kind: str) -> CoordinatorState | None:
+        item, _ = self.dht.get_mutable(m.index, mutable_target(peer.raw, self.salt), kind)
+        if item is None:
+            return None
+        try:
+            if item.signature not in self._items:  # decoded once for all readers
+                self._items[item.signature] = StateItem.decode(item.value)
+            return _run(self._resolve(m, self._items[item.signature], kind))
+        except ProtocolError:
+            return None
+
+    async def _resolve(self, m: Member, item: StateItem, kind: str,
+                       took: list[float] | None = None) -> CoordinatorState:
+        """The real :func:`~swarm.control.state.resolve`, its page reads from the modelled
+        DHT (their lookup times added to ``took``)."""
+        async def page(target: bytes) -> bytes | None:
+            value, t = self.dht.get_immutable(m.index, target, kind)
+            if took is not None:
+                took.append(t)
+            return value
+        return await resolve(item, page, m.controller.state)
+
+    def all_states(self, m: Member, kind: str) -> list[CoordinatorState]:
+        """Every member's state item (the adapter's ``_dht_states``: one get per member)."""
+        found = (self.state_of(m, c.peer_id, kind) for c in self.view())
+        return [s for s in found if s is not None]
+
+    def read_states(self, m: Member) -> None:
+        c = m.controller
+        counted = c.dht_states(self.all_states(m, "state"))
+        for st in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
+            if c.state is None or st.term > c.state.term:
+                try:
+                    c.heartbeat(st, st.coordinator, self.loop.now)
+                except (StaleTerm, NotCoordinator, ProtocolError):
+                    pass
+        self.do(m)
+
+    def catch_up(self, m: Member) -> None:
+        st = m.controller.state
+        if st is None or st.coordinator == m.peer_id:
+            return
+        newer = self.state_of(m, st.coordinator, "state")
+        if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
+            try:
+                m.controller.heartbeat(newer, newer.coordinator, self.loop.now)
+            except (StaleTerm, NotCoordinator, ProtocolError):
+                pass
+            self.do(m)
+
+    def refresh_charter(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
+        """Fetch the charter; a newer one reaches the controller when the lookup ends."""
+        ch = self.charter
+        took = self.dht.lookup(m.index, mutable_target(self.swarm_key.public_bytes,
+                                                       b"swarm"), "charter",
+                               lambda r: CHARTER_BYTES)
+
+        def done() -> None:
+            if not m.alive:
+                return
+            if ch.counter > m.charter:
+                m.charter = ch.counter
+                m.controller.charter_changed(ch.admins, ch.policy, self.loop.now)
+                self.do(m)
+            then()
+        self.loop.after(took, done)
+
+    def rivals(self, m: Member) -> None:
+        """A coordinator's look for a rival's state item (every member's item)."""
+        c = m.controller
+        if c.role is Duty.COORDINATOR:
+            for st in c.dht_states(self.all_states(m, "state")):
+                c.rival(st, self.loop.now)
+            self.do(m)
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def do(self, m: Member) -> None:
+        """Carry out the controller's actions (what the adapter's ``_do`` does)."""
+        for act in m.controller.actions():
+            if isinstance(act, control.PutState):
+                self.put_state(m, act)
+            elif isinstance(act, control.SendHeartbeat):
+                msg = seal(m.key, self.swarm_id, "hb", act.state.encode_item(),
+                           act.endorsement, digest=self.adapter.digest(m))
+                self.put_pages(m, act.state)
+                for peer in act.to:
+                    self.send(m, peer, "heartbeat", msg)
+            elif isinstance(act, control.SendHandoff):
+                msg = seal(m.key, self.swarm_id, "handoff", act.state.encode_item())
+                self.send(m, act.to, "handoff", msg)
+            elif isinstance(act, control.SendKick):
+                msg = seal(m.key, self.swarm_id, "kick", act.order.encode())
+                for peer in act.to:
+                    self.send(m, peer, "kick", msg)
+            elif isinstance(act, control.RoleChanged):
+                self.adapter.role_changed(m, act.new)
+        if self.watch is not None:
+            self.watch(m)
+
+    def put_pages(self, m: Member, state: CoordinatorState) -> None:
+        for page in state.pages():
+            if page.target not in self.dht.immutable:
+                self.dht.put_immutable(m.index, page.target, page.encode(), "state")
+
+    def put_state(self, m: Member, act: control.PutState) -> None:
+        c = m.controller
+        took = 0.0
+        if act.claim:
+            top = c.claim_conflict(act.state, self.all_states(m, "election"))
+            if top is not None:
+                c.claim_result(False, self.loop.now, f"{top.coordinator.short()} holds "
+                                                     f"term {top.term}")
+                self.do(m)
+                return
+        self.put_pages(m, act.state)
+        ok, why = True, ""
+        try:
+            item = MutableItem.create(m.key, act.state.encode_item(), act.state.seq, self.salt)
+            took = self.dht.put_mutable(m.index, item, "election" if act.claim else "state")
+        except ItemError as exc:
+            ok, why = False, str(exc)
+        if act.claim:
+            self.loop.after(took, lambda: (c.claim_result(ok, self.loop.now, why),
+                                           self.do(m)))
+
+    def send(self, m: Member, peer: PeerId, kind: str, msg: bytes) -> None:
+        """A control message in a per-recipient signed envelope (the DHT's messages)."""
+        dst = self.by_peer.get(peer)
+        if dst is None:
+            return
+        env = Envelope.seal(m.key, m.peer_id, dst.node_id, msg, self.wall())
+        nbytes = _packed(["message", [b"\0" * 20, env.to_wire()]])
+        self.net.send(m.index, dst.index, kind, nbytes, lambda: self.receive(dst, env))
+        self.net.send(dst.index, m.index, kind, _packed({"ok": True}))
+
+    def receive(self, m: Member, env: Envelope) -> None:
+        """The recipient's side: replay guard, unseal, blocklist pages, then the controller
+        (after the page lookups, when the state names pages this member lacks)."""
+        if not m.alive:
+            return
+        c = m.controller
+        try:
+            m.replay.admit(env, m.node_id, self.wall())
+            msg = unseal(self.swarm_id, env.payload)
+            if msg.kind not in ("hb", "handoff"):
+                return
+            item = StateItem.decode(msg.body)
+            head = item.head if msg.kind == "hb" else replace(item.head,
+                                                              coordinator=msg.sender)
+            if why := c.implausible(head):
+                raise NotCoordinator(why)
+            took: list[float] = []
+            state = _run(self._resolve(m, item, "state", took))
+        except (StaleTerm, NotCoordinator, ProtocolError, ItemError):
+            return
+
+        def apply() -> None:
+            if not m.alive:
+                return
+            try:
+                if msg.kind == "hb":
+                    c.heartbeat(state, msg.sender, self.loop.now)
+                    if c.coordinator == msg.sender:
+                        self.adapter.heard(m, msg.digest)
+                else:
+                    c.handoff_offer(state, msg.sender, self.loop.now, msg.endorsement)
+            except (StaleTerm, NotCoordinator, ProtocolError):
+                pass
+            self.do(m)
+        if took:
+            self.loop.after(sum(took), apply)
+        else:
+            apply()
+
+    # -- scenarios ---------------------------------------------------------------------------
+
+    def start(self, window: float = 1.0, hold: int = 0) -> None:
+        """Every member but the last ``hold`` (see :meth:`join`) starts at a random moment
+        within ``window`` s."""
+        for m in self.members[:len(self.members) - hold]:
+            self.loop.at(self.rng.random() * window, lambda m=m: self.join(m))
+
+    def join(self, m: Member) -> None:
+        """``m`` starts now: it announces itself (and again before a third of the lifetime
+        has passed, less up to a fifth at random, as nodes do) and its adapter runs."""
+        m.started = True
+        m.controller = Controller(m.peer_id, self.swarm_id, self.loop.now, self.timing)
+        self.every(m, self.announce_ttl / 3 * self.rng.uniform(0.8, 1.0), 0.0,
+                   lambda: self.announce(m))
+        self.adapter.start(m)
+
+    def coordinator(self) -> Member | None:
+        """The member every live member follows, when they all agree."""
+        live = self.live()
+        coords = {m.controller.coordinator for m in live}
+        if len(coords) != 1 or None in coords:
+            return None
+        m = self.by_peer.get(next(iter(coords)))
+        return m if m is not None and m.alive and m.controller.role is Duty.COORDINATOR \
+            else None
+
+    def converge(self, limit: float, step: float = 0.05) -> float | None:
+        """Run until one coordinator is followed by all (checked every ``step`` simulated
+        seconds); the simulated time it took."""
+        t0 = self.loop.now
+        while self.loop.now < t0 + limit:
+            self.loop.run_until(self.loop.now + step)
+            if self.coordinator() is not None:
+                return self.loop.now - t0
+        return None
+
+    def kill(self, m: Member) -> None:
+        m.alive = False
+        self.net.down.add(m.index)
+
+    def block(self, target: Member, limit: float = 30.0) -> float | None:
+        """An owner's block applied by the coordinator: simulated seconds until every live
+        member refuses ``target``."""
+        coord = self.coordinator()
+        assert coord is not None, "no coordinator to apply the block"
+        t0 = self.loop.now
+        waiting = {m.index for m in self.live() if m is not target}
+        self.watch = lambda m: waiting.discard(m.index) \
+            if target.peer_id in m.controller.blocked() else None
+        coord.controller.command(Command("block", target.peer_id, "sim", "owner",
+                                         int(self.wall()), coord.controller.term), t0)
+        self.do(coord)
+        try:
+            done = self.loop.run_until(t0 + limit, lambda: not waiting)
+        finally:
+            self.watch = None
+        return self.loop.now - t0 if done else None
+
+    def change_charter(self, limit: float = 30.0) -> float | None:
+        """The owner publishes a charter with a new policy: simulated seconds until every
+        live member has it and follows a coordinator state that carries it."""
+        t0 = self.loop.now
+        self.charter = Charter(self.charter.counter + 1, (),
+                               {"require_hardware": True})
+        want = self.charter.counter
+        pol = self.charter.policy
+
+        def has(m: Member) -> bool:
+            st = m.controller.state
+            return m.charter >= want and st is not None and st.policy == pol
+        waiting = {m.index for m in self.live()}
+        self.watch = lambda m: waiting.discard(m.index) if has(m) \
+            or m.controller.role is Duty.STOPPED else None
+        try:
+            done = self.loop.run_until(t0 + limit, lambda: not waiting)
+        finally:
+            self.watch = None
+        return self.loop.now - t0 if done else None
+
+    def measure(self, seconds: float) -> dict:
+        """Steady-state control traffic per node per second over ``seconds``."""
+        self.traffic.reset(self.loop.now)
+        self.loop.run_until(self.loop.now + seconds)
+        coord = self.coordinator()
+        return traffic_summary(self.traffic, [m.index for m in self.live()],
+                               coord.index if coord else None, seconds)
+
+
+def traffic_summary(t: Traffic, nodes: list[int], coord: int | None, seconds: float) -> dict:
+    """Median, mean and max bytes and messages per node per second (members apart from the
+    coordinator), by kind and in total. The mean is the swarm's total cost per member; it
+    is also the fair figure for a window shorter than a timer's period (each member's
+    timer runs at its own phase, so the median can miss it)."""
+    out: dict = {}
+    members = [n for n in nodes if n != coord]
+    for label, kinds in [("total", KINDS)] + [(k, (k,)) for k in KINDS]:
+        per = [t.per_node(n, kinds) for n in members]
+        b = [x[0] / seconds for x in per] or [0.0]
+        m = [x[1] / seconds for x in per] or [0.0]
+        row = {"bytes_median": statistics.median(b), "bytes_mean": statistics.fmean(b),
+               "bytes_max": max(b),
+               "msgs_median": statistics.median(m), "msgs_max": max(m)}
+        if coord is not None:
+            cb, cm = t.per_node(coord, kinds)
+            row.update(coord_bytes=cb / seconds, coord_msgs=cm / seconds)
+        out[label] = row
+    return out
+
+
+def scenario(members: int, *, seed: int = 1, window: float = 10.0,
+             adapter: Callable[[Sim], Adapter] = PollingAdapter, churn: float = 0.0,
+             **kw) -> dict:
+    """The figures for one swarm size: cold-start election, traffic over ``window`` s
+    (while ``churn`` members a minute join, held back from the cold start), a block, a
+    charter change, failover after the coordinator dies."""
+    import time
+    started = time.perf_counter()
+    sim = Sim(members, seed=seed, adapter=adapter, **kw)
+    joins = min(members // 2, round(churn * window / 60))
+    sim.start(hold=joins)
+    cold = sim.converge(60.0)
+    out: dict = {"members": members, "adapter": sim.adapter.name, "seed": seed,
+                 "loss": sim.net.loss, "churn_per_min": churn, "cold_start_s": cold}
+    if cold is None:
+        return out
+    sim.loop.run_until(sim.loop.now + 3.0)
+    for i, m in enumerate(sim.members[members - joins:]):
+        sim.loop.after((i + 0.5) * window / joins, lambda m=m: sim.join(m))
+    out["traffic"] = sim.measure(window)
+    coord = sim.coordinator()
+    victim = next(m for m in sim.live() if coord is not None and m is not coord)
+    out["block_s"] = sim.block(victim)
+    out["charter_s"] = sim.change_charter()
+    coord = sim.coordinator()
+    if coord is not None:
+        sim.kill(coord)
+        out["failover_s"] = sim.converge(60.0)
+    out["wall_s"] = round(time.perf_counter() - started, 2)
+    return out
+
+
+__all__ = ["EventLoop", "Network", "PollingAdapter", "Sim", "SimDHT", "SyncAdapter", "Traffic",
+           "adapters", "scenario"]
+
+
+def adapters() -> dict[str, Callable[[Sim], Adapter]]:
+    """The refresh policies the simulation can drive, by name."""
+    return {PollingAdapter.name: PollingAdapter, SyncAdapter.name: SyncAdapter}
