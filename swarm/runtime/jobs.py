@@ -16,7 +16,6 @@ import math
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -31,43 +30,6 @@ from swarm.runtime.scheduler import RateBook
 SHARDS_PER_WORKER = 2
 MIN_SHARD_FLOPS = 4e6
 """Smaller bands cost more in round trips than they save."""
-
-
-class _OneThreadBLAS:
-    """BLAS on one thread while any check runs in this process.
-
-    Checks are matrix-vector products that a multi-threaded BLAS (OpenBLAS) splits over
-    every core, and its threads then spin for a while waiting for more work: on a small
-    machine that spinning takes the cores from the workers still computing the other
-    bands. One thread does a check's few memory-bound passes about as fast. The limit is
-    process-wide, so concurrent checks share it (entered once, restored by the last).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._controller: Any = None
-        self._limit: Any = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                if self._controller is None:
-                    from threadpoolctl import ThreadpoolController
-
-                    self._controller = ThreadpoolController()
-                self._limit = self._controller.limit(limits=1, user_api="blas")
-            self._users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._limit is not None:
-                self._limit.restore_original_limits()
-                self._limit = None
-
-
-ONE_THREAD_BLAS = _OneThreadBLAS()
 
 
 def for_transfer(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]:
@@ -143,9 +105,8 @@ class MatmulJob:
         """Check shard ``i`` and, if right, copy it into the output at once (in the check's
         thread, while other shards still compute), so merging is not left for the end."""
         r0, r1 = self.shards[i].rows
-        with ONE_THREAD_BLAS:
-            if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c):
-                return False
+        if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c):
+            return False
         self._place(i, c)
         return True
 
