@@ -56,10 +56,11 @@ class NetCluster:
         self.uri = p.wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
         return p
 
-    def join(self, name: str, host: Host, env: dict[str, str] | None = None) -> Proc:
+    def join(self, name: str, host: Host, env: dict[str, str] | None = None,
+             extra: tuple[str, ...] = ()) -> Proc:
         return self.start(name, host, swarm_cmd(
             "join", self.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
-            host.addr, "-v", "--data-dir", str(self.root / name)), env)
+            host.addr, "-v", "--data-dir", str(self.root / name), *extra), env)
 
     def driver(self, name: str, host: Host, *args: str, uri: str = "") -> Proc:
         """A requester process running jobs (:mod:`tests.system.driver`)."""
