@@ -67,8 +67,7 @@ def benchmark(
     if time_budget_s <= 0:
         raise InvalidInput(f"time_budget_s must be positive, got {time_budget_s!r}")
     started = time.perf_counter()
-    statuses = [s for s in available_backends(threads=threads)
-                if backends is None or s.name in backends]
+    statuses = available_backends(backends, threads=threads)
     usable = [s for s in statuses if s.validated]
     # The kernel comparison gets a share of the budget when wgpu is there; backends split
     # the rest.
@@ -85,7 +84,8 @@ def benchmark(
     kernel = None
     if any(s.name == "wgpu" for s in usable):
         kernel = kernel_comparison(QUICK_KERNEL_N if quick else KERNEL_N)
-    result: dict[str, Any] = {"backends": rows, "kernel": kernel, "probe": probe()}
+    result: dict[str, Any] = {"backends": rows, "kernel": kernel,
+                              "probe": probe(gpu=backends is None or "wgpu" in backends)}
     best = None
     for row in rows:
         for n, g in row["gflops"].items():

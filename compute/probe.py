@@ -58,9 +58,10 @@ def adapters() -> tuple[list[dict[str, Any]], str | None]:
     return out, None if out else "wgpu found no adapter"
 
 
-def probe() -> dict[str, Any]:
-    """Host cores and memory, and each wgpu adapter (name, type, API, limits, shader-f16)."""
-    found, reason = adapters()
+def probe(gpu: bool = True) -> dict[str, Any]:
+    """Host cores and memory, and each wgpu adapter (name, type, API, limits, shader-f16);
+    ``gpu=False`` leaves wgpu unloaded (a numpy-only run)."""
+    found, reason = adapters() if gpu else ([], "not probed (numpy only)")
     result: dict[str, Any] = {"host": host_info(), "adapters": found}
     if reason:
         result["adapters_reason"] = reason

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from compute.backend import Backend, BackendStatus
 from compute.errors import BackendUnavailable, InvalidInput
@@ -71,10 +71,15 @@ def _load(name: str, threads: int | None) -> Backend:
     return cached
 
 
-def available_backends(*, threads: int | None = None) -> list[BackendStatus]:
-    """Every known backend with whether it validated here, why not, and its adapter."""
+def available_backends(names: Sequence[str] | None = None, *, threads: int | None = None
+                       ) -> list[BackendStatus]:
+    """Every known backend (or those in ``names``) with whether it validated here, why not,
+    and its adapter. A backend left out is never loaded: wgpu on llvmpipe can abort the
+    whole process, so a numpy-only caller must not touch it."""
     out = []
     for name in FACTORIES:
+        if names is not None and name not in names:
+            continue
         try:
             backend = _load(name, threads)
         except BackendUnavailable as exc:

@@ -33,13 +33,22 @@ where ``u16 = 2**-11`` covers products computed from inputs rounded to half prec
 *claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
 ``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
 
-Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` (skinny BLAS products) and the squared row norms
-of ``b``, ``c`` and ``a`` (weighted, for ``Q``): six memory-speed passes against ``2 M N K``
-flops for the product (bench/compute.py measures it).
+Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, ``c`` and
+``a`` (weighted, for ``Q``), against ``2 M N K`` flops for the product. The check is
+memory-bound, so each matrix is read from memory once (:func:`_pass`: cache-sized row
+blocks, the ``rounds`` matrix-vector products and the squares taken from the block), on one
+BLAS thread (:data:`ONE_BLAS_THREAD`). Measured on 2 shared EPYC cores at n = 2048 (medians
+of interleaved runs, bench/compute.py): 4.3 ms against 6.5 ms for the previous six separate
+passes, both on one thread; ~2.5-3% of a contended numpy product, ~6-7% of an idle
+two-thread one (~65 ms). The floor is reading ``a``, ``b`` and ``c`` once (48 MiB, ~1.4 ms
+at the 35 GB/s one core streams here); what is left above it is the matrix-vector
+kernels re-reading each block from cache once per vector (OpenBLAS's N = 4 matrix product
+is slower still: it packs ``x``).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -55,9 +64,65 @@ measured over >= 1,000 products (numpy, tiled and naive WGSL on llvmpipe, sequen
 normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.py's table
 (about 2.5); KAPPA leaves >= 3x on top of it."""
 _BLOCK = 1 << 17
-"""Elements per row block of squares (512 KiB of float32): no full-size temporary."""
+"""Elements per row block of a pass (512 KiB of float32): stays in a core's cache while the
+check vectors and the squares are taken from it."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
+
+
+class _OneBlasThread:
+    """BLAS on one thread while any check runs in this process (every check enters it).
+
+    Checks are matrix-vector products that a multi-threaded BLAS (OpenBLAS) splits over
+    every core, and its threads then spin for a while waiting for more work: on a busy
+    machine that spinning takes the cores from the workers still computing the other
+    bands, and the check itself stalls (n = 2048 on 2 shared cores: median 8.5 ms on two
+    threads against 4.3 ms on one; bench/compute.py). One thread streams the check's
+    memory-bound passes nearly as fast as two on an idle machine. The limit is process-wide,
+    so concurrent checks share it (entered once, restored by the last); entering costs ~2 us.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._controller: Any = None
+        self._limit: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                if self._controller is None:
+                    from threadpoolctl import ThreadpoolController
+
+                    self._controller = ThreadpoolController()
+                _take_blas_control()
+                self._limit = self._controller.limit(limits=1, user_api="blas")
+            self._users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._limit is not None:
+                _take_blas_control()
+                self._limit.restore_original_limits()
+                self._limit = None
+
+
+def _take_blas_control() -> None:
+    """Make the calling thread the one threadpoolctl lets set OpenBLAS's thread count.
+
+    threadpoolctl lets only one Python thread (the first that set a limit, while it lives)
+    change OpenBLAS's process-wide count and silently ignores the others; checks run in
+    whichever executor thread is free, so without this most limits were no-ops."""
+    import threadpoolctl
+
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
+                    "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
+
+
+ONE_BLAS_THREAD = _OneBlasThread()
 
 
 def _secret_rng() -> np.random.Generator:
@@ -70,42 +135,45 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
-def _project(x: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """``x @ right`` for a skinny ``right``, one matrix-vector product per column: on busy
-    cores a multi-threaded BLAS product with 4 columns took ~15 ms where 4 matrix-vector
-    products took ~0.5 ms (n = 2048, measured here)."""
-    return np.stack([x @ np.ascontiguousarray(right[:, j]) for j in range(right.shape[1])],
-                    axis=1)
-
-
 def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
           ) -> tuple[np.ndarray | None, np.ndarray]:
     """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
-    (row norms squared when ``weights`` is None), as float64. Squares are summed in float32
-    (BLAS speed, no full-size temporary); only when that overflows is it redone in float64."""
+    (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
+
+    The check is memory-bound: ``x`` goes through in row blocks that stay in the core's
+    cache (:data:`_BLOCK`), and every product with a column of ``right`` and the squares
+    are taken from the block there. Matrix-vector products, not one skinny matrix product:
+    OpenBLAS packs ``x`` for an N = 4 product and ran it at a quarter of a matrix-vector
+    product's speed here (bench/compute.py). Squares are summed in float32 (no full-size
+    temporary); only when that overflows is it redone in float64."""
     m, k = x.shape
+    cols = 0 if right is None else right.shape[1]
+    proj = np.zeros((cols, m), np.float32)  # one contiguous row per check vector
     if m == 0 or k == 0:
-        proj = None if right is None else np.zeros((m, right.shape[1]), np.float32)
-        return proj, np.zeros(m)
-    with np.errstate(over="ignore", invalid="ignore"):
-        proj = None if right is None else _project(x, right)
-        if weights is None:
-            sq = np.matmul(x[:, None, :], x[:, :, None]).reshape(m).astype(np.float64)
-        else:
-            w = np.asarray(weights, np.float32)
-            sq = np.empty(m)
-            rows = max(1, _BLOCK // k)
-            tmp = np.empty((min(rows, m), k), np.float32)
-            for r0 in range(0, m, rows):
-                blk = x[r0:r0 + rows]
+        return (None if right is None else proj.T), np.zeros(m)
+    vectors = [] if right is None else [np.ascontiguousarray(right[:, j]) for j in range(cols)]
+    w = None if weights is None else np.asarray(weights, np.float32)
+    sq = np.empty(m, np.float32)
+    rows = max(1, _BLOCK // k)
+    tmp = None if w is None else np.empty((min(rows, m), k), np.float32)
+    with ONE_BLAS_THREAD, np.errstate(over="ignore", invalid="ignore"):
+        for r0 in range(0, m, rows):
+            blk = x[r0:r0 + rows]
+            r1 = r0 + len(blk)
+            for j, v in enumerate(vectors):
+                np.matmul(blk, v, out=proj[j, r0:r1])
+            if tmp is None:
+                np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
+            else:
                 t = tmp[:len(blk)]
                 np.multiply(blk, blk, out=t)
-                sq[r0:r0 + len(blk)] = t @ w
-        if not np.all(np.isfinite(sq)):  # squares past float32: exact enough in float64
+                np.matmul(t, w, out=sq[r0:r1])
+        out = sq.astype(np.float64)
+        if not np.all(np.isfinite(out)):  # squares past float32: exact enough in float64
             x64 = x.astype(np.float64)
             w64 = np.ones(k) if weights is None else np.asarray(weights, np.float64)
-            sq = (x64 * x64) @ w64
-    return proj, sq
+            out = (x64 * x64) @ w64
+    return (None if right is None else proj.T), out
 
 
 def row_norms2(x: np.ndarray) -> np.ndarray:
@@ -151,7 +219,7 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
         return True
     with np.errstate(over="ignore", invalid="ignore"):
         if br is None:
-            br = _project(b, r)
+            br = _pass(b, r, None)[0]
         z, q = _pass(a, br, b_norms2)
     if not (np.all(np.isfinite(z)) and np.all(np.isfinite(q))
             and np.all(np.isfinite(b_norms2))):
@@ -167,7 +235,8 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
 def residuals(a: np.ndarray, b: np.ndarray, c: np.ndarray, r: np.ndarray) -> np.ndarray:
     """``a (b r) - c r`` per row and vector (float64), for callers that rank rows."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return _project(a, _project(b, r)).astype(np.float64) - _project(c, r)
+        return (_pass(a, _pass(b, r, None)[0], None)[0].astype(np.float64)
+                - _pass(c, r, None)[0])
 
 
 def residual_ratios(a: np.ndarray, b: np.ndarray, c: np.ndarray, rounds: int = ROUNDS,
@@ -177,7 +246,7 @@ def residual_ratios(a: np.ndarray, b: np.ndarray, c: np.ndarray, rounds: int = R
     a, b = check_operands(a, b)
     c = np.ascontiguousarray(c, dtype=np.float32)
     r = draw_vectors(b.shape[1], rounds, rng)
-    z, q = _pass(a, _project(b, r), row_norms2(b))
+    z, q = _pass(a, _pass(b, r, None)[0], row_norms2(b))
     cr, c_norms2 = _pass(c, r, None)
     var = _variance(a.shape[1], b.shape[1], q, c_norms2, precision)
     diff = np.abs(z.astype(np.float64) - cr)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from dht import errors
 from dht.errors import ItemError
 from dht.items import KEY_LEN, SIG_LEN, Signer
+from dht.replay import NonceWindow, Replayed
 from identity import PeerId, verify
 
 MAX_PAYLOAD = 4096
@@ -76,87 +76,27 @@ class Envelope:
 
 
 class ReplayGuard:
-    """Accepts each validly signed message once, within ``window_s`` of the local clock.
-
-    Remembered nonces are bounded per sender (``max_per_sender``) and in total
-    (``max_entries``), and a full table never refuses anyone (invariant 8): a sender over its
-    quota forgets its own oldest nonce and raises its *floor* -- any message of its sent at or
-    before the floor is refused as a possible replay. A full table forgets the least recently
-    active sender whole and raises a global floor the same way. So a flooding key costs only
-    itself, and a flood of fresh keys delays nobody whose clock is within the churn time.
-    """
+    """Accepts each validly signed message once, within ``window_s`` of the local clock;
+    the nonces are kept per sender and in total by :class:`dht.replay.NonceWindow` (a
+    flooding key, or a flood of fresh keys, locks nobody else out)."""
 
     def __init__(self, window_s: float = WINDOW_S, max_entries: int = 100_000,
                  max_per_sender: int | None = None) -> None:
-        self.window_s = window_s
-        self.max_entries = max_entries
-        self.max_per_sender = (max_per_sender if max_per_sender is not None
-                               else max(16, max_entries // 64))
-        # sender -> nonce -> (sent_at, seen_at), in arrival order; senders by last activity
-        self._seen: OrderedDict[bytes, OrderedDict[bytes, tuple[float, float]]] = OrderedDict()
-        self._floor: dict[bytes, float] = {}
-        self._global_floor = float("-inf")
-        self._total = 0
-        self._admits = 0
+        self.window = NonceWindow(window_s, max_entries, max_per_sender)
 
     def __len__(self) -> int:
-        return self._total
+        return len(self.window)
 
     def admit(self, env: Envelope, own_id: bytes, now: float) -> PeerId:
         """Return the sender's PeerId or raise :class:`ItemError` (forged, stale, replayed)."""
         if env.recipient != own_id:
             raise ItemError(errors.PROTOCOL, "message is addressed to another node")
-        if not abs(now - env.sent_at) <= self.window_s:  # NaN fails too
-            raise ItemError(errors.PROTOCOL, "message timestamp outside the accepted window")
-        buf = message_buffer(env.recipient, env.sent_at, env.nonce, env.payload)
-        if not verify(env.sender, env.signature, buf):
-            raise ItemError(errors.BAD_SIGNATURE, "message signature does not verify")
-        self._admits += 1
-        if self._admits % max(1, self.max_entries // 4) == 0:
-            self._sweep(now)
-        sender = env.sender
-        nonces = self._seen.get(sender)
-        if nonces is not None:
-            self._expire_sender(sender, now)
-            nonces = self._seen.get(sender)
-        if env.nonce in (nonces or ()):
-            raise ItemError(errors.PROTOCOL, "replayed message")
-        if env.sent_at <= max(self._global_floor, self._floor.get(sender, float("-inf"))):
-            raise ItemError(errors.PROTOCOL, "replayed or reordered message (older than what "
-                                             "this node can still tell apart)")
-        if nonces is None:
-            nonces = self._seen[sender] = OrderedDict()
-        self._seen.move_to_end(sender)
-        if len(nonces) >= self.max_per_sender:
-            _, (sent_at, _) = nonces.popitem(last=False)
-            self._floor[sender] = max(self._floor.get(sender, sent_at), sent_at)
-            self._total -= 1
-        while self._total >= self.max_entries:
-            self._forget_quietest(sender)
-        nonces[env.nonce] = (env.sent_at, now)
-        self._total += 1
-        return PeerId(sender)
-
-    def _forget_quietest(self, keep: bytes) -> None:
-        victim = next(s for s in self._seen if s != keep)
-        nonces = self._seen.pop(victim)
-        floor = max([sent for sent, _ in nonces.values()] + [self._floor.pop(victim, -1e300)])
-        self._global_floor = max(self._global_floor, floor)
-        self._total -= len(nonces)
-
-    def _expire_sender(self, sender: bytes, now: float) -> None:
-        # A nonce seen more than 2 windows ago can no longer pass the window check.
-        nonces = self._seen[sender]
-        while nonces:
-            nonce, (_, seen_at) = next(iter(nonces.items()))
-            if now - seen_at <= 2 * self.window_s:
-                break
-            del nonces[nonce]
-            self._total -= 1
-        if not nonces:
-            del self._seen[sender]
-            self._floor.pop(sender, None)
-
-    def _sweep(self, now: float) -> None:
-        for sender in list(self._seen):
-            self._expire_sender(sender, now)
+        try:
+            self.window.check_time(env.sent_at, now)
+            buf = message_buffer(env.recipient, env.sent_at, env.nonce, env.payload)
+            if not verify(env.sender, env.signature, buf):
+                raise ItemError(errors.BAD_SIGNATURE, "message signature does not verify")
+            self.window.admit(env.sender, env.nonce, env.sent_at, now)
+        except Replayed as exc:
+            raise ItemError(errors.PROTOCOL, f"message {exc}") from None
+        return PeerId(env.sender)

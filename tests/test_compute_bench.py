@@ -160,3 +160,27 @@ def test_bench_compute_script_quick_json():
     assert out["honesty"] and not any(r["false_rejections"] for r in out["honesty"])
     assert {r["n"] for r in out["numpy_overhead"]} == {256, 512}
     assert all("speedup" in r or "error" in r for r in out["kernels"])
+
+
+def test_numpy_only_bench_never_touches_wgpu(tmp_path):
+    """llvmpipe's wgpu can abort the whole process (SIGABRT in wgpuDevicePoll): a run
+    restricted to numpy must not import wgpu at all, neither `swarm bench --backend numpy`
+    nor the benchmark a `--backend numpy` worker runs at start-up."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from swarm import cli\n"
+        "import compute\n"
+        f"rc = cli.main(['bench', '--data-dir', {str(tmp_path)!r}, '--backend', 'numpy',\n"
+        "               '--sizes', '32', '--budget', '1', '--json'])\n"
+        "assert rc == 0, rc\n"
+        "compute.get_backend('numpy')\n"
+        "compute.benchmark([32], 1.0, backends=['numpy'])\n"
+        "print('WGPU-LOADED' if 'wgpu' in sys.modules else 'WGPU-ABSENT')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("WGPU-ABSENT"), res.stdout[-300:]

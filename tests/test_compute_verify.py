@@ -180,27 +180,36 @@ def sequential(a, b):
 
 def test_honest_results_are_never_rejected():
     """>= 1,000 honest checks: every backend here (numpy, wgpu tiled and naive, f16 where the
-    adapter has it) and sequential f32 sums, three distributions, assorted shapes."""
+    adapter has shader-f16) and sequential f32 sums, three distributions, assorted shapes.
+    Where f16 cannot be exercised the run says so (a warning in pytest's summary), so a GPU
+    run shows whether it covered f16."""
+    import warnings
+
     from compute import available_backends
 
-    producers = {"numpy": lambda a, b: a @ b, "sequential": sequential}
-    wgpu = [s for s in available_backends() if s.name == "wgpu" and s.validated]
+    producers = {"numpy": (lambda a, b: a @ b, "f32"), "sequential": (sequential, "f32")}
+    status = {s.name: s for s in available_backends()}
+    wgpu = "wgpu" in status and status["wgpu"].validated
     if wgpu:
         gpu = get_backend("wgpu")
-        producers["wgpu-tiled"] = lambda a, b: gpu.matmul(a, b, kernel="tiled")
-        producers["wgpu-naive"] = lambda a, b: gpu.matmul(a, b, kernel="naive")
+        producers["wgpu-tiled"] = (lambda a, b: gpu.matmul(a, b, kernel="tiled"), "f32")
+        producers["wgpu-naive"] = (lambda a, b: gpu.matmul(a, b, kernel="naive"), "f32")
+        if gpu.f16_available:
+            producers["wgpu-f16"] = (lambda a, b: gpu.matmul(a, b, "f16"), "f16")
+    if "wgpu-f16" not in producers:
+        why = gpu.f16_reason if wgpu else status.get("wgpu") and status["wgpu"].reason
+        warnings.warn(f"f16 honest checks NOT exercised here: {why}", stacklevel=1)
     rng = np.random.default_rng(4)
-    checks = 0
+    checks = dict.fromkeys(producers, 0)
     for kind in ("normal", "positive", "lognormal"):
         for m, k, n in [(1, 1, 1), (7, 300, 2), (64, 64, 64), (33, 257, 129), (128, 512, 96),
                         (16, 1500, 16)]:
             a, b = operands(m, k, n, seed=m + k + n, kind=kind)
-            for name, produce in producers.items():
+            for name, (produce, precision) in producers.items():
                 c = produce(a, b)
                 for _ in range(15):
-                    assert verify_matmul(a, b, c, rng=rng), (kind, (m, k, n), name)
-                    checks += 1
-                if name == "wgpu-tiled" and gpu.f16_available:
-                    c16 = gpu.matmul(a, b, "f16")
-                    assert verify_matmul(a, b, c16, rng=rng, precision="f16"), (kind, m, k, n)
-    assert checks >= 1000 or not wgpu
+                    assert verify_matmul(a, b, c, rng=rng, precision=precision), (
+                        kind, (m, k, n), name)
+                    checks[name] += 1
+    print(f"honest checks per producer: {checks}")
+    assert sum(checks.values()) >= 1000 or not wgpu

@@ -100,10 +100,10 @@ def test_tuning_is_only_accepted_within_bounds():
 def test_replay_guard_forgets_old_nonces_when_full():
     guard = ReplayGuard(capacity=3)
     for i in range(3):
-        guard.check(bytes([i]) * 16, 1000.0, 1000.0)
-    guard.check(b"x" * 16, 1200.0, 1200.0)  # the old ones expired and were pruned
+        guard.check(A.peer_id, bytes([i]) * 16, 1000.0, 1000.0)
+    guard.check(A.peer_id, b"x" * 16, 1200.0, 1200.0)  # the old ones expired and were pruned
     with pytest.raises(AuthenticationError, match="replayed"):
-        guard.check(b"x" * 16, 1200.0, 1200.0)
+        guard.check(A.peer_id, b"x" * 16, 1200.0, 1200.0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -139,3 +139,20 @@ def test_tuning_is_only_for_lan_local_paths(candidates, local):
     from swarm.links.signaling import local_path_only
     sdp = "v=0\r\n" + "".join(f"a=candidate:{c}\r\n" for c in candidates)
     assert local_path_only(SDP.replace("127.0.0.1", "10.1.1.1"), sdp) is local
+
+
+def test_one_flooding_sender_does_not_lock_other_senders_out():
+    """Nonces are bounded per sender: a key that floods fresh signals fills only its own
+    share, and a full table never refuses an honest sender (invariant 8). The flooder's
+    forgotten nonces still cannot be replayed."""
+    guard = ReplayGuard(capacity=200)
+    now = time.time()
+    first = seal(M, _signal(sender=M.peer_id, timestamp=now))
+    open_signal(first, B.peer_id, guard, now=now)
+    for i in range(1, 400):
+        open_signal(seal(M, _signal(sender=M.peer_id, timestamp=now + i / 1000)), B.peer_id,
+                    guard, now=now + i / 1000)
+    got = open_signal(seal(A, _signal(timestamp=now + 1)), B.peer_id, guard, now=now + 1)
+    assert got.sender == A.peer_id
+    with pytest.raises(AuthenticationError, match="replayed"):
+        open_signal(first, B.peer_id, guard, now=now + 1)

@@ -110,15 +110,15 @@ def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
     on cores the workers need; overlapping checks share one limit, restored by the last."""
     from threadpoolctl import threadpool_info
 
-    from swarm.runtime.jobs import ONE_THREAD_BLAS
+    from compute.verify import ONE_BLAS_THREAD
 
     def threads() -> set[int]:
         return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 
     before = threads()
-    with ONE_THREAD_BLAS:
+    with ONE_BLAS_THREAD:
         assert threads() == {1}
-        with ONE_THREAD_BLAS:  # a second check in another thread
+        with ONE_BLAS_THREAD:  # a second check in another thread
             assert threads() == {1}
         assert threads() == {1}  # the first one is still running
     assert threads() == before
@@ -131,10 +131,10 @@ def test_checks_from_any_executor_thread_run_blas_on_one_thread():
 
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from swarm.runtime.jobs import ONE_THREAD_BLAS
+    from compute.verify import ONE_BLAS_THREAD
 
     def check_in_a_thread() -> set[int]:
-        with ONE_THREAD_BLAS:
+        with ONE_BLAS_THREAD:
             return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 
     with threadpool_limits(limits=2, user_api="blas"), cf.ThreadPoolExecutor(1) as first, \

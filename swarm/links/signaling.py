@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from dht.replay import NonceWindow, Replayed
 from identity.keys import PeerId, PeerKey, verify
 from swarm import wire
 from swarm.errors import AuthenticationError, ProtocolError
@@ -88,26 +89,19 @@ def seal(key: PeerKey, signal: Signal) -> bytes:
 
 
 class ReplayGuard:
-    """Remembers recent nonces so that a captured signal cannot be played again."""
+    """Remembers recent nonces so that a captured signal cannot be played again: each
+    sender's nonces are bounded on their own (:class:`dht.replay.NonceWindow`), so one
+    flooding key cannot fill the table and lock every other sender out."""
 
     def __init__(self, max_skew: float = MAX_SKEW, capacity: int = 100_000) -> None:
-        self.max_skew = max_skew
-        self.capacity = capacity
-        self._seen: dict[bytes, float] = {}
+        self.window = NonceWindow(max_skew, capacity)
 
-    def check(self, nonce: bytes, timestamp: float, now: float) -> None:
+    def check(self, sender: PeerId, nonce: bytes, timestamp: float, now: float) -> None:
         """Raise AuthenticationError for a stale or replayed signal; remember it otherwise."""
-        if abs(now - timestamp) > self.max_skew:
-            raise AuthenticationError(f"signal timestamp is {now - timestamp:+.0f} s off "
-                                      f"(limit {self.max_skew:g} s): stale or replayed")
-        if nonce in self._seen:
-            raise AuthenticationError("signal nonce seen before: replayed")
-        if len(self._seen) >= self.capacity:
-            cutoff = now - 2 * self.max_skew
-            self._seen = {n: t for n, t in self._seen.items() if t >= cutoff}
-            if len(self._seen) >= self.capacity:
-                raise AuthenticationError("too many signals in flight; refusing more")
-        self._seen[nonce] = now
+        try:
+            self.window.admit(sender.raw, nonce, timestamp, now)
+        except Replayed as exc:
+            raise AuthenticationError(f"signal {exc}") from None
 
 
 def open_signal(data: bytes, me: PeerId, guard: ReplayGuard,
@@ -133,7 +127,7 @@ def open_signal(data: bytes, me: PeerId, guard: ReplayGuard,
         raise ProtocolError("signal kind, session or nonce malformed")
     if sdp_fingerprint(signal.sdp) != signal.fingerprint:
         raise AuthenticationError("the signed fingerprint is not the one in the SDP")
-    guard.check(signal.nonce, signal.timestamp, time.time() if now is None else now)
+    guard.check(signal.sender, signal.nonce, signal.timestamp, time.time() if now is None else now)
     return signal
 
 

@@ -16,7 +16,6 @@ import math
 import threading
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -42,62 +41,6 @@ INLINE_CHECK_ELEMENTS = 1 << 14
 1x1 round trip: a thread hop cost more than the check)."""
 CHECKED_B_BYTES = 4 << 20
 """Below this ``b`` costs a check well under a millisecond: round trips dominate instead."""
-
-
-class _OneThreadBLAS:
-    """BLAS on one thread while any check runs in this process.
-
-    Checks are matrix-vector products that a multi-threaded BLAS (OpenBLAS) splits over
-    every core, and its threads then spin for a while waiting for more work: on a small
-    machine that spinning takes the cores from the workers still computing the other
-    bands. One thread does a check's few memory-bound passes about as fast. The limit is
-    process-wide, so concurrent checks share it (entered once, restored by the last).
-
-    threadpoolctl lets only one Python thread (the first that set a limit, while it lives)
-    change OpenBLAS's process-wide count and silently ignores the others: checks run in
-    whichever executor thread is free, so most limits were no-ops and most checks ran on
-    two spinning threads (the requester burned more CPU than both workers in the
-    64-call inference row). Under our own lock, the thread that sets or restores the
-    limit takes that control first.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._controller: Any = None
-        self._limit: Any = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                if self._controller is None:
-                    from threadpoolctl import ThreadpoolController
-
-                    self._controller = ThreadpoolController()
-                _take_blas_control()
-                self._limit = self._controller.limit(limits=1, user_api="blas")
-            self._users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._limit is not None:
-                _take_blas_control()
-                self._limit.restore_original_limits()
-                self._limit = None
-
-
-def _take_blas_control() -> None:
-    """Make the calling thread the one threadpoolctl lets set OpenBLAS's thread count."""
-    import threadpoolctl
-
-    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
-                    "clear_controlling_thread", None)
-    if clear is not None:
-        clear(force=True)
-
-
-ONE_THREAD_BLAS = _OneThreadBLAS()
 
 
 def for_transfer(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]:
@@ -175,9 +118,8 @@ class MatmulJob:
         """Check shard ``i`` and, if right, copy it into the output at once (in the check's
         thread, while other shards still compute), so merging is not left for the end."""
         r0, r1 = self.shards[i].rows
-        with ONE_THREAD_BLAS:
-            if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c):
-                return False
+        if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c):
+            return False
         self._place(i, c)
         return True
 
