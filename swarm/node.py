@@ -80,7 +80,7 @@ from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import Evidence
 from swarm.runtime.host import ActorHost
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT
-from swarm.runtime.protocol import EvidenceMsg, PutObject
+from swarm.runtime.protocol import EvidenceAck, EvidenceMsg, PutObject
 from swarm.runtime.requester import EvidencePackage, Requester
 
 log = logging.getLogger("swarm.node")
@@ -92,6 +92,8 @@ EVIDENCE_WAIT = 15.0
 """Seconds :meth:`Node.stop` waits for evidence still on its way to the coordinator."""
 EVIDENCE_RETRY = 60.0
 """Seconds a node keeps retrying to deliver one piece of evidence (coordinator failover)."""
+EVIDENCE_ACK_WAIT = 5.0
+"""Seconds to wait for the receiver's :class:`EvidenceAck` before trying again."""
 UNREACHABLE_BACKOFF = 60.0
 """Seconds a worker with no path at all is left alone before the next dial."""
 REDIAL_DELAYS = (0.5, 2.0, 5.0, 10.0)
@@ -189,10 +191,13 @@ class Node:
         self._liar_callbacks: list[Callable[[PeerId, str], None]] = []
         self.find_coordinator: Callable[[], Awaitable[PeerId | None]] | None = None
         """Where evidence goes (None: nowhere; it is logged and dropped)."""
-        self.judge_evidence: Callable[[Evidence, Callable[[bytes], Any]], Awaitable[None]] \
+        self.judge_evidence: Callable[[Evidence, Callable[[bytes], Any]], Awaitable[bool]] \
             | None = None
-        """Re-checks evidence when this node is the coordinator (the control plane's)."""
+        """Re-checks evidence when this node is the coordinator (the control plane's); False
+        when it does not coordinate."""
         self._deliveries: set[asyncio.Task] = set()
+        self._evidence_acks: dict[bytes, tuple[PeerId, asyncio.Future[bool]]] = {}
+        """Evidence sent and not answered yet: key -> (the peer asked, its answer)."""
         self.requester = Requester(self.peer_id, accept_peer=self._accepts,
                                    on_rejected=self.report_lying_peer)
         self.host: ActorHost | None = None
@@ -214,6 +219,7 @@ class Node:
         self.circuits = CircuitEndpoint(self.key, on_link=self._serve, accept=self._accepts)
         for kind in (CircuitOpen, CircuitIncoming, CircuitAccept, CircuitData, CircuitClose):
             self.on_control(kind, self._circuit_message)
+        self.on_control(EvidenceAck, self._on_evidence_ack)
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -275,18 +281,33 @@ class Node:
         if coord == worker:
             return "the accused is the coordinator"
         if coord == self.peer_id:
-            if self.judge_evidence is not None:
-                await self.judge_evidence(package.evidence, package.arrays.get)
-            return None
+            if self.judge_evidence is None or \
+                    await self.judge_evidence(package.evidence, package.arrays.get):
+                return None
+            return "this peer is not coordinating (yet)"
+        key = package.evidence.key
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._evidence_acks[key] = (coord, answer)
         try:
             for oid, arr in package.arrays.items():
                 await self.send_control(coord, PutObject(oid, arr))
             await self.send_control(coord, EvidenceMsg(package.evidence.encode()))
+            taken = await asyncio.wait_for(answer, EVIDENCE_ACK_WAIT)
         except (LinkClosed, OSError, TimeoutError) as exc:
-            return f"{coord.short()}: {exc}"
+            return f"{coord.short()}: {exc or 'no answer'}"
+        finally:
+            self._evidence_acks.pop(key, None)
+        if not taken:  # a stale DHT state named it, or it is handing off right now
+            return f"{coord.short()} is not coordinating"
         log.info("evidence against %s delivered to coordinator %s", worker.short(),
                  coord.short())
         return None
+
+    def _on_evidence_ack(self, link: PeerLink, msg: EvidenceAck) -> None:
+        """The answer to evidence we sent; only the peer we asked can give it."""
+        asked, answer = self._evidence_acks.get(msg.key, (None, None))
+        if answer is not None and asked == link.remote and not answer.done():
+            answer.set_result(msg.taken)
 
     async def _dispatch(self, link: PeerLink, msg: wire.Message) -> None:
         handler = self._control.get(type(msg))

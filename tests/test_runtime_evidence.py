@@ -157,6 +157,38 @@ async def test_the_coordinator_blocks_on_proof_and_never_on_claims(tmp_path):
     await plane.close()
 
 
+async def test_a_peer_not_coordinating_refuses_evidence_out_loud(tmp_path):
+    """Evidence that reaches a follower is answered "not taken" (the sender tries the next
+    coordinator), and taken once it coordinates."""
+    from swarm.control.machine import Duty
+    from swarm.control.plane import ControlPlane
+    from swarm.runtime.protocol import EvidenceAck, EvidenceMsg
+
+    me, liar, requester = (PeerKey.generate() for _ in range(3))
+    plane = await _coordinator_plane(tmp_path, me)
+    a, b, c = job(3)
+    call, reply = signed(liar, requester, a, b, c, task=3)
+    package = evidence_for(requester.peer_id, liar.peer_id, call, reply, "failed")
+    sent: list = []
+
+    class Link:
+        remote = requester.peer_id
+
+        async def send(self, msg) -> None:
+            sent.append(msg)
+
+    assert isinstance(plane, ControlPlane)
+    plane.controller._set_state(Duty.HANDING_OFF, plane.clock(), why="test")
+    await plane._on_evidence(Link(), EvidenceMsg(package.evidence.encode()))
+    assert sent == [EvidenceAck(package.evidence.key, False)]
+    assert package.evidence.key not in plane._judged    # not judged, so not lost either
+    plane.controller._set_state(Duty.COORDINATOR, plane.clock(), why="test")
+    await plane._on_evidence(Link(), EvidenceMsg(package.evidence.encode()))
+    assert sent[-1] == EvidenceAck(package.evidence.key, True)
+    assert package.evidence.key in plane._judged
+    await plane.close()
+
+
 def test_an_honest_sum_of_crafted_inputs_is_never_proven_wrong():
     """A requester can craft inputs whose honest f32 sum in order is far from exact (a large
     partial sum absorbs a thousand small terms): the worker's receipt for that result must

@@ -73,10 +73,10 @@ from swarm.control.state import (
     unseal,
 )
 from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
-from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+from swarm.errors import LinkClosed, NotCoordinator, ProtocolError, StaleTerm
 from swarm.runtime.evidence import Evidence, check_evidence
 from swarm.runtime.objects import ObjectId
-from swarm.runtime.protocol import EvidenceMsg
+from swarm.runtime.protocol import EvidenceAck, EvidenceMsg
 
 log = logging.getLogger("swarm.control")
 
@@ -545,15 +545,29 @@ class ControlPlane:
         except ValueError as exc:
             log.warning("bad evidence from %s: %s", link.remote.short(), exc)
             return
+        # Answer first (judging can take a while): a peer that does not coordinate says so,
+        # and the sender tries whoever does next, instead of losing the evidence here.
+        taken = self.controller.role is Duty.COORDINATOR
+        try:
+            await link.send(EvidenceAck(evidence.key, taken))
+        except (LinkClosed, OSError) as exc:
+            log.info("evidence from %s not answered: %s", link.remote.short(), exc)
+        if not taken:
+            log.info("evidence from %s refused: not coordinating (%s)", link.remote.short(),
+                     self.controller.role.value)
+            return
         store = self.node.host.store if self.node.host is not None else None
         await self.judge_evidence(
             evidence, lambda oid: store.get(ObjectId(oid)) if store is not None else None)
 
-    async def judge_evidence(self, evidence: Evidence, fetch_array) -> None:
-        """Block on proof alone: re-check the signed result ourselves (issue 13)."""
+    async def judge_evidence(self, evidence: Evidence, fetch_array) -> bool:
+        """Block on proof alone: re-check the signed result ourselves (issue 13). False when
+        this peer does not coordinate (the evidence must go elsewhere)."""
         c = self.controller
-        if c.role is not Duty.COORDINATOR or evidence.key in self._judged:
-            return
+        if c.role is not Duty.COORDINATOR:
+            return False
+        if evidence.key in self._judged:
+            return True
         self._judged[evidence.key] = None
         while len(self._judged) > MAX_JUDGED:
             self._judged.popitem(last=False)
@@ -561,10 +575,11 @@ class ControlPlane:
         worker = evidence.receipt.worker
         if not verdict.proven:
             log.info("evidence against %s not proven: %s", worker.short(), verdict.why)
-            return
+            return True
         log.warning("proof that %s lied: %s", worker.short(), verdict.why)
         c.proven_liar(worker, evidence.key, self.clock(), int(self.wall()))
         await self._do(c.actions())
+        return True
 
     # -- incoming --------------------------------------------------------------------------
 

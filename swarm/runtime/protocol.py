@@ -82,6 +82,19 @@ class EvidenceMsg(wire.Message):
     """An encoded :class:`~swarm.runtime.evidence.Evidence`."""
 
 
+@wire.message("rt.evidence_ack")
+class EvidenceAck(wire.Message):
+    """The answer to :class:`EvidenceMsg`: whether the receiver took it as coordinator.
+
+    A peer that is not (or no longer) coordinating says so, and the sender tries again with
+    whoever coordinates next: evidence is never dropped on the word of a stale DHT state."""
+
+    key: bytes
+    """The evidence's :attr:`~swarm.runtime.evidence.Evidence.key`."""
+    taken: bool
+    """True: the receiver coordinates and judged (or is judging) it."""
+
+
 @wire.message("rt.failed")
 class TaskFailed(wire.Message):
     """A task that did not produce outputs."""
