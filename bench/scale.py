@@ -1,6 +1,7 @@
 """Control-plane cost against the swarm's size, (a): real processes on this machine.
 
-    python bench/scale.py [--sizes 2,4,7,13,24] [--max 13] [--window 20] [--json]
+    python bench/scale.py [--sizes 2,4,7,13,24] [--max 13] [--window 20] [--json] [--plot PNG]
+    python bench/scale.py --from-json rows.json [--plot PNG]    # re-render a saved run
     python bench/scale.py --sim [bench/scale_sim.py's flags]   # (b): 100-1,000 simulated
 
 For each size K: `swarm publish` + K-1 `swarm join` processes (numpy backend, one BLAS
@@ -33,6 +34,9 @@ from tests.control_support import SIGKILL, SIGTERM, Cluster  # noqa: E402
 
 SIZES = (2, 4, 7, 13, 24)
 TICKS = os.sysconf("SC_CLK_TCK")
+FIELDS = {"members", "join_s", "cpu_worker", "cpu_worker_max", "cpu_coordinator",
+          "bytes_per_node_s", "bytes_coordinator_s", "lookups_worker_s", "failover_s"}
+"""What a row holds (written by --json, read by --from-json)."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -118,36 +122,94 @@ def one_size(k: int, window: float, root: Path, profile: Path | None = None) -> 
         cluster.close()
 
 
+def table(rows: list[dict], window: float | None) -> str:
+    """The rows as the printed table."""
+    lines = [f"idle control plane on loopback{f', {window:.0f} s window' if window else ''}; "
+             "CPU as % of one core",
+             f"{'members':>7} {'join s':>7} {'cpu wkr':>8} {'cpu max':>8} {'cpu crd':>8} "
+             f"{'B/s node':>9} {'B/s crd':>9} {'lkp/s':>6} {'failover':>9}"]
+    for r in rows:
+        lines.append(
+            f"{r['members']:>7} {r['join_s']:>7.2f} {100 * r['cpu_worker']:>7.1f}% "
+            f"{100 * r['cpu_worker_max']:>7.1f}% {100 * r['cpu_coordinator']:>7.1f}% "
+            f"{r['bytes_per_node_s'] or 0:>9.0f} {r['bytes_coordinator_s'] or 0:>9.0f} "
+            f"{r['lookups_worker_s'] or 0:>6.2f} {r['failover_s']:>8.2f}s")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Idle CPU and control bytes against the member count (needs matplotlib, the ``bench``
+    extra): what should stay flat for a worker, and what the coordinator pays."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r["members"])
+    n = [r["members"] for r in rows]
+    fig, (cpu, net) = plt.subplots(1, 2, figsize=(10, 3.6))
+    cpu.plot(n, [100 * r["cpu_worker"] for r in rows], "o-", label="worker (median)")
+    cpu.plot(n, [100 * r["cpu_worker_max"] for r in rows], "o:", label="worker (max)")
+    cpu.plot(n, [100 * r["cpu_coordinator"] for r in rows], "s--", label="coordinator")
+    net.plot(n, [(r["bytes_per_node_s"] or 0) / 1000 for r in rows], "o-",
+             label="per node (median)")
+    net.plot(n, [(r["bytes_coordinator_s"] or 0) / 1000 for r in rows], "s--",
+             label="coordinator")
+    for ax, title, unit in ((cpu, "idle CPU per process", "% of one core"),
+                            (net, "control bytes (DHT socket)", "KB/s")):
+        ax.set_xlabel("members", fontsize=8)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+
+
 def main() -> int:
     if "--sim" in sys.argv[1:]:  # (b): the one-process simulation, its own flags and table
         import scale_sim
         return scale_sim.main([a for a in sys.argv[1:] if a != "--sim"])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Each size starts its own swarm (about 1 s per member to join on 2 cores, "
+               "then the window, then a failover); --sim runs part (b), the simulation.")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                    help="member counts to measure, comma-separated (default %(default)s)")
     ap.add_argument("--max", type=int, default=max(SIZES), help="skip sizes above this")
-    ap.add_argument("--window", type=float, default=20.0, help="idle window, seconds")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--window", type=float, default=20.0,
+                    help="seconds of idle swarm to measure CPU and bytes over (default 20)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--plot", type=Path, metavar="PNG",
+                    help="also draw CPU and bytes against the member count into PNG")
+    ap.add_argument("--from-json", type=Path, metavar="FILE",
+                    help="render the rows saved by --json instead of measuring")
     ap.add_argument("--profile", type=Path, help="cProfile worker w1 into DIR/worker-K.<pid>")
     args = ap.parse_args()
-    logging.getLogger("kademlia").setLevel(logging.ERROR)  # the killed coordinator's contact
-    sizes = [k for k in (int(x) for x in args.sizes.split(",")) if 2 <= k <= args.max]
-    rows = []
-    for k in sizes:
-        with tempfile.TemporaryDirectory(prefix=f"bench-scale-{k}-") as tmp:
-            rows.append(one_size(k, args.window, Path(tmp), args.profile))
-        if not args.json:
-            print(f"  {k} members done", file=sys.stderr, flush=True)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(f"idle control plane on loopback, {args.window:.0f} s window; CPU as % of one core")
-    print(f"{'members':>7} {'join s':>7} {'cpu wkr':>8} {'cpu max':>8} {'cpu crd':>8} "
-          f"{'B/s node':>9} {'B/s crd':>9} {'lkp/s':>6} {'failover':>9}")
-    for r in rows:
-        print(f"{r['members']:>7} {r['join_s']:>7.2f} {100 * r['cpu_worker']:>7.1f}% "
-              f"{100 * r['cpu_worker_max']:>7.1f}% {100 * r['cpu_coordinator']:>7.1f}% "
-              f"{r['bytes_per_node_s'] or 0:>9.0f} {r['bytes_coordinator_s'] or 0:>9.0f} "
-              f"{r['lookups_worker_s'] or 0:>6.2f} {r['failover_s']:>8.2f}s")
+    if args.from_json is not None:
+        try:
+            rows = json.loads(args.from_json.read_text())
+            if not isinstance(rows, list) or not all(
+                    isinstance(r, dict) and FIELDS <= r.keys() for r in rows):
+                raise ValueError("not a list of rows written by --json")
+        except (OSError, ValueError) as exc:
+            print(f"scale.py: cannot read {args.from_json}: {exc}", file=sys.stderr)
+            return 2
+        window = None
+    else:
+        logging.getLogger("kademlia").setLevel(logging.ERROR)  # the killed coordinator
+        sizes = [k for k in (int(x) for x in args.sizes.split(",")) if 2 <= k <= args.max]
+        rows = []
+        for k in sizes:
+            with tempfile.TemporaryDirectory(prefix=f"bench-scale-{k}-") as tmp:
+                rows.append(one_size(k, args.window, Path(tmp), args.profile))
+            if not args.json:
+                print(f"  {k} members done", file=sys.stderr, flush=True)
+        window = args.window
+    if args.plot is not None:
+        plot(rows, args.plot)
+    print(json.dumps(rows, indent=1) if args.json else table(rows, window))
     return 0
 
 
