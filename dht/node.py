@@ -82,6 +82,11 @@ STATE_FILE = "node.json"
 ITEMS_FILE = "items.sqlite3"
 KEY_FILE = "node.key"
 MAX_PEER_PAGES = 64
+MAX_PAGE_SOURCES = 3
+"""Replicas a topic's follow-up pages are read from (the closest that said "more"): every
+replica already sent its first page during the lookup, and reading all of the rest from all
+twenty multiplied a big swarm's membership traffic by twenty. Three keep a withholding or
+failing replica from hiding entries that the others hold."""
 MAX_ENTRY_ADDRS = 64  # BEP 5 addresses a krpc-mode get_peers asks for their own entries
 MAX_OWN = 16  # entries one address may answer with (itself and the browser tabs it hosts)
 MAX_OWN_TOPICS = 64
@@ -734,7 +739,8 @@ class DHTNode(Server):
 
         for _, reply in res.responses:
             merge(reply.peers)
-        await asyncio.gather(*(rest_of(n, r) for n, r in res.responses if r.more))
+        more = [(n, r) for n, r in res.responses if r.more][:MAX_PAGE_SOURCES]
+        await asyncio.gather(*(rest_of(n, r) for n, r in more))
         if self.krpc:
             addrs = dict.fromkeys(v for _, r in res.responses for v in r.values)
             addrs.update(dict.fromkeys(self.store.peers(target, now)))

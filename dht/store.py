@@ -36,7 +36,12 @@ log = logging.getLogger(__name__)
 
 ITEM_TTL = 2 * 3600.0
 MAX_ITEMS = 100_000
-MAX_PER_TOPIC = 256
+MAX_PER_TOPIC = 2048
+"""Entries one node keeps per topic: a swarm of a thousand members has its whole list on
+every replica (at 256, no node held a complete list past 256 members)."""
+MAX_PER_SOURCE_TOPIC = 16
+"""Entries of one topic one source (address) may have stored here: filling a topic takes
+``MAX_PER_TOPIC / 16`` addresses, and evictions hit the source holding the most."""
 MAX_PER_KEY = 256
 SELF = ""  # the source of rows this node stores for itself
 _TABLES = (("mutable", "expires_at"), ("immutable", "expires_at"), ("announcements", "drop_at"),
@@ -90,7 +95,7 @@ class ItemStore:
                                else max(16, max_items // 64))
         self.max_per_key = max_per_key
         self.max_per_source_topic = (max_per_source_topic if max_per_source_topic is not None
-                                     else max(1, max_per_topic // 16))
+                                     else min(MAX_PER_SOURCE_TOPIC, max_per_topic))
         self._db = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None)
         if path:
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -210,6 +210,35 @@ async def test_many_announcements_page_through(swarm):
     assert {p.peer_id for p in peers} == {n.peer_id for n in announcers}
 
 
+async def test_follow_up_pages_come_from_a_few_replicas(swarm):
+    """Every replica sends its first page in the lookup; the rest of a big topic is read
+    from MAX_PAGE_SOURCES of them, not from all twenty (issue 19), and nothing is missed."""
+    from dht.node import MAX_PAGE_SOURCES
+
+    topic = b"paged-topic"
+    announcers = swarm[30:50]
+    await asyncio.gather(*(n.announce(topic, b"m" * 800) for n in announcers))
+    follow_ups: list[int] = []
+    originals = {}
+    for node in swarm:
+        originals[node] = node.protocol.rpc_get_peers
+
+        def counting(sender, nodeid, t, after, original=originals[node]):
+            if t == topic and after:
+                follow_ups.append(1)
+            return original(sender, nodeid, t, after)
+
+        node.protocol.rpc_get_peers = counting
+    try:
+        peers = await swarm[61].get_peers(topic)
+    finally:
+        for node in swarm:
+            del node.protocol.rpc_get_peers
+    assert {p.peer_id for p in peers} == {n.peer_id for n in announcers}
+    pages = -(-20 * 1000 // 7000)  # 20 entries of ~1 kB in 7,000-byte pages
+    assert 0 < len(follow_ups) <= MAX_PAGE_SOURCES * pages
+
+
 async def test_forged_announcements_are_refused_and_dropped(swarm):
     topic = b"forgery"
     victim, forger = swarm[21], swarm[22]

@@ -72,6 +72,29 @@ def test_announcements_replace_bound_and_expire():
     assert store.get_peers(b"u", T0 + 2 * 3600 + 1) == []
 
 
+def test_a_thousand_member_topic_is_held_whole_and_one_address_cannot_fill_it():
+    """Issue 19: a replica keeps a 1,000-member swarm's whole list (it kept 256), while one
+    address still stores at most MAX_PER_SOURCE_TOPIC entries of it."""
+    from dht.store import MAX_PER_SOURCE_TOPIC
+
+    store = ItemStore()
+    keys = [PeerKey.generate() for _ in range(1000)]
+    for i, k in enumerate(keys):
+        store.announce(b"t", Announcement.create(k, k.peer_id, b"t", b"r", T0 + 60),
+                       T0, source=f"10.0.{i // 250}.{i % 250}")
+    held, after = [], b""
+    while page := store.get_peers(b"t", T0, after=after, limit=300):
+        held += page
+        after = page[-1].peer_id.raw
+    assert {a.peer_id for a in held} == {k.peer_id for k in keys}
+    flood = [PeerKey.generate() for _ in range(MAX_PER_SOURCE_TOPIC + 1)]
+    for k in flood[:-1]:
+        store.announce(b"t", Announcement.create(k, k.peer_id, b"t", b"r", T0 + 60), T0,
+                       source="192.0.2.1")
+    assert _code(lambda: store.announce(b"t", Announcement.create(
+        flood[-1], flood[-1].peer_id, b"t", b"r", T0 + 60), T0, source="192.0.2.1")) == 202
+
+
 def test_forged_announcement_is_refused():
     k, other = PeerKey.generate(), PeerKey.generate()
     a = Announcement.create(k, k.peer_id, b"t", b"r", T0)

@@ -15,7 +15,8 @@ What is modelled: the clock (a heap of events, no sleeping), the network (one-wa
 each lookup the traffic a Kademlia lookup would cost: ``alpha * ceil(log2 N)`` find
 queries to seeded random nodes plus one query to each of the ``k`` nodes closest (XOR) to
 the target, which answer with the value (a topic's announcements paged at the DHT's
-``PEERS_PAGE_BYTES``, at most ``MAX_PER_TOPIC`` per node). The charter is modelled as a
+``PEERS_PAGE_BYTES``, at most ``MAX_PER_TOPIC`` per node; the follow-up pages from
+``MAX_PAGE_SOURCES`` replicas). The charter is modelled as a
 counter in an item of :data:`CHARTER_BYTES` (its FIDO2 proof is not re-created here).
 
 How each member decides its DHT reads is its adapter, the one point to swap:
@@ -46,6 +47,7 @@ from dht.core import PEERS_PAGE_BYTES
 from dht.errors import ItemError
 from dht.items import MutableItem, mutable_target
 from dht.messages import Envelope, ReplayGuard
+from dht.node import MAX_PAGE_SOURCES
 from dht.store import MAX_PER_TOPIC
 from dht.wire import announcement_to_wire, mutable_to_wire
 from identity.keys import PeerId, PeerKey
@@ -254,8 +256,11 @@ class SimDHT:
         size = sum(self._ann_bytes[a.signature] for a in held)
         pages = max(1, math.ceil(size / PEERS_PAGE_BYTES))
         req = _packed(["get_peers", [b"\0" * 20, topic, b""]])
+        paging = set(self.replicas(mutable_target(topic))[:MAX_PAGE_SOURCES])
 
         def answer(r: int) -> int:
+            if r not in paging:  # its first page only (dht.node.MAX_PAGE_SOURCES)
+                return min(size, PEERS_PAGE_BYTES)
             for _ in range(pages - 1):  # the follow-up pages, one request each
                 self.net.send(me, r, "membership", req)
             return size + HEADER * (pages - 1)
