@@ -48,7 +48,9 @@ is slower still: it packs ``x``).
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -66,6 +68,9 @@ normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.p
 _BLOCK = 1 << 17
 """Elements per row block of a pass (512 KiB of float32): stays in a core's cache while the
 check vectors and the squares are taken from it."""
+_SPLIT_MIN = 1 << 20
+"""Elements of a matrix below which a pass stays on one thread (handing half to a second
+thread costs ~50 us: more than it saves on a pass under ~1 ms)."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
 
@@ -135,8 +140,53 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
-def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
-          ) -> tuple[np.ndarray | None, np.ndarray]:
+def check_threads(cores: int, running: int) -> int:
+    """Threads for a check's passes: two when two cores would otherwise idle, else one.
+
+    ``cores`` is how many cores this process may run on and ``running`` how many tasks the
+    machine is running now, the deciding thread included (``/proc/loadavg``). A second
+    thread halves a pass on an idle machine (each core streams its half of the blocks from
+    its own cache); while the product's workers keep the cores busy it would only take a
+    core from them and wait for it, so then the check stays on one."""
+    return 2 if cores - max(running - 1, 0) >= 2 else 1
+
+
+def _running_tasks() -> int | None:
+    """Tasks running on the machine now (4th field of ``/proc/loadavg``), None if unknown."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_now() -> int:
+    """:func:`check_threads` for this machine at this moment (1 where the load is unknown)."""
+    running = _running_tasks()
+    return 1 if running is None else check_threads(_usable_cores(), running)
+
+
+_helper_lock = threading.Lock()
+_helper: ThreadPoolExecutor | None = None
+
+
+def _second_thread() -> ThreadPoolExecutor:
+    global _helper
+    with _helper_lock:
+        if _helper is None:
+            _helper = ThreadPoolExecutor(1, thread_name_prefix="freivalds")
+        return _helper
+
+
+def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None,
+          threads: int = 1) -> tuple[np.ndarray | None, np.ndarray]:
     """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
     (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
 
@@ -145,7 +195,9 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     are taken from the block there. Matrix-vector products, not one skinny matrix product:
     OpenBLAS packs ``x`` for an N = 4 product and ran it at a quarter of a matrix-vector
     product's speed here (bench/compute.py). Squares are summed in float32 (no full-size
-    temporary); only when that overflows is it redone in float64."""
+    temporary); only when that overflows is it redone in float64. With ``threads=2`` (see
+    :func:`check_threads`) a second thread takes the second half of the blocks (numpy
+    releases the GIL inside each product; BLAS stays on one thread per caller)."""
     m, k = x.shape
     cols = 0 if right is None else right.shape[1]
     proj = np.zeros((cols, m), np.float32)  # one contiguous row per check vector
@@ -155,19 +207,30 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     w = None if weights is None else np.asarray(weights, np.float32)
     sq = np.empty(m, np.float32)
     rows = max(1, _BLOCK // k)
-    tmp = None if w is None else np.empty((min(rows, m), k), np.float32)
+
+    def blocks(start: int, stop: int) -> None:
+        tmp = None if w is None else np.empty((min(rows, stop - start), k), np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # per thread in numpy 2
+            for r0 in range(start, stop, rows):
+                blk = x[r0:min(r0 + rows, stop)]
+                r1 = r0 + len(blk)
+                for j, v in enumerate(vectors):
+                    np.matmul(blk, v, out=proj[j, r0:r1])
+                if tmp is None:
+                    np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
+                else:
+                    t = tmp[:len(blk)]
+                    np.multiply(blk, blk, out=t)
+                    np.matmul(t, w, out=sq[r0:r1])
+
     with ONE_BLAS_THREAD, np.errstate(over="ignore", invalid="ignore"):
-        for r0 in range(0, m, rows):
-            blk = x[r0:r0 + rows]
-            r1 = r0 + len(blk)
-            for j, v in enumerate(vectors):
-                np.matmul(blk, v, out=proj[j, r0:r1])
-            if tmp is None:
-                np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
-            else:
-                t = tmp[:len(blk)]
-                np.multiply(blk, blk, out=t)
-                np.matmul(t, w, out=sq[r0:r1])
+        if threads > 1 and m * k >= _SPLIT_MIN and m >= 2 * rows:
+            half = (m + 2 * rows - 1) // (2 * rows) * rows  # on a block boundary
+            other = _second_thread().submit(blocks, half, m)
+            blocks(0, half)
+            other.result()
+        else:
+            blocks(0, m)
         out = sq.astype(np.float64)
         if not np.all(np.isfinite(out)):  # squares past float32: exact enough in float64
             x64 = x.astype(np.float64)
@@ -206,10 +269,12 @@ def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: st
 
 
 def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
-                  precision: str = "f32", br: np.ndarray | None = None) -> bool:
+                  precision: str = "f32", br: np.ndarray | None = None,
+                  threads: int | None = None) -> bool:
     """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
     (:func:`row_norms2`; a caller checking many results against one weight keeps them).
-    ``br`` is ``b @ r`` when the caller already has it."""
+    ``br`` is ``b @ r`` when the caller already has it; ``threads`` defaults to
+    :func:`threads_now`."""
     m, n = a.shape[0], b.shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
@@ -217,14 +282,16 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
     c = np.ascontiguousarray(c, dtype=np.float32)
     if m == 0 or n == 0:
         return True
+    if threads is None:
+        threads = threads_now()
     with np.errstate(over="ignore", invalid="ignore"):
         if br is None:
-            br = _pass(b, r, None)[0]
-        z, q = _pass(a, br, b_norms2)
+            br = _pass(b, r, None, threads)[0]
+        z, q = _pass(a, br, b_norms2, threads)
     if not (np.all(np.isfinite(z)) and np.all(np.isfinite(q))
             and np.all(np.isfinite(b_norms2))):
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    cr, c_norms2 = _pass(c, r, None)
+    cr, c_norms2 = _pass(c, r, None, threads)
     if not (np.all(np.isfinite(cr)) and np.all(np.isfinite(c_norms2))):
         return False
     limit = KAPPA * np.sqrt(_variance(a.shape[1], n, q, c_norms2, precision))
@@ -275,5 +342,6 @@ def verify_matmul(
     check_precision(precision)
     a, b = check_operands(a, b)
     r = draw_vectors(b.shape[1], rounds, rng)
-    br, b_norms2 = _pass(b, r, None)   # one pass over b: b @ r and its row norms
-    return check_product(a, b, c, r, b_norms2, precision, br=br)
+    threads = threads_now()
+    br, b_norms2 = _pass(b, r, None, threads)   # one pass over b: b @ r and its row norms
+    return check_product(a, b, c, r, b_norms2, precision, br=br, threads=threads)
