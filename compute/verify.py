@@ -328,20 +328,25 @@ def verify_matmul(
     *,
     rng: np.random.Generator | None = None,
     precision: str = "f32",
+    threads: int | None = None,
 ) -> bool:
     """Return True when ``c`` equals ``a @ b`` within float tolerance (Freivalds' check).
 
     ``rounds`` fresh Gaussian vectors are drawn for this call alone. ``rng`` defaults to a
     fresh OS-seeded generator; pass one only for reproducible tests. ``precision`` is what
-    the product was computed in ("f16": inputs were rounded to half precision). A ``c`` of
+    the product was computed in ("f16": inputs were rounded to half precision). ``threads``
+    (1 or 2) fixes how many threads the passes use; by default :func:`threads_now`. A ``c`` of
     the wrong shape, or with NaN or infinity, is wrong. Operands that cannot be multiplied,
     or that are not finite, raise :class:`compute.InvalidInput`.
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise InvalidInput(f"rounds must be a positive integer, got {rounds!r}")
     check_precision(precision)
+    if threads is None:
+        threads = threads_now()
+    elif not isinstance(threads, int) or threads not in (1, 2):
+        raise InvalidInput(f"threads must be 1 or 2, got {threads!r}")
     a, b = check_operands(a, b)
     r = draw_vectors(b.shape[1], rounds, rng)
-    threads = threads_now()
     br, b_norms2 = _pass(b, r, None, threads)   # one pass over b: b @ r and its row norms
     return check_product(a, b, c, r, b_norms2, precision, br=br, threads=threads)

@@ -279,3 +279,11 @@ def test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048():
     assert miss_probability(0.1 * rms, t, rounds=3) > 1e-6
     assert miss_probability(0.1 * rms, t, rounds=4) <= 1e-7
     assert miss_probability(0.01 * rms, t, rounds=4) <= 1e-3
+
+
+def test_threads_must_be_one_or_two():
+    a, b = operands(8, 8, 8)
+    assert verify_matmul(a, b, a @ b, threads=2)
+    for bad in (0, 3, 1.5, "2"):
+        with pytest.raises(InvalidInput, match="threads"):
+            verify_matmul(a, b, a @ b, threads=bad)
