@@ -33,17 +33,31 @@ where ``u16 = 2**-11`` covers products computed from inputs rounded to half prec
 *claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
 ``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
 
+Why four rounds: at n = 2048 the median row threshold is ``T ~ 1.95e-3`` rms(C) for normal
+data (1.4e-3 uniform-positive, 1.25e-3 lognormal), so one round misses an error of 10% of
+rms(C) with probability <= 0.016 and one of 1% with <= 0.16. Three rounds would miss the 10%
+error with ~4e-6 (over the 1e-6 goal); four miss it with ~6e-8 and the 1% one with ~6e-4
+(``test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048``). Three rounds would need
+KAPPA <= 5.1, about 2x over the worst honest ratio measured: not taken.
+
 Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, ``c`` and
 ``a`` (weighted, for ``Q``), against ``2 M N K`` flops for the product. The check is
 memory-bound, so each matrix is read from memory once (:func:`_pass`: cache-sized row
 blocks, the ``rounds`` matrix-vector products and the squares taken from the block), on one
-BLAS thread (:data:`ONE_BLAS_THREAD`). Measured on 2 shared EPYC cores at n = 2048 (medians
-of interleaved runs, bench/compute.py): 4.3 ms against 6.5 ms for the previous six separate
-passes, both on one thread; ~2.5-3% of a contended numpy product, ~6-7% of an idle
-two-thread one (~65 ms). The floor is reading ``a``, ``b`` and ``c`` once (48 MiB, ~1.4 ms
-at the 35 GB/s one core streams here); what is left above it is the matrix-vector
-kernels re-reading each block from cache once per vector (OpenBLAS's N = 4 matrix product
-is slower still: it packs ``x``).
+BLAS thread per caller (:data:`ONE_BLAS_THREAD`), and on two threads (each half the blocks)
+only while two cores would otherwise idle (:func:`check_threads`): while the product's
+workers are busy a second thread only takes a core from them. Measured on the shared 2-core
+EPYC test machine at n = 2048 (medians of interleaved runs, bench/compute.py): one thread
+4.2 ms while the product ran at ~67 ms (6-7%), 8.4 ms at 2.7-5.5% while other tenants
+slowed it to 150-250 ms. The one-thread floor here is ~3.7 ms, so the 3% goal against an
+idle two-thread product (~1.95 ms) cannot be met on one thread: reading ``a``, ``b``, ``c``
+once is 48 MiB at the ~35 GB/s one core streams (1.4 ms), and the other three products and
+the squares re-read each 512 KiB block from L2 (a matrix-vector product 4.9 us per block,
+~107 GB/s; squares 7.5 us, weighted 14 us; 96 blocks: ~2.3 ms). Two idle cores could at best
+halve the L2 part (~1.9-2.6 ms in all, 2.9-4%); the second thread's gain on an idle machine
+was not measurable here (another tenant held a core throughout; under that load two threads
+were faster at 4096, 2.7-2.9% against 3.0%, and mostly slower at 1024 and 2048). OpenBLAS's N = 4 matrix product is
+slower still (it packs ``x``: 25 us per block against 20 for four matrix-vector products).
 """
 
 from __future__ import annotations
