@@ -188,15 +188,17 @@ def threads_now() -> int:
 
 
 _helper_lock = threading.Lock()
-_helper: ThreadPoolExecutor | None = None
+_helper: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _second_thread() -> ThreadPoolExecutor:
+    """The process's helper thread; a new one after a fork (the parent's never runs there,
+    and work handed to it would wait forever)."""
     global _helper
     with _helper_lock:
-        if _helper is None:
-            _helper = ThreadPoolExecutor(1, thread_name_prefix="freivalds")
-        return _helper
+        if _helper is None or _helper[0] != os.getpid():
+            _helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="freivalds"))
+        return _helper[1]
 
 
 def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -287,3 +290,29 @@ def test_threads_must_be_one_or_two():
     for bad in (0, 3, 1.5, "2"):
         with pytest.raises(InvalidInput, match="threads"):
             verify_matmul(a, b, a @ b, threads=bad)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+def test_two_thread_check_works_in_a_forked_child():
+    """A child forked after a two-thread check gets its own helper thread (the parent's does
+    not exist there, and work handed to it would wait forever)."""
+    a, b = operands(512, 2048, 256, seed=3)
+    c = a @ b
+    assert verify_matmul(a, b, c, threads=2)
+    pid = os.fork()
+    if pid == 0:  # child: exit status says whether the check ran
+        ok = False
+        try:
+            ok = verify_matmul(a, b, c, threads=2)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's check never finished")
