@@ -100,8 +100,15 @@ class Offer:
 
 def supported() -> bool:
     """Whether this process may use shared-memory links (Linux, /proc, not switched off)."""
+    return os.environ.get(ENV, "1") != "0" and _platform()
+
+
+@functools.cache
+def _platform() -> bool:
+    """Linux with memfd and /proc. Asked once: :func:`supported` runs on the event loop before
+    every send, and a stat lets go of the GIL (getting it back from a busy thread took ms)."""
     if not (sys.platform.startswith("linux") and hasattr(os, "memfd_create")
-            and os.path.isdir(f"/proc/{os.getpid()}/fd") and os.environ.get(ENV, "1") != "0"):
+            and os.path.isdir(f"/proc/{os.getpid()}/fd")):
         return False
     _raise_fd_limit()
     return True

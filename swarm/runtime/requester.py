@@ -135,6 +135,31 @@ class TaskFailure(Exception):
         self.kind = kind
 
 
+class Slot:
+    """A task counted at its peer from the moment a job assigns it, before its call starts.
+
+    Jobs planned in one loop turn (many ``.remote()`` calls at once) otherwise saw none of
+    each other's tasks: every call went out at once, far past the window, and the tasks
+    queued at a worker looked like stragglers and were copied to another one."""
+
+    __slots__ = ("_req", "peer", "held")
+
+    def __init__(self, req: Requester, peer: PeerId) -> None:
+        self._req, self.peer, self.held = req, peer, True
+        req._at[peer] += 1
+
+    def take(self) -> bool:
+        """The call this slot was booked for starts: it counts the task from now on."""
+        held, self.held = self.held, False
+        return held
+
+    def release(self, _: object = None) -> None:
+        """The call never started (cancelled, no link): give the slot back."""
+        if self.take():
+            self._req._leave(self.peer)
+            self._req._changed.set()
+
+
 class Requester:
     """Sends calls over worker links; runs verified, scheduled jobs."""
 
@@ -159,6 +184,8 @@ class Requester:
         self.links: dict[PeerId, PeerLink] = {}
         self._draining: set[PeerId] = set()
         self._pending: dict[tuple[PeerId, int], asyncio.Future] = {}
+        self._at: Counter[PeerId] = Counter()
+        """Tasks at each peer: calls pending plus :class:`Slot` s booked (the window)."""
         self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
@@ -199,8 +226,17 @@ class Requester:
         self._changed.set()
 
     def inflight(self, peer: PeerId) -> int:
-        """Tasks sent to ``peer`` and not answered yet (all jobs)."""
-        return sum(p == peer for p, _ in self._pending)
+        """Tasks at ``peer`` not answered yet, all jobs: sent, or assigned and about to be."""
+        return self._at[peer]
+
+    def book(self, peer: PeerId) -> Slot:
+        """Count a task at ``peer`` now, for a call that starts later (pass it to :meth:`call`)."""
+        return Slot(self, peer)
+
+    def _leave(self, peer: PeerId) -> None:
+        self._at[peer] -= 1
+        if self._at[peer] <= 0:
+            del self._at[peer]
 
     def workers(self) -> list[PeerId]:
         """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
@@ -272,8 +308,9 @@ class Requester:
         return shm.SEGMENTS.prepared(arrays if getattr(link, "shm", None) is not None else [])
 
     async def call(self, peer: PeerId, call: Call, *, instance: int = 0, seq: int = -1,
-                   report: PeerReport | None = None) -> Reply:
-        """Run ``call`` on ``peer``; returns its outputs, round trip and receipt.
+                   report: PeerReport | None = None, slot: Slot | None = None) -> Reply:
+        """Run ``call`` on ``peer``; returns its outputs, round trip and receipt. ``slot``:
+        the task was already counted at ``peer`` (:meth:`book`).
 
         Raises TaskFailure for a worker's refusal or error, LinkClosed when the link breaks.
         """
@@ -285,10 +322,12 @@ class Requester:
                 raise LinkClosed(f"no link to {peer.short()}")
             started = time.perf_counter()
             tid = next(self._ids)
-            fut = loop.create_future()
-            self._pending[(peer, tid)] = fut
             args = [TaskArg(oid=a.oid.raw) if a.oid is not None else TaskArg(array=a.array)
                     for a in call.args]
+            fut = loop.create_future()
+            self._pending[(peer, tid)] = fut
+            if slot is None or not slot.take():
+                self._at[peer] += 1
             try:
                 msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
                 await self._send_objects(peer, link, call.args, report)
@@ -305,6 +344,7 @@ class Requester:
                 raise
             finally:
                 self._pending.pop((peer, tid), None)
+                self._leave(peer)
                 self._changed.set()  # a slot at ``peer`` is free: other jobs may use it
             if isinstance(reply, TaskResult):
                 if report is not None:
@@ -430,8 +470,12 @@ class _JobRun:
     def _act(self, action) -> None:
         loop = asyncio.get_running_loop()
         if isinstance(action, Run):
-            self.running[(action.shard, action.peer)] = loop.create_task(
-                self._attempt(action.shard, action.peer))
+            # counted at the peer now: jobs that plan before this task starts see it
+            slot = self.req.book(action.peer) if action.peer != LOCAL else None
+            task = loop.create_task(self._attempt(action.shard, action.peer, slot))
+            if slot is not None:
+                task.add_done_callback(slot.release)
+            self.running[(action.shard, action.peer)] = task
         elif isinstance(action, Stop):
             task = self.running.pop((action.shard, action.peer), None)
             if task is not None:
@@ -467,7 +511,7 @@ class _JobRun:
         getter.cancel()
         return None
 
-    async def _attempt(self, shard: int, peer: Any) -> None:
+    async def _attempt(self, shard: int, peer: Any, slot: Slot | None = None) -> None:
         core, t0 = self.core, time.perf_counter()
         try:
             if peer == LOCAL:
@@ -475,7 +519,7 @@ class _JobRun:
                 reply = None
             else:
                 reply = await self.req.call(peer, self.calls[shard % self.n],
-                                            report=core.report.peer(peer))
+                                            report=core.report.peer(peer), slot=slot)
                 outs = reply.outputs
             seconds = (time.perf_counter() - t0 if peer == LOCAL
                        else self.req.clock.seconds(peer, t0, time.perf_counter()))
