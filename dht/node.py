@@ -99,6 +99,8 @@ class Stats:
 
     lookups: int = 0
     """Iterative lookups run."""
+    listings: int = 0
+    """Topic listings run (:meth:`DHTNode.get_peers`; each is one of the lookups)."""
     lookup_rpcs: int = 0
     """Requests those lookups sent."""
     requests: int = 0
@@ -717,6 +719,7 @@ class DHTNode(Server):
         """Every live, validly signed entry under ``topic`` (newest per peer), by peer id."""
         check_topic(topic)
         target = topic_target(topic)
+        self.stats.listings += 1
         res = await self._lookup(target, partial(self._topic_query(), topic=topic))
         best: dict[PeerId, Announcement] = {}
         now = self.clock()

@@ -380,7 +380,7 @@ class Node:
             s = self.dht.stats
             tmp.write_text(json.dumps({"t": time.monotonic(), "bytes_in": s.bytes_in,
                                        "bytes_out": s.bytes_out, "requests": s.requests,
-                                       "lookups": s.lookups}))
+                                       "lookups": s.lookups, "listings": s.listings}))
             os.replace(tmp, path)
             await asyncio.sleep(STATS_EVERY)
 

@@ -114,13 +114,14 @@ def test_coordinator_silence_falls_back_to_the_dht_with_backoff():
     assert run(s, 30.0, 45.0, heard=d) == []
 
 
-def test_a_newcomer_reads_at_once_and_the_coordinator_on_fixed_periods():
+def test_a_newcomer_reads_at_once_and_the_coordinator_on_its_periods():
     s = Sync(0.0, T, rng=random.Random(2))
     assert set(s.due(0.0)) == {Fetch.VIEW, Fetch.CHARTER, Fetch.STATE}
     c = Sync(0.0, T)
     c.role(True, 0.0)
     started = run(c, 0.0, 10.0)
-    assert sum(1 for _, f in started if f is Fetch.VIEW) == 10
+    # an unchanged view: topic reads back off 1, 2, 4, 8 s (at 0, 1, 3, 7)
+    assert [t for t, f in started if f is Fetch.VIEW] == [0.0, 1.0, 3.0, 7.0]
     assert sum(1 for _, f in started if f is Fetch.CHARTER) == 2
     assert sum(1 for _, f in started if f is Fetch.RIVALS) == 2
     assert not any(f is Fetch.STATE for _, f in started)
@@ -160,3 +161,37 @@ def test_digest_codec_and_its_signature():
     o.pop("d")
     with pytest.raises(ProtocolError, match="signature"):
         unseal(sid, msgpack.packb(o, use_bin_type=True))
+
+
+def test_a_coordinator_lists_every_second_while_its_view_changes_and_a_hello_brings_it_back():
+    """Issue 19: every replica answers each topic read with the whole list, so an idle
+    coordinator backs off to ``view_idle``; a change keeps it at ``view``, and a newcomer's
+    hello brings the next read to within ``min_gap`` (a flood of hellos costs no more)."""
+    c = Sync(0.0, T)
+    c.role(True, 0.0)
+    views = iter(view_digest(PEERS[:i]) for i in range(1, 100))
+    reads: list[float] = []
+    now = 0.0
+    while now < 5.0:  # a member joins between every two reads
+        for f in c.due(now):
+            if f is Fetch.VIEW:
+                reads.append(now)
+                c.have(view=next(views))
+            c.done(f, now)
+        now = round(now + 0.1, 6)
+    assert reads == [0.0, 1.0, 2.0, 3.0, 4.0]
+    idle = run(c, 5.0, 40.0)
+    times = [t for t, f in idle if f is Fetch.VIEW]
+    gaps = [round(b - a, 6) for a, b in zip(times, times[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == T.view_idle and len(times) <= 8
+    last = max(t for t, f in idle if f is Fetch.VIEW)
+    for _ in range(100):  # hellos: the next read within min_gap of the last, once
+        c.nudged(last + 0.2)
+    assert [f for f in c.due(last + 0.5) if f is Fetch.VIEW] == []
+    assert Fetch.VIEW in c.due(last + T.min_gap)
+
+
+def test_only_a_coordinator_is_nudged():
+    s = following()
+    s.nudged(0.5)
+    assert run(s, 0.5, 10.0, heard=Digest(VIEW, len(PEERS), 3)) == []

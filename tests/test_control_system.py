@@ -143,6 +143,8 @@ def test_idle_members_do_not_poll_the_dht_while_heartbeats_flow(cluster, tmp_pat
         if second["lookups"] - first["lookups"] <= 1 or time.monotonic() > deadline:
             break
     before = second
+    coordinator = next(n for n, p in peers.items() if p == st["coordinator"])
+    coord_before = stats(coordinator)
     window_end = time.monotonic() + 12.0
     while time.monotonic() < window_end:
         assert proc.popen.poll() is None
@@ -150,6 +152,10 @@ def test_idle_members_do_not_poll_the_dht_while_heartbeats_flow(cluster, tmp_pat
     after = stats(follower)
     lookups = after["lookups"] - before["lookups"]
     assert lookups <= 4, f"{lookups} DHT lookups by an idle follower in 12 s"
+    # The coordinator's topic listings back off while nobody joins (each is answered with
+    # the whole list by every replica): at most every 8 s, where it listed every second.
+    listings = stats(coordinator)["listings"] - coord_before["listings"]
+    assert listings <= 4, f"{listings} topic listings by an idle coordinator in 12 s"
     assert after["bytes_in"] > before["bytes_in"]  # the coordinator's heartbeats came
     assert cluster.observer().status()["coordinator"] == st["coordinator"]
 

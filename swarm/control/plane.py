@@ -72,7 +72,7 @@ from swarm.control.state import (
     seal,
     unseal,
 )
-from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
+from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming, view_digest
 from swarm.errors import LinkClosed, NotCoordinator, ProtocolError, StaleTerm
 from swarm.runtime.evidence import Evidence, check_evidence
 from swarm.runtime.objects import ObjectId
@@ -289,7 +289,19 @@ class ControlPlane:
             await self._read_states()
         else:
             await self._catch_up()
+        self._hello()
         return True
+
+    def _hello(self) -> None:
+        """No heartbeats reach us (a newcomer, or dropped from the view) while the DHT names
+        a coordinator: tell it, so that its next topic read comes now rather than at its
+        idle period. Sent at the silent reads' backoff (1 s doubling to 8 s)."""
+        c, now = self.controller, self.clock()
+        coord = c.state.coordinator if c.state is not None else None
+        if self.passive or self.node.record is None or coord in (None, self.key.peer_id) \
+                or self.sync.mode(now) is not Mode.SILENT:
+            return
+        self._spawn(self._send(coord, seal(self.key, self.swarm_id, "hello", b"")))
 
     async def _check_rivals(self) -> bool:
         """A coordinator's look for a rival's state item (after a partition healed)."""
@@ -642,6 +654,9 @@ class ControlPlane:
                 if env.endorsement:
                     await self._on_message(sender, addr, env.endorsement)
                 c.kick_order(KickOrder.decode(env.body), env.sender, now, self.wall())
+            elif env.kind == "hello":  # a member we do not list yet: read the topic soon
+                if c.role is Duty.COORDINATOR and env.sender not in c.view:
+                    self.sync.nudged(now)
             elif env.kind == "liar":
                 c.liar_report(LiarReport.decode(env.body), env.sender, now, int(self.wall()))
             elif env.kind == "cmd":

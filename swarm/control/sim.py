@@ -58,7 +58,7 @@ from swarm.control.machine import Command, Controller, Duty, Timing
 from swarm.control.membership import MemberRecord, candidate, membership_topic
 from swarm.control.plane import TICK
 from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
-from swarm.control.sync import Digest, Fetch, Sync, SyncTiming, view_digest
+from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 EPOCH = 1_800_000_000.0
@@ -375,6 +375,9 @@ class PollingAdapter:
     def role_changed(self, m: Member, role: Duty) -> None:
         """Polling does the same whatever the role."""
 
+    def nudged(self, m: Member) -> None:
+        """Polling reads the topic every second anyway (and sends no hellos)."""
+
 
 class SyncAdapter:
     """Today's adapter policy: the sans-IO :class:`swarm.control.sync.Sync` core decides
@@ -418,6 +421,10 @@ class SyncAdapter:
                 s.read_states(m)
             else:
                 s.catch_up(m)
+            coord = c.state.coordinator if c.state is not None else None
+            if fetch is Fetch.STATE and coord not in (None, m.peer_id) \
+                    and core.mode(s.loop.now) is Mode.SILENT:  # as plane.py's _hello
+                s.send(m, coord, "membership", seal(m.key, s.swarm_id, "hello", b""))
             done()
 
     def digest(self, m: Member) -> bytes:
@@ -430,6 +437,9 @@ class SyncAdapter:
 
     def role_changed(self, m: Member, role: Duty) -> None:
         self.cores[m.index].role(role is Duty.COORDINATOR, self.sim.loop.now)
+
+    def nudged(self, m: Member) -> None:
+        self.cores[m.index].nudged(self.sim.loop.now)
 
 
 Adapter = PollingAdapter | SyncAdapter
@@ -675,6 +685,10 @@ class Sim:
         try:
             m.replay.admit(env, m.node_id, self.wall())
             msg = unseal(self.swarm_id, env.payload)
+            if msg.kind == "hello":  # as plane.py: a member we do not list, read soon
+                if c.role is Duty.COORDINATOR and msg.sender not in c.view:
+                    self.adapter.nudged(m)
+                return
             if msg.kind not in ("hb", "handoff"):
                 return
             item = StateItem.decode(msg.body)

@@ -3,7 +3,8 @@ answers with the fetches to start.
 
 Polling the whole membership topic and the charter every second on every member cost each
 node O(members) and the swarm O(members²). Instead the coordinator alone reads the topic
-(O(members) for it) and every heartbeat carries a :class:`Digest` of what it holds: its
+(O(members) for it; from every second while its view changes to every ``view_idle`` s while
+it does not, a newcomer's hello bringing the next read forward) and every heartbeat carries a :class:`Digest` of what it holds: its
 member view, its charter counter (the state head, term and blocklist digest travel in the
 heartbeat already). A follower fetches only what differs from its own copy, at most once per
 ``min_gap`` (doubling while it still differs after a fetch: the coordinator may simply be
@@ -92,7 +93,8 @@ class Mode(enum.Enum):
     """How this node reads the DHT now."""
 
     COORDINATING = "coordinating"
-    """Reads the topic, the charter and the rivals itself, on fixed periods."""
+    """Reads the charter and the rivals itself on fixed periods, and the topic backing off
+    while its view does not change (hellos bring it forward)."""
     FOLLOWING = "following"
     """Hears digests; fetches what differs, plus the jittered safety net."""
     SILENT = "silent"
@@ -106,7 +108,13 @@ class SyncTiming:
     """Periods in seconds."""
 
     view: float = 1.0
-    """A coordinator's (and a passive client's) topic read; the fallback's first step."""
+    """A passive client's topic read; a coordinator's while its view changes; the
+    fallback's first step."""
+    view_idle: float = 8.0
+    """The longest gap between a coordinator's topic reads while its view does not change
+    (doubling from ``view``): every replica answers each read with the whole list, so a
+    read a second cost every node of a small swarm O(members) bytes. A newcomer's hello
+    (:meth:`Sync.nudged`) brings the next read forward, so joins are not slowed."""
     charter: float = 5.0
     """A coordinator's (and a passive client's) charter refresh."""
     rivals: float = 5.0
@@ -157,6 +165,8 @@ class Sync:
         self._gap: dict[Fetch, float] = dict.fromkeys(Fetch, timing.min_gap)
         self._busy: set[Fetch] = set()
         self._ended: dict[Fetch, float] = dict.fromkeys(Fetch, float("-inf"))
+        self._listed: bytes | None = None
+        """The view a coordinator's last topic read ended with (a change resets its gap)."""
         self._mode = self.mode(now)
         self.counts: dict[Fetch, int] = dict.fromkeys(Fetch, 0)
         """Fetches started, by kind (benchmarks and tests read them)."""
@@ -188,12 +198,29 @@ class Sync:
             self.coordinating = coordinating
             self.heard_at = None if coordinating else now  # a new follower: grace first
             self._next = dict.fromkeys(Fetch, now)
+            self._gap[Fetch.VIEW] = self.timing.view
+            self._listed = None
+
+    def nudged(self, now: float) -> None:
+        """A member the coordinator does not list said hello: read the topic soon (at most
+        once per ``min_gap``, however many hellos arrive: a flood costs the old rate)."""
+        if self.coordinating:
+            self._gap[Fetch.VIEW] = self.timing.view
+            self._next[Fetch.VIEW] = min(self._next[Fetch.VIEW],
+                                         max(now, self._ended[Fetch.VIEW] + self.timing.min_gap))
 
     def done(self, fetch: Fetch, now: float, ok: bool = True) -> None:
         """A fetch that :meth:`due` returned has finished (``ok``: it got an answer)."""
         self._busy.discard(fetch)
         self._ended[fetch] = now
         mode = self.mode(now)
+        if mode is Mode.COORDINATING and fetch is Fetch.VIEW:
+            changed, self._listed = self.view != self._listed, self.view
+            gap = self.timing.view if changed or not ok else \
+                min(self._gap[fetch] * 2, self.timing.view_idle)
+            self._gap[fetch] = gap
+            self._next[fetch] = now + gap
+            return
         if mode in FIXED:
             return
         if mode is Mode.SILENT and fetch in (Fetch.VIEW, Fetch.STATE):
