@@ -85,12 +85,10 @@ def _one_thread(fn):
 
 
 def freivalds_cost(sizes, rounds) -> list[dict]:
-    """The default check (``verify_matmul``, fresh vectors, one BLAS thread per caller) on
-    one thread and on two (``threads=2``: what :func:`compute.verify.check_threads` picks when
-    two cores would otherwise idle), and the job path's check (the weight's row norms cached,
-    as ``FreivaldsCache`` does, one thread) against the numpy product on the default BLAS
-    threads and on one thread (like for like). ``load`` is ``/proc/loadavg`` after the row."""
-    from compute.verify import ROUNDS, check_product, draw_vectors, row_norms2, threads_now
+    """The default check (``verify_matmul``, fresh vectors, always on one BLAS thread) and
+    the job path's check (the weight's row norms cached, as ``FreivaldsCache`` does) against
+    the numpy product on the default BLAS threads and on one thread (like for like)."""
+    from compute.verify import ROUNDS, check_product, draw_vectors, row_norms2
 
     rows = []
     for n in sizes:
@@ -103,20 +101,13 @@ def freivalds_cost(sizes, rounds) -> list[dict]:
         bad[n // 3, n // 2] += 0.01 * float(np.sqrt(np.mean(c.astype(np.float64) ** 2)))
         med = interleaved({"matmul": lambda a=a, b=b: a @ b,
                            "matmul1": lambda a=a, b=b: _one_thread(lambda: a @ b),
-                           "verify": lambda a=a, b=b, c=c: compute.verify_matmul(
-                               a, b, c, threads=1),
-                           "verify2": lambda a=a, b=b, c=c: compute.verify_matmul(
-                               a, b, c, threads=2),
+                           "verify": lambda a=a, b=b, c=c: compute.verify_matmul(a, b, c),
                            "cached": lambda a=a, b=b, c=c, nb=norms, n=n: check_product(
-                               a, b, c, draw_vectors(n, ROUNDS), nb, threads=1)},
+                               a, b, c, draw_vectors(n, ROUNDS), nb)},
                           rounds)
         rows.append({"n": n, "matmul_ms": med["matmul"][0] * 1e3,
                      "matmul1_ms": med["matmul1"][0] * 1e3,
                      "verify_ms": med["verify"][0] * 1e3,
-                     "verify2_ms": med["verify2"][0] * 1e3,
-                     "cost2_pct_median": 100 * med["verify2"][0] / med["matmul"][0],
-                     "threads_now": threads_now(),
-                     "load": _loadavg(),
                      "cost1_pct_median": 100 * med["verify"][0] / med["matmul1"][0],
                      "cost_pct_median": 100 * med["verify"][0] / med["matmul"][0],
                      "cost_pct_best": 100 * med["verify"][1] / med["matmul"][1],
@@ -124,13 +115,6 @@ def freivalds_cost(sizes, rounds) -> list[dict]:
                      "accepts_correct": compute.verify_matmul(a, b, c),
                      "rejects_1pct": not compute.verify_matmul(a, b, bad)})
     return rows
-
-
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "?"
 
 
 def _operands(kind: str, m: int, k: int, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -218,19 +202,17 @@ def main(argv=None) -> int:
         print(f"{r['n']:>6} {r['backend_ms']:>11.3f} {r['raw_ms']:>9.3f} "
               f"{r['ratio_median']:>14.3f} {r['ratio_best']:>12.3f}")
     print("\nFreivalds' check (fresh Gaussian vectors) vs the numpy product (interleaved)")
-    print("(verify on one thread, verify2 on two; cost% against the product on the default "
-          "threads, cost1% against the product on one thread; policy: the threads "
-          "check_threads picks now)")
-    print(f"{'n':>6} {'matmul ms':>10} {'1-thr ms':>9} {'verify ms':>10} {'verify2 ms':>11} "
-          f"{'cost%(med)':>11} {'cost2%(med)':>12} {'cost%(best)':>12} {'cost1%(med)':>12} "
-          f"{'b cached%':>10} {'policy':>7}  accepts  rejects-1%  loadavg")
+    print("(the check runs on one BLAS thread; cost% against the product on the default "
+          "threads, cost1% against the product on one thread)")
+    print(f"{'n':>6} {'matmul ms':>10} {'1-thr ms':>9} {'verify ms':>10} {'cost%(median)':>14} "
+          f"{'cost%(best)':>12} {'cost1%(med)':>12} {'b cached%(med)':>15}  accepts  "
+          "rejects-1%-of-rms")
     for r in result["freivalds"]:
         print(f"{r['n']:>6} {r['matmul_ms']:>10.2f} {r['matmul1_ms']:>9.2f} "
-              f"{r['verify_ms']:>10.3f} {r['verify2_ms']:>11.3f} {r['cost_pct_median']:>11.2f} "
-              f"{r['cost2_pct_median']:>12.2f} {r['cost_pct_best']:>12.2f} "
-              f"{r['cost1_pct_median']:>12.2f} {r['cached_pct_median']:>10.2f} "
-              f"{r['threads_now']:>7}  {str(r['accepts_correct']):>7}  "
-              f"{str(r['rejects_1pct']):>10}  {r['load']}")
+              f"{r['verify_ms']:>10.3f} {r['cost_pct_median']:>14.2f} "
+              f"{r['cost_pct_best']:>12.2f} {r['cost1_pct_median']:>12.2f} "
+              f"{r['cached_pct_median']:>15.2f}  {str(r['accepts_correct']):>7}  "
+              f"{r['rejects_1pct']}")
     print("\nHonest products: false rejections, worst |residual|/sigma (KAPPA must exceed "
           "it), median threshold / rms(C)")
     if not any(r["producer"] == "wgpu-f16" for r in result["honesty"]):

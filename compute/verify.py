@@ -33,38 +33,22 @@ where ``u16 = 2**-11`` covers products computed from inputs rounded to half prec
 *claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
 ``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
 
-Why four rounds: at n = 2048 the median row threshold is ``T ~ 1.95e-3`` rms(C) for normal
-data (1.4e-3 uniform-positive, 1.25e-3 lognormal), so one round misses an error of 10% of
-rms(C) with probability <= 0.016 and one of 1% with <= 0.16. Three rounds would miss the 10%
-error with ~4e-6 (over the 1e-6 goal); four miss it with ~6e-8 and the 1% one with ~6e-4
-(``test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048``). Three rounds would need
-KAPPA <= 5.1, about 2x over the worst honest ratio measured: not taken.
-
 Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, ``c`` and
 ``a`` (weighted, for ``Q``), against ``2 M N K`` flops for the product. The check is
 memory-bound, so each matrix is read from memory once (:func:`_pass`: cache-sized row
 blocks, the ``rounds`` matrix-vector products and the squares taken from the block), on one
-BLAS thread per caller (:data:`ONE_BLAS_THREAD`), and on two threads (each half the blocks)
-only while two cores would otherwise idle (:func:`check_threads`): while the product's
-workers are busy a second thread only takes a core from them. Measured on the shared 2-core
-EPYC test machine at n = 2048 (medians of interleaved runs, bench/compute.py): one thread
-4.2 ms while the product ran at ~67 ms (6-7%), 8.4 ms at 2.7-5.5% while other tenants
-slowed it to 150-250 ms. The one-thread floor here is ~3.7 ms, so the 3% goal against an
-idle two-thread product (~1.95 ms) cannot be met on one thread: reading ``a``, ``b``, ``c``
-once is 48 MiB at the ~35 GB/s one core streams (1.4 ms), and the other three products and
-the squares re-read each 512 KiB block from L2 (a matrix-vector product 4.9 us per block,
-~107 GB/s; squares 7.5 us, weighted 14 us; 96 blocks: ~2.3 ms). Two idle cores could at best
-halve the L2 part (~1.9-2.6 ms in all, 2.9-4%); the second thread's gain on an idle machine
-was not measurable here (another tenant held a core throughout; under that load two threads
-were faster at 4096, 2.7-2.9% against 3.0%, and mostly slower at 1024 and 2048). OpenBLAS's N = 4 matrix product is
-slower still (it packs ``x``: 25 us per block against 20 for four matrix-vector products).
+BLAS thread (:data:`ONE_BLAS_THREAD`). Measured on 2 shared EPYC cores at n = 2048 (medians
+of interleaved runs, bench/compute.py): 4.3 ms against 6.5 ms for the previous six separate
+passes, both on one thread; ~2.5-3% of a contended numpy product, ~6-7% of an idle
+two-thread one (~65 ms). The floor is reading ``a``, ``b`` and ``c`` once (48 MiB, ~1.4 ms
+at the 35 GB/s one core streams here); what is left above it is the matrix-vector
+kernels re-reading each block from cache once per vector (OpenBLAS's N = 4 matrix product
+is slower still: it packs ``x``).
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -82,9 +66,6 @@ normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.p
 _BLOCK = 1 << 17
 """Elements per row block of a pass (512 KiB of float32): stays in a core's cache while the
 check vectors and the squares are taken from it."""
-_SPLIT_MIN = 1 << 20
-"""Elements of a matrix below which a pass stays on one thread (handing half to a second
-thread costs ~50 us: more than it saves on a pass under ~1 ms)."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
 
@@ -154,55 +135,8 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
-def check_threads(cores: int, running: int) -> int:
-    """Threads for a check's passes: two when two cores would otherwise idle, else one.
-
-    ``cores`` is how many cores this process may run on and ``running`` how many tasks the
-    machine is running now, the deciding thread included (``/proc/loadavg``). A second
-    thread halves a pass on an idle machine (each core streams its half of the blocks from
-    its own cache); while the product's workers keep the cores busy it would only take a
-    core from them and wait for it, so then the check stays on one."""
-    return 2 if cores - max(running - 1, 0) >= 2 else 1
-
-
-def _running_tasks() -> int | None:
-    """Tasks running on the machine now (4th field of ``/proc/loadavg``), None if unknown."""
-    try:
-        with open("/proc/loadavg", encoding="ascii") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def threads_now() -> int:
-    """:func:`check_threads` for this machine at this moment (1 where the load is unknown)."""
-    running = _running_tasks()
-    return 1 if running is None else check_threads(_usable_cores(), running)
-
-
-_helper_lock = threading.Lock()
-_helper: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _second_thread() -> ThreadPoolExecutor:
-    """The process's helper thread; a new one after a fork (the parent's never runs there,
-    and work handed to it would wait forever)."""
-    global _helper
-    with _helper_lock:
-        if _helper is None or _helper[0] != os.getpid():
-            _helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="freivalds"))
-        return _helper[1]
-
-
-def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None,
-          threads: int = 1) -> tuple[np.ndarray | None, np.ndarray]:
+def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
+          ) -> tuple[np.ndarray | None, np.ndarray]:
     """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
     (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
 
@@ -211,9 +145,7 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None,
     are taken from the block there. Matrix-vector products, not one skinny matrix product:
     OpenBLAS packs ``x`` for an N = 4 product and ran it at a quarter of a matrix-vector
     product's speed here (bench/compute.py). Squares are summed in float32 (no full-size
-    temporary); only when that overflows is it redone in float64. With ``threads=2`` (see
-    :func:`check_threads`) a second thread takes the second half of the blocks (numpy
-    releases the GIL inside each product; BLAS stays on one thread per caller)."""
+    temporary); only when that overflows is it redone in float64."""
     m, k = x.shape
     cols = 0 if right is None else right.shape[1]
     proj = np.zeros((cols, m), np.float32)  # one contiguous row per check vector
@@ -223,30 +155,19 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None,
     w = None if weights is None else np.asarray(weights, np.float32)
     sq = np.empty(m, np.float32)
     rows = max(1, _BLOCK // k)
-
-    def blocks(start: int, stop: int) -> None:
-        tmp = None if w is None else np.empty((min(rows, stop - start), k), np.float32)
-        with np.errstate(over="ignore", invalid="ignore"):  # per thread in numpy 2
-            for r0 in range(start, stop, rows):
-                blk = x[r0:min(r0 + rows, stop)]
-                r1 = r0 + len(blk)
-                for j, v in enumerate(vectors):
-                    np.matmul(blk, v, out=proj[j, r0:r1])
-                if tmp is None:
-                    np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
-                else:
-                    t = tmp[:len(blk)]
-                    np.multiply(blk, blk, out=t)
-                    np.matmul(t, w, out=sq[r0:r1])
-
+    tmp = None if w is None else np.empty((min(rows, m), k), np.float32)
     with ONE_BLAS_THREAD, np.errstate(over="ignore", invalid="ignore"):
-        if threads > 1 and m * k >= _SPLIT_MIN and m >= 2 * rows:
-            half = (m + 2 * rows - 1) // (2 * rows) * rows  # on a block boundary
-            other = _second_thread().submit(blocks, half, m)
-            blocks(0, half)
-            other.result()
-        else:
-            blocks(0, m)
+        for r0 in range(0, m, rows):
+            blk = x[r0:r0 + rows]
+            r1 = r0 + len(blk)
+            for j, v in enumerate(vectors):
+                np.matmul(blk, v, out=proj[j, r0:r1])
+            if tmp is None:
+                np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
+            else:
+                t = tmp[:len(blk)]
+                np.multiply(blk, blk, out=t)
+                np.matmul(t, w, out=sq[r0:r1])
         out = sq.astype(np.float64)
         if not np.all(np.isfinite(out)):  # squares past float32: exact enough in float64
             x64 = x.astype(np.float64)
@@ -285,12 +206,10 @@ def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: st
 
 
 def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
-                  precision: str = "f32", br: np.ndarray | None = None,
-                  threads: int | None = None) -> bool:
+                  precision: str = "f32", br: np.ndarray | None = None) -> bool:
     """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
     (:func:`row_norms2`; a caller checking many results against one weight keeps them).
-    ``br`` is ``b @ r`` when the caller already has it; ``threads`` defaults to
-    :func:`threads_now`."""
+    ``br`` is ``b @ r`` when the caller already has it."""
     m, n = a.shape[0], b.shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
@@ -298,16 +217,14 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
     c = np.ascontiguousarray(c, dtype=np.float32)
     if m == 0 or n == 0:
         return True
-    if threads is None:
-        threads = threads_now()
     with np.errstate(over="ignore", invalid="ignore"):
         if br is None:
-            br = _pass(b, r, None, threads)[0]
-        z, q = _pass(a, br, b_norms2, threads)
+            br = _pass(b, r, None)[0]
+        z, q = _pass(a, br, b_norms2)
     if not (np.all(np.isfinite(z)) and np.all(np.isfinite(q))
             and np.all(np.isfinite(b_norms2))):
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    cr, c_norms2 = _pass(c, r, None, threads)
+    cr, c_norms2 = _pass(c, r, None)
     if not (np.all(np.isfinite(cr)) and np.all(np.isfinite(c_norms2))):
         return False
     limit = KAPPA * np.sqrt(_variance(a.shape[1], n, q, c_norms2, precision))
@@ -344,25 +261,19 @@ def verify_matmul(
     *,
     rng: np.random.Generator | None = None,
     precision: str = "f32",
-    threads: int | None = None,
 ) -> bool:
     """Return True when ``c`` equals ``a @ b`` within float tolerance (Freivalds' check).
 
     ``rounds`` fresh Gaussian vectors are drawn for this call alone. ``rng`` defaults to a
     fresh OS-seeded generator; pass one only for reproducible tests. ``precision`` is what
-    the product was computed in ("f16": inputs were rounded to half precision). ``threads``
-    (1 or 2) fixes how many threads the passes use; by default :func:`threads_now`. A ``c`` of
+    the product was computed in ("f16": inputs were rounded to half precision). A ``c`` of
     the wrong shape, or with NaN or infinity, is wrong. Operands that cannot be multiplied,
     or that are not finite, raise :class:`compute.InvalidInput`.
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise InvalidInput(f"rounds must be a positive integer, got {rounds!r}")
     check_precision(precision)
-    if threads is None:
-        threads = threads_now()
-    elif not isinstance(threads, int) or threads not in (1, 2):
-        raise InvalidInput(f"threads must be 1 or 2, got {threads!r}")
     a, b = check_operands(a, b)
     r = draw_vectors(b.shape[1], rounds, rng)
-    br, b_norms2 = _pass(b, r, None, threads)   # one pass over b: b @ r and its row norms
-    return check_product(a, b, c, r, b_norms2, precision, br=br, threads=threads)
+    br, b_norms2 = _pass(b, r, None)   # one pass over b: b @ r and its row norms
+    return check_product(a, b, c, r, b_norms2, precision, br=br)
