@@ -33,17 +33,28 @@ where ``u16 = 2**-11`` covers products computed from inputs rounded to half prec
 *claimed* result is safe: an error ``e_i`` raises ``sigma_i`` by at most
 ``u sqrt(K + N) ||e_i||``, far below ``||e_i||`` itself.
 
+Why four rounds: at n = 2048 the median row threshold is ``T ~ 1.95e-3`` rms(C) for normal
+data (1.4e-3 uniform-positive, 1.25e-3 lognormal), so one round misses an error of 10% of
+rms(C) with probability <= 0.016 and one of 1% with <= 0.16. Three rounds would miss the 10%
+error with ~4e-6 (over the 1e-6 goal); four miss it with ~6e-8 and the 1% one with ~6e-4
+(``test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048``). Three rounds would need
+KAPPA <= 5.1, about 2x over the worst honest ratio measured: not taken.
+
 Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, ``c`` and
 ``a`` (weighted, for ``Q``), against ``2 M N K`` flops for the product. The check is
 memory-bound, so each matrix is read from memory once (:func:`_pass`: cache-sized row
 blocks, the ``rounds`` matrix-vector products and the squares taken from the block), on one
 BLAS thread (:data:`ONE_BLAS_THREAD`). Measured on 2 shared EPYC cores at n = 2048 (medians
-of interleaved runs, bench/compute.py): 4.3 ms against 6.5 ms for the previous six separate
-passes, both on one thread; ~2.5-3% of a contended numpy product, ~6-7% of an idle
-two-thread one (~65 ms). The floor is reading ``a``, ``b`` and ``c`` once (48 MiB, ~1.4 ms
-at the 35 GB/s one core streams here); what is left above it is the matrix-vector
-kernels re-reading each block from cache once per vector (OpenBLAS's N = 4 matrix product
-is slower still: it packs ``x``).
+of interleaved runs): 4.3 ms against 6.5 ms for the previous six separate passes, both on
+one thread; ~2.5-3% of a contended numpy product, ~6.5-7% of an idle two-thread one
+(~69 ms; 3.3% at n = 4096). The floor on one thread is ~3.7 ms: reading ``a``, ``b``, ``c``
+once is 48 MiB at the ~35 GB/s one core streams (1.4 ms), and the four matrix-vector
+products and the squares re-read each 512 KiB block from L2 (4.9 us per product, ~107
+GB/s; squares 7.5 us, weighted 14 us; 96 blocks: ~2.3 ms), so 3% of an idle product
+(~2 ms) is out of reach on one core. Splitting the blocks over two threads was tried and
+measured no faster even idle (4.81 against 4.90 ms at n = 2048: each block's products are
+too short to hand over); OpenBLAS's N = 4 matrix product is slower still (it packs ``x``:
+25 us per block against 20 for four matrix-vector products).
 """
 
 from __future__ import annotations

@@ -213,3 +213,21 @@ def test_honest_results_are_never_rejected():
                     checks[name] += 1
     print(f"honest checks per producer: {checks}")
     assert sum(checks.values()) >= 1000 or not wgpu
+
+
+def test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048():
+    """The stated bound, numerically (normal data, n = 2048, a row of median threshold,
+    T ~ 1.95e-3 rms(C)): per round an error of 10% of rms(C) is missed with probability
+    <= 0.8 T / |e| ~ 0.016 and one of 1% with ~0.16. Three rounds miss 10% with ~4e-6
+    (> 1e-6), so fewer vectors would not keep the guarantee; four miss it with ~6e-8 and
+    miss 1% with ~6e-4 (caught >= 99.9%)."""
+    from compute.verify import row_norms2, thresholds
+
+    a, b = operands(256, 2048, 2048, seed=11)
+    c = a @ b
+    rms = float(np.sqrt(np.mean(c.astype(np.float64) ** 2)))
+    t = float(np.median(thresholds(a, c, row_norms2(b))))
+    assert 1.5e-3 < t / rms < 2.5e-3
+    assert miss_probability(0.1 * rms, t, rounds=3) > 1e-6
+    assert miss_probability(0.1 * rms, t, rounds=4) <= 1e-7
+    assert miss_probability(0.01 * rms, t, rounds=4) <= 1e-3
