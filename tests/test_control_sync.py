@@ -195,3 +195,22 @@ def test_only_a_coordinator_is_nudged():
     s = following()
     s.nudged(0.5)
     assert run(s, 0.5, 10.0, heard=Digest(VIEW, len(PEERS), 3)) == []
+
+
+def test_rival_checks_read_the_members_round_robin_in_batches():
+    """Issue 19: a coordinator's rival check reads ``rival_batch`` members' state items at
+    a time (a lookup per member of a 1,000-member swarm every 5 s was ~8 MB/s), and every
+    member is read once per sweep; a swarm no larger than a batch is read whole each time."""
+    from swarm.control.sync import rival_batch
+
+    peers = [PeerKey.from_seed(bytes([i % 251, i // 251]) * 16).peer_id for i in range(45)]
+    assert rival_batch(peers[:20], None, 20) == sorted(peers[:20], key=lambda p: p.raw)
+    seen, after = [], None
+    for _ in range(3):  # ceil(45 / 20) checks sweep everyone
+        batch = rival_batch(peers, after, 20)
+        assert len(batch) == 20
+        seen += batch
+        after = batch[-1]
+    assert set(seen) == set(peers)
+    assert rival_batch(peers, after, 20)[0] == sorted(peers, key=lambda p: p.raw)[15]
+    assert rival_batch([], None, 20) == []

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,7 +72,15 @@ from swarm.control.state import (
     seal,
     unseal,
 )
-from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming, view_digest
+from swarm.control.sync import (
+    Digest,
+    Fetch,
+    Mode,
+    Sync,
+    SyncTiming,
+    rival_batch,
+    view_digest,
+)
 from swarm.errors import LinkClosed, NotCoordinator, ProtocolError, StaleTerm
 from swarm.runtime.evidence import Evidence, check_evidence
 from swarm.runtime.objects import ObjectId
@@ -142,6 +150,8 @@ class ControlPlane:
         self._pages_put: deque[bytes] = deque(maxlen=4096)
         self._saved_peers: list[tuple[str, int]] = []
         self._pages_of: tuple[tuple, list] = ((), [])
+        self._rivals_after: PeerId | None = None
+        """The last member the previous rival check read (the next batch starts after it)."""
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
@@ -304,9 +314,12 @@ class ControlPlane:
         self._spawn(self._send(coord, seal(self.key, self.swarm_id, "hello", b"")))
 
     async def _check_rivals(self) -> bool:
-        """A coordinator's look for a rival's state item (after a partition healed)."""
+        """A coordinator's look for a rival's state item (after a partition healed), in
+        round-robin batches of the members."""
         if self.role is Duty.COORDINATOR:
-            for state in self.controller.dht_states(await self._dht_states()):
+            batch = rival_batch(self.records, self._rivals_after, self.sync.timing.rival_batch)
+            self._rivals_after = batch[-1] if batch else None
+            for state in self.controller.dht_states(await self._dht_states(batch)):
                 self.controller.rival(state, self.clock())
             await self._do(self.controller.actions())
         return True
@@ -372,9 +385,12 @@ class ControlPlane:
             [p for p, g in ownership.admins.items() if g.expires is None],
             {"require_hardware": ownership.policy.require_hardware}, self.clock())
 
-    async def _dht_states(self) -> list[CoordinatorState]:
-        """The members' coordinator-state items in the DHT (validated on the way)."""
-        found = await asyncio.gather(*(self._state_of(p) for p in self.records))
+    async def _dht_states(self, peers: Iterable[PeerId] | None = None
+                          ) -> list[CoordinatorState]:
+        """The members' (or ``peers``') coordinator-state items in the DHT (validated on the
+        way)."""
+        found = await asyncio.gather(*(self._state_of(p) for p in
+                                       (self.records if peers is None else peers)))
         return [s for s in found if s is not None and s.swarm == self.swarm_id]
 
     async def _read_states(self) -> None:

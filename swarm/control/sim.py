@@ -58,7 +58,15 @@ from swarm.control.machine import Command, Controller, Duty, Timing
 from swarm.control.membership import MemberRecord, candidate, membership_topic
 from swarm.control.plane import TICK
 from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
-from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming, view_digest
+from swarm.control.sync import (
+    Digest,
+    Fetch,
+    Mode,
+    Sync,
+    SyncTiming,
+    rival_batch,
+    view_digest,
+)
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 EPOCH = 1_800_000_000.0
@@ -327,6 +335,8 @@ class Member:
         self.replay = ReplayGuard()
         self.charter = 0
         self.alive = True
+        self.rivals_after: PeerId | None = None
+        """Where this member's next rival check starts (as a coordinator)."""
         self.started = False
 
     def __repr__(self) -> str:
@@ -416,7 +426,7 @@ class SyncAdapter:
             s.refresh_charter(m, done)
         else:
             if fetch is Fetch.RIVALS:
-                s.rivals(m)
+                s.rivals(m, core.timing.rival_batch)
             elif c.state is None:
                 s.read_states(m)
             else:
@@ -607,11 +617,17 @@ class Sim:
             then()
         self.loop.after(took, done)
 
-    def rivals(self, m: Member) -> None:
-        """A coordinator's look for a rival's state item (every member's item)."""
+    def rivals(self, m: Member, batch: int | None = None) -> None:
+        """A coordinator's look for a rival's state item (every member's item, or the next
+        ``batch`` of them round robin, as plane.py's ``_check_rivals``)."""
         c = m.controller
         if c.role is Duty.COORDINATOR:
-            for st in c.dht_states(self.all_states(m, "state")):
+            peers = [v.peer_id for v in self.view()]
+            if batch is not None:
+                peers = rival_batch(peers, m.rivals_after, batch)
+                m.rivals_after = peers[-1] if peers else None
+            found = (self.state_of(m, p, "state") for p in peers)
+            for st in c.dht_states([s for s in found if s is not None]):
                 c.rival(st, self.loop.now)
             self.do(m)
 
