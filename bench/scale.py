@@ -122,6 +122,18 @@ def one_size(k: int, window: float, root: Path, profile: Path | None = None) -> 
         cluster.close()
 
 
+def load(path: Path) -> list[dict]:
+    """Rows saved by ``--json``; OSError or ValueError (naming the file) otherwise."""
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and FIELDS <= r.keys()
+                                             for r in rows):
+        raise ValueError(f"{path}: not a list of rows written by --json")
+    return rows
+
+
 def table(rows: list[dict], window: float | None) -> str:
     """The rows as the printed table."""
     lines = [f"idle control plane on loopback{f', {window:.0f} s window' if window else ''}; "
@@ -137,24 +149,29 @@ def table(rows: list[dict], window: float | None) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, before: list[dict] | None = None) -> None:
     """Idle CPU and control bytes against the member count (needs matplotlib, the ``bench``
-    extra): what should stay flat for a worker, and what the coordinator pays."""
+    extra): what should stay flat for a worker, and what the coordinator pays; ``before``
+    (an earlier run's rows) drawn in grey beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = sorted(rows, key=lambda r: r["members"])
-    n = [r["members"] for r in rows]
     fig, (cpu, net) = plt.subplots(1, 2, figsize=(10, 3.6))
-    cpu.plot(n, [100 * r["cpu_worker"] for r in rows], "o-", label="worker (median)")
-    cpu.plot(n, [100 * r["cpu_worker_max"] for r in rows], "o:", label="worker (max)")
-    cpu.plot(n, [100 * r["cpu_coordinator"] for r in rows], "s--", label="coordinator")
-    net.plot(n, [(r["bytes_per_node_s"] or 0) / 1000 for r in rows], "o-",
-             label="per node (median)")
-    net.plot(n, [(r["bytes_coordinator_s"] or 0) / 1000 for r in rows], "s--",
-             label="coordinator")
+    for label, runs, colour in (("before: ", before, "grey"), ("", rows, None)):
+        if not runs:
+            continue
+        runs = sorted(runs, key=lambda r: r["members"])
+        n = [r["members"] for r in runs]
+        kw = {"color": colour, "alpha": 0.6} if colour else {}
+        cpu.plot(n, [100 * r["cpu_worker"] for r in runs], "o-", label=f"{label}worker", **kw)
+        cpu.plot(n, [100 * r["cpu_coordinator"] for r in runs], "s--",
+                 label=f"{label}coordinator", **kw)
+        net.plot(n, [(r["bytes_per_node_s"] or 0) / 1000 for r in runs], "o-",
+                 label=f"{label}per node", **kw)
+        net.plot(n, [(r["bytes_coordinator_s"] or 0) / 1000 for r in runs], "s--",
+                 label=f"{label}coordinator", **kw)
     for ax, title, unit in ((cpu, "idle CPU per process", "% of one core"),
                             (net, "control bytes (DHT socket)", "KB/s")):
         ax.set_xlabel("members", fontsize=8)
@@ -185,17 +202,18 @@ def main() -> int:
                     help="also draw CPU and bytes against the member count into PNG")
     ap.add_argument("--from-json", type=Path, metavar="FILE",
                     help="render the rows saved by --json instead of measuring")
+    ap.add_argument("--before", type=Path, metavar="FILE",
+                    help="with --plot: an earlier run's rows (--json) drawn beside, in grey")
     ap.add_argument("--profile", type=Path, help="cProfile worker w1 into DIR/worker-K.<pid>")
     args = ap.parse_args()
+    try:
+        before = None if args.before is None else load(args.before)
+        if args.from_json is not None:
+            rows = load(args.from_json)
+    except (OSError, ValueError) as exc:
+        print(f"scale.py: cannot read {exc}", file=sys.stderr)
+        return 2
     if args.from_json is not None:
-        try:
-            rows = json.loads(args.from_json.read_text())
-            if not isinstance(rows, list) or not all(
-                    isinstance(r, dict) and FIELDS <= r.keys() for r in rows):
-                raise ValueError("not a list of rows written by --json")
-        except (OSError, ValueError) as exc:
-            print(f"scale.py: cannot read {args.from_json}: {exc}", file=sys.stderr)
-            return 2
         window = None
     else:
         logging.getLogger("kademlia").setLevel(logging.ERROR)  # the killed coordinator
@@ -208,7 +226,7 @@ def main() -> int:
                 print(f"  {k} members done", file=sys.stderr, flush=True)
         window = args.window
     if args.plot is not None:
-        plot(rows, args.plot)
+        plot(rows, args.plot, before)
     print(json.dumps(rows, indent=1) if args.json else table(rows, window))
     return 0
 
