@@ -4,6 +4,7 @@ passive clients read on fixed periods. Fed a fake clock; no sockets."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -182,7 +183,7 @@ def test_a_coordinator_lists_every_second_while_its_view_changes_and_a_hello_bri
     assert reads == [0.0, 1.0, 2.0, 3.0, 4.0]
     idle = run(c, 5.0, 40.0)
     times = [t for t, f in idle if f is Fetch.VIEW]
-    gaps = [round(b - a, 6) for a, b in zip(times, times[1:])]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(times)]
     assert gaps == sorted(gaps) and gaps[-1] == T.view_idle and len(times) <= 8
     last = max(t for t, f in idle if f is Fetch.VIEW)
     for _ in range(100):  # hellos: the next read within min_gap of the last, once
