@@ -52,7 +52,7 @@ async def _put_mutable(node: DHTNode, addr, item: MutableItem):
 
 
 async def test_sybil_announcements_do_not_lock_honest_peers_out_of_a_topic():
-    node = await _node()
+    node = await _node(max_per_topic=256)  # a full topic, smaller than MAX_PER_TOPIC
     try:
         # 256 validly signed entries from fresh keys, sent from 16 sockets
         for i in range(256):
