@@ -59,7 +59,9 @@ too short to hand over); OpenBLAS's N = 4 matrix product is slower still (it pac
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -146,45 +148,145 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
+def _rows_kernel(x: np.ndarray, rt: np.ndarray, w: np.ndarray, proj: np.ndarray,
+                 sq: np.ndarray, r0: int, r1: int) -> None:  # pragma: no cover - compiled
+    """Rows ``r0:r1`` of ``proj = x @ rt.T`` and ``sq = (x * x) @ w`` in one pass per row,
+    summed in float64 (compiled by :func:`_kernel`; ``rt`` is ``cols x k``, float32).
+
+    Columns go four at a time through one loop over the row, the squares with the first
+    four; a row (8 KiB at k = 2048) stays in L1 for any further column."""
+    k = x.shape[1]
+    cols = rt.shape[0]
+    for i in range(r0, r1):
+        s = 0.0
+        c = 0
+        while c + 4 <= cols:
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            if c == 0:
+                for j in range(k):
+                    v = np.float64(x[i, j])
+                    s += v * v * w[j]
+                    a0 += v * rt[0, j]
+                    a1 += v * rt[1, j]
+                    a2 += v * rt[2, j]
+                    a3 += v * rt[3, j]
+            else:
+                for j in range(k):
+                    v = np.float64(x[i, j])
+                    a0 += v * rt[c, j]
+                    a1 += v * rt[c + 1, j]
+                    a2 += v * rt[c + 2, j]
+                    a3 += v * rt[c + 3, j]
+            proj[i, c] = a0
+            proj[i, c + 1] = a1
+            proj[i, c + 2] = a2
+            proj[i, c + 3] = a3
+            c += 4
+        if c == 0:
+            for j in range(k):
+                v = np.float64(x[i, j])
+                s += v * v * w[j]
+        while c < cols:
+            a0 = 0.0
+            for j in range(k):
+                a0 += np.float64(x[i, j]) * rt[c, j]
+            proj[i, c] = a0
+            c += 1
+        sq[i] = s
+
+
+_compiled: Any = None
+_compile_lock = threading.Lock()
+
+
+def _kernel() -> Any:
+    """:func:`_rows_kernel` compiled by numba on first use (importing numba costs ~0.2 s, so
+    not at import). ``reassoc``/``contract`` only: the float64 sums may be vectorised and
+    use FMA, while NaN and infinity keep their IEEE meaning (no ``nnan``/``ninf``).
+    ``nogil``: :func:`_pass` runs row ranges on several threads. Cached on disk where numba
+    finds a writable cache directory; otherwise compiled once per process (~1 s)."""
+    global _compiled
+    with _compile_lock:
+        if _compiled is None:
+            import numba
+
+            options: dict[str, Any] = {"nogil": True, "fastmath": {"reassoc", "contract"}}
+            try:
+                _compiled = numba.njit(cache=True, **options)(_rows_kernel)
+            except RuntimeError:  # no writable cache directory: compile in memory
+                _compiled = numba.njit(**options)(_rows_kernel)
+        return _compiled
+
+
+_MIN_SPLIT = 1 << 18
+"""Elements per thread below which :func:`_pass` does not split (a hand-over costs ~30 us)."""
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """Threads that take a share of a pass's rows (one per usable core but the caller's)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max(1, _cores() - 1), thread_name_prefix="swarm-check")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of the parent's threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
           ) -> tuple[np.ndarray | None, np.ndarray]:
     """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
     (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
 
-    The check is memory-bound: ``x`` goes through in row blocks that stay in the core's
-    cache (:data:`_BLOCK`), and every product with a column of ``right`` and the squares
-    are taken from the block there. Matrix-vector products, not one skinny matrix product:
-    OpenBLAS packs ``x`` for an N = 4 product and ran it at a quarter of a matrix-vector
-    product's speed here (bench/compute.py). Squares are summed in float32 (no full-size
-    temporary); only when that overflows is it redone in float64."""
+    The check is memory-bound, and matrix-vector products in BLAS re-read each block of
+    ``x`` once per check vector: here one compiled loop per row (:func:`_kernel`) takes every
+    product and the squares while the row is in L1, summing in float64 (so squares of any
+    finite float32 stay finite, and the products are at least as exact as BLAS's float32).
+    Row ranges go to the helper threads (:func:`_helpers`) when there are more than
+    :data:`_MIN_SPLIT` elements a thread; they wait on a lock, never spin, so on a busy
+    machine they cost the computing workers nothing when idle."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     cols = 0 if right is None else right.shape[1]
-    proj = np.zeros((cols, m), np.float32)  # one contiguous row per check vector
+    proj = np.zeros((m, cols), np.float32)
+    sq = np.zeros(m)
     if m == 0 or k == 0:
-        return (None if right is None else proj.T), np.zeros(m)
-    vectors = [] if right is None else [np.ascontiguousarray(right[:, j]) for j in range(cols)]
-    w = None if weights is None else np.asarray(weights, np.float32)
-    sq = np.empty(m, np.float32)
-    rows = max(1, _BLOCK // k)
-    tmp = None if w is None else np.empty((min(rows, m), k), np.float32)
-    with ONE_BLAS_THREAD, np.errstate(over="ignore", invalid="ignore"):
-        for r0 in range(0, m, rows):
-            blk = x[r0:r0 + rows]
-            r1 = r0 + len(blk)
-            for j, v in enumerate(vectors):
-                np.matmul(blk, v, out=proj[j, r0:r1])
-            if tmp is None:
-                np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
-            else:
-                t = tmp[:len(blk)]
-                np.multiply(blk, blk, out=t)
-                np.matmul(t, w, out=sq[r0:r1])
-        out = sq.astype(np.float64)
-        if not np.all(np.isfinite(out)):  # squares past float32: exact enough in float64
-            x64 = x.astype(np.float64)
-            w64 = np.ones(k) if weights is None else np.asarray(weights, np.float64)
-            out = (x64 * x64) @ w64
-    return (None if right is None else proj.T), out
+        return (None if right is None else proj), sq
+    rt = (np.zeros((0, k), np.float32) if right is None
+          else np.ascontiguousarray(np.asarray(right).T, dtype=np.float32))
+    w = np.ones(k) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+    kernel = _kernel()
+    parts = min(_cores(), m, (m * k) // _MIN_SPLIT)
+    if parts < 2:
+        kernel(x, rt, w, proj, sq, 0, m)
+    else:
+        pool = _helpers()
+        edges = [m * p // parts for p in range(parts + 1)]
+        futures = [pool.submit(kernel, x, rt, w, proj, sq, edges[p], edges[p + 1])
+                   for p in range(1, parts)]
+        kernel(x, rt, w, proj, sq, edges[0], edges[1])
+        for f in futures:
+            f.result()
+    return (None if right is None else proj), sq
 
 
 def row_norms2(x: np.ndarray) -> np.ndarray:
