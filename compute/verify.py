@@ -76,66 +76,8 @@ KAPPA = 8.0
 measured over >= 1,000 products (numpy, tiled and naive WGSL on llvmpipe, sequential f32;
 normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.py's table
 (about 2.5); KAPPA leaves >= 3x on top of it."""
-_BLOCK = 1 << 17
-"""Elements per row block of a pass (512 KiB of float32): stays in a core's cache while the
-check vectors and the squares are taken from it."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
-
-
-class _OneBlasThread:
-    """BLAS on one thread while any check runs in this process (every check enters it).
-
-    Checks are matrix-vector products that a multi-threaded BLAS (OpenBLAS) splits over
-    every core, and its threads then spin for a while waiting for more work: on a busy
-    machine that spinning takes the cores from the workers still computing the other
-    bands, and the check itself stalls (n = 2048 on 2 shared cores: median 8.5 ms on two
-    threads against 4.3 ms on one; bench/compute.py). One thread streams the check's
-    memory-bound passes nearly as fast as two on an idle machine. The limit is process-wide,
-    so concurrent checks share it (entered once, restored by the last); entering costs ~2 us.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._controller: Any = None
-        self._limit: Any = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                if self._controller is None:
-                    from threadpoolctl import ThreadpoolController
-
-                    self._controller = ThreadpoolController()
-                _take_blas_control()
-                self._limit = self._controller.limit(limits=1, user_api="blas")
-            self._users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._limit is not None:
-                _take_blas_control()
-                self._limit.restore_original_limits()
-                self._limit = None
-
-
-def _take_blas_control() -> None:
-    """Make the calling thread the one threadpoolctl lets set OpenBLAS's thread count.
-
-    threadpoolctl lets only one Python thread (the first that set a limit, while it lives)
-    change OpenBLAS's process-wide count and silently ignores the others; checks run in
-    whichever executor thread is free, so without this most limits were no-ops."""
-    import threadpoolctl
-
-    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
-                    "clear_controlling_thread", None)
-    if clear is not None:
-        clear(force=True)
-
-
-ONE_BLAS_THREAD = _OneBlasThread()
 
 
 def _secret_rng() -> np.random.Generator:
@@ -148,54 +90,55 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
+_BLOCK = 1 << 16
+"""Elements per row block of a pass (256 KiB of float32): stays in a core's L2 between
+streaming it in and taking the products from it."""
+
+
 def _rows_kernel(x: np.ndarray, rt: np.ndarray, w: np.ndarray, proj: np.ndarray,
                  sq: np.ndarray, r0: int, r1: int) -> None:  # pragma: no cover - compiled
-    """Rows ``r0:r1`` of ``proj = x @ rt.T`` and ``sq = (x * x) @ w`` in one pass per row,
-    summed in float64 (compiled by :func:`_kernel`; ``rt`` is ``cols x k``, float32).
+    """Rows ``r0:r1`` of ``proj = x @ rt.T`` and ``sq = (x * x) @ w``, summed in float64
+    (compiled by :func:`_kernel`; ``rt`` is ``cols x k``, float32).
 
-    Columns go four at a time through one loop over the row, the squares with the first
-    four; a row (8 KiB at k = 2048) stays in L1 for any further column."""
+    Row blocks of :data:`_BLOCK` elements: the squares stream the block in from memory at
+    full speed (~34 GB/s on one core here), then every product is taken from L2, four
+    columns per loop over a row. One loop doing both ran at a quarter of that speed from
+    memory (the products' arithmetic stalled the stream): 2.1 ms per 16 MiB against 1.1."""
     k = x.shape[1]
     cols = rt.shape[0]
-    for i in range(r0, r1):
-        s = 0.0
-        c = 0
-        while c + 4 <= cols:
-            a0 = 0.0
-            a1 = 0.0
-            a2 = 0.0
-            a3 = 0.0
-            if c == 0:
-                for j in range(k):
-                    v = np.float64(x[i, j])
-                    s += v * v * w[j]
-                    a0 += v * rt[0, j]
-                    a1 += v * rt[1, j]
-                    a2 += v * rt[2, j]
-                    a3 += v * rt[3, j]
-            else:
+    rows = max(1, _BLOCK // k)
+    for b0 in range(r0, r1, rows):
+        b1 = min(r1, b0 + rows)
+        for i in range(b0, b1):
+            s = 0.0
+            for j in range(k):
+                v = np.float64(x[i, j])
+                s += v * v * w[j]
+            sq[i] = s
+        for i in range(b0, b1):
+            c = 0
+            while c + 4 <= cols:
+                a0 = 0.0
+                a1 = 0.0
+                a2 = 0.0
+                a3 = 0.0
                 for j in range(k):
                     v = np.float64(x[i, j])
                     a0 += v * rt[c, j]
                     a1 += v * rt[c + 1, j]
                     a2 += v * rt[c + 2, j]
                     a3 += v * rt[c + 3, j]
-            proj[i, c] = a0
-            proj[i, c + 1] = a1
-            proj[i, c + 2] = a2
-            proj[i, c + 3] = a3
-            c += 4
-        if c == 0:
-            for j in range(k):
-                v = np.float64(x[i, j])
-                s += v * v * w[j]
-        while c < cols:
-            a0 = 0.0
-            for j in range(k):
-                a0 += np.float64(x[i, j]) * rt[c, j]
-            proj[i, c] = a0
-            c += 1
-        sq[i] = s
+                proj[i, c] = a0
+                proj[i, c + 1] = a1
+                proj[i, c + 2] = a2
+                proj[i, c + 3] = a3
+                c += 4
+            while c < cols:
+                a0 = 0.0
+                for j in range(k):
+                    a0 += np.float64(x[i, j]) * rt[c, j]
+                proj[i, c] = a0
+                c += 1
 
 
 _compiled: Any = None
@@ -223,23 +166,31 @@ def _kernel() -> Any:
 
 _MIN_SPLIT = 1 << 18
 """Elements per thread below which :func:`_pass` does not split (a hand-over costs ~30 us)."""
-_pool: ThreadPoolExecutor | None = None
+_MAX_HELPERS = 4
+"""At most this many cores share a pass: it is memory-bound (two were measured, 2x)."""
+_pool: list[ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
 
-def _cores() -> int:
-    """Cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+def _helpers() -> list[ThreadPoolExecutor]:
+    """One thread per usable core (up to :data:`_MAX_HELPERS`), each pinned to its core.
 
-
-def _helpers() -> ThreadPoolExecutor:
-    """Threads that take a share of a pass's rows (one per usable core but the caller's)."""
+    Pinned, because Linux wakes a thread on its waker's core when it deems that cheaper:
+    after the machine had been idle for a moment (0.05 s), a helper woken by the checking
+    thread ran on that same core, after it, and a two-way split took as long as one thread
+    (0.6 + 0.6 ms). The checking thread itself only waits, for the same reason."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max(1, _cores() - 1), thread_name_prefix="swarm-check")
+            cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else list(range(os.cpu_count() or 1)))
+            pools = []
+            for cpu in cpus[:_MAX_HELPERS]:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="swarm-check")
+                if hasattr(os, "sched_setaffinity"):
+                    pool.submit(os.sched_setaffinity, 0, {cpu}).result()
+                pools.append(pool)
+            _pool = pools
         return _pool
 
 
@@ -261,9 +212,9 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     ``x`` once per check vector: here one compiled loop per row (:func:`_kernel`) takes every
     product and the squares while the row is in L1, summing in float64 (so squares of any
     finite float32 stay finite, and the products are at least as exact as BLAS's float32).
-    Row ranges go to the helper threads (:func:`_helpers`) when there are more than
-    :data:`_MIN_SPLIT` elements a thread; they wait on a lock, never spin, so on a busy
-    machine they cost the computing workers nothing when idle."""
+    Row ranges go to the pinned helper threads (:func:`_helpers`) when there are more
+    than :data:`_MIN_SPLIT` elements a thread; they wait on a lock, never spin, so on a
+    busy machine they take nothing from the computing workers between checks."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     cols = 0 if right is None else right.shape[1]
@@ -275,15 +226,15 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
           else np.ascontiguousarray(np.asarray(right).T, dtype=np.float32))
     w = np.ones(k) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
     kernel = _kernel()
-    parts = min(_cores(), m, (m * k) // _MIN_SPLIT)
+    parts = min(m, (m * k) // _MIN_SPLIT)
+    helpers = _helpers() if parts >= 2 else []
+    parts = min(parts, len(helpers))
     if parts < 2:
         kernel(x, rt, w, proj, sq, 0, m)
     else:
-        pool = _helpers()
         edges = [m * p // parts for p in range(parts + 1)]
-        futures = [pool.submit(kernel, x, rt, w, proj, sq, edges[p], edges[p + 1])
-                   for p in range(1, parts)]
-        kernel(x, rt, w, proj, sq, edges[0], edges[1])
+        futures = [helpers[p].submit(kernel, x, rt, w, proj, sq, edges[p], edges[p + 1])
+                   for p in range(parts)]
         for f in futures:
             f.result()
     return (None if right is None else proj), sq
