@@ -59,6 +59,7 @@ too short to hand over); OpenBLAS's N = 4 matrix product is slower still (it pac
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -164,8 +165,11 @@ def _kernel() -> Any:
         return _compiled
 
 
-_MIN_SPLIT = 1 << 18
-"""Elements per thread below which :func:`_pass` does not split (a hand-over costs ~30 us)."""
+_SHARE = 1 << 19
+"""Elements per share of a pass that a helper takes at a time (2 MiB, ~0.07 ms; each take
+costs a few us). Helpers take shares as they come free, not fixed halves: when another
+process holds one core (or OpenBLAS's threads still spin after a product, ~0.1 s), the other
+helper takes most of the shares instead of the check waiting for the slow half."""
 _MAX_HELPERS = 4
 """At most this many cores share a pass: it is memory-bound (two were measured, 2x)."""
 _pool: list[ThreadPoolExecutor] | None = None
@@ -212,8 +216,8 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     ``x`` once per check vector: here one compiled loop per row (:func:`_kernel`) takes every
     product and the squares while the row is in L1, summing in float64 (so squares of any
     finite float32 stay finite, and the products are at least as exact as BLAS's float32).
-    Row ranges go to the pinned helper threads (:func:`_helpers`) when there are more
-    than :data:`_MIN_SPLIT` elements a thread; they wait on a lock, never spin, so on a
+    Shares of :data:`_SHARE` elements go to the pinned helper threads (:func:`_helpers`)
+    when there are two or more; they wait on a lock, never spin, so on a
     busy machine they take nothing from the computing workers between checks."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
@@ -226,16 +230,19 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
           else np.ascontiguousarray(np.asarray(right).T, dtype=np.float32))
     w = np.ones(k) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
     kernel = _kernel()
-    parts = min(m, (m * k) // _MIN_SPLIT)
-    helpers = _helpers() if parts >= 2 else []
-    parts = min(parts, len(helpers))
-    if parts < 2:
+    shares = min(m, (m * k) // _SHARE)
+    helpers = _helpers() if shares >= 2 else []
+    if len(helpers) < 2:
         kernel(x, rt, w, proj, sq, 0, m)
     else:
-        edges = [m * p // parts for p in range(parts + 1)]
-        futures = [helpers[p].submit(kernel, x, rt, w, proj, sq, edges[p], edges[p + 1])
-                   for p in range(parts)]
-        for f in futures:
+        edges = [m * p // shares for p in range(shares + 1)]
+        taken = itertools.count()  # next() is atomic under the GIL
+
+        def take() -> None:
+            while (p := next(taken)) < shares:
+                kernel(x, rt, w, proj, sq, edges[p], edges[p + 1])
+
+        for f in [h.submit(take) for h in helpers[:shares]]:
             f.result()
     return (None if right is None else proj), sq
 
