@@ -103,8 +103,9 @@ def _rows_kernel(x: np.ndarray, rt: np.ndarray, w: np.ndarray, proj: np.ndarray,
 
     Row blocks of :data:`_BLOCK` elements: the squares stream the block in from memory at
     full speed (~34 GB/s on one core here), then every product is taken from L2, four
-    columns per loop over a row. One loop doing both ran at a quarter of that speed from
-    memory (the products' arithmetic stalled the stream): 2.1 ms per 16 MiB against 1.1."""
+    columns per loop over a row. One loop doing both ran at half that speed from
+    memory (the products' arithmetic stalled the stream): 2.1 ms per 16 MiB against 1.1;
+    pairs of rows cut the loads of ``rt`` by half (1.1 -> 1.0 ms)."""
     k = x.shape[1]
     cols = rt.shape[0]
     rows = max(1, _BLOCK // k)
@@ -116,29 +117,38 @@ def _rows_kernel(x: np.ndarray, rt: np.ndarray, w: np.ndarray, proj: np.ndarray,
                 v = np.float64(x[i, j])
                 s += v * v * w[j]
             sq[i] = s
-        for i in range(b0, b1):
+        for i in range(b0, b1, 2):  # two rows at a time: each load of rt serves both
+            i2 = min(i + 1, b1 - 1)     # (an odd last row is done twice, harmlessly)
             c = 0
             while c + 4 <= cols:
-                a0 = 0.0
-                a1 = 0.0
-                a2 = 0.0
-                a3 = 0.0
+                a0 = a1 = a2 = a3 = 0.0
+                e0 = e1 = e2 = e3 = 0.0
                 for j in range(k):
                     v = np.float64(x[i, j])
-                    a0 += v * rt[c, j]
-                    a1 += v * rt[c + 1, j]
-                    a2 += v * rt[c + 2, j]
-                    a3 += v * rt[c + 3, j]
-                proj[i, c] = a0
-                proj[i, c + 1] = a1
-                proj[i, c + 2] = a2
-                proj[i, c + 3] = a3
+                    u = np.float64(x[i2, j])
+                    t0 = np.float64(rt[c, j])
+                    t1 = np.float64(rt[c + 1, j])
+                    t2 = np.float64(rt[c + 2, j])
+                    t3 = np.float64(rt[c + 3, j])
+                    a0 += v * t0
+                    a1 += v * t1
+                    a2 += v * t2
+                    a3 += v * t3
+                    e0 += u * t0
+                    e1 += u * t1
+                    e2 += u * t2
+                    e3 += u * t3
+                proj[i, c], proj[i, c + 1], proj[i, c + 2], proj[i, c + 3] = a0, a1, a2, a3
+                proj[i2, c], proj[i2, c + 1], proj[i2, c + 2], proj[i2, c + 3] = e0, e1, e2, e3
                 c += 4
             while c < cols:
-                a0 = 0.0
+                a0 = e0 = 0.0
                 for j in range(k):
-                    a0 += np.float64(x[i, j]) * rt[c, j]
+                    t0 = np.float64(rt[c, j])
+                    a0 += np.float64(x[i, j]) * t0
+                    e0 += np.float64(x[i2, j]) * t0
                 proj[i, c] = a0
+                proj[i2, c] = e0
                 c += 1
 
 
