@@ -42,23 +42,22 @@ KAPPA <= 5.1, about 2x over the worst honest ratio measured: not taken.
 
 Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, ``c`` and
 ``a`` (weighted, for ``Q``), against ``2 M N K`` flops for the product. The check is
-memory-bound, so each matrix is read from memory once (:func:`_pass`: cache-sized row
-blocks, the ``rounds`` matrix-vector products and the squares taken from the block), on one
-BLAS thread (:data:`ONE_BLAS_THREAD`). Measured on 2 shared EPYC cores at n = 2048 (medians
-of interleaved runs): 4.3 ms against 6.5 ms for the previous six separate passes, both on
-one thread; ~2.5-3% of a contended numpy product, ~6.5-7% of an idle two-thread one
-(~69 ms; 3.3% at n = 4096). The floor on one thread is ~3.7 ms: reading ``a``, ``b``, ``c``
-once is 48 MiB at the ~35 GB/s one core streams (1.4 ms), and the four matrix-vector
-products and the squares re-read each 512 KiB block from L2 (4.9 us per product, ~107
-GB/s; squares 7.5 us, weighted 14 us; 96 blocks: ~2.3 ms), so 3% of an idle product
-(~2 ms) is out of reach on one core. Splitting the blocks over two threads was tried and
-measured no faster even idle (4.81 against 4.90 ms at n = 2048: each block's products are
-too short to hand over); OpenBLAS's N = 4 matrix product is slower still (it packs ``x``:
-25 us per block against 20 for four matrix-vector products).
+memory-bound, so each matrix is read from memory once, by one compiled loop (numba,
+:func:`_pass`): a row block is streamed in by its squares and every product is taken from
+L2, summed in float64 (at least as exact as the float32 the rounding model charges the
+check with), in 2 MiB shares taken by one pinned thread per core; no BLAS. Measured on the
+2-core EPYC test machine at n = 2048 (bench/check_pass.py, medians, interleaved with the
+numpy product, old and new in one run): FIGURES. The floor is reading ``a``, ``b``, ``c``
+once, 48 MiB: 1.4 ms at the ~34 GB/s one core streams, ~0.8 ms on two; the products'
+arithmetic from L2 costs as much again (~0.5 ms per 16 MiB on one core). Right after a
+numpy product OpenBLAS's idle threads spin for ~0.1 s and take a core: a check then runs
+at about one core's speed. The first check in a process imports numba and loads the
+compiled loop from numba's on-disk cache (~0.25 s), or compiles it (~0.6 s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -161,7 +160,7 @@ def _kernel() -> Any:
     not at import). ``reassoc``/``contract`` only: the float64 sums may be vectorised and
     use FMA, while NaN and infinity keep their IEEE meaning (no ``nnan``/``ninf``).
     ``nogil``: :func:`_pass` runs row ranges on several threads. Cached on disk where numba
-    finds a writable cache directory; otherwise compiled once per process (~1 s)."""
+    finds a writable cache directory; otherwise compiled once per process (~0.4 s)."""
     global _compiled
     with _compile_lock:
         if _compiled is None:
@@ -202,7 +201,8 @@ def _helpers() -> list[ThreadPoolExecutor]:
             for cpu in cpus[:_MAX_HELPERS]:
                 pool = ThreadPoolExecutor(1, thread_name_prefix="swarm-check")
                 if hasattr(os, "sched_setaffinity"):
-                    pool.submit(os.sched_setaffinity, 0, {cpu}).result()
+                    with contextlib.suppress(OSError):  # unpinned is slower, not wrong
+                        pool.submit(os.sched_setaffinity, 0, {cpu}).result()
                 pools.append(pool)
             _pool = pools
         return _pool
@@ -223,12 +223,12 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
 
     The check is memory-bound, and matrix-vector products in BLAS re-read each block of
-    ``x`` once per check vector: here one compiled loop per row (:func:`_kernel`) takes every
-    product and the squares while the row is in L1, summing in float64 (so squares of any
+    ``x`` once per check vector: here one compiled loop (:func:`_rows_kernel`) takes every
+    product and the squares while a block is in L2, summing in float64 (so squares of any
     finite float32 stay finite, and the products are at least as exact as BLAS's float32).
     Shares of :data:`_SHARE` elements go to the pinned helper threads (:func:`_helpers`)
-    when there are two or more; they wait on a lock, never spin, so on a
-    busy machine they take nothing from the computing workers between checks."""
+    when there are two or more; they wait on a lock, never spin, so on a busy machine they
+    take nothing from the computing workers between checks."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     cols = 0 if right is None else right.shape[1]
