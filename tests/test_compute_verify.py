@@ -238,8 +238,8 @@ def test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048():
 @pytest.mark.parametrize("cols", [0, 1, 4, 6])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_fused_pass_equals_the_float64_reference(shape, cols, weighted):
-    """One compiled pass per row gives ``x @ r`` (to float32 rounding) and the squares
-    (float64), whatever the shape, number of vectors and thread split."""
+    """One compiled pass gives ``x @ r`` (float32 sums, within the rounding model's bound) and
+    the squares (float64), whatever the shape, number of vectors and thread split."""
     from compute.verify import _pass
 
     m, k = shape
@@ -258,7 +258,9 @@ def test_fused_pass_equals_the_float64_reference(shape, cols, weighted):
     assert proj.dtype == np.float32 and proj.shape == (m, cols)
     ref = x64 @ r.astype(np.float64)
     scale = np.abs(x64) @ np.abs(r.astype(np.float64))
-    assert np.all(np.abs(proj - ref) <= 2.0**-24 * np.abs(ref) + 1e-12 * scale)
+    # no worse than summing in order in float32 (what the rounding model charges the check)
+    assert np.all(np.abs(proj - ref) <= 2.0**-24 * (k + 1) * scale)
+    assert np.all(np.abs(proj - ref) <= 2.0**-24 * 64 * scale.max(initial=0))  # far better here
 
 
 def test_fused_pass_squares_past_float32_stay_finite():
