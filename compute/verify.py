@@ -45,18 +45,22 @@ Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, `
 memory-bound, so each matrix is read from memory once, by one compiled loop (numba,
 :func:`_pass`): a row block is streamed in by its squares and every product is taken from
 L2 (products summed in float32 vector lanes, like BLAS, and never worse than the in-order
-float32 sums the rounding model charges the check with; squares in float64), in 2 MiB shares taken by one pinned thread per core; no BLAS. Measured on the
-2-core EPYC test machine at n = 2048 (bench/check_pass.py, medians, interleaved with the
-numpy product, old and new in one run, load 0.8-1.5): 2.1-2.9 ms, 3.0-4.3% of the ~68 ms
-two-thread product (1.8-2.0 ms back to back, with no product in between), against 7.3-7.4 ms
-for the previous pass (BLAS matrix-vector products on one thread) in the same runs; n = 4096:
-11.6-13.4 ms (2.0-2.4%) against 20.4; n = 1024, where all three fit in L3 and arithmetic
-bounds the pass: 0.64-0.9 ms (8-10%) against 3.0-3.5. Where it goes: a pass over 16 MiB
-from memory takes 0.57-0.6 ms on two cores (1.0-1.1 on one; streaming alone is 0.5 ms at the
-~34 GB/s one core reads, the products from L2 the rest), so ~1.8 ms for the three, plus
-~0.2 ms for the vectors and the comparison. Right after a numpy product OpenBLAS's idle
-threads spin for ~0.1 s on the cores, and a check then takes up to ~3.5 ms. The first check in a process imports numba and loads the
-compiled loop from numba's on-disk cache (~0.25 s), or compiles it (~0.6 s).
+float32 sums the rounding model charges the check with; squares in float64), in 2 MiB
+shares taken by one pinned thread per core; no BLAS. Measured on the 2-core EPYC test
+machine at n = 2048 (bench/check_pass.py: medians of 21, interleaved with the numpy
+product, old and new in one run, other tests running, load 1.2-2.4): 2.25-4.6 ms, 3.3-6.2%
+of the ~69 ms two-thread product, against 7.4-7.8 ms for the previous pass (BLAS
+matrix-vector products on one thread) in the same runs; bench/compute.py 2.44 ms (3.5%;
+1.8% of a one-thread product); 1.5-1.8 ms back to back with no product in between. At n =
+4096: 11.8-13.4 ms (2.0-2.3%) against 20.7-20.9 (bench/compute.py: 1.6%); at n = 1024,
+where all three fit in L3 and arithmetic bounds the pass: 0.8 ms (9%) against 3.5-3.6.
+Where it goes: a pass over 16 MiB from memory takes ~0.5 ms on two cores (~0.8 on one:
+streaming alone is 0.5 ms at the ~34 GB/s one core reads, the products from L2 the rest),
+so ~1.5 ms for the three, plus ~0.2 ms for the vectors and the comparison. Right after a
+numpy product OpenBLAS's idle threads spin for ~0.1 s on the cores, and a check then takes
+up to ~3.5 ms; other processes on the cores slow it the same way. The first check in a
+process imports numba and loads the compiled loop from numba's on-disk cache (~0.25 s), or
+compiles it (~0.6 s).
 """
 
 from __future__ import annotations
