@@ -186,6 +186,25 @@ def _kernel() -> Any:
         return _compiled
 
 
+_warming: threading.Thread | None = None
+
+
+def warm_up() -> threading.Thread:
+    """Import numba and load (or compile) the pass in a background thread, once per process,
+    so that the first check does not wait ~0.25 s (~0.6 s to compile). Callers that will
+    check (a requester) start it early; a check that comes first just waits for the same
+    lock."""
+    global _warming
+    with _compile_lock:
+        if _warming is None:
+            _warming = threading.Thread(
+                target=lambda: _pass(np.zeros((2, 2), np.float32), np.zeros((2, 1), np.float32),
+                                     None),
+                name="swarm-check-warm-up", daemon=True)
+            _warming.start()
+        return _warming
+
+
 _SHARE = 1 << 19
 """Elements per share of a pass that a helper takes at a time (2 MiB, ~0.07 ms; each take
 costs a few us). Helpers take shares as they come free, not fixed halves: when another
@@ -221,8 +240,11 @@ def _helpers() -> list[ThreadPoolExecutor]:
 
 
 def _forget_pool() -> None:
-    global _pool
-    _pool = None  # a forked child has none of the parent's threads
+    """In a forked child: none of the parent's threads (helpers, warm-up) exist there, and a
+    lock one of them held would stay held."""
+    global _pool, _pool_lock, _compile_lock, _warming
+    _pool, _warming = None, None
+    _pool_lock, _compile_lock = threading.Lock(), threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -327,3 +327,14 @@ def test_checks_from_many_threads_and_a_forked_child():
     if child.exitcode is None:
         child.kill()
     assert child.exitcode == 0
+
+
+def test_warm_up_compiles_the_pass_in_the_background_once():
+    """A requester starts loading the pass when it starts (~0.25 s from numba's cache),
+    not at its first check; a second call starts nothing new."""
+    from compute import verify
+
+    thread = verify.warm_up()
+    assert verify.warm_up() is thread
+    thread.join(60)
+    assert not thread.is_alive() and verify._compiled.signatures
