@@ -48,19 +48,20 @@ L2 (products summed in float32 vector lanes, like BLAS, and never worse than the
 float32 sums the rounding model charges the check with; squares in float64), in 2 MiB
 shares taken by one pinned thread per core; no BLAS. Measured on the 2-core EPYC test
 machine at n = 2048 (bench/check_pass.py: medians of 21, interleaved with the numpy
-product, old and new in one run, other tests running, load 1.2-2.4): 2.25-4.6 ms, 3.3-6.2%
-of the ~69 ms two-thread product, against 7.4-7.8 ms for the previous pass (BLAS
-matrix-vector products on one thread) in the same runs; bench/compute.py 2.44 ms (3.5%;
-1.8% of a one-thread product); 1.5-1.8 ms back to back with no product in between. At n =
-4096: 11.8-13.4 ms (2.0-2.3%) against 20.7-20.9 (bench/compute.py: 1.6%); at n = 1024,
-where all three fit in L3 and arithmetic bounds the pass: 0.8 ms (9%) against 3.5-3.6.
-Where it goes: a pass over 16 MiB from memory takes ~0.5 ms on two cores (~0.8 on one:
-streaming alone is 0.5 ms at the ~34 GB/s one core reads, the products from L2 the rest),
-so ~1.5 ms for the three, plus ~0.2 ms for the vectors and the comparison. Right after a
-numpy product OpenBLAS's idle threads spin for ~0.1 s on the cores, and a check then takes
-up to ~3.5 ms; other processes on the cores slow it the same way. The first check in a
-process imports numba and loads the compiled loop from numba's on-disk cache (~0.25 s), or
-compiles it (~0.6 s).
+product, old and new in one run; five runs while other tests held the cores, load 1.2-2.4):
+1.9-5.6 ms, median run 3.6 ms, 2.8-7.9% of the ~69 ms two-thread product, against 7.4-7.8
+ms for the previous pass (BLAS matrix-vector products on one thread) in the same runs;
+bench/compute.py 2.44 ms (3.5%; 1.8% of a one-thread product); 1.5-1.8 ms back to back with
+no product in between. At n = 4096: 11.8-13.4 ms (2.0-2.3%) against 20.7-21.1
+(bench/compute.py: 1.6%); at n = 1024, where all three fit in L3 and arithmetic bounds the
+pass: 0.7-0.8 ms (8-9%) against 3.5-3.9. Where it goes: a pass over 16 MiB from memory
+takes ~0.5 ms on two cores (~0.8 on one: streaming alone is 0.5 ms at the ~34 GB/s one core
+reads, the products from L2 the rest), so ~1.5 ms for the three, plus ~0.2 ms for the
+vectors and the comparison. Right after a numpy product OpenBLAS's idle threads spin for
+~0.1 s on the cores, and a check then takes up to ~3.5 ms; other processes on the cores
+slow it the same way. The first check in a process imports numba and loads the compiled
+loop from numba's on-disk cache (~0.25 s), or compiles it (~0.6 s); :func:`warm_up` does
+that in the background (a requester's ``FreivaldsCache`` starts it).
 """
 
 from __future__ import annotations
