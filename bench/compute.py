@@ -85,7 +85,7 @@ def _one_thread(fn):
 
 
 def freivalds_cost(sizes, rounds) -> list[dict]:
-    """The default check (``verify_matmul``, fresh vectors, always on one BLAS thread) and
+    """The default check (``verify_matmul``, fresh vectors, its compiled pass, no BLAS) and
     the job path's check (the weight's row norms cached, as ``FreivaldsCache`` does) against
     the numpy product on the default BLAS threads and on one thread (like for like)."""
     from compute.verify import ROUNDS, check_product, draw_vectors, row_norms2
@@ -202,8 +202,8 @@ def main(argv=None) -> int:
         print(f"{r['n']:>6} {r['backend_ms']:>11.3f} {r['raw_ms']:>9.3f} "
               f"{r['ratio_median']:>14.3f} {r['ratio_best']:>12.3f}")
     print("\nFreivalds' check (fresh Gaussian vectors) vs the numpy product (interleaved)")
-    print("(the check runs on one BLAS thread; cost% against the product on the default "
-          "threads, cost1% against the product on one thread)")
+    print("(the check is a compiled pass shared by every core, no BLAS; cost% against the "
+          "product on the default threads, cost1% against the product on one thread)")
     print(f"{'n':>6} {'matmul ms':>10} {'1-thr ms':>9} {'verify ms':>10} {'cost%(median)':>14} "
           f"{'cost%(best)':>12} {'cost1%(med)':>12} {'b cached%(med)':>15}  accepts  "
           "rejects-1%-of-rms")

@@ -42,24 +42,35 @@ KAPPA <= 5.1, about 2x over the worst honest ratio measured: not taken.
 
 Cost: ``b @ R``, ``a (b R)`` and ``c @ R`` and the squared row norms of ``b``, ``c`` and
 ``a`` (weighted, for ``Q``), against ``2 M N K`` flops for the product. The check is
-memory-bound, so each matrix is read from memory once (:func:`_pass`: cache-sized row
-blocks, the ``rounds`` matrix-vector products and the squares taken from the block), on one
-BLAS thread (:data:`ONE_BLAS_THREAD`). Measured on 2 shared EPYC cores at n = 2048 (medians
-of interleaved runs): 4.3 ms against 6.5 ms for the previous six separate passes, both on
-one thread; ~2.5-3% of a contended numpy product, ~6.5-7% of an idle two-thread one
-(~69 ms; 3.3% at n = 4096). The floor on one thread is ~3.7 ms: reading ``a``, ``b``, ``c``
-once is 48 MiB at the ~35 GB/s one core streams (1.4 ms), and the four matrix-vector
-products and the squares re-read each 512 KiB block from L2 (4.9 us per product, ~107
-GB/s; squares 7.5 us, weighted 14 us; 96 blocks: ~2.3 ms), so 3% of an idle product
-(~2 ms) is out of reach on one core. Splitting the blocks over two threads was tried and
-measured no faster even idle (4.81 against 4.90 ms at n = 2048: each block's products are
-too short to hand over); OpenBLAS's N = 4 matrix product is slower still (it packs ``x``:
-25 us per block against 20 for four matrix-vector products).
+memory-bound, so each matrix is read from memory once, by one compiled loop (numba,
+:func:`_pass`): a row block is streamed in by its squares and every product is taken from
+L2 (products summed in float32 vector lanes, like BLAS, and never worse than the in-order
+float32 sums the rounding model charges the check with; squares in float64), in 2 MiB
+shares taken by one pinned thread per core; no BLAS. Measured on the 2-core EPYC test
+machine at n = 2048 (bench/check_pass.py: medians of 21, interleaved with the numpy
+product, old and new in one run; five runs while other tests held the cores, load 1.2-2.4):
+1.9-5.6 ms, median run 3.6 ms, 2.8-7.9% of the ~69 ms two-thread product, against 7.4-7.8
+ms for the previous pass (BLAS matrix-vector products on one thread) in the same runs;
+bench/compute.py 2.44 ms (3.5%; 1.8% of a one-thread product); 1.5-1.8 ms back to back with
+no product in between. At n = 4096: 11.8-13.4 ms (2.0-2.3%) against 20.7-21.1
+(bench/compute.py: 1.6%); at n = 1024, where all three fit in L3 and arithmetic bounds the
+pass: 0.7-0.8 ms (8-9%) against 3.5-3.9. Where it goes: a pass over 16 MiB from memory
+takes ~0.5 ms on two cores (~0.8 on one: streaming alone is 0.5 ms at the ~34 GB/s one core
+reads, the products from L2 the rest), so ~1.5 ms for the three, plus ~0.2 ms for the
+vectors and the comparison. Right after a numpy product OpenBLAS's idle threads spin for
+~0.1 s on the cores, and a check then takes up to ~3.5 ms; other processes on the cores
+slow it the same way. The first check in a process imports numba and loads the compiled
+loop from numba's on-disk cache (~0.25 s), or compiles it (~0.6 s); :func:`warm_up` does
+that in the background (a requester's ``FreivaldsCache`` starts it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -74,66 +85,8 @@ KAPPA = 8.0
 measured over >= 1,000 products (numpy, tiled and naive WGSL on llvmpipe, sequential f32;
 normal, uniform-positive and lognormal data; n = 64..8192) is in bench/compute.py's table
 (about 2.5); KAPPA leaves >= 3x on top of it."""
-_BLOCK = 1 << 17
-"""Elements per row block of a pass (512 KiB of float32): stays in a core's cache while the
-check vectors and the squares are taken from it."""
 _U32 = 2.0**-24
 _U16 = 2.0**-11
-
-
-class _OneBlasThread:
-    """BLAS on one thread while any check runs in this process (every check enters it).
-
-    Checks are matrix-vector products that a multi-threaded BLAS (OpenBLAS) splits over
-    every core, and its threads then spin for a while waiting for more work: on a busy
-    machine that spinning takes the cores from the workers still computing the other
-    bands, and the check itself stalls (n = 2048 on 2 shared cores: median 8.5 ms on two
-    threads against 4.3 ms on one; bench/compute.py). One thread streams the check's
-    memory-bound passes nearly as fast as two on an idle machine. The limit is process-wide,
-    so concurrent checks share it (entered once, restored by the last); entering costs ~2 us.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._controller: Any = None
-        self._limit: Any = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                if self._controller is None:
-                    from threadpoolctl import ThreadpoolController
-
-                    self._controller = ThreadpoolController()
-                _take_blas_control()
-                self._limit = self._controller.limit(limits=1, user_api="blas")
-            self._users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._limit is not None:
-                _take_blas_control()
-                self._limit.restore_original_limits()
-                self._limit = None
-
-
-def _take_blas_control() -> None:
-    """Make the calling thread the one threadpoolctl lets set OpenBLAS's thread count.
-
-    threadpoolctl lets only one Python thread (the first that set a limit, while it lives)
-    change OpenBLAS's process-wide count and silently ignores the others; checks run in
-    whichever executor thread is free, so without this most limits were no-ops."""
-    import threadpoolctl
-
-    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
-                    "clear_controlling_thread", None)
-    if clear is not None:
-        clear(force=True)
-
-
-ONE_BLAS_THREAD = _OneBlasThread()
 
 
 def _secret_rng() -> np.random.Generator:
@@ -146,45 +99,197 @@ def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) ->
     return (rng or _secret_rng()).standard_normal((n, rounds), dtype=np.float32)
 
 
+_BLOCK = 1 << 16
+"""Elements per row block of a pass (256 KiB of float32): stays in a core's L2 between
+streaming it in and taking the products from it."""
+
+
+def _rows_kernel(x: np.ndarray, rt: np.ndarray, w: np.ndarray, proj: np.ndarray,
+                 sq: np.ndarray, r0: int, r1: int) -> None:  # pragma: no cover - compiled
+    """Rows ``r0:r1`` of ``proj = x @ rt.T`` (float32 sums) and ``sq = (x * x) @ w`` (float64
+    sums: squares of any finite float32 stay finite) (compiled by :func:`_kernel`; ``rt`` is
+    ``cols x k``, float32).
+
+    Row blocks of :data:`_BLOCK` elements: the squares stream the block in from memory at
+    full speed (~34 GB/s on one core here), then every product is taken from L2, four
+    columns per loop over a row. One loop doing both ran at half that speed from
+    memory (the products' arithmetic stalled the stream): 2.1 ms per 16 MiB against 1.1;
+    pairs of rows cut the loads of ``rt`` by half (1.1 -> 1.0 ms), and float32 sums (eight
+    to a vector, against four float64) another 15% (0.92 -> 0.77 ms). The sums' order is
+    the compiler's (vector lanes): each lane sums a part of the row in order, so the error
+    stays within that of one in-order float32 sum (largest honest residual over sigma
+    measured 0.65 against 0.55 with float64 sums; KAPPA is 8)."""
+    k = x.shape[1]
+    cols = rt.shape[0]
+    rows = max(1, _BLOCK // k)
+    for b0 in range(r0, r1, rows):
+        b1 = min(r1, b0 + rows)
+        for i in range(b0, b1):
+            s = 0.0
+            for j in range(k):
+                v = np.float64(x[i, j])
+                s += v * v * w[j]
+            sq[i] = s
+        for i in range(b0, b1, 2):  # two rows at a time: each load of rt serves both
+            i2 = min(i + 1, b1 - 1)     # (an odd last row is done twice, harmlessly)
+            c = 0
+            while c + 4 <= cols:
+                a0 = a1 = a2 = a3 = np.float32(0.0)
+                e0 = e1 = e2 = e3 = np.float32(0.0)
+                for j in range(k):
+                    v = x[i, j]
+                    u = x[i2, j]
+                    t0 = rt[c, j]
+                    t1 = rt[c + 1, j]
+                    t2 = rt[c + 2, j]
+                    t3 = rt[c + 3, j]
+                    a0 += v * t0
+                    a1 += v * t1
+                    a2 += v * t2
+                    a3 += v * t3
+                    e0 += u * t0
+                    e1 += u * t1
+                    e2 += u * t2
+                    e3 += u * t3
+                proj[i, c], proj[i, c + 1], proj[i, c + 2], proj[i, c + 3] = a0, a1, a2, a3
+                proj[i2, c], proj[i2, c + 1], proj[i2, c + 2], proj[i2, c + 3] = e0, e1, e2, e3
+                c += 4
+            while c < cols:
+                a0 = e0 = np.float32(0.0)
+                for j in range(k):
+                    a0 += x[i, j] * rt[c, j]
+                    e0 += x[i2, j] * rt[c, j]
+                proj[i, c] = a0
+                proj[i2, c] = e0
+                c += 1
+
+
+_compiled: Any = None
+_compile_lock = threading.Lock()
+
+
+def _kernel() -> Any:
+    """:func:`_rows_kernel` compiled by numba on first use (importing numba costs ~0.2 s, so
+    not at import). ``reassoc``/``contract`` only: the sums may be vectorised and
+    use FMA, while NaN and infinity keep their IEEE meaning (no ``nnan``/``ninf``).
+    ``nogil``: :func:`_pass` runs row ranges on several threads. Cached on disk where numba
+    finds a writable cache directory; otherwise compiled once per process (~0.4 s)."""
+    global _compiled
+    with _compile_lock:
+        if _compiled is None:
+            import numba
+
+            options: dict[str, Any] = {"nogil": True, "fastmath": {"reassoc", "contract"}}
+            try:
+                _compiled = numba.njit(cache=True, **options)(_rows_kernel)
+            except RuntimeError:  # no writable cache directory: compile in memory
+                _compiled = numba.njit(**options)(_rows_kernel)
+        return _compiled
+
+
+_warming: threading.Thread | None = None
+
+
+def warm_up() -> threading.Thread:
+    """Import numba and load (or compile) the pass in a background thread, once per process,
+    so that the first check does not wait ~0.25 s (~0.6 s to compile). Callers that will
+    check (a requester) start it early; a check that comes first just waits for the same
+    lock."""
+    global _warming
+    with _compile_lock:
+        if _warming is None:
+            _warming = threading.Thread(
+                target=lambda: _pass(np.zeros((2, 2), np.float32), np.zeros((2, 1), np.float32),
+                                     None),
+                name="swarm-check-warm-up", daemon=True)
+            _warming.start()
+        return _warming
+
+
+_SHARE = 1 << 19
+"""Elements per share of a pass that a helper takes at a time (2 MiB, ~0.07 ms; each take
+costs a few us). Helpers take shares as they come free, not fixed halves: when another
+process holds one core (or OpenBLAS's threads still spin after a product, ~0.1 s), the other
+helper takes most of the shares instead of the check waiting for the slow half."""
+_MAX_HELPERS = 4
+"""At most this many cores share a pass: it is memory-bound (two were measured, 2x)."""
+_pool: list[ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _helpers() -> list[ThreadPoolExecutor]:
+    """One thread per usable core (up to :data:`_MAX_HELPERS`), each pinned to its core.
+
+    Pinned, because Linux wakes a thread on its waker's core when it deems that cheaper:
+    after the machine had been idle for a moment (0.05 s), a helper woken by the checking
+    thread ran on that same core, after it, and a two-way split took as long as one thread
+    (0.6 + 0.6 ms). The checking thread itself only waits, for the same reason."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else list(range(os.cpu_count() or 1)))
+            pools = []
+            for cpu in cpus[:_MAX_HELPERS]:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="swarm-check")
+                if hasattr(os, "sched_setaffinity"):
+                    with contextlib.suppress(OSError):  # unpinned is slower, not wrong
+                        pool.submit(os.sched_setaffinity, 0, {cpu}).result()
+                pools.append(pool)
+            _pool = pools
+        return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child: none of the parent's threads (helpers, warm-up) exist there, and a
+    lock one of them held would stay held."""
+    global _pool, _pool_lock, _compile_lock, _warming
+    _pool, _warming = None, None
+    _pool_lock, _compile_lock = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
           ) -> tuple[np.ndarray | None, np.ndarray]:
     """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
     (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
 
-    The check is memory-bound: ``x`` goes through in row blocks that stay in the core's
-    cache (:data:`_BLOCK`), and every product with a column of ``right`` and the squares
-    are taken from the block there. Matrix-vector products, not one skinny matrix product:
-    OpenBLAS packs ``x`` for an N = 4 product and ran it at a quarter of a matrix-vector
-    product's speed here (bench/compute.py). Squares are summed in float32 (no full-size
-    temporary); only when that overflows is it redone in float64."""
+    The check is memory-bound, and matrix-vector products in BLAS re-read each block of
+    ``x`` once per check vector: here one compiled loop (:func:`_rows_kernel`) takes every
+    product and the squares while a block is in L2 (products in float32 like BLAS, squares in
+    float64, so that those of any finite float32 stay finite).
+    Shares of :data:`_SHARE` elements go to the pinned helper threads (:func:`_helpers`)
+    when there are two or more; they wait on a lock, never spin, so on a busy machine they
+    take nothing from the computing workers between checks."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     cols = 0 if right is None else right.shape[1]
-    proj = np.zeros((cols, m), np.float32)  # one contiguous row per check vector
+    proj = np.zeros((m, cols), np.float32)
+    sq = np.zeros(m)
     if m == 0 or k == 0:
-        return (None if right is None else proj.T), np.zeros(m)
-    vectors = [] if right is None else [np.ascontiguousarray(right[:, j]) for j in range(cols)]
-    w = None if weights is None else np.asarray(weights, np.float32)
-    sq = np.empty(m, np.float32)
-    rows = max(1, _BLOCK // k)
-    tmp = None if w is None else np.empty((min(rows, m), k), np.float32)
-    with ONE_BLAS_THREAD, np.errstate(over="ignore", invalid="ignore"):
-        for r0 in range(0, m, rows):
-            blk = x[r0:r0 + rows]
-            r1 = r0 + len(blk)
-            for j, v in enumerate(vectors):
-                np.matmul(blk, v, out=proj[j, r0:r1])
-            if tmp is None:
-                np.matmul(blk[:, None, :], blk[:, :, None], out=sq[r0:r1, None, None])
-            else:
-                t = tmp[:len(blk)]
-                np.multiply(blk, blk, out=t)
-                np.matmul(t, w, out=sq[r0:r1])
-        out = sq.astype(np.float64)
-        if not np.all(np.isfinite(out)):  # squares past float32: exact enough in float64
-            x64 = x.astype(np.float64)
-            w64 = np.ones(k) if weights is None else np.asarray(weights, np.float64)
-            out = (x64 * x64) @ w64
-    return (None if right is None else proj.T), out
+        return (None if right is None else proj), sq
+    rt = (np.zeros((0, k), np.float32) if right is None
+          else np.ascontiguousarray(np.asarray(right).T, dtype=np.float32))
+    w = np.ones(k) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+    kernel = _kernel()
+    shares = min(m, (m * k) // _SHARE)
+    helpers = _helpers() if shares >= 2 else []
+    if len(helpers) < 2:
+        kernel(x, rt, w, proj, sq, 0, m)
+    else:
+        edges = [m * p // shares for p in range(shares + 1)]
+        taken = itertools.count()  # next() is atomic under the GIL
+
+        def take() -> None:
+            while (p := next(taken)) < shares:
+                kernel(x, rt, w, proj, sq, edges[p], edges[p + 1])
+
+        for f in [h.submit(take) for h in helpers[:shares]]:
+            f.result()
+    return (None if right is None else proj), sq
 
 
 def row_norms2(x: np.ndarray) -> np.ndarray:

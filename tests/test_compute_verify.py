@@ -231,3 +231,110 @@ def test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048():
     assert miss_probability(0.1 * rms, t, rounds=3) > 1e-6
     assert miss_probability(0.1 * rms, t, rounds=4) <= 1e-7
     assert miss_probability(0.01 * rms, t, rounds=4) <= 1e-3
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (1, 7), (1, 2048), (5, 1), (300, 7), (129, 257),
+                                   (1100, 1003)])  # the last is shared by threads
+@pytest.mark.parametrize("cols", [0, 1, 4, 6])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_fused_pass_equals_the_float64_reference(shape, cols, weighted):
+    """One compiled pass gives ``x @ r`` (float32 sums, within the rounding model's bound) and
+    the squares (float64), whatever the shape, number of vectors and thread split."""
+    from compute.verify import _pass
+
+    m, k = shape
+    rng = np.random.default_rng(m * 31 + k + cols)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    r = rng.standard_normal((k, cols), dtype=np.float32)
+    w = rng.random(k) if weighted else None
+    proj, sq = _pass(x, r if cols else None, w)
+    x64 = x.astype(np.float64)
+    ref_sq = (x64 * x64) @ (np.ones(k) if w is None else w)
+    np.testing.assert_allclose(sq, ref_sq, rtol=1e-12)
+    assert sq.dtype == np.float64 and sq.shape == (m,)
+    if not cols:
+        assert proj is None
+        return
+    assert proj.dtype == np.float32 and proj.shape == (m, cols)
+    ref = x64 @ r.astype(np.float64)
+    scale = np.abs(x64) @ np.abs(r.astype(np.float64))
+    # no worse than summing in order in float32 (what the rounding model charges the check)
+    assert np.all(np.abs(proj - ref) <= 2.0**-24 * (k + 1) * scale)
+    assert np.all(np.abs(proj - ref) <= 2.0**-24 * 64 * scale.max(initial=0))  # far better here
+
+
+def test_fused_pass_squares_past_float32_stay_finite():
+    """A row whose float32 squares overflow (1e20**2 > 3.4e38) is summed in float64."""
+    from compute.verify import _pass, row_norms2
+
+    x = np.ones((3, 600), np.float32)
+    x[1] = 1e20
+    r = np.ones((600, 4), np.float32)
+    proj, sq = _pass(x, r, None)
+    np.testing.assert_allclose(sq, [600.0, 600 * 1e40, 600.0], rtol=1e-6)
+    np.testing.assert_allclose(row_norms2(x), sq)
+    np.testing.assert_allclose(proj[1], 600 * np.float32(1e20), rtol=1e-6)
+    x[2, 5] = np.inf  # non-finite stays non-finite (callers refuse it)
+    assert not np.isfinite(_pass(x, r, None)[1][2])
+
+
+def test_default_check_reads_each_matrix_once_in_the_fused_pass(monkeypatch):
+    """The check makes no BLAS call: each of b, a and c goes through the compiled pass once,
+    row by row (the BLAS pass re-read every block once per check vector)."""
+    from compute import verify
+
+    def no_blas(*args, **kwargs):
+        raise AssertionError("BLAS called by the check")
+
+    a, b = operands(1200, 1000, 1100, seed=1)  # two shares of a pass each or more
+    c = a @ b
+    kernel = verify._kernel()
+    seen: dict[int, list[tuple[int, int]]] = {}
+
+    def counting(x, rt, w, proj, sq, r0, r1):
+        seen.setdefault(id(x), []).append((r0, r1))
+        return kernel(x, rt, w, proj, sq, r0, r1)
+
+    monkeypatch.setattr(verify, "_kernel", lambda: counting)
+    monkeypatch.setattr(np, "matmul", no_blas)
+    monkeypatch.setattr(np, "dot", no_blas)
+    assert verify_matmul(a, b, c)
+    assert set(seen) == {id(a), id(b), id(c)}
+    for x in (a, b, c):
+        ranges = sorted(seen[id(x)])
+        assert len(ranges) >= 2
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(x)
+        assert all(p[1] == q[0] for p, q in zip(ranges, ranges[1:], strict=False))
+
+
+def test_checks_from_many_threads_and_a_forked_child():
+    """Concurrent checks share the helper threads; a forked child (which has none of them)
+    still checks instead of waiting forever on the parent's pool."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    a, b = operands(1200, 900, 1000, seed=2)
+    c = a @ b
+    bad = c.copy()
+    bad[5, 5] += 10.0  # ~1/3 of rms(C): missed with probability ~1e-9
+    with cf.ThreadPoolExecutor(4) as ex:
+        verdicts = list(ex.map(lambda cc: verify_matmul(a, b, cc), [c, bad] * 4))
+    assert verdicts == [True, False] * 4
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: None if verify_matmul(a, b, c) else 1 / 0)
+    child.start()
+    child.join(60)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0
+
+
+def test_warm_up_compiles_the_pass_in_the_background_once():
+    """A requester starts loading the pass when it starts (~0.25 s from numba's cache),
+    not at its first check; a second call starts nothing new."""
+    from compute import verify
+
+    thread = verify.warm_up()
+    assert verify.warm_up() is thread
+    thread.join(60)
+    assert not thread.is_alive() and verify._compiled.signatures

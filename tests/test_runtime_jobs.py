@@ -105,45 +105,6 @@ async def test_verified_bands_are_placed_at_once_and_never_after_the_merge():
     assert np.array_equal(out, before)                     # but the output is the caller's
 
 
-def test_checks_run_blas_on_one_thread_and_overlapping_checks_restore_it_once():
-    """A check's matrix-vector products on a multi-threaded BLAS leave its threads spinning
-    on cores the workers need; overlapping checks share one limit, restored by the last."""
-    from threadpoolctl import threadpool_info
-
-    from compute.verify import ONE_BLAS_THREAD
-
-    def threads() -> set[int]:
-        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
-
-    before = threads()
-    with ONE_BLAS_THREAD:
-        assert threads() == {1}
-        with ONE_BLAS_THREAD:  # a second check in another thread
-            assert threads() == {1}
-        assert threads() == {1}  # the first one is still running
-    assert threads() == before
-
-
-def test_checks_from_any_executor_thread_run_blas_on_one_thread():
-    """threadpoolctl obeys only the first thread that set a limit (while it lives): checks in
-    other executor threads ran on every core, its spinning threads included."""
-    import concurrent.futures as cf
-
-    from threadpoolctl import threadpool_info, threadpool_limits
-
-    from compute.verify import ONE_BLAS_THREAD
-
-    def check_in_a_thread() -> set[int]:
-        with ONE_BLAS_THREAD:
-            return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
-
-    with threadpool_limits(limits=2, user_api="blas"), cf.ThreadPoolExecutor(1) as first, \
-            cf.ThreadPoolExecutor(1) as second:  # this thread took control first
-        assert first.submit(check_in_a_thread).result() == {1}  # first takes control; lives on
-        assert second.submit(check_in_a_thread).result() == {1}
-        assert first.submit(check_in_a_thread).result() == {1}
-
-
 async def test_rates_count_a_bands_time_at_the_worker_not_its_wait_in_the_queue():
     """Two bands in flight on one worker: the second waits for the first there. Counting that
     wait halved the second band's rate, and the plan then dealt bands by that noise."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import compute
-from compute.verify import ROUNDS, check_product, draw_vectors, row_norms2
+from compute.verify import ROUNDS, check_product, draw_vectors, row_norms2, warm_up
 from identity.keys import PeerId
 from swarm import wire
 from swarm.runtime.objects import ObjectId, object_id
@@ -64,6 +64,7 @@ class FreivaldsCache:
         self.max_entries = max_entries
         self._norms: dict[Hashable, np.ndarray] = {}
         self._lock = threading.Lock()
+        warm_up()  # the check's compiled pass loads while the job is sent out
 
     def _b_norms2(self, key: Hashable, b: np.ndarray) -> np.ndarray:
         with self._lock:
