@@ -441,8 +441,6 @@ class Controller:
             if now > self._deadline:
                 log.warning("claim of term %d timed out", self._pending.term if self._pending
                             else -1)
-                if self._pending is not None:  # its put may still land: number above it
-                    self._seq_floor = max(self._seq_floor, self._pending.seq + 1)
                 self._set_state(Duty.FOLLOWER, now)
         elif self.role is Duty.COORDINATOR:
             if now >= self._next_beat:
