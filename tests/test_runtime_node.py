@@ -68,18 +68,30 @@ async def test_lying_peer_callbacks(two_nodes):
     assert seen == [(a.peer_id, "test")]
 
 
+def _report_wrong_result(a: Node, b: Node):
+    """``a`` rejects a liar's signed wrong result and reports it, the DHT naming ``b`` as the
+    coordinator; returns the evidence package sent."""
+    from swarm.runtime.requester import evidence_for
+    from tests.test_runtime_evidence import job, signed
+
+    liar = PeerKey.generate()
+    call, reply = signed(liar, a.key, *job())
+    package = evidence_for(a.peer_id, liar.peer_id, call, reply, "failed check")
+
+    async def b_by_the_dht():
+        return b.peer_id
+
+    a.find_coordinator = b_by_the_dht
+    a.report_lying_peer(liar.peer_id, "failed check", package)
+    return package
+
+
 async def test_evidence_refused_by_a_peer_not_coordinating_is_sent_again(two_nodes):
     """A stale DHT state can name a peer that does not coordinate (its claim timed out, or
     it is handing off): it answers so, and the evidence goes again until one takes it."""
     from swarm.runtime.protocol import EvidenceAck, EvidenceMsg
-    from swarm.runtime.requester import evidence_for
-    from tests.test_runtime_evidence import job, signed
 
     a, b = two_nodes
-    liar = PeerKey.generate()
-    x, y, z = job()
-    call, reply = signed(liar, a.key, x, y, z)
-    package = evidence_for(a.peer_id, liar.peer_id, call, reply, "failed check")
     got: list[bytes] = []
     taken = asyncio.Event()
 
@@ -90,12 +102,7 @@ async def test_evidence_refused_by_a_peer_not_coordinating_is_sent_again(two_nod
             taken.set()
 
     b.on_control(EvidenceMsg, coordinator_later)
-
-    async def b_by_the_dht():
-        return b.peer_id
-
-    a.find_coordinator = b_by_the_dht
-    a.report_lying_peer(liar.peer_id, "failed check", package)
+    package = _report_wrong_result(a, b)
     await asyncio.wait_for(taken.wait(), 20)
     await asyncio.wait_for(asyncio.gather(*a._deliveries), 10)  # done once taken
     assert got == [package.evidence.encode()] * 3
@@ -105,14 +112,9 @@ async def test_evidence_goes_again_when_unanswered(two_nodes, monkeypatch):
     """Evidence that no one acknowledges (a receiver that died or an old peer) is retried."""
     from swarm import node as node_module
     from swarm.runtime.protocol import EvidenceMsg
-    from swarm.runtime.requester import evidence_for
-    from tests.test_runtime_evidence import job, signed
 
     monkeypatch.setattr(node_module, "EVIDENCE_ACK_WAIT", 0.2)
     a, b = two_nodes
-    liar = PeerKey.generate()
-    call, reply = signed(liar, a.key, *job())
-    package = evidence_for(a.peer_id, liar.peer_id, call, reply, "failed check")
     twice = asyncio.Event()
     got: list[bytes] = []
 
@@ -122,10 +124,5 @@ async def test_evidence_goes_again_when_unanswered(two_nodes, monkeypatch):
             twice.set()
 
     b.on_control(EvidenceMsg, silent)
-
-    async def b_by_the_dht():
-        return b.peer_id
-
-    a.find_coordinator = b_by_the_dht
-    a.report_lying_peer(liar.peer_id, "failed check", package)
+    _report_wrong_result(a, b)
     await asyncio.wait_for(twice.wait(), 20)
