@@ -36,7 +36,11 @@ def _lie(peer: PeerId, n: int) -> LiarReport:
 
 
 class Sim:
-    """Controllers wired together; dead peers keep their stale DHT records in the view."""
+    """Controllers wired together; dead peers keep their stale DHT records in the view.
+
+    ``dht`` holds each peer's own state item, as the plane stores it; a claim is the plane's
+    CAS: it fails when an item that counts holds the claimed term or a later one, except for
+    the ``cheats`` (modified code that stores its claim regardless)."""
 
     def __init__(self, tflops: dict[str, float], timing: Timing | None = None,
                  persisted: dict[str, CoordinatorState] | None = None,
@@ -53,6 +57,10 @@ class Sim:
         self.alive = set(tflops)
         self.cut: set[str] = set()  # partitioned: sends and receives nothing
         self.persisted: dict[str, CoordinatorState] = dict(persisted)
+        # Items outlive a full restart: each node's own is the last state it coordinated.
+        self.dht: dict[str, CoordinatorState] = {
+            n: s for n, s in persisted.items() if s.coordinator == self.ids[n]}
+        self.cheats: set[str] = set()
         self.refused: list[tuple[str, str, str]] = []  # (receiver, what, error)
         self.disconnects: dict[str, list[tuple[PeerId, bool]]] = {n: [] for n in tflops}
         self.left: dict[str, str] = {}
@@ -114,8 +122,14 @@ class Sim:
         for act in node.actions():
             if isinstance(act, control.PutState):
                 if act.claim:
-                    node.claim_result(True, self.now)
+                    top = None if name in self.cheats else node.claim_conflict(
+                        act.state, self.dht.values())
+                    if top is None:
+                        self.dht[name] = act.state
+                    node.claim_result(top is None, self.now)
                     self._run(name)
+                else:
+                    self.dht[name] = act.state
             elif isinstance(act, control.Persist):
                 self.persisted[name] = act.state
             elif isinstance(act, control.SendHeartbeat):
@@ -270,6 +284,7 @@ def test_block_survives_coordinator_change_and_full_restart():
     # Full restart of every node from its data dir; x comes back with a huge benchmark.
     persisted = {n: s for n, s in sim.persisted.items() if n != "x"}
     sim2 = Sim({"a": 1.0, "b": 3.0, "c": 2.0, "x": 50.0}, persisted=persisted)
+    sim2.cheats.add("x")  # it claims past the CAS, too
     sim2.run_until(lambda: sim2.agreed("b", but=frozenset({"x"})))
     assert sim2.nodes["b"].term >= 2
     for n in ("a", "b", "c"):
@@ -391,13 +406,14 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
 
 
 def test_a_slow_successor_is_still_followed_once_it_speaks():
-    """The successor's claim took longer than failover: followers suspected it too, yet its
-    first heartbeat (a higher term, elected once the dead one is set aside) is accepted."""
+    """The successor's claim took longer than failover + claim: followers suspected it too,
+    yet its first heartbeat (a higher term, elected once the dead one is set aside) is
+    accepted."""
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0}, health={"a": Fitness(thermal=95.0)})
     a = sim.nodes["a"]  # too hot to coordinate: it only follows
     sim.alive -= {"b", "c"}  # b dead; c too slow to speak for a while
     t = sim.timing
-    sim.run_until(lambda: sim.ids["c"] in a.suspects, limit=3 * t.failover + 1)
+    sim.run_until(lambda: sim.ids["c"] in a.suspects, limit=2 * t.failover + t.claim + 1)
     state = sim.nodes["b"].state.successor(term=2, coordinator=sim.ids["c"])
     assert a.heartbeat(state, sim.ids["c"], sim.now)
     assert a.coordinator == sim.ids["c"] and a.role is Duty.FOLLOWER

@@ -321,6 +321,10 @@ class Controller:
         self.suspects: dict[PeerId, float] = {}
         self.expected: PeerId | None = state.coordinator if state else None
         self.last_heard = now
+        self._patience = timing.failover
+        """Silence after which we suspect ``expected``: longer for a winner that must claim
+        its term first (up to ``Timing.claim``), so that nobody claims the same term
+        beside it."""
         self.endorsement: bytes = b""
         """The predecessor's signed handoff, shown by our heartbeats while we coordinate."""
         self._pending_endorsement = b""
@@ -411,8 +415,15 @@ class Controller:
         self.guard.observe(state.term)
         self._set_state(Duty.FOLLOWER, now, why=f"{state.coordinator.short()} also "
                                                 f"holds term {state.term}")
-        if elect(self.view.values(), self.blocked(), self._candidates_out()) == self.me:
+        winner = elect(self.view.values(), self.blocked(), self._candidates_out())
+        if winner == self.me:
             self._claim(now)  # at once, before our followers miss a heartbeat
+            return
+        self._await_claim(winner)
+        if winner is not None and self.state is not None:
+            # Our state shows the winner the collision, if it has not seen it: it then
+            # claims the next term at once rather than after its rival check.
+            self._actions.append(SendHeartbeat(self.state, (winner,), self.endorsement))
 
     def dht_states(self, states: Iterable[CoordinatorState]) -> list[CoordinatorState]:
         """Coordinator-state items read from the DHT: the ones that count (see
@@ -441,6 +452,7 @@ class Controller:
             if now > self._deadline:
                 log.warning("claim of term %d timed out", self._pending.term if self._pending
                             else -1)
+                self._drop_claim()
                 self._set_state(Duty.FOLLOWER, now)
         elif self.role is Duty.COORDINATOR:
             if now >= self._next_beat:
@@ -463,6 +475,7 @@ class Controller:
             return
         if not ok:
             log.warning("claim of term %d failed: %s", self._pending.term, why)
+            self._drop_claim()
             self._set_state(Duty.FOLLOWER, now)
             return
         self.guard.observe(self._pending.term)
@@ -525,10 +538,8 @@ class Controller:
         if cur is None and not entitled(state, self.view, self.blocked()):
             raise NotCoordinator(f"{sender.short()} is no member eligible to coordinate")
         if cur is not None:
-            if state.term == cur.term and state.coordinator != cur.coordinator \
-                    and state.coordinator.raw > cur.coordinator.raw:
-                raise StaleTerm(f"two coordinators at term {state.term}: "
-                                f"{cur.coordinator.short()} wins the tie")
+            if state.term == cur.term and state.coordinator != cur.coordinator:
+                self._same_term(state, now)
             if state.coordinator == cur.coordinator and state.seq <= cur.seq \
                     and state.term == cur.term:
                 if state.coordinator == self.expected:
@@ -747,6 +758,7 @@ class Controller:
         if new is Duty.FOLLOWER:
             self._pending = None
             self.last_heard = now
+            self._patience = self.timing.failover
             if self.state is not None and self.state.coordinator != self.me:
                 self.expected = self.state.coordinator
         elif new is Duty.CANDIDATE:
@@ -768,6 +780,31 @@ class Controller:
         while len(self._unblocked_term) > MAX_UNBLOCKED:
             self._unblocked_term.popitem(last=False)
 
+    def _same_term(self, state: CoordinatorState, now: float) -> None:
+        """A second coordinator at the term of the state we hold. Nobody acts on two
+        coordinators in one term: we coordinated it (a new term decides, see :meth:`rival`),
+        or we follow another one that is alive (we stay). Only a coordinator we suspect
+        (silent: maybe a claim that failed after its item landed) may be replaced within
+        its term, by the one our election picks (see :meth:`_legitimate`)."""
+        cur = self.state
+        assert cur is not None
+        if cur.coordinator == self.me:
+            if self.role is Duty.COORDINATOR:
+                self.rival(state, now)
+            raise StaleTerm(f"two coordinators at term {state.term}: a new term decides")
+        if cur.coordinator not in self.suspects:
+            raise StaleTerm(f"two coordinators at term {state.term}: we follow "
+                            f"{cur.coordinator.short()}")
+
+    def _drop_claim(self) -> None:
+        """A claim ends unconfirmed (timed out, lost, overtaken): its put may still land,
+        so the next claim goes above its term and its seq (else the DHT holds two items of
+        ours at one seq and two coordinators at one term)."""
+        if self._pending is not None and self._pending.coordinator == self.me:
+            self.guard.observe(self._pending.term)
+            self.note_seq(self._pending.seq)
+        self._pending = None
+
     def _candidates_out(self) -> set[PeerId]:
         """Peers that may not coordinate now: suspected dead, or kicked a moment ago."""
         return set(self.suspects) | set(self._kicked)
@@ -775,7 +812,7 @@ class Controller:
     def _follow(self, now: float) -> None:
         if self.expected == self.me:
             self.expected = None
-        if now - self.last_heard <= self.timing.failover:
+        if now - self.last_heard <= self._patience:
             return
         if self.expected is not None:
             fresh = self.view[self.expected].freshness if self.expected in self.view else 0.0
@@ -787,7 +824,13 @@ class Controller:
         if winner == self.me:
             self._claim(now)
         else:
-            self.expected = winner
+            self._await_claim(winner)
+
+    def _await_claim(self, winner: PeerId | None) -> None:
+        """Expect ``winner`` to claim the next term: its claim may take ``Timing.claim``,
+        and suspecting it sooner would start a second claim of the same term."""
+        self.expected = winner
+        self._patience = self.timing.failover + self.timing.claim
 
     def _claim(self, now: float) -> None:
         prev = self.state
@@ -829,10 +872,13 @@ class Controller:
                          if b.peer not in state.blocked_ids and b.peer != state.coordinator)
             if lost:
                 self._actions.append(ForwardBlocks(lost, state.coordinator, old.term))
+        if self.role is Duty.CANDIDATE:
+            self._drop_claim()  # overtaken: our put may still land
         self.guard.observe(state.term)
         self.state = state
         self.expected = state.coordinator
         self.last_heard = now
+        self._patience = self.timing.failover
         self.suspects.pop(state.coordinator, None)
         self._actions.append(Persist(state))
         for entry in state.blocked:

@@ -1,0 +1,194 @@
+"""One coordinator per term: no peer ever acts on two coordinators in the same term.
+
+A claim is a CAS over DHT items, not a vote, so two peers can claim one term when their
+claims overlap. These tests pin the rules that keep that window shut (a failover winner is
+given its whole claim time; an unconfirmed claim is never reused; the plane reads the items
+again after its put) and that settle a collision in a new term rather than inside the old
+one (a follower keeps the coordinator it follows; coordinators move on).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from identity.keys import PeerKey
+from swarm.control import machine as control
+from swarm.control.election import Candidate
+from swarm.control.machine import Controller, Duty, Timing
+from swarm.control.state import CoordinatorState
+from tests.test_control_machine import DT, SWARM, Sim, _pid, _stable
+
+
+class SlowClaims(Sim):
+    """A Sim whose claims by ``slow`` peers land ``delay`` seconds after they start (DHT
+    lookups through a partition wait for unreachable nodes)."""
+
+    def __init__(self, *args, slow: dict[str, float], **kw) -> None:
+        super().__init__(*args, **kw)
+        self.slow = slow
+        self.held: list[tuple[float, str, control.PutState]] = []
+        self.claimed: list[tuple[str, int]] = []
+
+    def step(self) -> None:
+        super().step()
+        for due, name, act in [h for h in self.held if h[0] <= self.now]:
+            self.held.remove((due, name, act))
+            self._land(name, act)
+
+    def _run(self, name: str) -> None:
+        node = self.nodes[name]
+        acts = node.actions()
+        rest = []
+        for act in acts:
+            if isinstance(act, control.PutState) and act.claim:
+                self.claimed.append((name, act.state.term))
+                if name in self.slow:
+                    self.held.append((round(self.now + self.slow[name], 6), name, act))
+                else:
+                    self._land(name, act)
+            else:
+                rest.append(act)
+        node._actions[:0] = rest  # the base class handles everything else
+        super()._run(name)
+
+    def _land(self, name: str, act: control.PutState) -> None:
+        node = self.nodes[name]
+        top = node.claim_conflict(act.state, self.dht.values())
+        if top is None:
+            self.dht[name] = act.state
+        node.claim_result(top is None, self.now)
+        super()._run(name)
+
+
+def test_a_failover_winner_is_given_its_whole_claim_before_anyone_claims_beside_it():
+    """b dies; everyone elects c, whose claim takes 4 s (more than failover, less than the
+    claim timeout). Nobody suspects c meanwhile, so term 2 has one claim and one
+    coordinator. (Before: a suspected c after failover and claimed term 2 too.)"""
+    sim = SlowClaims({"a": 1.0, "b": 3.0, "c": 2.0}, slow={})
+    sim.run_until(lambda: sim.agreed("b"))
+    sim.slow["c"] = sim.timing.claim - 1.0
+    sim.alive.discard("b")
+    sim.run_until(lambda: sim.agreed("c"), limit=sim.timing.failover + sim.timing.claim + 1)
+    assert [c for c in sim.claimed if c[1] == 2] == [("c", 2)]
+    assert sim.nodes["a"].term == sim.nodes["c"].term == 2
+
+
+def test_a_claim_that_timed_out_is_never_reused():
+    """Its put may still land: the next claim takes a higher term and a higher seq. (Before:
+    the same term and seq again, and the DHT held two items of ours at one seq.)"""
+    me = _pid("solo")
+    t = Timing()
+    c = Controller(me, SWARM, 0.0, t)
+    c.members([Candidate(me, 1.0)], 0.0)
+    now = t.failover + DT
+    c.tick(now)
+    first = [a for a in c.actions() if isinstance(a, control.PutState)]
+    assert first and first[0].claim and c.role is Duty.CANDIDATE
+    now += t.claim + DT
+    c.tick(now)  # no claim_result: the claim timed out
+    assert c.role is Duty.FOLLOWER
+    now += t.failover + DT
+    c.tick(now)
+    again = [a for a in c.actions() if isinstance(a, control.PutState)]
+    assert again and again[0].claim
+    assert again[0].state.term > first[0].state.term
+    assert again[0].state.seq > first[0].state.seq
+
+
+def test_a_follower_never_switches_coordinators_within_a_term():
+    """Two coordinators at one term (their claims overlapped): a follower keeps the one it
+    follows while that one speaks, whichever has the lower id. (Before: the lower id won
+    the tie, and the follower acted on two coordinators in one term.)"""
+    sim, best = _stable({"a": 1.0, "b": 3.0, "c": 3.0})
+    other = "c" if best == "b" else "b"
+    a, term = sim.nodes["a"], sim.nodes["a"].term
+    for followed, second in ((best, other), (other, best)):
+        a.state = CoordinatorState(swarm=SWARM, term=term, seq=1, coordinator=sim.ids[followed])
+        a.expected, a.last_heard = sim.ids[followed], sim.now
+        st = CoordinatorState(swarm=SWARM, term=term, seq=2, coordinator=sim.ids[second])
+        sim._deliver("a", "hb", lambda s=st, p=sim.ids[second]: a.heartbeat(s, p, sim.now))
+        assert a.coordinator == sim.ids[followed]
+        assert sim.refused[-1][2].startswith(f"two coordinators at term {term}")
+
+
+def test_a_silent_coordinator_may_be_replaced_within_its_term():
+    """A newcomer that read a term from a claim that lost (its signer never coordinated)
+    follows the one that speaks once it suspects the silent one."""
+    sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    a = sim.nodes["a"]
+    ghost = CoordinatorState(swarm=SWARM, term=a.term, seq=9, coordinator=sim.ids["c"])
+    a.state, a.expected = ghost, sim.ids["c"]
+    a.suspects[sim.ids["c"]] = 0.0
+    assert a.heartbeat(sim.nodes[best].state, sim.ids[best], sim.now)
+    assert a.coordinator == sim.ids[best]
+
+
+def test_two_coordinators_at_one_term_settle_in_the_next_term():
+    """b and c both hold term 1 (a race): the swarm settles on one coordinator at term 2,
+    and no peer acts on two coordinators in one term on the way. (Before: the lower id won
+    term 1, so its rival and its rival's followers had acted on both.)"""
+    sim = Sim({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.run_until(lambda: sim.agreed("b"))
+    acted: dict[tuple[str, int], set[str]] = {}
+
+    def record() -> None:
+        for name, node in sim.nodes.items():
+            if node.state is not None:
+                acted.setdefault((name, node.state.term), set()).add(
+                    sim.names[node.state.coordinator])
+
+    # c claimed term 1 too, with a view that lacked b, and its item landed.
+    c = sim.nodes["c"]
+    c.state = CoordinatorState(swarm=SWARM, term=1, seq=1, coordinator=sim.ids["c"])
+    c._set_state(Duty.CANDIDATE, sim.now)
+    c._set_state(Duty.COORDINATOR, sim.now)
+    sim.dht["c"] = c.state
+    record()
+    sim._run("c")  # its heartbeats reach a (which keeps b) and b (a new term decides)
+    record()
+    for _ in range(int(5 / DT)):
+        sim.step()
+        record()
+    assert sim.agreed("b") and {n.term for n in sim.nodes.values()} == {2}
+    assert {k: v for k, v in acted.items() if len(v) > 1} == {}, acted
+
+
+async def test_a_rival_item_that_lands_during_our_put_fails_the_claim(tmp_path):
+    """The plane's CAS reads the items before and after its put: two overlapping claims of
+    one term cannot both see an empty field."""
+    from dht import DHTNode
+    from swarm.control.plane import ControlPlane
+    from tests.control_support import FakeNode
+
+    key, other = PeerKey.generate(), PeerKey.generate()
+    node = FakeNode(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
+                    dht=DHTNode(key), accept_peer=None, host=None)
+    plane = ControlPlane(node, b"\x01" * 32, tmp_path)
+    c = plane.controller
+    view = [Candidate(key.peer_id, 1.0), Candidate(other.peer_id, 1.0)]
+    c.members(view, 0.0)
+    rival = CoordinatorState(swarm=SWARM, term=1, seq=1, coordinator=other.peer_id)
+    reads = iter([[], [rival]])  # empty before our put; the rival's item lands meanwhile
+    puts = []
+
+    async def dht_states(peers=None):
+        return next(reads)
+
+    async def put_mutable(key, value, salt=b"", seq=None):
+        puts.append(seq)
+
+    async def put_immutable(value):
+        return None
+
+    async def nothing(actions) -> None:
+        return None
+
+    plane._dht_states = dht_states
+    plane._do = nothing
+    node.dht = SimpleNamespace(put_mutable=put_mutable, put_immutable=put_immutable)
+    c._claim(0.0)
+    act = next(a for a in c.actions() if isinstance(a, control.PutState))
+    await plane._put_state(act)
+    assert puts == [1]
+    assert c.role is Duty.FOLLOWER and c.coordinator != key.peer_id
+    assert c.term == 1  # whatever comes next claims above the rival's term
