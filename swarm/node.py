@@ -483,16 +483,24 @@ class Node:
                  and r.peer_id not in self.requester.links
                  and self.unreachable.get(r.peer_id, (0.0, ""))[0] <= now]
 
-        async def dial(r: MemberRecord) -> None:
+        why: dict[PeerId, list[str]] = {r.peer_id: [] for r in dials}
+
+        async def dial(r: MemberRecord, step) -> bool:
+            """True when this step settled ``r`` (linked, or refused us)."""
             try:
-                link = await self._dial(r)  # its own link: another link has its own reader
+                link = await step(r, why[r.peer_id])  # its own link, with its own reader
             except Exception as exc:  # AuthenticationError, ProtocolError
                 log.warning("refusing %s: %s", r.peer_id.short(), exc)
-                return
+                return True
             if link is not None:
                 self._use_worker(r, link)
+            return link is not None
 
-        await asyncio.gather(*(dial(r) for r in dials))
+        # Direct links first: the signals and circuits to the others go through them (a
+        # dial begun beside them would find no relay yet and give up for a whole backoff).
+        settled = await asyncio.gather(*(dial(r, self._dial_direct) for r in dials))
+        await asyncio.gather(*(dial(r, self._dial_indirect)
+                               for r, done in zip(dials, settled, strict=True) if not done))
         return self.requester.workers()
 
     async def wait_for_workers(self, count: int, timeout: float) -> list[PeerId]:
@@ -541,7 +549,12 @@ class Node:
         """A link to member ``r``: TLS to an announced address, else WebRTC signaled through
         the members we hold links to; None (and ``r`` marked unreachable) if neither.
         Raises AuthenticationError/ProtocolError when the peer refuses us or is not ``r``."""
-        why = []
+        why: list[str] = []
+        return await self._dial_direct(r, why) or await self._dial_indirect(r, why)
+
+    async def _dial_direct(self, r: MemberRecord, why: list[str]) -> PeerLink | None:
+        """TLS to an address ``r`` announced (through its node for a browser tab); what
+        failed goes to ``why``."""
         for host, port in r.links:
             try:
                 if r.via is not None:  # a browser tab: through the node that serves it
@@ -552,6 +565,12 @@ class Node:
             except (OSError, TimeoutError, LinkClosed) as exc:
                 log.info("cannot reach %s at %s:%d: %s", r.peer_id.short(), host, port, exc)
                 why.append(f"tls {host}:{port}: {exc or type(exc).__name__}")
+        return None
+
+    async def _dial_indirect(self, r: MemberRecord, why: list[str]) -> PeerLink | None:
+        """WebRTC signaled through the members we hold links to, else a circuit through a
+        member that relays data; None (and ``r`` marked unreachable, with ``why``) if
+        neither."""
         if self.webrtc is not None:
             from swarm.links.relay import RELAY_ADDR
 

@@ -49,3 +49,40 @@ async def test_a_worker_with_no_path_is_marked_unreachable(nodes):
     until, why = a.unreachable[b.peer_id]
     assert "tls 127.0.0.1:9" in why
     assert await a.connect_workers(gone) == []  # not dialed again while backing off
+
+
+async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
+    """Members reached directly are linked before signals go out through them: c (no
+    reachable address) is linked over WebRTC signaled through b in the very round that
+    dials b. (Before: both dials began together, c's found no relay yet, and c was marked
+    unreachable for a whole backoff; a NAT system test failed so.)"""
+    from identity.keys import PeerKey
+    from swarm.control.charter import validators
+    from swarm.control.membership import swarm_id
+    from swarm.node import Node, NodeConfig
+
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    common = dict(validators=validators(), dht_rpc_timeout=1.0)
+    a = Node(NodeConfig(tmp_path / "a", sid, roles=("requester",), listen=False, **common))
+    await a.start()
+    boot = (a.dht.address,)
+    b = Node(NodeConfig(tmp_path / "b", sid, roles=("worker",), backend="numpy", threads=1,
+                        bootstrap=boot, bench_sizes=(64,), **common))
+    c = Node(NodeConfig(tmp_path / "c", sid, roles=("worker",), backend="numpy", threads=1,
+                        bootstrap=boot, bench_sizes=(64,), relays=1, **common))
+    try:
+        await b.start()
+        await c.start()
+        async with asyncio.timeout(30):
+            while b.peer_id not in c._relay_links:  # c holds its link to b, as behind a NAT
+                await asyncio.sleep(0.05)
+            while {b.peer_id, c.peer_id} - {r.peer_id for r in await a.members()}:
+                await asyncio.sleep(0.05)
+        records = {r.peer_id: r for r in await a.members()}
+        hidden = dataclasses.replace(records[c.peer_id], links=(("127.0.0.1", 9),))
+        linked = await asyncio.wait_for(a.connect_workers([hidden, records[b.peer_id]]), 60)
+        assert set(linked) == {b.peer_id, c.peer_id}, a.unreachable
+        assert a.requester.links[c.peer_id].kind == "webrtc"
+    finally:
+        for n in (c, b, a):
+            await n.stop(graceful=False)
