@@ -23,7 +23,7 @@ class PutObject(wire.Message):
     """Store an array in the receiver's object store under its content address."""
 
     oid: bytes
-    """SHA-256 content address of ``array`` (the receiver checks it)."""
+    """BLAKE3 content address of ``array`` (the receiver checks it)."""
     array: np.ndarray
     """The array, in its transfer precision."""
 

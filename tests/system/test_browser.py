@@ -94,6 +94,37 @@ def submit(host, tmp_path, uri: str, m: int = 768, k: int = 256, n: int = 256,
     return proc, a @ b, out
 
 
+def test_the_tab_computes_content_addresses_as_native_peers_do(tabs):
+    """A tab checks every object it is sent against its content address (BLAKE3, in plain JS:
+    WebCrypto has none): its digests equal the native ones for every shape of BLAKE3's chunk
+    tree (empty, one block, one chunk, several levels), and an array's address with its
+    header equals ``object_id``."""
+    import blake3
+
+    from swarm.runtime.objects import object_id
+
+    cluster, host, pub, url, b = tabs
+    page = b.page()
+    page.goto(url)
+    lens = [0, 1, 63, 64, 65, 1024, 1025, 2048, 4097, 5121, 31744, 100_003]
+    got = page.evaluate("""async (lens) => {
+      const m = await import('/static/blake3.js');
+      const hex = (d) => Array.from(d, (x) => x.toString(16).padStart(2, '0')).join('');
+      const out = lens.map((n) => {
+        const b = new Uint8Array(n);
+        for (let i = 0; i < n; i++) b[i] = i % 251;
+        return hex(m.blake3(b));
+      });
+      const head = new TextEncoder().encode('<f4|3,4|');
+      const body = new Uint8Array(new Float32Array([...Array(12).keys()]).buffer);
+      const buf = new Uint8Array(head.length + body.length);
+      buf.set(head); buf.set(body, head.length);
+      return [out, hex(m.blake3(buf))];
+    }""", lens)
+    assert got[0] == [blake3.blake3(bytes(i % 251 for i in range(n))).hexdigest() for n in lens]
+    assert got[1] == object_id(np.arange(12, dtype=np.float32).reshape(3, 4)).hex()
+
+
 def join_tab(b: Browser, url: str, init_script: str | None = None):
     page = b.page(init_script)
     page.goto(url)

@@ -5,16 +5,17 @@
 import { decode as mpDecode, Float } from "./msgpack.js";
 import { WireArray } from "./wire.js";
 import { WireLink } from "./link.js";
+import { blake3 } from "./blake3.js";
 
 const DTYPE_STR = { float32: "<f4", float16: "<f2", bf16: "|V2", float64: "<f8", int32: "<i4", uint32: "<u4" };
 const STORE_CAP = 512 << 20;
 const te = new TextEncoder();
 
-async function objectId(arr) {
+function objectId(arr) {
   const head = te.encode(`${DTYPE_STR[arr.dtype]}|${arr.shape.join(",")}|`);
-  const buf = new Uint8Array(head.length + arr.bytes.length);
+  const buf = new Uint8Array(head.length + arr.bytes.length); // fresh: word-aligned
   buf.set(head); buf.set(arr.bytes, head.length);
-  return new Uint8Array(await crypto.subtle.digest("SHA-256", buf));
+  return blake3(buf);
 }
 
 const hex = (b) => Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
@@ -54,7 +55,7 @@ export class TabHost {
   }
 
   async put(oid, arr) {
-    const got = await objectId(arr);
+    const got = objectId(arr);
     if (hex(got) !== hex(oid)) return; // does not match its content: dropped, as natively
     const values = { shape: arr.shape, data: arr.toFloat32() };
     this.store.set(hex(oid), values);
