@@ -542,8 +542,10 @@ class Controller:
                 self._same_term(state, now)
             if state.coordinator == cur.coordinator and state.seq <= cur.seq \
                     and state.term == cur.term:
-                if state.coordinator == self.expected:
-                    self.last_heard = now
+                if self.role is Duty.FOLLOWER:  # it is alive: whatever we suspected since
+                    self.suspects.pop(state.coordinator, None)
+                    self.expected, self.last_heard = state.coordinator, now
+                    self._patience = self.timing.failover
                 return state.seq == cur.seq
             if not self._legitimate(state, endorsed_by):
                 raise NotCoordinator(f"{sender.short()} claims term {state.term} but is neither "

@@ -502,12 +502,6 @@ class ControlPlane:
             ok, why = False, str(exc)
         if not ok:
             log.warning("coordinator state put (term %d) failed: %s", act.state.term, why)
-        elif act.claim and self.role is Duty.CANDIDATE:
-            # Read again: a claim that overlapped ours saw no item of ours before its put,
-            # as we saw none of its; whichever reads the other's loses (both may).
-            top = self.controller.claim_conflict(act.state, await self._dht_states())
-            if top is not None:
-                ok, why = False, f"{top.coordinator.short()} claimed term {top.term} as well"
         if act.claim:
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
