@@ -174,7 +174,10 @@ def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_wo
     report = client.last_report
     assert len([p for p in report.peers.values() if p.shards]) == 2, report
     assert sum(p.bytes_out for p in report.peers.values()) == a.nbytes + 2 * b.nbytes
-    assert sum(written) == a.nbytes + b.nbytes, written  # b's bytes written once, not twice
+    # b's bytes written once, not once per worker (a's bands are smaller: it went to two
+    # workers; a band small enough to travel inline is not written at all)
+    assert written.count(b.nbytes) == 1, written
+    assert sum(written) - b.nbytes <= a.nbytes, written
 
 
 def test_many_small_calls_in_flight_are_one_band_each_and_spread_over_the_workers(client):
