@@ -25,6 +25,7 @@ import numpy as np
 
 from swarm import loop as swarm_loop
 from swarm.control import observer
+from swarm.runtime.jobs import MIN_CHECKED_ROWS
 from swarm.uri import JoinURI, parse
 
 JOBS = 1
@@ -192,9 +193,14 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
                     if extra == MAX_EXTRA_JOBS:
                         break
                 b = rng.standard_normal((size, size), dtype=np.float32)
-                ref = client.matmul.remote(a, b)
+                # Rows for a band on every worker (bands of a checked b have at least
+                # MIN_CHECKED_ROWS): else the chaos worker may get none and is not caught
+                # again (the block needs two pieces of evidence).
+                ax = rng.standard_normal((max(size, MIN_CHECKED_ROWS * len(peers)), size),
+                                         dtype=np.float32)
+                ref = client.matmul.remote(ax, b)
                 out = await asyncio.to_thread(get, ref, timeout=120)
-                err = max(err, float(np.max(np.abs(out - a @ b))))
+                err = max(err, float(np.max(np.abs(out - ax @ b))))
                 more = client.last_report
                 caught += vars(more.peers[chaos]).get("rejected", 0) \
                     if more and chaos in more.peers else 0

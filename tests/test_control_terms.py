@@ -1,11 +1,11 @@
 """One coordinator per term: no peer ever acts on two coordinators in the same term.
 
 A claim is a CAS over DHT items, not a vote, so two peers can claim one term when their
-claims overlap. These tests pin the rules that keep that window small (a failover winner is
-given its whole claim time; an unconfirmed claim is never reused) and that settle a
-collision in a new term rather than inside the old one (a follower keeps the coordinator it
-follows while it speaks; coordinators move on), so that no peer acts on two coordinators in
-one term even when two claims of it both land.
+claims overlap (a slow claim outlasts failover, and others suspect its claimant). These
+tests pin the rules: an unconfirmed claim is never reused, and a collision is settled in a
+new term rather than inside the old one (a follower keeps the coordinator it follows while
+it speaks; coordinators move on), so that no peer acts on two coordinators in one term even
+when two claims of it both land.
 """
 
 from __future__ import annotations
@@ -56,19 +56,6 @@ class SlowClaims(Sim):
             self.dht[name] = act.state
         node.claim_result(top is None, self.now)
         super()._run(name)
-
-
-def test_a_failover_winner_is_given_its_whole_claim_before_anyone_claims_beside_it():
-    """b dies; everyone elects c, whose claim takes 4 s (more than failover, less than the
-    claim timeout). Nobody suspects c meanwhile, so term 2 has one claim and one
-    coordinator. (Before: a suspected c after failover and claimed term 2 too.)"""
-    sim = SlowClaims({"a": 1.0, "b": 3.0, "c": 2.0}, slow={})
-    sim.run_until(lambda: sim.agreed("b"))
-    sim.slow["c"] = sim.timing.claim - 1.0
-    sim.alive.discard("b")
-    sim.run_until(lambda: sim.agreed("c"), limit=sim.timing.failover + sim.timing.claim + 1)
-    assert [c for c in sim.claimed if c[1] == 2] == [("c", 2)]
-    assert sim.nodes["a"].term == sim.nodes["c"].term == 2
 
 
 def test_a_claim_that_timed_out_is_never_reused():
@@ -152,9 +139,9 @@ def test_two_coordinators_at_one_term_settle_in_the_next_term():
 
 
 def test_a_coordinator_heard_again_is_followed_with_the_usual_patience():
-    """a, cut off, suspects b and waits (failover + claim) for c to claim; b's heartbeats
-    reach it again: it follows b at once, and b's death later is noticed after failover.
-    (Before: a kept waiting for c, then suspected it too; in the demo a failover took 7 s.)"""
+    """a, cut off, suspects b and waits for c to claim; b's heartbeats reach it again: it
+    follows b at once, and b's death later is noticed after failover. (Before: a ignored
+    b's heartbeats while it expected c, suspected c too and claimed the next term itself.)"""
     sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     a, t = sim.nodes["a"], sim.timing
     sim.cut.add("a")

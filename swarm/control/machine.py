@@ -321,10 +321,6 @@ class Controller:
         self.suspects: dict[PeerId, float] = {}
         self.expected: PeerId | None = state.coordinator if state else None
         self.last_heard = now
-        self._patience = timing.failover
-        """Silence after which we suspect ``expected``: longer for a winner that must claim
-        its term first (up to ``Timing.claim``), so that nobody claims the same term
-        beside it."""
         self.endorsement: bytes = b""
         """The predecessor's signed handoff, shown by our heartbeats while we coordinate."""
         self._pending_endorsement = b""
@@ -419,7 +415,7 @@ class Controller:
         if winner == self.me:
             self._claim(now)  # at once, before our followers miss a heartbeat
             return
-        self._await_claim(winner)
+        self.expected = winner
         if winner is not None and self.state is not None:
             # Our state shows the winner the collision, if it has not seen it: it then
             # claims the next term at once rather than after its rival check.
@@ -545,7 +541,6 @@ class Controller:
                 if self.role is Duty.FOLLOWER:  # it is alive: whatever we suspected since
                     self.suspects.pop(state.coordinator, None)
                     self.expected, self.last_heard = state.coordinator, now
-                    self._patience = self.timing.failover
                 return state.seq == cur.seq
             if not self._legitimate(state, endorsed_by):
                 raise NotCoordinator(f"{sender.short()} claims term {state.term} but is neither "
@@ -760,7 +755,6 @@ class Controller:
         if new is Duty.FOLLOWER:
             self._pending = None
             self.last_heard = now
-            self._patience = self.timing.failover
             if self.state is not None and self.state.coordinator != self.me:
                 self.expected = self.state.coordinator
         elif new is Duty.CANDIDATE:
@@ -814,7 +808,7 @@ class Controller:
     def _follow(self, now: float) -> None:
         if self.expected == self.me:
             self.expected = None
-        if now - self.last_heard <= self._patience:
+        if now - self.last_heard <= self.timing.failover:
             return
         if self.expected is not None:
             fresh = self.view[self.expected].freshness if self.expected in self.view else 0.0
@@ -826,13 +820,7 @@ class Controller:
         if winner == self.me:
             self._claim(now)
         else:
-            self._await_claim(winner)
-
-    def _await_claim(self, winner: PeerId | None) -> None:
-        """Expect ``winner`` to claim the next term: its claim may take ``Timing.claim``,
-        and suspecting it sooner would start a second claim of the same term."""
-        self.expected = winner
-        self._patience = self.timing.failover + self.timing.claim
+            self.expected = winner
 
     def _claim(self, now: float) -> None:
         prev = self.state
@@ -880,7 +868,6 @@ class Controller:
         self.state = state
         self.expected = state.coordinator
         self.last_heard = now
-        self._patience = self.timing.failover
         self.suspects.pop(state.coordinator, None)
         self._actions.append(Persist(state))
         for entry in state.blocked:
