@@ -17,47 +17,6 @@ from swarm.control.state import CoordinatorState
 from tests.test_control_machine import DT, SWARM, Sim, _pid, _stable
 
 
-class SlowClaims(Sim):
-    """A Sim whose claims by ``slow`` peers land ``delay`` seconds after they start (DHT
-    lookups through a partition wait for unreachable nodes)."""
-
-    def __init__(self, *args, slow: dict[str, float], **kw) -> None:
-        super().__init__(*args, **kw)
-        self.slow = slow
-        self.held: list[tuple[float, str, control.PutState]] = []
-        self.claimed: list[tuple[str, int]] = []
-
-    def step(self) -> None:
-        super().step()
-        for due, name, act in [h for h in self.held if h[0] <= self.now]:
-            self.held.remove((due, name, act))
-            self._land(name, act)
-
-    def _run(self, name: str) -> None:
-        node = self.nodes[name]
-        acts = node.actions()
-        rest = []
-        for act in acts:
-            if isinstance(act, control.PutState) and act.claim:
-                self.claimed.append((name, act.state.term))
-                if name in self.slow:
-                    self.held.append((round(self.now + self.slow[name], 6), name, act))
-                else:
-                    self._land(name, act)
-            else:
-                rest.append(act)
-        node._actions[:0] = rest  # the base class handles everything else
-        super()._run(name)
-
-    def _land(self, name: str, act: control.PutState) -> None:
-        node = self.nodes[name]
-        top = node.claim_conflict(act.state, self.dht.values())
-        if top is None:
-            self.dht[name] = act.state
-        node.claim_result(top is None, self.now)
-        super()._run(name)
-
-
 def test_a_claim_that_timed_out_is_never_reused():
     """Its put may still land: the next claim takes a higher term and a higher seq. (Before:
     the same term and seq again, and the DHT held two items of ours at one seq.)"""

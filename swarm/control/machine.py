@@ -796,7 +796,7 @@ class Controller:
         """A claim ends unconfirmed (timed out, lost, overtaken): its put may still land,
         so the next claim goes above its term and its seq (else the DHT holds two items of
         ours at one seq and two coordinators at one term)."""
-        if self._pending is not None and self._pending.coordinator == self.me:
+        if self._pending is not None:  # a claim or a handoff: either names us
             self.guard.observe(self._pending.term)
             self.note_seq(self._pending.seq)
         self._pending = None
