@@ -172,12 +172,15 @@ def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_wo
     monkeypatch.setattr(shm, "_sealed", counted)
     np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-3, atol=1e-3)
     report = client.last_report
-    assert len([p for p in report.peers.values() if p.shards]) == 2, report
-    assert sum(p.bytes_out for p in report.peers.values()) == a.nbytes + 2 * b.nbytes
-    # b's bytes written once, not once per worker (a's bands are smaller: it went to two
-    # workers; a band small enough to travel inline is not written at all)
+    # b went to both workers (under load one may answer every band and the other's band be
+    # sent again, so count what was sent, not who answered)
+    assert len([p for p in report.peers.values() if p.bytes_out >= b.nbytes]) == 2, report
+    a_sent = sum(p.bytes_out for p in report.peers.values()) - 2 * b.nbytes
+    assert a_sent >= a.nbytes, report
+    # b's bytes written once, not once per worker (a's bands are smaller; a band small enough
+    # to travel inline is not written at all)
     assert written.count(b.nbytes) == 1, written
-    assert sum(written) - b.nbytes <= a.nbytes, written
+    assert sum(written) - b.nbytes <= a_sent, (written, report)
 
 
 def test_many_small_calls_in_flight_are_one_band_each_and_spread_over_the_workers(client):
