@@ -297,6 +297,13 @@ def row_norms2(x: np.ndarray) -> np.ndarray:
     return _pass(x, None, None)[1]
 
 
+def project(x: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x @ right`` (float32) and ``x``'s squared row norms (float64), reading ``x`` once:
+    a weight's check vectors for several checks and its norms cost one pass over it."""
+    proj, sq = _pass(x, right, None)
+    return proj, sq
+
+
 def miss_probability(error_norm: float, threshold: float, rounds: int = ROUNDS) -> float:
     """Upper bound on the chance that a row with error of norm ``error_norm`` passes."""
     if error_norm <= 0:

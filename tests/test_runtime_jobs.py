@@ -50,6 +50,43 @@ def test_cached_check_gives_a_lucky_corruption_no_second_pass():
     assert sum(cache.check(key, a, b, lucky) for _ in range(60)) <= 3
 
 
+def test_one_pass_over_a_weight_serves_many_checks_and_no_vectors_are_spent_twice(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swarm.runtime import jobs
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((32, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 48)).astype(np.float32)
+    c = a @ b
+    passes, spent = [], []
+    real_project, real_check = jobs.project, jobs.check_product
+
+    def counted_project(x, right):
+        passes.append(right.shape[1])
+        return real_project(x, right)
+
+    def kept_check(a_, b_, c_, r, *args, **kw):
+        spent.append(r.copy())
+        return real_check(a_, b_, c_, r, *args, **kw)
+
+    monkeypatch.setattr(jobs, "project", counted_project)
+    monkeypatch.setattr(jobs, "check_product", kept_check)
+    cache = FreivaldsCache()
+    key = object_id(b)
+    with ThreadPoolExecutor(4) as pool:  # a fresh weight's bands, checked at once: one pass
+        assert all(pool.map(lambda _: cache.check(key, a, b, c, 4), range(4)))
+    assert passes == [4 * cache.rounds], passes
+    for _ in range(cache.STOCK):  # the weight came back: one pass for the next STOCK checks
+        assert cache.check(key, a, b, c, 1)
+    assert passes == [4 * cache.rounds, cache.STOCK * cache.rounds], passes
+    bad = c.copy()
+    bad[3, 7] += 1.0
+    assert not cache.check(key, a, b, bad)  # batched vectors still catch a wrong entry
+    flat = [r.tobytes() for r in spent]
+    assert len(set(flat)) == len(flat) == 4 + cache.STOCK + 1  # every check its own vectors
+
+
 def test_cached_check_refuses_non_finite_inputs():
     a = np.full((2, 2), np.inf, np.float32)
     with pytest.raises(compute.InvalidInput):
