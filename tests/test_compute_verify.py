@@ -338,3 +338,19 @@ def test_warm_up_compiles_the_pass_in_the_background_once():
     assert verify.warm_up() is thread
     thread.join(60)
     assert not thread.is_alive() and verify._compiled.signatures
+
+
+def test_products_for_many_check_vectors_match_and_leave_blas_threads_as_they_were():
+    from threadpoolctl import threadpool_info
+
+    from compute.verify import products
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, 200)).astype(np.float32)
+    before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    for cols in (4, 64):  # the compiled pass, then BLAS on one thread
+        r = rng.standard_normal((200, cols)).astype(np.float32)
+        got = products(x, r)
+        assert got.dtype == np.float32 and got.shape == (300, cols)
+        np.testing.assert_allclose(got, x.astype(np.float64) @ r, rtol=1e-4, atol=1e-3)
+    assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before

@@ -60,31 +60,37 @@ def test_one_pass_over_a_weight_serves_many_checks_and_no_vectors_are_spent_twic
     b = rng.standard_normal((96, 48)).astype(np.float32)
     c = a @ b
     passes, spent = [], []
-    real_project, real_check = jobs.project, jobs.check_product
+    real_project, real_products, real_check = jobs.project, jobs.products, jobs.check_product
 
     def counted_project(x, right):
         passes.append(right.shape[1])
         return real_project(x, right)
+
+    def counted_products(x, right):
+        passes.append(right.shape[1])
+        return real_products(x, right)
 
     def kept_check(a_, b_, c_, r, *args, **kw):
         spent.append(r.copy())
         return real_check(a_, b_, c_, r, *args, **kw)
 
     monkeypatch.setattr(jobs, "project", counted_project)
+    monkeypatch.setattr(jobs, "products", counted_products)
     monkeypatch.setattr(jobs, "check_product", kept_check)
     cache = FreivaldsCache()
     key = object_id(b)
     with ThreadPoolExecutor(4) as pool:  # a fresh weight's bands, checked at once: one pass
         assert all(pool.map(lambda _: cache.check(key, a, b, c, 4), range(4)))
     assert passes == [4 * cache.rounds], passes
-    for _ in range(cache.STOCK):  # the weight came back: one pass for the next STOCK checks
+    for _ in range(8 + 16 + 32 + 32):  # the weight is in use: batches double, up to STOCK
         assert cache.check(key, a, b, c, 1)
-    assert passes == [4 * cache.rounds, cache.STOCK * cache.rounds], passes
+    assert cache.STOCK == 32
+    assert passes == [cache.rounds * x for x in (4, 8, 16, 32, 32)], passes
     bad = c.copy()
     bad[3, 7] += 1.0
-    assert not cache.check(key, a, b, bad)  # batched vectors still catch a wrong entry
+    assert not cache.check(key, a, b, bad)  # batched vectors (BLAS now) catch a wrong entry
     flat = [r.tobytes() for r in spent]
-    assert len(set(flat)) == len(flat) == 4 + cache.STOCK + 1  # every check its own vectors
+    assert len(set(flat)) == len(flat) == 4 + 88 + 1  # every check its own vectors
 
 
 def test_cached_check_refuses_non_finite_inputs():
