@@ -161,7 +161,7 @@ def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_wo
     from swarm.links import shm
 
     rng = np.random.default_rng(8)
-    a, b = rand(rng, 1024, 512), rand(rng, 512, 1024)  # a fresh b: both workers need it
+    a, b = rand(rng, 2048, 512), rand(rng, 512, 1536)  # a fresh b: both workers need it
     written: list[int] = []
     real = shm._sealed
 

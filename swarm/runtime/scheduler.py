@@ -74,21 +74,33 @@ class Cancel:
     """Worker running the losing copy."""
 
 
+MIN_RATED_FLOPS = 1e9
+"""Shards smaller than this measure a round trip's overhead more than a peer's throughput (a
+1x1 job "measured" 60 flop/s beside 7e8 from a large band, and the next job's bands all went
+to the other worker); their rates stand in only where no larger shard was measured."""
+
+
 class RateBook:
     """Observed throughput per peer (flops/s, EWMA) and a reputation tally, kept across jobs."""
 
     def __init__(self, alpha: float = 0.5) -> None:
         self.alpha = alpha
         self._rates: dict[Peer, float] = {}
+        self._sized: set[Peer] = set()  # rates measured on shards of MIN_RATED_FLOPS or more
         self.verified: dict[Peer, int] = {}
         self.rejected: dict[Peer, int] = {}
 
     def observe(self, peer: Peer, flops: float, seconds: float) -> None:
         """A verified shard of ``flops`` took ``seconds`` on ``peer``."""
-        rate = flops / max(seconds, 1e-6)
-        old = self._rates.get(peer)
-        self._rates[peer] = rate if old is None else old + self.alpha * (rate - old)
         self.verified[peer] = self.verified.get(peer, 0) + 1
+        sized = flops >= MIN_RATED_FLOPS
+        if not sized and peer in self._sized:
+            return  # a small shard's rate would only blur a measured one
+        rate = flops / max(seconds, 1e-6)
+        old = self._rates.get(peer) if sized == (peer in self._sized) else None
+        self._rates[peer] = rate if old is None else old + self.alpha * (rate - old)
+        if sized:
+            self._sized.add(peer)
 
     def reject(self, peer: Peer) -> None:
         """``peer`` returned a result that failed verification."""
@@ -99,7 +111,15 @@ class RateBook:
         return self._rates.get(peer)
 
     def weight(self, peer: Peer, among: Iterable[Peer] = ()) -> float:
-        """Relative weight: the measured rate, else the median of ``among``'s known rates."""
+        """Relative weight: the measured rate; for a peer measured only on small shards (or
+        not at all), the median rate of ``among`` measured on large ones, if any, else its
+        own, else the median of ``among``'s known rates."""
+        among = list(among)
+        if peer in self._sized:
+            return self._rates[peer]
+        sized = [self._rates[p] for p in among if p in self._sized]
+        if sized:
+            return statistics.median(sized)
         known = self._rates.get(peer)
         if known is not None:
             return known
