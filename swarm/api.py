@@ -319,7 +319,7 @@ class Client:
         if array.dtype == object:
             raise ValueError("put() cannot store object arrays (nothing is pickled)")
         copy = np.array(array, copy=True, order="C")
-        oid = object_id(copy)
+        oid = object_id(copy, parallel=True)  # the caller waits for it
         self._loop.run(self._store(copy, oid))
         ref = ObjectRef.ready(oid, copy, self)
         weakref.finalize(ref, self._release, oid)  # evictable once the caller drops the ref

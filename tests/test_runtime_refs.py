@@ -70,3 +70,14 @@ async def test_ref_is_awaitable():
     r = pending()
     asyncio.get_running_loop().call_later(0.01, r.future().set_result, 42)
     assert await asyncio.wait_for(r, 5) == 42
+
+
+def test_a_content_address_hashed_on_every_core_is_the_same_address():
+    from swarm.runtime.objects import object_id
+
+    rng = np.random.default_rng(11)
+    for shape in [(3,), (1024, 1024), (2049, 513)]:  # under and over the parallel floor
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert object_id(x, parallel=True) == object_id(x)
+    y = rng.standard_normal((1024, 1024)).astype(np.float32)
+    assert object_id(y, parallel=True) != object_id(y.reshape(2048, 512), parallel=True)

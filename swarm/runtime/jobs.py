@@ -251,7 +251,7 @@ def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates
         b_sent = b_seen = b
     else:
         b_sent, b_seen = for_transfer(b, precision)
-        b_oid = object_id(b_sent)
+        b_oid = object_id(b_sent, parallel=True)  # the workers wait for it
     m, k = a.shape
     n = b.shape[1]
     if bands is None:
