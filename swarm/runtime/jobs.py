@@ -1,7 +1,7 @@
 """Jobs built from user calls: a verified, sharded matmul and single actor-method calls.
 
 A matmul ``a @ b`` is split into row bands of ``a`` (``compute.plan_shards``, weighted by
-each worker's measured rate, one band per worker); ``b`` travels
+each worker's measured rate, a few bands per worker so idle ones can steal); ``b`` travels
 once per worker by content address and stays cached there; each band's result is checked
 with Freivalds (:class:`FreivaldsCache`: fresh secret vectors per check, drawn in batches
 per weight, ``compute.verify``'s rounding model) against
@@ -27,6 +27,7 @@ from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.requester import Arg, Call
 from swarm.runtime.scheduler import RateBook
 
+SHARDS_PER_WORKER = 2
 MIN_SHARD_FLOPS = 4e6
 """Smaller bands cost more in round trips than they save."""
 MIN_CHECKED_ROWS = 256
@@ -216,14 +217,9 @@ class Bands:
 
 def plan_bands(m: int, k: int, n: int, *, workers: Sequence[PeerId], rates: RateBook,
                busy: Mapping[PeerId, int] | None = None, checked: bool = True) -> Bands:
-    """Split the ``m`` output rows among ``workers``: one band per worker, sized by measured
-    rate, no band under the floor (round trips; checks of a large ``b``).
-
-    One band, not several: every band packs all of ``b`` again in BLAS (n=4096: ~25 ms on
-    one core, so a 64-row band ran at 45 GFLOPS against 102 for 512 rows), and a worker
-    runs its bands one after another, its reply included, so a second band overlapped
-    nothing (n=4096 on two local workers, 14 interleaved rounds: one band per worker 0.91 s
-    warm and 0.98 s cold against 0.93 and 1.02 with two).
+    """Split the ``m`` output rows among ``workers``: shares by measured rate, each share cut
+    into up to :data:`SHARDS_PER_WORKER` bands (so a result travels while the next band
+    computes), no band under the floor (round trips; checks of a large ``b``).
 
     ``busy`` counts bands this requester already gave each worker and that are not done
     (other jobs): a worker's weight is divided by ``1 + busy``. A job too small to reach
@@ -238,7 +234,16 @@ def plan_bands(m: int, k: int, n: int, *, workers: Sequence[PeerId], rates: Rate
     busy = busy or {}
     weights = [rates.weight(p, peers) / (1 + busy.get(p, 0)) for p in peers]
     shares = compute.plan_shards(m, n, weights, min_rows=min_rows)
-    return Bands(shares, [peers[share.worker] for share in shares])
+    shards: list[compute.Shard] = []
+    owners: list[PeerId] = []
+    for share in shares:
+        r0, r1 = share.rows
+        pieces = max(1, min(SHARDS_PER_WORKER, (r1 - r0) // min_rows))
+        for band in compute.plan_shards(r1 - r0, n, [1.0] * pieces, min_rows=1):
+            shards.append(compute.Shard(len(shards), (r0 + band.rows[0], r0 + band.rows[1]),
+                                        (0, n), share.worker))
+            owners.append(peers[share.worker])
+    return Bands(shards, owners)
 
 
 def matmul_job(a: np.ndarray, b: np.ndarray, *, workers: Sequence[PeerId], rates: RateBook,
