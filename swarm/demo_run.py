@@ -25,7 +25,7 @@ import numpy as np
 
 from swarm import loop as swarm_loop
 from swarm.control import observer
-from swarm.runtime.jobs import MIN_CHECKED_ROWS
+from swarm.runtime.jobs import MIN_BAND_ROWS
 from swarm.uri import JoinURI, parse
 
 JOBS = 1
@@ -194,9 +194,9 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
                         break
                 b = rng.standard_normal((size, size), dtype=np.float32)
                 # Rows for a band on every worker (bands of a checked b have at least
-                # MIN_CHECKED_ROWS): else the chaos worker may get none and is not caught
+                # MIN_BAND_ROWS): else the chaos worker may get none and is not caught
                 # again (the block needs two pieces of evidence).
-                ax = rng.standard_normal((max(size, MIN_CHECKED_ROWS * len(peers)), size),
+                ax = rng.standard_normal((max(size, MIN_BAND_ROWS * len(peers)), size),
                                          dtype=np.float32)
                 ref = client.matmul.remote(ax, b)
                 out = await asyncio.to_thread(get, ref, timeout=120)

@@ -7,7 +7,7 @@ import pytest
 
 import compute
 from identity.keys import PeerKey
-from swarm.runtime.jobs import MIN_CHECKED_ROWS, FreivaldsCache, matmul_job, plan_bands
+from swarm.runtime.jobs import MIN_BAND_ROWS, FreivaldsCache, matmul_job, plan_bands
 from swarm.runtime.objects import object_id
 from swarm.runtime.scheduler import RateBook
 
@@ -164,18 +164,16 @@ async def test_rates_count_a_bands_time_at_the_worker_not_its_wait_in_the_queue(
         assert req.rates.rate(peer) * 0.3 / band > 0.85, req.rates.rate(peer) * 0.3 / band
 
 
-def test_bands_are_large_enough_that_checking_them_stays_cheap():
+def test_bands_against_a_large_b_are_large_enough_that_packing_and_checking_it_stay_cheap():
     peers = [PeerKey.generate().peer_id for _ in range(2)]
     big = plan_bands(4096, 4096, 4096, workers=peers, rates=RateBook())
     assert len(big.shards) == 4 and sorted(set(big.owners)) == sorted(peers)  # 2 per worker
-    for m in (64, 256, 511):  # each band's check reads all of b: no 64-row slivers
+    for m in (64, 256, 511):  # each band packs (and its check reads) all of b: no slivers
         small = plan_bands(m, 4096, 4096, workers=peers, rates=RateBook())
         assert len(small.shards) == 1, small
-    two = plan_bands(2 * MIN_CHECKED_ROWS, 4096, 4096, workers=peers, rates=RateBook())
+    two = plan_bands(2 * MIN_BAND_ROWS, 4096, 4096, workers=peers, rates=RateBook())
     assert [s.rows for s in two.shards] == [(0, 256), (256, 512)] and len(set(two.owners)) == 2
-    # unchecked jobs and small b keep the round-trip floor only
-    assert len(plan_bands(256, 4096, 4096, workers=peers, rates=RateBook(),
-                          checked=False).shards) == 4
+    # small b keeps the round-trip floor only
     assert len(plan_bands(256, 256, 256, workers=peers, rates=RateBook()).shards) == 4
 
 

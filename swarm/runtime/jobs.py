@@ -30,17 +30,20 @@ from swarm.runtime.scheduler import RateBook
 SHARDS_PER_WORKER = 2
 MIN_SHARD_FLOPS = 4e6
 """Smaller bands cost more in round trips than they save."""
-MIN_CHECKED_ROWS = 256
-"""Rows of the smallest band worth a Freivalds check of a large ``b``. A check reads all of
-``b`` (``b @ R``, memory-bound): measured at n=4096 on one core it costs about as much as
-computing 25 rows of the band (64-row bands: checks 39% of the band's work; 256: 12%;
-1024: 4%). On one machine the requester's checks take the workers' cores, so bands of
-at least this many rows; smaller ``b`` (see :data:`CHECKED_B_BYTES`) keeps the flops floor."""
+MIN_BAND_ROWS = 256
+"""Rows of the smallest band against a large ``b`` (see :data:`LARGE_B_BYTES`), checked or
+not. Every band costs a pass over all of ``b`` twice over: BLAS packs it for each call
+(~25 ms at n=4096 on one core: a 64-row band ran at 45 GFLOPS, 256 rows at 72, 512 at
+102), and a Freivalds check reads it (``b @ R``, memory-bound; for 64-row bands checks
+were 39% of the band's work, 256: 12%, 1024: 4%). Unchecked 256-row calls had been cut
+into 64-row bands: 64 in flight took 7.5 s against 4.3 s checked. A smaller ``b`` keeps
+the flops floor."""
 INLINE_CHECK_ELEMENTS = 1 << 14
 """Bands whose check touches at most about this many elements are checked on the loop (the
 1x1 round trip: a thread hop cost more than the check)."""
-CHECKED_B_BYTES = 4 << 20
-"""Below this ``b`` costs a check well under a millisecond: round trips dominate instead."""
+LARGE_B_BYTES = 4 << 20
+"""Below this ``b`` costs a band well under a millisecond to pack or check: round trips
+dominate instead."""
 
 
 def for_transfer(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray]:
@@ -216,18 +219,18 @@ class Bands:
 
 
 def plan_bands(m: int, k: int, n: int, *, workers: Sequence[PeerId], rates: RateBook,
-               busy: Mapping[PeerId, int] | None = None, checked: bool = True) -> Bands:
+               busy: Mapping[PeerId, int] | None = None) -> Bands:
     """Split the ``m`` output rows among ``workers``: shares by measured rate, each share cut
     into up to :data:`SHARDS_PER_WORKER` bands (so a result travels while the next band
-    computes), no band under the floor (round trips; checks of a large ``b``).
+    computes), no band under the floor (round trips; packing and checking a large ``b``).
 
     ``busy`` counts bands this requester already gave each worker and that are not done
     (other jobs): a worker's weight is divided by ``1 + busy``. A job too small to reach
     every worker then goes to the least loaded (many small calls in flight spread out
     instead of piling on the fastest peer)."""
     min_rows = max(1, math.ceil(MIN_SHARD_FLOPS / (2.0 * k * n)))
-    if checked and 4 * k * n >= CHECKED_B_BYTES:
-        min_rows = max(min_rows, MIN_CHECKED_ROWS)
+    if 4 * k * n >= LARGE_B_BYTES:
+        min_rows = max(min_rows, MIN_BAND_ROWS)
     peers = list(workers)
     if not peers:
         return Bands(compute.plan_shards(m, n, [1.0], min_rows=min_rows), None)
