@@ -300,8 +300,7 @@ def row_norms2(x: np.ndarray) -> np.ndarray:
 def project(x: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``x @ right`` (float32) and ``x``'s squared row norms (float64), reading ``x`` once:
     a weight's check vectors for several checks and its norms cost one pass over it."""
-    proj, sq = _pass(x, right, None)
-    return proj, sq
+    return _pass(x, right, None)
 
 
 _BLAS_COLUMNS = 32

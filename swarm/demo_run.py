@@ -193,7 +193,7 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
                     if extra == MAX_EXTRA_JOBS:
                         break
                 b = rng.standard_normal((size, size), dtype=np.float32)
-                # Rows for a band on every worker (bands of a checked b have at least
+                # Rows for a band on every worker (bands against a large b have at least
                 # MIN_BAND_ROWS): else the chaos worker may get none and is not caught
                 # again (the block needs two pieces of evidence).
                 ax = rng.standard_normal((max(size, MIN_BAND_ROWS * len(peers)), size),

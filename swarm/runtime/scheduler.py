@@ -97,7 +97,8 @@ class RateBook:
         if not sized and peer in self._sized:
             return  # a small shard's rate would only blur a measured one
         rate = flops / max(seconds, 1e-6)
-        old = self._rates.get(peer) if sized == (peer in self._sized) else None
+        # a first large shard starts afresh: small shards' rates are not averaged into it
+        old = None if sized and peer not in self._sized else self._rates.get(peer)
         self._rates[peer] = rate if old is None else old + self.alpha * (rate - old)
         if sized:
             self._sized.add(peer)
