@@ -89,9 +89,16 @@ _U32 = 2.0**-24
 _U16 = 2.0**-11
 
 
+_rngs = threading.local()
+
+
 def _secret_rng() -> np.random.Generator:
-    # Seeded from the OS's entropy pool: a worker cannot predict the check vectors.
-    return np.random.default_rng()
+    """This thread's generator, seeded once from the OS's entropy pool: a worker cannot
+    predict the check vectors (seeding one per draw cost ~30 us, more than a 1x1 check)."""
+    rng = getattr(_rngs, "rng", None)
+    if rng is None:
+        rng = _rngs.rng = np.random.default_rng()
+    return rng
 
 
 def draw_vectors(n: int, rounds: int, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -206,6 +213,8 @@ def warm_up() -> threading.Thread:
         return _warming
 
 
+_SMALL = 1 << 12
+"""Elements of ``x`` up to which a pass is plain numpy (small shards, round trips)."""
 _SHARE = 1 << 19
 """Elements per share of a pass that a helper takes at a time (2 MiB, ~0.07 ms; each take
 costs a few us). Helpers take shares as they come free, not fixed halves: when another
@@ -266,6 +275,13 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     take nothing from the computing workers between checks."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
+    if m * k <= _SMALL:  # a few numpy calls beat the compiled loop's setup
+        w = None if weights is None else np.asarray(weights, dtype=np.float64)
+        x64 = x.astype(np.float64)
+        sq = (x64 * x64).sum(axis=1) if w is None else (x64 * x64) @ w
+        if right is None:
+            return None, sq
+        return x @ np.asarray(right, dtype=np.float32), sq
     cols = 0 if right is None else right.shape[1]
     proj = np.zeros((m, cols), np.float32)
     sq = np.zeros(m)
@@ -371,15 +387,14 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
         if br is None:
             br = _pass(b, r, None)[0]
         z, q = _pass(a, br, b_norms2)
-    if not (np.all(np.isfinite(z)) and np.all(np.isfinite(q))
-            and np.all(np.isfinite(b_norms2))):
+    if not (np.isfinite(z).all() and np.isfinite(q).all() and np.isfinite(b_norms2).all()):
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
     cr, c_norms2 = _pass(c, r, None)
-    if not (np.all(np.isfinite(cr)) and np.all(np.isfinite(c_norms2))):
+    if not (np.isfinite(cr).all() and np.isfinite(c_norms2).all()):
         return False
     limit = KAPPA * np.sqrt(_variance(a.shape[1], n, q, c_norms2, precision))
     diff = np.abs(z.astype(np.float64) - cr)
-    return bool(np.all(diff <= limit[:, None]))
+    return bool((diff <= limit[:, None]).all())
 
 
 def residuals(a: np.ndarray, b: np.ndarray, c: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -34,6 +34,16 @@ class PeerId:
         if not isinstance(self.raw, bytes) or len(self.raw) != 32:
             raise ValueError("a PeerId is exactly 32 bytes (an Ed25519 public key)")
 
+    # written out: the generated ones build a tuple per call, and peers key the scheduler's
+    # and the links' dicts (tens of lookups per task)
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.raw == other.raw  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, PeerId):
             return NotImplemented

@@ -211,7 +211,7 @@ def encode(msg: Any, msg_id: int | None = None, spill: Spill | None = None) -> l
     if msg_id is None:
         msg_id = next(_ids) & 0xFFFFFFFF
     out = _Out([], INLINE_MAX, spill)
-    body = _to_wire(msg, cls, out, cls.__name__)
+    body = _encoder_of(cls)(msg, out)
     header = bytes((PROTOCOL_VERSION, KIND_HEADER)) + msgpack.packb(
         [msg_id, cls.TYPE, body], use_bin_type=True)
     if len(header) > MAX_FRAME:
@@ -227,43 +227,76 @@ def encode(msg: Any, msg_id: int | None = None, spill: Spill | None = None) -> l
     return frames
 
 
-def _to_wire(value: Any, tp: Any, out: _Out, where: str) -> Any:
+Encode = Callable[[Any, _Out], Any]
+"""A field's encoder: value -> msgpack-ready value (arrays noted in the ``_Out``)."""
+_ENCODERS: dict[type, Encode] = {}
+
+
+def _encoder_of(cls: type) -> Encode:
+    """The message class's encoder, compiled once: type checks are decided per field at
+    compile time, not by inspecting type hints for every value sent."""
+    enc = _ENCODERS.get(cls)
+    if enc is None:
+        enc = _ENCODERS[cls] = _encoder(cls, cls.__name__)
+    return enc
+
+
+def _encoder(tp: Any, where: str) -> Encode:
     inner = _optional_of(tp)
     if inner is not None:
-        return None if value is None else _to_wire(value, inner, out, where)
+        enc = _encoder(inner, where)
+        return lambda v, out: None if v is None else enc(v, out)
     if tp is int or tp is str or tp is bytes or tp is bool:
-        if type(value) is not tp:
-            raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-        return value
+        def scalar(v: Any, out: _Out) -> Any:
+            if type(v) is not tp:
+                raise TypeError(f"{where}: expected {tp.__name__}, got {type(v).__name__}")
+            return v
+        return scalar
     if tp is float:
-        if type(value) not in (float, int):
-            raise TypeError(f"{where}: expected float, got {type(value).__name__}")
-        return float(value)
+        def real(v: Any, out: _Out) -> float:
+            if type(v) is not float and type(v) is not int:
+                raise TypeError(f"{where}: expected float, got {type(v).__name__}")
+            return float(v)
+        return real
     if tp is PeerId:
-        if not isinstance(value, PeerId):
-            raise TypeError(f"{where}: expected PeerId, got {type(value).__name__}")
-        return value.raw
+        def peer(v: Any, out: _Out) -> bytes:
+            if not isinstance(v, PeerId):
+                raise TypeError(f"{where}: expected PeerId, got {type(v).__name__}")
+            return v.raw
+        return peer
     if tp is np.ndarray:
-        return _array_to_wire(value, out, where)
+        return lambda v, out: _array_to_wire(v, out, where)
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, tp):
-            raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-        return {name: _to_wire(getattr(value, name), ftp, out, f"{where}.{name}")
-                for name, (ftp, _) in _schema(tp).items()}
+        fields = [(name, _encoder(ftp, f"{where}.{name}"))
+                  for name, (ftp, _) in _schema(tp).items()]
+
+        def record(v: Any, out: _Out) -> dict[str, Any]:
+            if not isinstance(v, tp):
+                raise TypeError(f"{where}: expected {tp.__name__}, got {type(v).__name__}")
+            return {name: enc(getattr(v, name), out) for name, enc in fields}
+        return record
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
-        if not isinstance(value, list | tuple):
-            raise TypeError(f"{where}: expected list, got {type(value).__name__}")
-        return [_to_wire(v, args[0], out, f"{where}[]") for v in value]
+        item = _encoder(args[0], f"{where}[]")
+
+        def seq(v: Any, out: _Out) -> list[Any]:
+            if not isinstance(v, list | tuple):
+                raise TypeError(f"{where}: expected list, got {type(v).__name__}")
+            return [item(x, out) for x in v]
+        return seq
     if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"{where}: expected dict, got {type(value).__name__}")
-        out = {}
-        for k, v in value.items():
-            if type(k) is not args[0]:
-                raise TypeError(f"{where}: key {k!r} is not {args[0].__name__}")
-            out[k] = _to_wire(v, args[1], out, f"{where}[{k!r}]")
-        return out
+        key, val = args[0], _encoder(args[1], f"{where}[]")
+
+        def mapping(v: Any, out: _Out) -> dict[Any, Any]:
+            if not isinstance(v, dict):
+                raise TypeError(f"{where}: expected dict, got {type(v).__name__}")
+            res = {}
+            for k, x in v.items():
+                if type(k) is not key:
+                    raise TypeError(f"{where}: key {k!r} is not {key.__name__}")
+                res[k] = val(x, out)
+            return res
+        return mapping
     raise TypeError(f"{where}: type {tp!r} cannot travel on the wire")
 
 
@@ -409,7 +442,7 @@ class Decoder:
             else:
                 r.buffer = np.empty(r.nbytes, dtype=np.uint8)  # pages are committed on write
                 r.chunks = -(-r.nbytes // CHUNK_SIZE)
-        msg = _from_wire(body, cls, refs, cls.__name__)
+        msg = _decoder_of(cls)(body, refs)
         missing = sum(r.chunks for r in chunked)
         if missing == 0:
             return [msg]
@@ -481,54 +514,89 @@ class Decoder:
         return [pending.msg]
 
 
-def _from_wire(value: Any, tp: Any, refs: list[_ArrayRef], where: str) -> Any:
+Decode = Callable[[Any, "list[_ArrayRef]"], Any]
+"""A field's decoder: msgpack value -> typed value, or ProtocolError."""
+_DECODERS: dict[type, Decode] = {}
+
+
+def _decoder_of(cls: type) -> Decode:
+    """The message class's decoder, compiled once (see :func:`_encoder_of`)."""
+    dec = _DECODERS.get(cls)
+    if dec is None:
+        dec = _DECODERS[cls] = _decoder(cls, cls.__name__)
+    return dec
+
+
+def _decoder(tp: Any, where: str) -> Decode:
     inner = _optional_of(tp)
     if inner is not None:
-        return None if value is None else _from_wire(value, inner, refs, where)
+        dec = _decoder(inner, where)
+        return lambda v, refs: None if v is None else dec(v, refs)
     if tp is int or tp is str or tp is bytes or tp is bool:
-        if type(value) is not tp:
-            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-        return value
+        def scalar(v: Any, refs: list[_ArrayRef]) -> Any:
+            if type(v) is not tp:
+                raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(v).__name__}")
+            return v
+        return scalar
     if tp is float:
-        if type(value) not in (float, int):
-            raise ProtocolError(f"{where}: expected float, got {type(value).__name__}")
-        return float(value)
+        def real(v: Any, refs: list[_ArrayRef]) -> float:
+            if type(v) is not float and type(v) is not int:
+                raise ProtocolError(f"{where}: expected float, got {type(v).__name__}")
+            return float(v)
+        return real
     if tp is PeerId:
-        if type(value) is not bytes or len(value) != 32:
-            raise ProtocolError(f"{where}: expected a 32-byte PeerId")
-        return PeerId(value)
+        def peer(v: Any, refs: list[_ArrayRef]) -> PeerId:
+            if type(v) is not bytes or len(v) != 32:
+                raise ProtocolError(f"{where}: expected a 32-byte PeerId")
+            return PeerId(v)
+        return peer
     if tp is np.ndarray:
-        if not isinstance(value, _ArrayRef) or value.buffer is None:
-            raise ProtocolError(f"{where}: expected an array, got {type(value).__name__}")
-        # a view of the reassembly buffer: chunks arriving later fill it in place
-        return value.buffer.view(value.dtype).reshape(value.shape)
+        def array(v: Any, refs: list[_ArrayRef]) -> np.ndarray:
+            if not isinstance(v, _ArrayRef) or v.buffer is None:
+                raise ProtocolError(f"{where}: expected an array, got {type(v).__name__}")
+            # a view of the reassembly buffer: chunks arriving later fill it in place
+            return v.buffer.view(v.dtype).reshape(v.shape)
+        return array
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
-        kwargs = {}
-        for name, (ftp, required) in _schema(tp).items():
-            if name in value:
-                kwargs[name] = _from_wire(value[name], ftp, refs, f"{where}.{name}")
-            elif required:
-                raise ProtocolError(f"{where}: missing field {name!r}")
-        try:
-            return tp(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"{where}: {exc}") from None
+        fields = [(name, required, _decoder(ftp, f"{where}.{name}"))
+                  for name, (ftp, required) in _schema(tp).items()]
+
+        def record(v: Any, refs: list[_ArrayRef]) -> Any:
+            if not isinstance(v, dict):
+                raise ProtocolError(f"{where}: expected a map, got {type(v).__name__}")
+            kwargs = {}
+            for name, required, dec in fields:
+                if name in v:
+                    kwargs[name] = dec(v[name], refs)
+                elif required:
+                    raise ProtocolError(f"{where}: missing field {name!r}")
+            try:
+                return tp(**kwargs)
+            except (TypeError, ValueError) as exc:
+                raise ProtocolError(f"{where}: {exc}") from None
+        return record
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
-        return [_from_wire(v, args[0], refs, f"{where}[]") for v in value]
+        item = _decoder(args[0], f"{where}[]")
+
+        def seq(v: Any, refs: list[_ArrayRef]) -> list[Any]:
+            if not isinstance(v, list):
+                raise ProtocolError(f"{where}: expected a list, got {type(v).__name__}")
+            return [item(x, refs) for x in v]
+        return seq
     if origin is dict:
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
-        out = {}
-        for k, v in value.items():
-            if type(k) is not args[0]:
-                raise ProtocolError(f"{where}: key {str(k)[:32]!r} is not {args[0].__name__}")
-            out[k] = _from_wire(v, args[1], refs, f"{where}[{str(k)[:32]!r}]")
-        return out
+        key, val = args[0], _decoder(args[1], f"{where}[]")
+
+        def mapping(v: Any, refs: list[_ArrayRef]) -> dict[Any, Any]:
+            if not isinstance(v, dict):
+                raise ProtocolError(f"{where}: expected a map, got {type(v).__name__}")
+            res = {}
+            for k, x in v.items():
+                if type(k) is not key:
+                    raise ProtocolError(f"{where}: key {str(k)[:32]!r} is not {key.__name__}")
+                res[k] = val(x, refs)
+            return res
+        return mapping
     raise ProtocolError(f"{where}: type {tp!r} cannot travel on the wire")
 
 

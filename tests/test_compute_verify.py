@@ -237,10 +237,17 @@ def test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048():
                                    (1100, 1003)])  # the last is shared by threads
 @pytest.mark.parametrize("cols", [0, 1, 4, 6])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_fused_pass_equals_the_float64_reference(shape, cols, weighted):
+@pytest.mark.parametrize("compiled_only", [False, True])
+def test_fused_pass_equals_the_float64_reference(shape, cols, weighted, compiled_only,
+                                                 monkeypatch):
     """One compiled pass gives ``x @ r`` (float32 sums, within the rounding model's bound) and
-    the squares (float64), whatever the shape, number of vectors and thread split."""
+    the squares (float64), whatever the shape, number of vectors and thread split; small
+    inputs take plain numpy, which must agree (``compiled_only`` runs them compiled too)."""
+    from compute import verify
     from compute.verify import _pass
+
+    if compiled_only:
+        monkeypatch.setattr(verify, "_SMALL", 0)
 
     m, k = shape
     rng = np.random.default_rng(m * 31 + k + cols)
@@ -276,6 +283,10 @@ def test_fused_pass_squares_past_float32_stay_finite():
     np.testing.assert_allclose(proj[1], 600 * np.float32(1e20), rtol=1e-6)
     x[2, 5] = np.inf  # non-finite stays non-finite (callers refuse it)
     assert not np.isfinite(_pass(x, r, None)[1][2])
+    small = x[:, :4].copy()  # the plain-numpy path for small inputs does the same
+    small[1] = 1e20
+    np.testing.assert_allclose(_pass(small, None, None)[1][:2], [4.0, 4e40], rtol=1e-6)
+    assert not np.isfinite(_pass(x[:, :8], None, None)[1][2])
 
 
 def test_default_check_reads_each_matrix_once_in_the_fused_pass(monkeypatch):
