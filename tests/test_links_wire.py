@@ -82,6 +82,26 @@ def test_round_trip_arrays_of_each_dtype(dtype):
     assert msg.inner == Inner("w", {"a": 1.0}) and msg.note is None and msg.tags == ["x"]
 
 
+@wire.message("test.named")
+class Named(wire.Message):
+    """Arrays in a map (a model's named weights)."""
+
+    tensors: dict[str, np.ndarray]
+    shapes: dict[int, list[int]]
+
+
+def test_arrays_in_a_map_round_trip_inline_and_chunked():
+    """A map's values are encoded with the message's array list (the map once shadowed it)."""
+    big = np.arange(200_000, dtype=np.float32)
+    frames = wire.encode(Named({"w": big, "b": np.ones(3, np.float32)}, {1: [2, 3]}))
+    assert len(frames) > 2
+    (msg,) = _decode_all(frames)
+    assert np.array_equal(msg.tensors["w"], big) and msg.tensors["b"].tolist() == [1, 1, 1]
+    assert msg.shapes == {1: [2, 3]}
+    with pytest.raises(TypeError, match=r"Named.tensors: key 1 is not str"):
+        wire.encode(Named({1: big}, {}))
+
+
 def test_chunks_may_arrive_in_any_order_and_messages_interleave():
     a = np.random.default_rng(1).random((700, 700))
     b = np.random.default_rng(2).random((500, 300)).astype(np.float32)
