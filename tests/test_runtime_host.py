@@ -87,6 +87,27 @@ async def test_small_results_are_signed_on_the_loop_large_ones_in_a_thread(pair)
     assert signed_in == [True, False]
 
 
+async def test_tiny_numpy_matmuls_run_on_the_loop_others_on_the_compute_thread(pair):
+    """A 1x1 round trip's hop to the compute thread cost more than its product; a product
+    of any size still leaves the loop, and so does a WGSL kernel however small."""
+    import threading
+
+    host, link = pair
+    ran_in: list[str] = []
+    real = host.backend.matmul
+
+    def matmul(a, b, **kw):
+        ran_in.append(threading.current_thread().name.split("_")[0])
+        return real(a, b, **kw)
+
+    host.backend.matmul = matmul
+    tiny, big = np.eye(2, dtype=np.float32), np.ones((64, 64), np.float32)  # 16 flops, 0.5 M
+    for task, x in ((1, tiny), (2, big)):
+        reply = await ask(link, matmul_task(task, [TaskArg(array=x), TaskArg(array=x)]))
+        assert isinstance(reply, TaskResult) and np.array_equal(reply.outputs[0], x @ x)
+    assert ran_in == ["MainThread", "swarm-compute"]
+
+
 async def test_actor_calls_run_in_seq_order(pair):
     host, link = pair
     x = np.eye(2, dtype=np.float32)
