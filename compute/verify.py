@@ -252,8 +252,9 @@ def _helpers() -> list[ThreadPoolExecutor]:
 def _forget_pool() -> None:
     """In a forked child: none of the parent's threads (helpers, warm-up) exist there, and a
     lock one of them held would stay held."""
-    global _pool, _pool_lock, _compile_lock, _warming
+    global _pool, _pool_lock, _compile_lock, _warming, _rngs
     _pool, _warming = None, None
+    _rngs = threading.local()  # a child drawing the parent's next vectors would repeat them
     _pool_lock, _compile_lock = threading.Lock(), threading.Lock()
 
 

@@ -340,6 +340,28 @@ def test_checks_from_many_threads_and_a_forked_child():
     assert child.exitcode == 0
 
 
+def test_a_forked_child_never_draws_its_parents_next_check_vectors():
+    """Each thread keeps one secret generator; a fork must not hand the child its state."""
+    import os
+
+    from compute.verify import draw_vectors
+
+    draw_vectors(64, 4)  # this thread's generator now exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, draw_vectors(64, 4).tobytes())
+        os._exit(0)
+    os.close(write)
+    got = b""
+    while chunk := os.read(read, 1 << 16):
+        got += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(got) == 64 * 4 * 4
+    assert got != draw_vectors(64, 4).tobytes()
+
+
 def test_warm_up_compiles_the_pass_in_the_background_once():
     """A requester starts loading the pass when it starts (~0.25 s from numba's cache),
     not at its first check; a second call starts nothing new."""
