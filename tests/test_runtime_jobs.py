@@ -93,6 +93,33 @@ def test_one_pass_over_a_weight_serves_many_checks_and_no_vectors_are_spent_twic
     assert len(set(flat)) == len(flat) == 4 + 88 + 1  # every check its own vectors
 
 
+def test_vectors_kept_per_weight_stay_under_a_byte_cap(monkeypatch):
+    """Batches double up to STOCK only while a batch fits STOCK_BYTES; the job's own bands
+    still get a vector each."""
+    from swarm.runtime import jobs
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 512)).astype(np.float32)
+    c = a @ b
+    cache = FreivaldsCache()
+    per_check = 4 * cache.rounds * (512 + 512)
+    cache.STOCK_BYTES = 5 * per_check
+    batches: list[int] = []
+    real = jobs.draw_vectors
+
+    def counted(n, columns):
+        batches.append(columns // cache.rounds)
+        return real(n, columns)
+
+    monkeypatch.setattr(jobs, "draw_vectors", counted)
+    assert cache.check("w", a, b, c, 8)  # a job of 8 bands: 8 vectors at once
+    for _ in range(7 + 20):
+        assert cache.check("w", a, b, c)
+    assert batches[0] == 8 and max(batches[1:]) == 5, batches
+    assert len(cache._weights["w"].stock) * per_check <= cache.STOCK_BYTES
+
+
 def test_cached_check_refuses_non_finite_inputs():
     a = np.full((2, 2), np.inf, np.float32)
     with pytest.raises(compute.InvalidInput):

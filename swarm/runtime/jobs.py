@@ -70,6 +70,10 @@ class FreivaldsCache:
     STOCK = 32
     """Most checks per batch (inference: many calls, one ``W``). Measured at n=4096: one
     check's pass over ``b`` 7-9 ms; a batch of 32 on one BLAS thread 44 ms (1.4 ms each)."""
+    STOCK_BYTES = 8 << 20
+    """Most bytes of later batches per weight (``r`` and ``b @ r`` take ``4 * rounds *
+    (k + n)`` bytes per check: 128 KiB at n=4096, 2 MiB at 65536), so that a requester with
+    several large weights in use keeps tens of MiB of vectors, not gigabytes."""
 
     def __init__(self, rounds: int = ROUNDS, max_entries: int = 8) -> None:
         self.rounds = rounds
@@ -92,7 +96,9 @@ class FreivaldsCache:
         w = self._weight(key)
         with w.lock:  # checks of one fresh weight wait for one pass, not one pass each
             if not w.stock:
-                count = max(batch, min(2 * w.last, self.STOCK))
+                per_check = 4 * self.rounds * (b.shape[0] + b.shape[1])
+                count = max(batch, min(2 * w.last, self.STOCK,
+                                       max(1, self.STOCK_BYTES // per_check)))
                 r = draw_vectors(b.shape[1], self.rounds * count)
                 if w.norms2 is None:
                     br, w.norms2 = project(b, r)
