@@ -43,7 +43,9 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                 "sharded, verified matmul on swarm.local(workers=2) vs numpy and Ray (Ray from "
                 "its own venv, `make bench` installs it: a missing Ray row fails the run); "
                 "three separate runs, each row the median of the runs (every run's ratio "
-                "beside it)"),
+                "beside it); vs_floor: speed relative to the same work split over two bare "
+                "single-threaded processes holding their operands (no transfer, no checks), "
+                "timed in the same rounds"),
     "nat": (["--runs", "3", "--mb", "8"], ["--runs", "1", "--mb", "2"], 1200,
             "WebRTC across NATs (network namespaces, iptables, coturn; needs root): "
             "{public, cone, symmetric} x {same}, with and without TURN"),
@@ -276,7 +278,9 @@ def headlines(results: list[dict]) -> list[str]:
         if "runtime" in d:
             for x in d["runtime"]["results"]:
                 if x.get("vs_numpy") and x["runner"].startswith("swarm"):
-                    out.append(f"{x['case']}, {x['runner']}: {x['vs_numpy']:.2f}x numpy's speed")
+                    out.append(f"{x['case']}, {x['runner']}: {x['vs_numpy']:.2f}x numpy's speed"
+                               + (f", {x['vs_floor']:.2f}x the floor" if x.get("vs_floor")
+                                  else ""))
         if "transport" in d:
             t = d["transport"]
             out.append(f"links: TLS {t['tls_mb_s']} MB/s, tuned WebRTC {t['webrtc_mb_s']} MB/s"

@@ -15,6 +15,10 @@ Rows (same matrices side by side in one run; medians of --repeats):
   ``client.put(B)`` ref, as Ray's warm row passes its ``ray.put`` ref.
 - ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
 - ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
+- ``floor``: the same work split over ``--workers`` processes of one BLAS thread each,
+  every process already holding its operands (no transfer, no checks, no merge): what any
+  runtime with that many single-threaded workers could reach on these cores, timed in the
+  same rounds.
 - ``ray ...``: the same sharded matmul on a local Ray, one task per band: ``cold`` puts a
   fresh B each time (as swarm's cold row sends it), ``warm`` puts B once and reuses the ref.
   Ray runs where ``import ray`` works or in the interpreter ``--ray-python`` names (``make
@@ -163,6 +167,69 @@ class RayProcess:
             self.proc.wait(10)
 
 
+# -- the floor: the work split over single-threaded processes, nothing else ------------------
+
+FLOOR = "floor ({workers} bare 1-thread procs)"
+
+
+def floor_server(index: int, workers: int, n: int, batch: int, rows: int) -> int:
+    """``--floor-server``: process ``index`` of ``workers`` computes its share of a product
+    from operands it already holds, on each "big" or "inference" line, and says "done"."""
+    rng = np.random.default_rng(10 + index)
+    a_band, b = rand(rng, -(-n // workers), n), rand(rng, n, n)
+    xs = [rand(rng, rows, n) for _ in range(index, batch, workers)]
+    a_band @ b  # BLAS warmed up
+    print("ready", flush=True)
+    for line in sys.stdin:
+        what = line.strip()
+        if what == "big":
+            a_band @ b
+        elif what == "inference":
+            for x in xs:
+                x @ b
+        else:
+            break
+        print("done", flush=True)
+    return 0
+
+
+class Floor:
+    """``workers`` ``--floor-server`` children (one BLAS thread each), started at once."""
+
+    def __init__(self, n: int, batch: int, rows: int, workers: int) -> None:
+        import subprocess
+
+        one = {k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        self.procs = [subprocess.Popen(
+            [sys.executable, __file__, "--floor-server", str(i), "--workers", str(workers),
+             "--n", str(n), "--batch", str(batch), "--rows", str(rows)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **one})
+            for i in range(workers)]
+        for proc in self.procs:
+            if proc.stdout.readline().strip() != "ready":
+                self.close()
+                raise RuntimeError("a floor process did not start")
+
+    def call(self, what: str) -> float:
+        t = time.perf_counter()
+        for proc in self.procs:
+            proc.stdin.write(what + "\n")
+            proc.stdin.flush()
+        for proc in self.procs:
+            if proc.stdout.readline().strip() != "done":
+                raise RuntimeError("a floor process failed")
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.close()
+                proc.wait(60)
+            except Exception:
+                proc.kill()
+                proc.wait(10)
+
+
 def start_ray(python: str | None, n: int, workers: int) -> tuple[object | None, str | None]:
     """(a Ray runner, None) or (None, why not)."""
     try:
@@ -176,7 +243,8 @@ def start_ray(python: str | None, n: int, workers: int) -> tuple[object | None, 
 
 
 def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
-                workers: int, ray: object | None = None) -> list[dict]:
+                workers: int, ray: object | None = None, floor: Floor | None = None
+                ) -> list[dict]:
     rng = np.random.default_rng(0)
     results = []
     with swarm.local(workers=workers) as client:
@@ -197,13 +265,11 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
         if ray is not None:
             runners[RAY_COLD] = lambda: ray.call("cold")
             runners[RAY_WARM] = lambda: ray.call("warm")
+        floor_name = FLOOR.format(workers=workers)
+        if floor is not None:
+            runners[floor_name] = lambda: floor.call("big")
         times = interleaved(runners, repeats)
-        flops = 2.0 * n ** 3
-        base = statistics.median(times["numpy a@b"])
-        for name, secs in times.items():
-            med = statistics.median(secs)
-            results.append({"case": f"matmul n={n} f32", "runner": name, "median_s": med,
-                            "gflops": flops / med / 1e9, "vs_numpy": base / med})
+        results += _rows(f"matmul n={n} f32", times, "numpy a@b", 2.0 * n ** 3, floor_name)
         # -- inference: batch activations x one cached weight ---------------------------------
         w = rand(rng, n, n)
         xs = [rand(rng, rows, n) for _ in range(batch)]
@@ -214,15 +280,12 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
             outs = swarm.get([client.matmul.remote(x, wref) for x in xs])
             assert len(outs) == batch
 
-        times = interleaved({"numpy loop": lambda: [x @ w for x in xs],
-                             "swarm refs": inference}, max(2, repeats // 2 + 1))
-        flops = 2.0 * batch * rows * n * n
-        base = statistics.median(times["numpy loop"])
-        for name, secs in times.items():
-            med = statistics.median(secs)
-            results.append({"case": f"{batch} x ({rows}x{n}) @ cached W", "runner": name,
-                            "median_s": med, "gflops": flops / med / 1e9,
-                            "vs_numpy": base / med})
+        runners = {"numpy loop": lambda: [x @ w for x in xs], "swarm refs": inference}
+        if floor is not None:
+            runners[floor_name] = lambda: floor.call("inference")
+        times = interleaved(runners, max(2, repeats // 2 + 1))
+        results += _rows(f"{batch} x ({rows}x{n}) @ cached W", times, "numpy loop",
+                         2.0 * batch * rows * n * n, floor_name)
         # -- small-task overhead --------------------------------------------------------------
         one = np.ones((1, 1), np.float32)
         rt = timed(lambda: client.matmul(one, one), small_calls)
@@ -230,6 +293,20 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
                         "median_s": statistics.median(rt), "gflops": None, "vs_numpy": None,
                         "p90_s": sorted(rt)[int(0.9 * len(rt))]})
     return results
+
+
+def _rows(case: str, times: dict[str, list[float]], numpy_name: str, flops: float,
+          floor_name: str) -> list[dict]:
+    """One row per runner: median seconds, GFLOPS, and speed relative to numpy and to the
+    floor (1.0 = as fast as the bare single-threaded processes; None without a floor)."""
+    base = statistics.median(times[numpy_name])
+    floor = statistics.median(times[floor_name]) if floor_name in times else None
+    rows = []
+    for name, secs in times.items():
+        med = statistics.median(secs)
+        rows.append({"case": case, "runner": name, "median_s": med, "gflops": flops / med / 1e9,
+                     "vs_numpy": base / med, "vs_floor": floor / med if floor else None})
+    return rows
 
 
 def combine(runs: list[dict]) -> dict:
@@ -245,7 +322,7 @@ def combine(runs: list[dict]) -> dict:
             rows.append(next(x for x in same if "skipped" in x))
             continue
         row = dict(first)
-        for key in ("median_s", "gflops", "vs_numpy", "p90_s"):
+        for key in ("median_s", "gflops", "vs_numpy", "vs_floor", "p90_s"):
             if first.get(key) is not None:
                 row[key] = statistics.median(x[key] for x in same)
         if first.get("vs_numpy") is not None:
@@ -294,11 +371,17 @@ def main() -> int:
     p.add_argument("--combine", nargs="+", metavar="JSON", default=None,
                    help="combine saved --json outputs of separate runs instead of running")
     p.add_argument("--ray-server", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--floor-server", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rows", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     n, batch, rows, calls = (1024, 16, 128, 50) if args.quick else (4096, 64, 256, 200)
     if args.ray_server:
         return ray_server(args.n or n, args.workers)
+    if args.floor_server is not None:
+        return floor_server(args.floor_server, args.workers, args.n or n, args.batch or batch,
+                            args.rows or rows)
     if args.combine or args.runs > 1:
         if args.combine:
             combined = combine([json.loads(Path(f).read_text()) for f in args.combine])
@@ -309,11 +392,15 @@ def main() -> int:
     ray, why = (None, "not asked for (--only swarm)") if args.only == "swarm" else \
         start_ray(args.ray_python, n, args.workers)
     results = []
+    floor = None
     try:
-        results += bench_swarm(n, batch, rows, args.repeats, calls, args.workers, ray)
+        floor = Floor(n, batch, rows, args.workers)
+        results += bench_swarm(n, batch, rows, args.repeats, calls, args.workers, ray, floor)
     finally:
         if ray is not None:
             ray.close()
+        if floor is not None:
+            floor.close()
     if ray is None:
         results.append({"case": f"matmul n={n} f32", "runner": "ray", "skipped": why})
     meta = {"cpus": os.cpu_count(), "load_1m": os.getloadavg()[0], "workers": args.workers,
@@ -338,18 +425,19 @@ def report(out: dict, args: argparse.Namespace, failed: int) -> int:
     table = Table(title=f"swarm runtime vs numpy ({meta['cpus']} CPUs, load "
                         f"{load if isinstance(load, list) else round(load, 1)}, "
                         f"{args.workers} workers; medians)")
-    for col in ("case", "runner", "median", "GFLOPS", "x numpy"):
+    for col in ("case", "runner", "median", "GFLOPS", "x numpy", "x floor"):
         table.add_column(col, justify="left" if col in ("case", "runner") else "right")
     for r in results:
         if "skipped" in r:
-            table.add_row(r["case"], r["runner"], "-", "-", r["skipped"])
+            table.add_row(r["case"], r["runner"], "-", "-", r["skipped"], "-")
             continue
         med = r["median_s"]
         table.add_row(r["case"], r["runner"],
                       f"{med * 1e3:.2f} ms" if med < 0.1 else f"{med:.3f} s",
                       f"{r['gflops']:.1f}" if r["gflops"] else "-",
                       (f"{r['vs_numpy']:.2f}" if r["vs_numpy"] else "-")
-                      + (f" ({r['vs_numpy_runs']})" if r.get("vs_numpy_runs") else ""))
+                      + (f" ({r['vs_numpy_runs']})" if r.get("vs_numpy_runs") else ""),
+                      f"{r['vs_floor']:.2f}" if r.get("vs_floor") else "-")
     Console().print(table)
     return failed
 
