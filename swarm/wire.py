@@ -115,7 +115,9 @@ def message(type_name: str) -> Callable[[type], type]:
         elif not cls.__dataclass_params__.frozen:
             raise TypeError(f"{cls.__name__}: wire messages must be frozen dataclasses")
         cls.TYPE = type_name
-        _schema(cls)
+        # compiling the codecs checks every field's type, nested ones included
+        _ENCODERS[cls] = _encoder(cls, cls.__name__)
+        _DECODERS[cls] = _decoder(cls, cls.__name__)
         _REGISTRY[type_name] = cls
         return cls
 
@@ -129,38 +131,19 @@ def message_types() -> dict[str, type]:
 
 # -- schemas ---------------------------------------------------------------------------
 
-_SCALARS = (int, float, str, bytes, bool)
-
-
 def _schema(cls: type) -> dict[str, tuple[Any, bool]]:
-    """Field name -> (type, required) for a dataclass, checked once at registration."""
+    """Field name -> (type, required) for a dataclass (its types are checked when the
+    codecs are compiled, at registration)."""
     if cls in _SCHEMAS:
         return _SCHEMAS[cls]
     hints = typing.get_type_hints(cls)
     schema = {}
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        _check_type(tp, f"{cls.__name__}.{f.name}")
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         schema[f.name] = (tp, required)
     _SCHEMAS[cls] = schema
     return schema
-
-
-def _check_type(tp: Any, where: str) -> None:
-    if tp in _SCALARS or tp is PeerId or tp is np.ndarray:
-        return
-    if dataclasses.is_dataclass(tp):
-        _schema(tp)
-        return
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is list and len(args) == 1:
-        return _check_type(args[0], where)
-    if origin is dict and len(args) == 2 and args[0] in (str, int):
-        return _check_type(args[1], where)
-    if _optional_of(tp) is not None:
-        return _check_type(_optional_of(tp), where)
-    raise TypeError(f"{where}: type {tp!r} cannot travel on the wire")
 
 
 def _optional_of(tp: Any) -> Any:
@@ -211,7 +194,7 @@ def encode(msg: Any, msg_id: int | None = None, spill: Spill | None = None) -> l
     if msg_id is None:
         msg_id = next(_ids) & 0xFFFFFFFF
     out = _Out([], INLINE_MAX, spill)
-    body = _encoder_of(cls)(msg, out)
+    body = _ENCODERS[cls](msg, out)
     header = bytes((PROTOCOL_VERSION, KIND_HEADER)) + msgpack.packb(
         [msg_id, cls.TYPE, body], use_bin_type=True)
     if len(header) > MAX_FRAME:
@@ -230,15 +213,8 @@ def encode(msg: Any, msg_id: int | None = None, spill: Spill | None = None) -> l
 Encode = Callable[[Any, _Out], Any]
 """A field's encoder: value -> msgpack-ready value (arrays noted in the ``_Out``)."""
 _ENCODERS: dict[type, Encode] = {}
-
-
-def _encoder_of(cls: type) -> Encode:
-    """The message class's encoder, compiled once: type checks are decided per field at
-    compile time, not by inspecting type hints for every value sent."""
-    enc = _ENCODERS.get(cls)
-    if enc is None:
-        enc = _ENCODERS[cls] = _encoder(cls, cls.__name__)
-    return enc
+"""Each registered message class's encoder, compiled once: what to check is decided per
+field then, not by inspecting type hints for every value sent."""
 
 
 def _encoder(tp: Any, where: str) -> Encode:
@@ -276,7 +252,7 @@ def _encoder(tp: Any, where: str) -> Encode:
             return {name: enc(getattr(v, name), out) for name, enc in fields}
         return record
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is list:
+    if origin is list and len(args) == 1:
         item = _encoder(args[0], f"{where}[]")
 
         def seq(v: Any, out: _Out) -> list[Any]:
@@ -284,7 +260,7 @@ def _encoder(tp: Any, where: str) -> Encode:
                 raise TypeError(f"{where}: expected list, got {type(v).__name__}")
             return [item(x, out) for x in v]
         return seq
-    if origin is dict:
+    if origin is dict and len(args) == 2 and args[0] in (str, int):
         key, val = args[0], _encoder(args[1], f"{where}[]")
 
         def mapping(v: Any, out: _Out) -> dict[Any, Any]:
@@ -442,7 +418,7 @@ class Decoder:
             else:
                 r.buffer = np.empty(r.nbytes, dtype=np.uint8)  # pages are committed on write
                 r.chunks = -(-r.nbytes // CHUNK_SIZE)
-        msg = _decoder_of(cls)(body, refs)
+        msg = _DECODERS[cls](body, refs)
         missing = sum(r.chunks for r in chunked)
         if missing == 0:
             return [msg]
@@ -517,14 +493,7 @@ class Decoder:
 Decode = Callable[[Any, "list[_ArrayRef]"], Any]
 """A field's decoder: msgpack value -> typed value, or ProtocolError."""
 _DECODERS: dict[type, Decode] = {}
-
-
-def _decoder_of(cls: type) -> Decode:
-    """The message class's decoder, compiled once (see :func:`_encoder_of`)."""
-    dec = _DECODERS.get(cls)
-    if dec is None:
-        dec = _DECODERS[cls] = _decoder(cls, cls.__name__)
-    return dec
+"""Each registered message class's decoder, compiled once (see :data:`_ENCODERS`)."""
 
 
 def _decoder(tp: Any, where: str) -> Decode:
@@ -597,7 +566,7 @@ def _decoder(tp: Any, where: str) -> Decode:
                 res[k] = val(x, refs)
             return res
         return mapping
-    raise ProtocolError(f"{where}: type {tp!r} cannot travel on the wire")
+    raise TypeError(f"{where}: type {tp!r} cannot travel on the wire")  # the encoder said
 
 
 # -- transfer precision ----------------------------------------------------------------

@@ -325,7 +325,7 @@ class ActorHost:
     def _tiny(self, actor: object, method: str, arrays: list[np.ndarray]) -> bool:
         """Whether a task is a numpy matmul small enough to run on the loop itself."""
         if (method != "matmul" or not isinstance(actor, MatmulActor) or len(arrays) != 2
-                or getattr(self.backend, "name", "") != "numpy"):
+                or self.backend.name != "numpy"):
             return False
         a, b = arrays
         return (a.ndim == 2 and b.ndim == 2
