@@ -65,6 +65,8 @@ class Sim:
         self.disconnects: dict[str, list[tuple[PeerId, bool]]] = {n: [] for n in tflops}
         self.left: dict[str, str] = {}
         self.issued: dict[PeerId, Command] = {}  # operator block commands, by target
+        self.lose: dict[str, int] = {}  # messages of a kind still to lose (no link yet)
+        self.announced: dict[str, float] = {}  # when each (re)announced itself (freshness)
 
     def operator(self, at_node: str, kind: str, target: str, at: int) -> None:
         """An owner's command reaching the coordinator ``at_node``."""
@@ -86,7 +88,8 @@ class Sim:
         self.nodes[name].members(self.view(), self.now)  # a node starts by reading the view
 
     def view(self) -> list[Candidate]:
-        return [Candidate(self.ids[n], t, self.health.get(n, Fitness()))
+        return [Candidate(self.ids[n], t, self.health.get(n, Fitness()),
+                          freshness=self.announced.get(n, 0.0))
                 for n, t in self.tflops.items() if n not in self.left]
 
     def step(self) -> None:
@@ -111,6 +114,9 @@ class Sim:
         return dst
 
     def _deliver(self, dst: str, what: str, fn) -> None:
+        if self.lose.get(what, 0) > 0:
+            self.lose[what] -= 1
+            return
         try:
             fn()
         except (StaleTerm, NotCoordinator) as exc:
@@ -450,6 +456,51 @@ def test_an_unblock_issued_after_the_forwarded_block_wins():
     sim = _split_brain_with_a_block(unblock_on_winner_at=200)
     for n in ("a", "b", "c"):
         assert sim.ids["x"] not in sim.nodes[n].blocked(), n
+
+
+def _blocked_on_the_losing_side() -> Sim:
+    """b (the fastest) is cut off with x; c wins term 2 on the other side; the owner blocks
+    x through b."""
+    sim, _ = _stable({"a": 1.0, "b": 4.0, "c": 1.5, "x": 0.5})
+    sim.cut.add("b")
+    sim.run_until(lambda: sim.agreed("c", but=frozenset({"b"})))
+    sim.cut = {"a", "c"}
+    sim.operator("b", "block", "x", at=100)
+    return sim
+
+
+def test_a_block_whose_forward_was_lost_or_refused_is_forwarded_again():
+    """The CI failure of test_partition_and_heal: after the heal b's forward of its block
+    is lost (no link yet), and c starts handing the role to b, the faster, so a forward
+    reaching it then is refused. b owes the block until c's state shows it."""
+    sim = _blocked_on_the_losing_side()
+    sim.lose["fwd"] = 1
+    sim.cut.clear()
+    sim.announced["b"] = sim.now  # its re-announcement clears c's suspicion: c hands off
+    sim.run_until(lambda: sim.nodes["c"].role is Duty.HANDING_OFF)
+    sim.run_until(lambda: sim.ids["x"] in sim.nodes["a"].blocked())
+    assert sim.lose["fwd"] == 0  # the first forward was lost
+    assert ("c", "fwd", "this peer is handing-off, not the coordinator") in sim.refused
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] in sim.nodes[n].blocked(), n
+
+
+def test_a_deposed_coordinator_that_coordinates_again_applies_the_blocks_it_owes():
+    """Every forward of b's block is lost; c then hands the role to b with a state that
+    lacks it. That lack is no unblock: b blocks x again as it takes over."""
+    sim = _blocked_on_the_losing_side()
+    sim.lose["fwd"] = 1000
+    sim.cut.clear()
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER)
+    assert sim.ids["x"] not in sim.nodes["b"].blocked()
+    sim.announced["b"] = sim.now
+    sim.run_until(lambda: sim.agreed("b", but=frozenset({"x"})))
+    for _ in range(20):
+        sim.step()
+    assert sim.nodes["b"].term == 3
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] in sim.nodes[n].blocked(), n
+    assert sim.ids["x"] in sim.persisted["b"].blocked_ids
 
 
 def test_only_the_coordinator_takes_forwarded_blocks():

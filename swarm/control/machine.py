@@ -300,6 +300,10 @@ class Command:
 
 MAX_UNBLOCKED = 4096
 """Unblocks remembered (peer -> term seen) to refuse replays of older forwarded blocks."""
+FORWARD_RETRIES = 3
+"""Times a deposed coordinator forwards its owed blocks again to the same coordinator
+(``failover`` apart) when that coordinator's state still lacks them: a forward sent before
+a link is back, or to a coordinator busy handing off, is lost or refused."""
 
 
 class Controller:
@@ -342,6 +346,12 @@ class Controller:
         self._unblocked_term: OrderedDict[PeerId, int] = OrderedDict()
         """The highest term in which we saw each peer unblocked (ours or a state we
         followed): a forwarded block issued in that term or before is a replay."""
+        self._owed: dict[PeerId, tuple[BlockEntry, int, float]] = {}
+        """Blocks we applied as coordinator that the state which replaced ours lacks
+        (peer -> entry, the term we applied it in, since when): forwarded to whoever
+        coordinates until a state we follow shows them, applied again if we coordinate."""
+        self._owed_tries = 0
+        self._owed_next = 0.0
         self._leave_reason = ""
         self._predecessor: PeerId | None = None
         self._seq_floor = 0
@@ -443,6 +453,7 @@ class Controller:
             if now > until:
                 del self._kicked[peer]
         if self.role is Duty.FOLLOWER:
+            self._forward_owed(now)
             self._follow(now)
         elif self.role is Duty.CANDIDATE:
             if now > self._deadline:
@@ -649,13 +660,19 @@ class Controller:
         self._check_forward(cmd, sender, wall)
         if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
             raise StaleTerm(f"forwarded block from term {cmd.term} at term {self.state.term}")
-        if self._unblocked_term.get(cmd.target, -1) >= cmd.term:
+        if self._unblocked_since(cmd.target, cmd.term, cmd.at):
             raise StaleTerm(f"{cmd.target.short()} was unblocked in term "
-                            f"{self._unblocked_term[cmd.target]}: forwarded block is a replay")
-        if cmd.target in self.blocked() or self._unblocked_at.get(cmd.target, -1) >= cmd.at:
+                            f"{self._unblocked_term.get(cmd.target)} or after the block: "
+                            "forwarded block is a replay")
+        if cmd.target in self.blocked():
             return
         log.info("keeping %s blocked: forwarded from a deposed coordinator", cmd.target.short())
         self.command(cmd, now)
+
+    def _unblocked_since(self, peer: PeerId, term: int, at: int) -> bool:
+        """Whether an unblock we saw supersedes a block of ``peer`` issued in ``term`` at
+        Unix time ``at``: an unblock in that term or later, or one issued after it."""
+        return self._unblocked_term.get(peer, -1) >= term or self._unblocked_at.get(peer, -1) >= at
 
     def _check_forward(self, cmd: Command, sender: PeerId, wall: float) -> None:
         if sender == self.me or sender not in self.past_coordinators:
@@ -765,11 +782,57 @@ class Controller:
                     and (self.state.admins, self.state.policy) != self._charter:
                 self._publish(self.state.successor(admins=self._charter[0],
                                                    policy=self._charter[1]), now)
+            self._apply_owed(now)
             self._beat(now)
         elif new is Duty.HANDING_OFF:
             self._deadline = now + self.timing.handoff
         elif new is Duty.STOPPED:
             self._actions.append(Left(why or "stopped"))
+
+    def _forward_owed(self, now: float) -> None:
+        """Forward the blocks we owe to the coordinator we follow: at once for a new one,
+        then again ``failover`` apart (at most :data:`FORWARD_RETRIES` times) while its state
+        lacks them. Each retry costs it one signature check; it decides (replays refused)."""
+        st = self.state
+        if not self._owed or st is None or st.coordinator == self.me \
+                or now < self._owed_next or self._owed_tries > FORWARD_RETRIES:
+            return
+        self._owed_tries += 1
+        self._owed_next = now + self.timing.failover
+        by_term: dict[int, list[BlockEntry]] = {}
+        for peer, (entry, term, since) in list(self._owed.items()):
+            if now - since > self.timing.forward_max_age:
+                del self._owed[peer]
+            elif peer != st.coordinator:
+                by_term.setdefault(term, []).append(entry)
+        for term, entries in sorted(by_term.items()):
+            self._actions.append(ForwardBlocks(tuple(entries), st.coordinator, term))
+
+    def _apply_owed(self, now: float) -> None:
+        """We coordinate again while still owing blocks (their forward was lost, or its
+        receiver handed the role back first): apply them ourselves, unless an unblock we
+        saw supersedes them."""
+        owed, self._owed = self._owed, {}
+        st = self.state
+        if st is None:
+            return
+        kept = [e for peer, (e, term, since) in owed.items()
+                if peer != self.me and peer not in st.blocked_ids
+                and now - since <= self.timing.forward_max_age
+                and not self._unblocked_since(peer, term, e.at)]
+        for entry in kept:
+            log.info("keeping %s blocked: its block was lost while we did not coordinate",
+                     entry.peer.short())
+            try:
+                st = st.with_block(entry)
+            except ProtocolError as exc:  # the blocklist is full
+                log.warning("not keeping %s blocked: %s", entry.peer.short(), exc)
+                break
+            self._actions.append(Disconnect(entry.peer, f"blocked: {entry.reason}", True))
+        if st is not self.state:
+            self.state = st
+            self._actions.append(PutState(st, claim=False))
+            self._actions.append(Persist(st))
 
     def _note_unblocked(self, peer: PeerId, term: int) -> None:
         self._unblocked_term[peer] = max(term, self._unblocked_term.pop(peer, term))
@@ -853,15 +916,21 @@ class Controller:
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
-        for peer in (old.blocked_ids if old else frozenset()) - state.blocked_ids:
-            self._note_unblocked(peer, state.term)
-        self.past_coordinators.add(state.coordinator)
         if old is not None and old.coordinator == self.me and state.coordinator != self.me \
                 and state.term > old.term and self.role is not Duty.HANDING_OFF:
-            lost = tuple(b for b in old.blocked
-                         if b.peer not in state.blocked_ids and b.peer != state.coordinator)
-            if lost:
-                self._actions.append(ForwardBlocks(lost, state.coordinator, old.term))
+            # Deposed: blocks the winner lacks were lost (it never saw them), not unblocked.
+            for b in old.blocked:
+                if b.peer not in state.blocked_ids:
+                    self._owed[b.peer] = (b, old.term, now)
+        for peer in (old.blocked_ids if old else frozenset()) - state.blocked_ids:
+            if peer not in self._owed:
+                self._note_unblocked(peer, state.term)
+        for peer in state.blocked_ids & self._owed.keys():
+            del self._owed[peer]  # it arrived
+        self.past_coordinators.add(state.coordinator)
+        if old is None or (old.coordinator, old.term) != (state.coordinator, state.term):
+            self._owed_tries = 0  # a new coordinator hears all of them at once
+            self._owed_next = now
         if self.role is Duty.CANDIDATE:
             self._drop_claim()  # overtaken: our put may still land
         self.guard.observe(state.term)
@@ -870,6 +939,7 @@ class Controller:
         self.last_heard = now
         self.suspects.pop(state.coordinator, None)
         self._actions.append(Persist(state))
+        self._forward_owed(now)
         for entry in state.blocked:
             if entry.peer in newly and entry.peer != self.me:
                 self._actions.append(Disconnect(entry.peer, f"blocked: {entry.reason}", True))
