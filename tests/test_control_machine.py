@@ -485,6 +485,22 @@ def test_a_block_whose_forward_was_lost_or_refused_is_forwarded_again():
         assert sim.ids["x"] in sim.nodes[n].blocked(), n
 
 
+def test_a_failed_handoff_is_tried_again_after_a_while():
+    """Right after the heal c offers the role to b, the faster, while b still coordinates
+    its side: b refuses and the offer times out. That refusal must not bar b for good: once
+    ``retry_successor`` has passed, c hands off to b again."""
+    sim = _blocked_on_the_losing_side()
+    sim.cut.clear()
+    sim.announced["b"] = sim.now
+    sim.run_until(lambda: sim.nodes["c"].role is Duty.HANDING_OFF)
+    sim.run_until(lambda: sim.nodes["c"].role is Duty.COORDINATOR)  # the offer timed out
+    assert ("b", "handoff", "cannot take over while coordinator") in sim.refused
+    waited = sim.run_until(lambda: sim.agreed("b", but=frozenset({"x"})),
+                           limit=sim.timing.retry_successor + 5)
+    assert waited >= sim.timing.retry_successor - 1
+    assert sim.ids["x"] in sim.nodes["b"].blocked()
+
+
 def test_a_deposed_coordinator_that_coordinates_again_applies_the_blocks_it_owes():
     """Every forward of b's block is lost; c then hands the role to b with a state that
     lacks it. That lack is no unblock: b blocks x again as it takes over."""

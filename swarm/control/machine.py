@@ -153,6 +153,9 @@ class Timing:
     """How long a CAS claim of the next term (two DHT lookups) may take."""
     handoff: float = 3.0
     """How long a successor has to take over before the next one is tried."""
+    retry_successor: float = 60.0
+    """How long a successor that did not take over is passed over: its refusal is often
+    passing (it still coordinated the other side of a healed split, or its link was down)."""
     rebalance: float = 1.5
     """Hand the role to an elected member this many times faster than the incumbent."""
     liar_threshold: int = 2
@@ -333,7 +336,9 @@ class Controller:
         self._deadline = 0.0
         self._next_beat = 0.0
         self._successor: PeerId | None = None
-        self._failed_successors: set[PeerId] = set()
+        self._failed_successors: dict[PeerId, float] = {}
+        """Successors that did not take over, and until when (monotonic) they are passed
+        over."""
         self.check_evidence = check_evidence
         self._reports: OrderedDict[bytes, None] = OrderedDict()
         """Digests of liar reports already handled (bounded)."""
@@ -471,7 +476,7 @@ class Controller:
                 log.warning("successor %s did not take over in time",
                             self._successor.short() if self._successor else "?")
                 if self._successor is not None:
-                    self._failed_successors.add(self._successor)
+                    self._failed_successors[self._successor] = now + self.timing.retry_successor
                 self._set_state(Duty.COORDINATOR, now)
                 if self.leaving:
                     self._start_handoff(now)
@@ -974,7 +979,7 @@ class Controller:
 
     def _start_handoff(self, now: float, to: PeerId | None = None) -> None:
         assert self.state is not None
-        out = self._candidates_out() | self._failed_successors
+        out = self._candidates_out() | self._passed_over(now)
         succ = to or successor(self.view.values(), self.me, self.blocked(), out)
         if succ is None:
             log.info("no successor among %s (out: %s)", [
@@ -989,11 +994,18 @@ class Controller:
         self._set_state(Duty.HANDING_OFF, now, why=f"handing off to {succ.short()}")
         self._actions.append(SendHandoff(offer, succ))
 
+    def _passed_over(self, now: float) -> set[PeerId]:
+        """Successors that failed to take over a moment ago."""
+        for peer, until in list(self._failed_successors.items()):
+            if now > until:
+                del self._failed_successors[peer]
+        return set(self._failed_successors)
+
     def _maybe_rebalance(self, now: float) -> None:
         if self.leaving or self.state is None:
             return
         winner = elect(self.view.values(), self.blocked(),
-                       self._candidates_out() | self._failed_successors)
+                       self._candidates_out() | self._passed_over(now))
         mine = self.view.get(self.me)
         if winner is None or winner == self.me or mine is None:
             return
