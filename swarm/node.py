@@ -530,13 +530,14 @@ class Node:
         self._spawn(self._redial(r))
 
     async def _redial(self, r: MemberRecord) -> None:
-        for delay in REDIAL_DELAYS:
+        afters = (*REDIAL_DELAYS[1:], UNREACHABLE_BACKOFF)  # then the member view's backoff
+        for delay, after in zip(REDIAL_DELAYS, afters, strict=True):
             await asyncio.sleep(delay)
             current = self.requester.links.get(r.peer_id)
             if self._stopping or (current is not None and not current.closed):
                 return
             try:
-                link = await self._dial(r)
+                link = await self._dial(r, next_try=after)
             except Exception as exc:  # AuthenticationError, ProtocolError
                 log.warning("refusing %s: %s", r.peer_id.short(), exc)
                 return
@@ -545,12 +546,14 @@ class Node:
                 self._use_worker(r, link)
                 return
 
-    async def _dial(self, r: MemberRecord) -> PeerLink | None:
+    async def _dial(self, r: MemberRecord, next_try: float = UNREACHABLE_BACKOFF
+                    ) -> PeerLink | None:
         """A link to member ``r``: TLS to an announced address, else WebRTC signaled through
-        the members we hold links to; None (and ``r`` marked unreachable) if neither.
+        the members we hold links to; None (and ``r`` marked unreachable; the log says when
+        the caller tries again, ``next_try`` seconds) if neither.
         Raises AuthenticationError/ProtocolError when the peer refuses us or is not ``r``."""
         why: list[str] = []
-        return await self._dial_direct(r, why) or await self._dial_indirect(r, why)
+        return await self._dial_direct(r, why) or await self._dial_indirect(r, why, next_try)
 
     async def _dial_direct(self, r: MemberRecord, why: list[str]) -> PeerLink | None:
         """TLS to an address ``r`` announced (through its node for a browser tab); what
@@ -567,7 +570,8 @@ class Node:
                 why.append(f"tls {host}:{port}: {exc or type(exc).__name__}")
         return None
 
-    async def _dial_indirect(self, r: MemberRecord, why: list[str]) -> PeerLink | None:
+    async def _dial_indirect(self, r: MemberRecord, why: list[str],
+                             next_try: float = UNREACHABLE_BACKOFF) -> PeerLink | None:
         """WebRTC signaled through the members we hold links to, else a circuit through a
         member that relays data; None (and ``r`` marked unreachable, with ``why``) if
         neither."""
@@ -601,7 +605,7 @@ class Node:
         reason = "; ".join(why) or "no address"
         self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
         log.warning("worker %s unreachable (no direct, relayed or TURN path; next try in "
-                    "%g s): %s", r.peer_id.short(), UNREACHABLE_BACKOFF, reason)
+                    "%g s): %s", r.peer_id.short(), next_try, reason)
         return None
 
     # -- reachability behind NATs ---------------------------------------------------------

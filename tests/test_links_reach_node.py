@@ -86,3 +86,17 @@ async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
     finally:
         for n in (c, b, a):
             await n.stop(graceful=False)
+
+
+async def test_a_failed_redial_says_when_it_tries_again(nodes, caplog):
+    """The redial's own schedule (0.5, 2, 5, 10 s), not the member view's 60 s backoff."""
+    a, b = nodes
+    await a.wait_for_workers(1, 20)
+    await b.server.close()  # its address stops answering
+    caplog.set_level("WARNING", logger="swarm.node")
+    a.requester.links[b.peer_id]._abort("connection lost: the NAT forgot us")
+    async with asyncio.timeout(20):
+        while not any("unreachable" in r.getMessage() for r in caplog.records):
+            await asyncio.sleep(0.05)
+    first = next(r.getMessage() for r in caplog.records if "unreachable" in r.getMessage())
+    assert "next try in 2 s" in first, first
