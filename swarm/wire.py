@@ -56,6 +56,8 @@ KIND_CHUNK = 2
 EXT_ARRAY = 1
 _CHUNK_HEAD = struct.Struct("<BBIHI")
 CHUNK_SIZE = MAX_FRAME - _CHUNK_HEAD.size
+CHUNK_HEAD = _CHUNK_HEAD.size
+"""Bytes of a chunk frame before its data."""
 INLINE_MAX = 64 * 1024
 """Arrays up to this many bytes ride inside the header frame (one frame for small messages)."""
 
@@ -343,13 +345,38 @@ class Decoder:
         self._pending: dict[int, _Pending] = {}
         self._pending_bytes = 0
         self._error: ProtocolError | None = None
+        self.fed = 0
+        """Frames fed so far: a transport that runs ahead of its reader compares it with the
+        frames it handed out before it asks :meth:`chunk_target` anything."""
+        self._landing: tuple[int, int, int] | None = None
 
     @property
     def pending_messages(self) -> int:
         """Messages whose chunks are still expected."""
         return len(self._pending)
 
+    def chunk_target(self, head: bytes | bytearray | memoryview, nbytes: int
+                     ) -> memoryview | None:
+        """Where the ``nbytes`` of raw data after this chunk frame ``head`` belong, checked
+        as :meth:`feed` checks the whole frame; None if they do not fit (then feed the whole
+        frame, which says why).
+
+        A transport writes the data there itself (no copy of its own), then feeds the head
+        alone, as the very next frame. Only the frame just checked is taken so."""
+        self._landing = None
+        if self._error is not None or len(head) != _CHUNK_HEAD.size \
+                or head[0] != PROTOCOL_VERSION or head[1] != KIND_CHUNK:
+            return None
+        key = _CHUNK_HEAD.unpack_from(head)[2:]
+        try:
+            _, ref, start = self._chunk_slot(*key, nbytes)
+        except ProtocolError:
+            return None
+        self._landing = key
+        return memoryview(ref.buffer)[start:start + nbytes]
+
     def feed(self, frame: bytes | bytearray | memoryview) -> list[Any]:
+        self.fed += 1
         if self._error is not None:
             raise ProtocolError(f"decoder already failed: {self._error}")
         try:
@@ -370,6 +397,7 @@ class Decoder:
         if frame[0] != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {frame[0]} (we speak {PROTOCOL_VERSION})")
         if frame[1] == KIND_HEADER:
+            self._landing = None
             return self._header(frame)
         if frame[1] == KIND_CHUNK:
             return self._chunk(frame)
@@ -463,6 +491,25 @@ class Decoder:
         if len(frame) < _CHUNK_HEAD.size:
             raise ProtocolError("chunk frame too short")
         _, _, msg_id, index, chunk = _CHUNK_HEAD.unpack_from(frame)
+        landed, self._landing = self._landing == (msg_id, index, chunk), None
+        data = memoryview(frame)[_CHUNK_HEAD.size:]
+        if landed and len(data) == 0:  # its data was written in place (chunk_target)
+            pending, ref, _ = self._chunk_slot(msg_id, index, chunk, None)
+        else:
+            pending, ref, start = self._chunk_slot(msg_id, index, chunk, len(data))
+            ref.buffer[start:start + len(data)] = data
+        ref.seen.add(chunk)
+        pending.missing -= 1
+        if pending.missing:
+            return []
+        del self._pending[msg_id]
+        self._pending_bytes -= pending.nbytes
+        return [pending.msg]
+
+    def _chunk_slot(self, msg_id: int, index: int, chunk: int, nbytes: int | None
+                    ) -> tuple[_Pending, _ArrayRef, int]:
+        """The message, array and offset a chunk of ``nbytes`` belongs at (None: already
+        checked by :meth:`chunk_target`); ProtocolError if it belongs nowhere."""
         pending = self._pending.get(msg_id)
         if pending is None:
             raise ProtocolError(f"chunk for message {msg_id}, which is not being received")
@@ -476,18 +523,10 @@ class Decoder:
             raise ProtocolError(f"chunk {chunk} of array {index} arrived twice")
         start = chunk * CHUNK_SIZE
         expect = min(CHUNK_SIZE, ref.nbytes - start)
-        data = memoryview(frame)[_CHUNK_HEAD.size:]
-        if len(data) != expect:
-            raise ProtocolError(f"chunk {chunk} of array {index} has {len(data)} bytes, "
+        if nbytes is not None and nbytes != expect:
+            raise ProtocolError(f"chunk {chunk} of array {index} has {nbytes} bytes, "
                                 f"expected {expect}")
-        ref.buffer[start:start + expect] = data
-        ref.seen.add(chunk)
-        pending.missing -= 1
-        if pending.missing:
-            return []
-        del self._pending[msg_id]
-        self._pending_bytes -= pending.nbytes
-        return [pending.msg]
+        return pending, ref, start
 
 
 Decode = Callable[[Any, "list[_ArrayRef]"], Any]

@@ -184,7 +184,7 @@ async def test_the_other_process_dying_closes_the_link():
 
 async def test_a_receiver_that_does_not_read_stops_the_sender(monkeypatch):
     monkeypatch.setenv("SWARM_SHM", "0")  # TLS's own flow control (shared memory: test_links_shm)
-    server, links = await _server(options=LinkOptions(recv_queue=1))
+    server, links = await _server(options=LinkOptions(recv_queue=1, frame_timeout=0.3))
     async with server:
         link = await tls.connect(B, "127.0.0.1", server.port, expect=A.peer_id)
         slow = await asyncio.wait_for(links.get(), 5)
@@ -197,13 +197,67 @@ async def test_a_receiver_that_does_not_read_stops_the_sender(monkeypatch):
         sender = asyncio.create_task(send_all())
 
         async def blocked():
-            while link._writer.transport.get_write_buffer_size() < wire.MAX_FRAME:
+            while link._stream.transport.get_write_buffer_size() < wire.MAX_FRAME:
                 await asyncio.sleep(0.01)
 
         await asyncio.wait_for(blocked(), 10)
-        assert not sender.done()
+        await asyncio.sleep(0.6)  # two frame timeouts: our pause is no stalled peer
+        assert not sender.done() and not slow.closed
         assert link.stats().bytes_sent < 48 << 20  # kernel buffers, not all 64 MiB
         for _ in range(64):
             assert (await asyncio.wait_for(slow.recv(), 10)).data.nbytes == 1 << 20
         await asyncio.wait_for(sender, 10)
         await link.close()
+
+
+async def test_received_arrays_are_decrypted_straight_into_place(monkeypatch):
+    """Chunk data is written by the TLS layer into the array being received: no staging
+    copy, no reassembly copy (the link's counter says how much went so)."""
+    monkeypatch.setenv("SWARM_SHM", "0")
+    server, links = await _server()
+    async with server:
+        link = await tls.connect(B, "127.0.0.1", server.port, expect=A.peer_id)
+        far = await asyncio.wait_for(links.get(), 5)
+        sent = [np.random.default_rng(i).random(300_000) for i in range(4)]  # 2.4 MB each
+        for x in sent:
+            await link.send(Note("x", x))
+        for x in sent:
+            got = await asyncio.wait_for(far.recv(), 10)
+            np.testing.assert_array_equal(got.data, x)
+        chunk = wire.CHUNK_SIZE
+        big = sum(x.nbytes // chunk * chunk for x in sent)  # full-size chunks
+        assert far._stream.landed >= big
+        assert far.stats().bytes_received >= sum(x.nbytes for x in sent)
+        await link.close()
+
+
+@pytest.mark.parametrize(("frame", "match"), [
+    (bytes((1, 2)) + bytes(10) + bytes(200_000), "not being received"),  # a stray big chunk
+    (bytes((1, 1)) + b"\xc1" * 200_000, "malformed header"),  # a big bad header
+])
+async def test_a_bad_large_frame_closes_the_link_with_a_clear_error(frame, match):
+    server, links = await _server()
+    async with server:
+        reader, writer = await _raw_client(server.port)
+        link = await asyncio.wait_for(links.get(), 5)
+        writer.write(len(frame).to_bytes(4, "big") + frame)
+        exc = await asyncio.wait_for(link.wait_closed(), 5)
+        assert isinstance(exc.error, ProtocolError) and match in exc.reason
+        writer.close()
+
+
+async def test_half_a_large_chunk_then_silence_closes_within_the_frame_timeout(monkeypatch):
+    """The part of a chunk already written into the array does not keep the link waiting."""
+    monkeypatch.setenv("SWARM_SHM", "0")
+    server, links = await _server(options=LinkOptions(frame_timeout=0.3))
+    async with server:
+        reader, writer = await _raw_client(server.port)
+        link = await asyncio.wait_for(links.get(), 5)
+        header, chunk, *_ = wire.encode(Note("x", np.zeros(100_000)))
+        for frame in (header, chunk[: len(chunk) // 2]):
+            writer.write(len(chunk if frame is not header else header).to_bytes(4, "big")
+                         + frame)
+        exc = await asyncio.wait_for(link.wait_closed(), 5)
+        assert isinstance(exc.error, ProtocolError) and "stalled" in exc.reason
+        assert link._stream.landed == len(chunk) - wire.CHUNK_HEAD  # it had begun in place
+        writer.close()

@@ -221,6 +221,37 @@ def test_chunk_out_of_range_duplicated_or_wrong_size_is_refused():
             dec.feed(bad)
 
 
+def test_a_chunk_lands_in_place_and_only_the_chunk_just_checked():
+    """chunk_target names the slot of the array for a transport to write into; the head
+    alone then completes it. A head-only frame that was not just checked is a short chunk."""
+    x = np.arange(100_000, dtype=np.float64)  # 4 chunks
+    frames = wire.encode(_task(x), msg_id=5)
+    dec = wire.Decoder()
+    assert dec.feed(frames[0]) == [] and dec.fed == 1
+    got = []
+    for f in frames[1:]:
+        head, data = f[:wire.CHUNK_HEAD], memoryview(f)[wire.CHUNK_HEAD:]
+        slot = dec.chunk_target(head, len(data))
+        assert slot is not None and len(slot) == len(data)
+        slot[:] = data
+        got += dec.feed(head)
+    assert dec.fed == len(frames)
+    np.testing.assert_array_equal(got[0].inputs[0], x)
+
+    dec = wire.Decoder()
+    dec.feed(frames[0])
+    assert dec.chunk_target(frames[1][:wire.CHUNK_HEAD], 7) is None  # wrong size
+    assert dec.chunk_target(b"\x01\x02" + bytes(10), len(frames[1]) - 12) is None  # no msg
+    with pytest.raises(ProtocolError, match="has 0 bytes"):
+        dec.feed(frames[1][:wire.CHUNK_HEAD])  # nothing was checked for it
+    dec = wire.Decoder()
+    dec.feed(frames[0])
+    assert dec.chunk_target(frames[1][:wire.CHUNK_HEAD], len(frames[1]) - 12) is not None
+    dec.feed(frames[1])  # the whole frame after all: copied as usual
+    with pytest.raises(ProtocolError, match="has 0 bytes"):
+        dec.feed(frames[2][:wire.CHUNK_HEAD])  # the check was for chunk 0, used up
+
+
 def test_too_many_messages_in_flight():
     dec = wire.Decoder(wire.Limits(max_pending_messages=2))
     for i in range(2):
