@@ -666,9 +666,9 @@ class Controller:
         if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
             raise StaleTerm(f"forwarded block from term {cmd.term} at term {self.state.term}")
         if self._unblocked_since(cmd.target, cmd.term, cmd.at):
-            raise StaleTerm(f"{cmd.target.short()} was unblocked in term "
-                            f"{self._unblocked_term.get(cmd.target)} or after the block: "
-                            "forwarded block is a replay")
+            raise StaleTerm(f"{cmd.target.short()} was unblocked in term {cmd.term} or "
+                            "later, or after the block was issued: the forwarded block is "
+                            "superseded (or a replay)")
         if cmd.target in self.blocked():
             return
         log.info("keeping %s blocked: forwarded from a deposed coordinator", cmd.target.short())
