@@ -283,7 +283,10 @@ def headlines(results: list[dict]) -> list[str]:
                                   else ""))
         if "transport" in d:
             t = d["transport"]
-            out.append(f"links: TLS {t['tls_mb_s']} MB/s, tuned WebRTC {t['webrtc_mb_s']} MB/s"
+            out.append(f"links: TLS {t['tls_mb_s']} MB/s"
+                       + (f" (on one host, shared memory: {t['shm_mb_s']} MB/s)"
+                          if t.get("shm_mb_s") else "")
+                       + f", tuned WebRTC {t['webrtc_mb_s']} MB/s"
                        + (f", stock WebRTC {t['webrtc_standard_mb_s']} MB/s"
                           if t.get("webrtc_standard_mb_s") else ""))
         if "control" in d:

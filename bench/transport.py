@@ -3,7 +3,9 @@
 Starts ``python -m swarm.links.echo`` as the far end (a separate process, as between two
 swarm peers), connects to it over TLS and over WebRTC (swarm-tuned and standard), and
 measures one-way throughput of 4 MiB arrays (sent as Bulk, acknowledged by one Flush at
-the end) and the median round trip of a small message echoed back.
+the end) and the median round trip of a small message echoed back. The ``tls`` row is what
+two hosts see (shared memory off, ``SWARM_SHM=0``); ``tls+shm`` is two peers on one host,
+whose large arrays go through shared memory.
 
     python bench/transport.py            # table
     python bench/transport.py --json     # JSON with webrtc_mb_s, tls_mb_s, tls_rtt_ms, ...
@@ -38,10 +40,12 @@ MESSAGE = 4 << 20
 
 
 @contextlib.contextmanager
-def far_end(kind: str, *extra: str):
+def far_end(kind: str, *extra: str, shm: bool = True):
     """The echo peer in its own process; yields (PeerId, port)."""
     key = PeerKey.generate()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if not shm:
+        env["SWARM_SHM"] = "0"  # it offers none: the link stays on TLS
     proc = subprocess.Popen(
         [sys.executable, "-m", "swarm.links.echo", kind, "--seed", key.seed().hex(), *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -78,12 +82,14 @@ async def measure(link: PeerLink, total: int, runs: int, pings: int) -> dict[str
             "rtt_p90_ms": statistics.quantiles(rtts, n=10)[-1]}
 
 
-async def bench_tls(args: argparse.Namespace, child: list[str]) -> dict[str, float]:
+async def bench_tls(args: argparse.Namespace, child: list[str], shm: bool = False
+                    ) -> dict[str, float]:
     me = PeerKey.generate()
-    with far_end("tls", *child) as (peer, port):
+    with far_end("tls", *child, shm=shm) as (peer, port):
         start = time.perf_counter()
         link = await tls.connect(me, "127.0.0.1", port, expect=peer)
         setup = (time.perf_counter() - start) * 1e3
+        assert (link.shm is not None) == shm
         return {**await measure(link, args.mb << 20, args.runs, args.pings), "setup_ms": setup}
 
 
@@ -107,6 +113,7 @@ async def bench_webrtc(args: argparse.Namespace, child: list[str], tuned: bool,
 async def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     child = [] if args.no_uvloop else ["--uvloop"]
     results = {"tls": await bench_tls(args, child),
+               "tls+shm": await bench_tls(args, child, shm=True),
                "webrtc": await bench_webrtc(args, child, True, args.mb << 20)}
     if not args.skip_standard:
         results["webrtc-standard"] = await bench_webrtc(args, child, False,
@@ -133,6 +140,7 @@ def main() -> None:
     summary = {
         "tls_mb_s": round(results["tls"]["mb_s"], 1),
         "tls_rtt_ms": round(results["tls"]["rtt_ms"], 3),
+        "shm_mb_s": round(results["tls+shm"]["mb_s"], 1),
         "webrtc_mb_s": round(results["webrtc"]["mb_s"], 1),
         "webrtc_rtt_ms": round(results["webrtc"]["rtt_ms"], 3),
         "event_loop": "asyncio" if args.no_uvloop else "uvloop",
