@@ -243,7 +243,7 @@ class FramedLink(PeerLink):
     # -- transport hooks -----------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _read_frame(self) -> bytes:
+    async def _read_frame(self) -> bytes | bytearray:
         """The next frame; raises ProtocolError for bad framing, anything else for EOF."""
 
     @abc.abstractmethod
