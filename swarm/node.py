@@ -212,10 +212,6 @@ class Node:
         self.signaler: RelaySignaler | None = None
         self.unreachable: dict[PeerId, tuple[float, str]] = {}
         """Workers with no path: peer -> (monotonic time to retry, why)."""
-        self._dialing: set[PeerId] = set()
-        """Workers a round of :meth:`connect_workers` is dialing (not dialed twice at once)."""
-        self._linked = asyncio.Event()
-        """Set whenever a worker link is put to use."""
         self._relay_links: dict[PeerId, PeerLink] = {}
         for kind in (RelaySignal, RelayedSignal, RelayRefused):
             self.on_control(kind, self._relay_message)
@@ -484,7 +480,7 @@ class Node:
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
                  and (r.via is None or self._accepts(r.via))
-                 and r.peer_id not in self.requester.links and r.peer_id not in self._dialing
+                 and r.peer_id not in self.requester.links
                  and self.unreachable.get(r.peer_id, (0.0, ""))[0] <= now]
 
         why: dict[PeerId, list[str]] = {r.peer_id: [] for r in dials}
@@ -502,42 +498,19 @@ class Node:
 
         # Direct links first: the signals and circuits to the others go through them (a
         # dial begun beside them would find no relay yet and give up for a whole backoff).
-        self._dialing.update(r.peer_id for r in dials)
-        try:
-            settled = await asyncio.gather(*(dial(r, self._dial_direct) for r in dials))
-            for r, done in zip(dials, settled, strict=True):
-                if done:
-                    self._dialing.discard(r.peer_id)
-            await asyncio.gather(*(dial(r, self._dial_indirect)
-                                   for r, done in zip(dials, settled, strict=True) if not done))
-        finally:
-            self._dialing.difference_update(r.peer_id for r in dials)
+        settled = await asyncio.gather(*(dial(r, self._dial_direct) for r in dials))
+        await asyncio.gather(*(dial(r, self._dial_indirect)
+                               for r, done in zip(dials, settled, strict=True) if not done))
         return self.requester.workers()
 
     async def wait_for_workers(self, count: int, timeout: float) -> list[PeerId]:
-        """Poll the member list until ``count`` workers are linked (TimeoutError otherwise).
-
-        Returns as soon as they are, not when the round's every dial has ended: a dial to
-        an address that swallows packets takes the whole TLS timeout, and goes on in the
-        background (it marks its member unreachable if it fails)."""
+        """Poll the member list until ``count`` workers are linked (TimeoutError otherwise)."""
         async with asyncio.timeout(timeout):
             delay = 0.05
             while True:
-                round_ = asyncio.get_running_loop().create_task(self.connect_workers())
-                self._tasks.add(round_)
-                round_.add_done_callback(self._tasks.discard)
-                while not round_.done():
-                    if len(self.requester.workers()) >= count:
-                        return self.requester.workers()
-                    self._linked.clear()
-                    linked = asyncio.ensure_future(self._linked.wait())
-                    try:
-                        await asyncio.wait((round_, linked),
-                                           return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        linked.cancel()
-                if len(round_.result()) >= count:
-                    return round_.result()
+                linked = await self.connect_workers()
+                if len(linked) >= count:
+                    return linked
                 await asyncio.sleep(delay)  # members appear through the DHT: poll, backing off
                 delay = min(delay * 2, 1.0)
 
@@ -547,7 +520,6 @@ class Node:
         self.requester.attach(link, fallback=self._dispatch)
         self.relay.attach(link)
         link.add_close_callback(lambda lost: self._lost(r, lost))
-        self._linked.set()
 
     def _lost(self, r: MemberRecord, link: PeerLink) -> None:
         reason = getattr(link, "_closed", None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from identity.keys import PeerKey
 from tests import test_runtime_node
 
 nodes = test_runtime_node.two_nodes  # a fixture: requester a (listening), worker b
@@ -101,35 +100,3 @@ async def test_a_failed_redial_says_when_it_tries_again(nodes, caplog):
             await asyncio.sleep(0.05)
     first = next(r.getMessage() for r in caplog.records if "unreachable" in r.getMessage())
     assert "next try in 2 s" in first, first
-
-
-async def test_waiting_for_workers_does_not_wait_for_a_dial_that_hangs(nodes, monkeypatch):
-    """A member whose address swallows the handshake (here: a listener that accepts and says
-    nothing) costs its dial the whole TLS timeout; a caller waiting for one worker gets b
-    as soon as b is linked, while that dial goes on, and a second round does not dial the
-    hanging member again."""
-    a, b = nodes
-    accepted: list[asyncio.StreamWriter] = []
-
-    async def silent(reader, writer):
-        accepted.append(writer)
-        await reader.read()  # says nothing until the dialer gives up
-
-    mute = await asyncio.start_server(silent, "127.0.0.1", 0)
-    real = [r for r in await a.members() if r.peer_id == b.peer_id][0]
-    ghost = dataclasses.replace(real, peer_id=PeerKey.generate().peer_id,
-                                links=(("127.0.0.1", mute.sockets[0].getsockname()[1]),))
-    members = a.members
-
-    async def with_ghost():
-        return [*await members(), ghost]
-
-    monkeypatch.setattr(a, "members", with_ghost)
-    try:
-        assert await a.wait_for_workers(1, 20) == [b.peer_id]
-        assert len(accepted) == 1 and not accepted[0].is_closing()  # still being dialed
-        assert ghost.peer_id not in a.unreachable
-        await a.connect_workers([ghost])  # another round: the dial in flight is not doubled
-        assert len(accepted) == 1
-    finally:
-        mute.close()
