@@ -55,9 +55,9 @@ KIND_HEADER = 1
 KIND_CHUNK = 2
 EXT_ARRAY = 1
 _CHUNK_HEAD = struct.Struct("<BBIHI")
-CHUNK_SIZE = MAX_FRAME - _CHUNK_HEAD.size
 CHUNK_HEAD = _CHUNK_HEAD.size
 """Bytes of a chunk frame before its data."""
+CHUNK_SIZE = MAX_FRAME - CHUNK_HEAD
 INLINE_MAX = 64 * 1024
 """Arrays up to this many bytes ride inside the header frame (one frame for small messages)."""
 
@@ -364,7 +364,7 @@ class Decoder:
         A transport writes the data there itself (no copy of its own), then feeds the head
         alone, as the very next frame. Only the frame just checked is taken so."""
         self._landing = None
-        if self._error is not None or len(head) != _CHUNK_HEAD.size \
+        if self._error is not None or len(head) != CHUNK_HEAD \
                 or head[0] != PROTOCOL_VERSION or head[1] != KIND_CHUNK:
             return None
         key = _CHUNK_HEAD.unpack_from(head)[2:]
@@ -488,11 +488,11 @@ class Decoder:
         return ref
 
     def _chunk(self, frame: bytes | bytearray | memoryview) -> list[Any]:
-        if len(frame) < _CHUNK_HEAD.size:
+        if len(frame) < CHUNK_HEAD:
             raise ProtocolError("chunk frame too short")
         _, _, msg_id, index, chunk = _CHUNK_HEAD.unpack_from(frame)
         landed, self._landing = self._landing == (msg_id, index, chunk), None
-        data = memoryview(frame)[_CHUNK_HEAD.size:]
+        data = memoryview(frame)[CHUNK_HEAD:]
         if landed and len(data) == 0:  # its data was written in place (chunk_target)
             pending, ref, _ = self._chunk_slot(msg_id, index, chunk, None)
         else:

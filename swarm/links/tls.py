@@ -355,9 +355,8 @@ class _Stream(asyncio.BufferedProtocol):
 
     def _check_stall(self, done: int) -> None:
         self._timer = None
-        if self._backlog or self._for_reader:  # we stopped reading, not the peer sending
-            self._arm()
-        elif self._partial and self._done == done:
+        ours = self._backlog or self._for_reader  # we stopped reading, not the peer sending
+        if self._partial and self._done == done and not ours:
             self._fail(ProtocolError(f"frame of {self._partial} bytes incomplete after "
                                      f"{self._timeout:g} s (peer stalled)"))
         else:
