@@ -366,7 +366,7 @@ class Client:
         # bands are placed here, on the loop, so that calls submitted together see each
         # other's bands (req.assigned) and spread over the workers
         bands = jobs.plan_bands(a.shape[0], a.shape[1], b.shape[1], workers=req.workers(),
-                                rates=req.rates, busy=req.assigned)
+                                rates=req.rates, busy=req.assigned, nearby=req.nearby())
         plan = functools.partial(
             jobs.matmul_job, a, b, workers=req.workers(), rates=req.rates,
             precision=opts["precision"], backend=self._local_backend(), verifier=self._verifier,

@@ -204,6 +204,16 @@ def test_bands_against_a_large_b_are_large_enough_that_packing_and_checking_it_s
     assert len(plan_bands(256, 256, 256, workers=peers, rates=RateBook()).shards) == 4
 
 
+def test_a_worker_sharing_memory_gets_its_share_as_one_band():
+    """Nothing travels to a worker on shared memory, so a second band only adds a BLAS
+    packing pass over ``b`` and a gap; a networked worker keeps two (transfer overlaps)."""
+    near, far = PeerKey.generate().peer_id, PeerKey.generate().peer_id
+    bands = plan_bands(4096, 4096, 4096, workers=[near, far], rates=RateBook(), nearby={near})
+    rows = [(o, s.rows) for s, o in zip(bands.shards, bands.owners, strict=True)]
+    assert [r for o, r in rows if o == near] == [(0, 2048)], rows
+    assert [r for o, r in rows if o == far] == [(2048, 3072), (3072, 4096)], rows
+
+
 def test_rates_of_small_shards_never_decide_how_a_large_job_is_dealt():
     """A 1x1 job "measured" a worker at ~60 flop/s (its round trip) beside 7e8 from a large
     band: the next large job went wholly to the other worker."""

@@ -165,6 +165,8 @@ class PeerLink(abc.ABC):
     """Our own PeerId."""
     remote: PeerId
     """The peer's PeerId, proven by the link's handshake (certificate or signed SDP)."""
+    shm: shm.Channel | None = None
+    """Shared memory with a peer on this host, once negotiated (see swarm.links.shm)."""
 
     @abc.abstractmethod
     async def send(self, msg: wire.Message) -> None:
@@ -235,8 +237,7 @@ class FramedLink(PeerLink):
         self._bytes_sent = self._bytes_received = 0
         self._msgs_sent = self._msgs_received = 0
         self._lost = 0
-        self.shm: shm.Channel | None = None
-        """Shared memory with a peer on this host, once negotiated (see swarm.links.shm)."""
+        self.shm = None
         self._shm_offer: shm.Offer | None = None
         self._shm_done_pending = False
 

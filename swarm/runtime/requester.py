@@ -243,6 +243,10 @@ class Requester:
         return sorted(p for p, link in self.links.items()
                       if not link.closed and p not in self._draining and self.accept_peer(p))
 
+    def nearby(self) -> set[PeerId]:
+        """Linked peers on this host that share memory with us (arrays travel as memfds)."""
+        return {p for p, link in self.links.items() if link.shm is not None}
+
     async def _read(self, link: PeerLink, fallback) -> None:
         peer = link.remote
         try:
