@@ -253,7 +253,7 @@ async def test_half_a_large_chunk_then_silence_closes_within_the_frame_timeout(m
     async with server:
         reader, writer = await _raw_client(server.port)
         link = await asyncio.wait_for(links.get(), 5)
-        header, chunk, *_ = wire.encode(Note("x", np.zeros(100_000)))
+        header, chunk, *_ = map(bytes, wire.encode(Note("x", np.zeros(100_000))))
         for frame in (header, chunk[: len(chunk) // 2]):
             writer.write(len(chunk if frame is not header else header).to_bytes(4, "big")
                          + frame)

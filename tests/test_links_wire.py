@@ -50,6 +50,22 @@ def _task(*arrays: np.ndarray, **kw) -> Task:
     return Task(**fields)
 
 
+def _frames(msg, **kw) -> list[bytes]:
+    """Frames as they arrive: joined (links other than TLS join a chunk's head and data)."""
+    return [bytes(f) for f in wire.encode(msg, **kw)]
+
+
+def test_a_chunk_frame_leaves_the_array_bytes_where_they_lie():
+    """Joining a chunk's head and data cost the sender a copy of every array byte."""
+    arr = np.arange(300_000, dtype=np.float32)
+    header, *chunks = wire.encode(_task(arr))
+    assert isinstance(header, bytes) and len(chunks) == -(-arr.nbytes // wire.CHUNK_SIZE) > 1
+    assert all(isinstance(c, wire.Chunk) and len(c.head) == wire.CHUNK_HEAD for c in chunks)
+    assert np.shares_memory(np.frombuffer(chunks[0].data, np.uint8), arr)
+    assert len(chunks[0]) == len(bytes(chunks[0])) == wire.MAX_FRAME
+    assert b"".join(c.data for c in chunks) == arr.tobytes()
+
+
 def _decode_all(frames, decoder=None):
     decoder = decoder or wire.Decoder()
     out = []
@@ -64,7 +80,7 @@ def _header(body, type_name="test.task", msg_id=1) -> bytes:
 
 
 def _valid_body() -> dict:
-    return msgpack.unpackb(wire.encode(_task())[0][2:], raw=False)[2]
+    return msgpack.unpackb(_frames(_task())[0][2:], raw=False)[2]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "uint8", "bool",
@@ -72,7 +88,7 @@ def _valid_body() -> dict:
 def test_round_trip_arrays_of_each_dtype(dtype):
     arr = (np.arange(300_000) % 7).astype(dtype).reshape(600, 500)
     small = np.ones((3, 2), dtype=dtype)
-    frames = wire.encode(_task(arr, small, np.zeros((0, 4), dtype=dtype)))
+    frames = _frames(_task(arr, small, np.zeros((0, 4), dtype=dtype)))
     assert all(len(f) <= wire.MAX_FRAME for f in frames)
     assert len(frames) > 2  # the big array was chunked
     (msg,) = _decode_all(frames)
@@ -93,19 +109,19 @@ class Named(wire.Message):
 def test_arrays_in_a_map_round_trip_inline_and_chunked():
     """A map's values are encoded with the message's array list (the map once shadowed it)."""
     big = np.arange(200_000, dtype=np.float32)
-    frames = wire.encode(Named({"w": big, "b": np.ones(3, np.float32)}, {1: [2, 3]}))
+    frames = _frames(Named({"w": big, "b": np.ones(3, np.float32)}, {1: [2, 3]}))
     assert len(frames) > 2
     (msg,) = _decode_all(frames)
     assert np.array_equal(msg.tensors["w"], big) and msg.tensors["b"].tolist() == [1, 1, 1]
     assert msg.shapes == {1: [2, 3]}
     with pytest.raises(TypeError, match=r"Named.tensors: key 1 is not str"):
-        wire.encode(Named({1: big}, {}))
+        _frames(Named({1: big}, {}))
 
 
 def test_chunks_may_arrive_in_any_order_and_messages_interleave():
     a = np.random.default_rng(1).random((700, 700))
     b = np.random.default_rng(2).random((500, 300)).astype(np.float32)
-    fa, fb = wire.encode(_task(a), msg_id=1), wire.encode(_task(b), msg_id=2)
+    fa, fb = _frames(_task(a), msg_id=1), _frames(_task(b), msg_id=2)
     frames = [fa[0], fb[0]] + fa[:0:-1] + fb[1:]
     dec = wire.Decoder()
     out = _decode_all(frames, dec)
@@ -115,18 +131,18 @@ def test_chunks_may_arrive_in_any_order_and_messages_interleave():
 
 
 def test_small_message_is_one_frame():
-    assert len(wire.encode(_task(np.ones(100)))) == 1
+    assert len(_frames(_task(np.ones(100)))) == 1
 
 
 def test_encode_refuses_local_mistakes():
     with pytest.raises(TypeError, match="not a registered"):
-        wire.encode(object())
+        _frames(object())
     with pytest.raises(TypeError, match="expected int"):
-        wire.encode(_task(task_id="7"))
+        _frames(_task(task_id="7"))
     with pytest.raises(TypeError, match="does not travel"):
-        wire.encode(_task(np.array(["a"], dtype=object)))
+        _frames(_task(np.array(["a"], dtype=object)))
     with pytest.raises(ValueError, match="header is"):
-        wire.encode(_task(payload=b"x" * (wire.MAX_FRAME + 1)))
+        _frames(_task(payload=b"x" * (wire.MAX_FRAME + 1)))
     with pytest.raises(TypeError, match="cannot travel"):
         @wire.message("test.bad")
         class Bad(wire.Message):
@@ -176,7 +192,7 @@ def test_malformed_frames_are_refused_with_a_clear_error(frame, match):
     with pytest.raises(ProtocolError, match=match):
         dec.feed(frame)
     with pytest.raises(ProtocolError, match="already failed"):
-        dec.feed(wire.encode(_task())[0])
+        dec.feed(_frames(_task())[0])
 
 
 def _array_ext(index, dtype, shape, data=None):
@@ -198,13 +214,13 @@ def test_bad_array_headers_are_refused(ext, match):
 
 
 def test_configured_limits_apply():
-    frames = wire.encode(_task(np.zeros(1000, dtype=np.float64)))
+    frames = _frames(_task(np.zeros(1000, dtype=np.float64)))
     with pytest.raises(ProtocolError, match="exceeds 4000"):
         _decode_all(frames, wire.Decoder(wire.Limits(max_array_bytes=4000)))
 
 
 def test_chunk_out_of_range_duplicated_or_wrong_size_is_refused():
-    frames = wire.encode(_task(np.zeros(200_000)), msg_id=3)   # 1.6 MB: 7 chunks
+    frames = _frames(_task(np.zeros(200_000)), msg_id=3)   # 1.6 MB: 7 chunks
     head = struct.Struct("<BBIHI")
     cases = [
         (head.pack(1, 2, 3, 0, 99) + b"x", "chunk 99 out of range"),
@@ -225,7 +241,7 @@ def test_a_chunk_lands_in_place_and_only_the_chunk_just_checked():
     """chunk_target names the slot of the array for a transport to write into; the head
     alone then completes it. A head-only frame that was not just checked is a short chunk."""
     x = np.arange(100_000, dtype=np.float64)  # 4 chunks
-    frames = wire.encode(_task(x), msg_id=5)
+    frames = _frames(_task(x), msg_id=5)
     dec = wire.Decoder()
     assert dec.feed(frames[0]) == [] and dec.fed == 1
     got = []
@@ -255,9 +271,9 @@ def test_a_chunk_lands_in_place_and_only_the_chunk_just_checked():
 def test_too_many_messages_in_flight():
     dec = wire.Decoder(wire.Limits(max_pending_messages=2))
     for i in range(2):
-        dec.feed(wire.encode(_task(np.zeros(100_000)), msg_id=i)[0])
+        dec.feed(_frames(_task(np.zeros(100_000)), msg_id=i)[0])
     with pytest.raises(ProtocolError, match="too many messages"):
-        dec.feed(wire.encode(_task(np.zeros(100_000)), msg_id=9)[0])
+        dec.feed(_frames(_task(np.zeros(100_000)), msg_id=9)[0])
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16", "bf16"])
@@ -265,7 +281,7 @@ def test_transfer_precision_round_trip(precision):
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     wired = wire.cast_for_transfer(x, precision)
     assert wire.precision_of(wired) == precision
-    (msg,) = _decode_all(wire.encode(_task(wired)))
+    (msg,) = _decode_all(_frames(_task(wired)))
     back = wire.restore_precision(msg.inputs[0])
     assert back.dtype == np.float32
     tol = {"f32": 0, "f16": 1e-3, "bf16": 8e-3}[precision]
@@ -300,7 +316,7 @@ def test_fuzz_decoder_raises_only_protocol_errors(frames):
 @given(st.data())
 def test_fuzz_mutated_valid_frames(data):
     arr = np.arange(70_000, dtype=np.float32)  # 280 KB: two chunks
-    frames = list(wire.encode(_task(arr), msg_id=1))
+    frames = list(_frames(_task(arr), msg_id=1))
     i = data.draw(st.integers(0, len(frames) - 1))
     frame = bytearray(frames[i])
     for _ in range(data.draw(st.integers(1, 4))):
@@ -321,7 +337,7 @@ def test_fuzz_mutated_valid_frames(data):
 def test_reassembly_in_shuffled_order_is_exact(sizes, seed):
     rng = np.random.default_rng(seed)
     arrays = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
-    frames = wire.encode(_task(*arrays))
+    frames = _frames(_task(*arrays))
     body = frames[1:]
     rng.shuffle(body)
     (msg,) = _decode_all([frames[0], *body])

@@ -248,7 +248,7 @@ class FramedLink(PeerLink):
         """The next frame; raises ProtocolError for bad framing, anything else for EOF."""
 
     @abc.abstractmethod
-    async def _write_frames(self, frames: list[bytes]) -> None:
+    async def _write_frames(self, frames: list[wire.Frame]) -> None:
         """Write frames in order and wait until the transport can take more."""
 
     @abc.abstractmethod
@@ -290,7 +290,7 @@ class FramedLink(PeerLink):
                              spill=self.shm.spill if self.shm is not None else None)
         await self._send_frames(frames)
 
-    async def _send_frames(self, frames: list[bytes]) -> None:
+    async def _send_frames(self, frames: list[wire.Frame]) -> None:
         async with self._send_lock:
             if self._closed is not None:
                 raise self._closed

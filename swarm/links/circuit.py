@@ -171,9 +171,9 @@ class CircuitLink(FramedLink):
     async def _read_frame(self) -> bytes:
         return self._in.open(await self.frames.get())
 
-    async def _write_frames(self, frames: list[bytes]) -> None:
+    async def _write_frames(self, frames: list[wire.Frame]) -> None:
         for frame in frames:
-            sealed = np.frombuffer(self._out.seal(frame), np.uint8)
+            sealed = np.frombuffer(self._out.seal(bytes(frame)), np.uint8)
             await self.relay.send(CircuitData(self.circuit, sealed))
 
     async def _close_transport(self) -> None:

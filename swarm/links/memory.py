@@ -8,6 +8,7 @@ control behaves as on a real transport.
 from __future__ import annotations
 
 from identity.keys import PeerId, PeerKey
+from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links.base import FramedLink, LinkOptions, _Channel
 
@@ -26,10 +27,10 @@ class MemoryLink(FramedLink):
     async def _read_frame(self) -> bytes:
         return await self._inbox.get()
 
-    async def _write_frames(self, frames: list[bytes]) -> None:
+    async def _write_frames(self, frames: list[wire.Frame]) -> None:
         assert self._peer is not None
         for frame in frames:
-            await self._peer._inbox.put(frame)
+            await self._peer._inbox.put(bytes(frame))  # a copy, as over a wire
 
     async def _close_transport(self) -> None:
         eof = LinkClosed("connection lost: the other end closed")

@@ -393,13 +393,16 @@ class TLSLink(FramedLink):
         self._bytes_received += landed
         return frame
 
-    async def _write_frames(self, frames: list[bytes]) -> None:
+    async def _write_frames(self, frames: list[wire.Frame]) -> None:
         transport = self._stream.transport
         assert transport is not None
         if transport.is_closing():
             raise ConnectionResetError("the connection is closing")
         for frame in frames:
-            if len(frame) < DIRECT:
+            if isinstance(frame, wire.Chunk):  # the array's bytes as they lie
+                transport.write(len(frame).to_bytes(_LEN, "big") + frame.head)
+                transport.write(frame.data)
+            elif len(frame) < DIRECT:
                 transport.write(len(frame).to_bytes(_LEN, "big") + frame)
             else:  # no copy to join them: the length goes in a TLS record of its own
                 transport.write(len(frame).to_bytes(_LEN, "big"))

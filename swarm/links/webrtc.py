@@ -124,7 +124,7 @@ class WebRTCLink(FramedLink):
             self._consumed = 0          # grant for it keeps the accounts exact
         return frame
 
-    async def _write_frames(self, frames: list[bytes]) -> None:
+    async def _write_frames(self, frames: list[wire.Frame]) -> None:
         channel = self.channel
         for frame in frames:
             while self._credit < len(frame):
@@ -135,7 +135,7 @@ class WebRTCLink(FramedLink):
             if channel.readyState != "open":
                 raise ConnectionError("data channel closed")
             self._credit -= len(frame)
-            channel.send(frame)
+            channel.send(bytes(frame))
             if channel.bufferedAmount > _HIGH_WATER:
                 self._drained.clear()
                 await self._drained.wait()
