@@ -185,7 +185,7 @@ class _Out:
 class Chunk:
     """A chunk frame not yet joined: its head and a view of the array's bytes. A TLS link
     writes the two as they are; other links join them (``bytes(chunk)``). Joining cost the
-    sender a copy of every array byte (TLS one way: 660-700 -> 715-850 MB/s without it)."""
+    sender a copy of every array byte (TLS one way, four A/B sets: +3% to +21%)."""
 
     head: bytes
     data: memoryview
