@@ -212,6 +212,16 @@ def test_no_shared_memory_when_switched_off(monkeypatch):
         a = rand(rng, 300, 300)
         np.testing.assert_allclose(c.matmul(a, a, timeout=30), a @ a, rtol=1e-3, atol=1e-3)
         assert all(link.shm is None for link in c.node.requester.links.values())
+        assert c.last_report.shards == 2  # over the network: two bands, transfer overlaps
+
+
+def test_a_worker_on_shared_memory_gets_its_share_as_one_band(client):
+    """Nothing travels to overlap, and every band costs a BLAS packing pass over b."""
+    rng = np.random.default_rng(11)
+    a, b = rand(rng, 600, 300), rand(rng, 300, 300)  # 300 rows each: room for two bands
+    np.testing.assert_allclose(client.matmul(a, b, timeout=30), a @ b, rtol=1e-3, atol=1e-3)
+    assert all(link.shm is not None for link in client.node.requester.links.values())
+    assert client.last_report.shards <= 2, client.last_report
 
 
 @pytest.mark.slow
