@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
+import os
 import subprocess
 import sys
 
@@ -54,3 +56,26 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
         proc.wait(5)
         raise AssertionError(f"echo peer exited: {proc.stderr.read().decode()[-2000:]}")
     return line
+
+
+def memfds() -> int:
+    """Our own open shared-memory descriptors (after dropping unreachable arrays)."""
+    gc.collect()
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:swarm-shm")
+        except OSError:
+            pass
+    return n
+
+
+def mapping_at(address: int) -> str:
+    """What /proc/self/maps names at ``address`` ("" for anonymous or nothing mapped)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[5] if len(fields) > 5 else ""
+    return ""

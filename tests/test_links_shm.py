@@ -4,7 +4,6 @@ bounded, and nothing left behind when either side is SIGKILLed."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import mmap
 import os
 import signal
@@ -18,22 +17,10 @@ from swarm import wire
 from swarm.errors import LinkClosed, ProtocolError
 from swarm.links import shm, tls
 from swarm.links.echo import Bulk, Echo
-from tests.links_helpers import echo_peer
+from tests.links_helpers import echo_peer, memfds
 
 A, B = PeerKey.generate(), PeerKey.generate()
 BIG = np.arange(1 << 20, dtype=np.float32).reshape(1024, 1024)  # 4 MiB
-
-
-def _memfds() -> int:
-    """Our own open shared-memory descriptors (after dropping unreachable arrays)."""
-    gc.collect()
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:swarm-shm")
-        except OSError:
-            pass
-    return n
 
 
 def _base(arr: np.ndarray):
@@ -57,7 +44,7 @@ async def _pair():
 
 
 async def test_colocated_peers_negotiate_shared_memory_and_receive_zero_copy():
-    before = _memfds()
+    before = memfds()
     server, dialer, listener = await _pair()
     async with server:
         await dialer.send(Echo("to listener", [BIG]))
@@ -75,7 +62,7 @@ async def test_colocated_peers_negotiate_shared_memory_and_receive_zero_copy():
         # received arrays are dropped their mappings (and the memory) go too
         await _until(lambda: dialer.shm.waiting == 0 and listener.shm.waiting == 0)
         del got, back
-        assert _memfds() == before
+        assert memfds() == before
         # small arrays still ride inline in the header
         await dialer.send(Echo("small", [np.ones(4, np.float32)]))
         await asyncio.wait_for(listener.recv(), 5)
@@ -85,7 +72,7 @@ async def test_colocated_peers_negotiate_shared_memory_and_receive_zero_copy():
 
 
 async def test_an_array_sent_to_several_colocated_peers_is_written_to_shared_memory_once():
-    before, written = _memfds(), shm.SEGMENTS.written
+    before, written = memfds(), shm.SEGMENTS.written
     links: asyncio.Queue = asyncio.Queue()
     server = await tls.listen(A, on_link=links.put_nowait)
     async with server:
@@ -104,7 +91,7 @@ async def test_an_array_sent_to_several_colocated_peers_is_written_to_shared_mem
         # each link held its own descriptor of the one segment until its peer mapped it
         await _until(lambda: all(x.shm.waiting == 0 for x in listeners))
         del got
-        assert _memfds() == before
+        assert memfds() == before
         # outside a prepared block each link writes its own segment, as before
         await listeners[0].send(Echo("own", [BIG]))
         await asyncio.wait_for(dialers[0].recv(), 5)
@@ -114,14 +101,14 @@ async def test_an_array_sent_to_several_colocated_peers_is_written_to_shared_mem
 
 
 async def test_a_prepare_cancelled_midway_leaves_no_segment_behind():
-    before = _memfds()
+    before = memfds()
     task = asyncio.ensure_future(_enter_and_wait(shm.SEGMENTS.prepared([BIG * 3])))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await _until(lambda: shm.SEGMENTS.held == 0)
-    assert _memfds() == before
+    assert memfds() == before
 
 
 async def _enter_and_wait(block) -> None:
@@ -212,7 +199,7 @@ def test_a_receiver_that_never_releases_costs_the_sender_a_bounded_number_of_seg
 
 
 async def test_sigkill_of_the_receiver_releases_every_segment_of_the_sender():
-    before = _memfds()
+    before = memfds()
     with echo_peer("tls") as (key, port, proc):
         link = await tls.connect(A, "127.0.0.1", port, expect=key.peer_id)
         await link.send(Echo("warm", [BIG]))
@@ -222,18 +209,18 @@ async def test_sigkill_of_the_receiver_releases_every_segment_of_the_sender():
         os.kill(proc.pid, signal.SIGSTOP)  # it stops reading: no ShmDone comes back
         for _ in range(4):
             await link.send(Bulk(BIG))
-        assert link.shm.waiting >= 4 and _memfds() >= before + 4
+        assert link.shm.waiting >= 4 and memfds() >= before + 4
         os.kill(proc.pid, signal.SIGKILL)
         await asyncio.wait_for(link.wait_closed(), 30)
         del back  # our own view of the echo (its mapping holds a descriptor while it lives)
-        assert link.shm.waiting == 0 and _memfds() == before
+        assert link.shm.waiting == 0 and memfds() == before
         with pytest.raises(LinkClosed):
             await link.send(Bulk(BIG))
 
 
 async def test_sigkill_of_the_sender_leaves_the_receivers_arrays_intact_and_nothing_behind():
     shm_files = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    before = _memfds()
+    before = memfds()
     with echo_peer("tls") as (key, port, proc):
         link = await tls.connect(A, "127.0.0.1", port, expect=key.peer_id)
         await link.send(Echo("x", [BIG, BIG + 1]))
@@ -245,7 +232,7 @@ async def test_sigkill_of_the_sender_leaves_the_receivers_arrays_intact_and_noth
         # our views outlive the sender (the kernel frees the memory once we drop them)
         assert np.array_equal(back.arrays[0], BIG) and np.array_equal(back.arrays[1], BIG + 1)
         del back
-    assert _memfds() == before
+    assert memfds() == before
     if shm_files or os.path.isdir("/dev/shm"):
         assert set(os.listdir("/dev/shm")) <= shm_files  # nothing named, nothing to leak
 

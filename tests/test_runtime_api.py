@@ -14,6 +14,7 @@ import swarm
 from swarm import api
 from swarm.errors import ActorDiedError, TaskCancelledError
 from swarm.runtime import actors
+from tests.links_helpers import mapping_at, memfds
 from tests.test_runtime_local import rand
 
 pytestmark = [pytest.mark.system]
@@ -203,6 +204,27 @@ def test_many_small_calls_in_flight_are_one_band_each_and_spread_over_the_worker
         base = base.base
     assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)  # that band is the output: received zero-copy, kept
     assert len({peer for peer, _ in sent}) == 2, sent  # and the calls spread over both workers
+
+
+def test_bands_in_shared_memory_are_mapped_into_the_output_not_copied(client):
+    """The output's pages are the workers' sealed segments (copy-on-write), and holding
+    outputs holds no descriptors."""
+    rng = np.random.default_rng(12)
+    b = client.put(rand(rng, 1024, 1024))
+    client.matmul(rand(rng, 256, 1024), b, timeout=30)  # b cached on the workers
+    before = memfds()
+    outs = []
+    for _ in range(3):
+        a = rand(rng, 2048, 1024)
+        out = client.matmul(a, b, timeout=30)
+        np.testing.assert_allclose(out, a @ swarm.get(b), rtol=1e-3, atol=1e-3)
+        assert client.last_report.shards == 2
+        starts = [out[0].__array_interface__["data"][0], out[-1].__array_interface__["data"][0]]
+        assert all(mapping_at(x).startswith("/memfd:swarm-shm") for x in starts)
+        outs.append(out)
+    outs[0][0, 0] = 7.0  # an output is the caller's to change (its own copy of that page)
+    assert outs[0][0, 0] == 7.0
+    assert memfds() <= before, (before, memfds())
 
 
 def test_no_shared_memory_when_switched_off(monkeypatch):

@@ -165,7 +165,7 @@ async def test_verified_bands_are_placed_at_once_and_never_after_the_merge():
     bands = [a[s.rows[0]:s.rows[1]] @ b for s in job.shards]
     assert len(bands) >= 2
     assert await job.verify(0, [bands[0]])
-    assert job._out is not None and np.array_equal(job._out[:len(bands[0])], bands[0])
+    assert job._out is not None and np.array_equal(job._out.array[:len(bands[0])], bands[0])
     assert not await job.verify(1, [bands[1] + 1.0])       # wrong: not placed
     assert 1 not in job._placed
     out = job.merge([[x] for x in bands])

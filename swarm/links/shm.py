@@ -47,6 +47,7 @@ import secrets
 import stat
 import sys
 import threading
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +65,9 @@ MAX_OPEN = 64
 """Descriptors a sender keeps open waiting for the receiver's ShmDone."""
 MAX_OPEN_BYTES = 1 << 30
 """Bytes a sender keeps in shared memory waiting for ShmDone."""
+PLACE_MIN = 1 << 20
+"""Received segments this large keep a descriptor while needed (see :class:`Segment`);
+smaller ones cost little to copy."""
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _NONCE = 32
 
@@ -193,17 +197,72 @@ def _open(pid: int, fd: int, nbytes: int) -> int:
     return mine
 
 
+class _Descriptor:
+    """A descriptor closed exactly once (by :meth:`close` or by its segment's finalizer)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class Segment(mmap.mmap):
+    """A peer's sealed segment of at least :data:`PLACE_MIN` bytes, mapped copy-on-write,
+    with a descriptor of our own kept until :func:`settle` (or until it is collected): a
+    job maps the segment again at its place in an output (:mod:`swarm.links.assembly`)
+    instead of copying it there."""
+
+    descriptor: _Descriptor
+    address: int
+    """Where this mapping starts."""
+
+
 def map_array(pid: int, fd: int, nbytes: int) -> np.ndarray:
     """A writable (copy-on-write) uint8 view of a peer's sealed segment: no copy is made."""
     mine = _open(pid, fd, nbytes)
+    kept = False
     try:
         if nbytes == 0:
             return np.empty(0, np.uint8)
-        return np.frombuffer(mmap.mmap(mine, nbytes, access=mmap.ACCESS_COPY), np.uint8)
+        if nbytes < PLACE_MIN:
+            return np.frombuffer(mmap.mmap(mine, nbytes, access=mmap.ACCESS_COPY), np.uint8)
+        seg = Segment(mine, nbytes, access=mmap.ACCESS_COPY)
+        seg.descriptor = _Descriptor(mine)
+        weakref.finalize(seg, seg.descriptor.close)
+        kept = True
+        out = np.frombuffer(seg, np.uint8)
+        seg.address = out.__array_interface__["data"][0]
+        return out
     except (OSError, ValueError) as exc:
         raise ProtocolError(f"cannot map shared-memory descriptor {fd}: {exc}") from None
     finally:
-        os.close(mine)  # the mapping keeps the memory; the descriptor is not needed
+        if not kept:
+            os.close(mine)  # the mapping keeps the memory; the descriptor is not needed
+
+
+def segment_of(arr: np.ndarray) -> Segment | None:
+    """The received segment ``arr`` is the whole of (same start, same size), if any, whose
+    descriptor is still kept."""
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, Segment) or base.descriptor.fd is None:
+        return None
+    if arr.nbytes != len(base) or arr.__array_interface__["data"][0] != base.address:
+        return None
+    return base
+
+
+def settle(arr: np.ndarray) -> None:
+    """``arr`` stays where it is: close the descriptor its segment kept (the mapping stays)."""
+    seg = segment_of(arr)
+    if seg is not None:
+        seg.descriptor.close()
 
 
 def make_offer() -> Offer:
@@ -400,4 +459,5 @@ SEGMENTS = Segments()
 
 
 __all__ = ["Channel", "ENV", "Offer", "ShmAck", "ShmDone", "answer", "check_answer",
-           "SEGMENTS", "Segments", "colocated", "make_offer", "map_array", "supported"]
+           "SEGMENTS", "Segment", "Segments", "colocated", "make_offer", "map_array",
+           "segment_of", "settle", "supported"]

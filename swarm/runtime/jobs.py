@@ -23,6 +23,8 @@ import compute
 from compute.verify import ROUNDS, check_product, draw_vectors, products, project, warm_up
 from identity.keys import PeerId
 from swarm import wire
+from swarm.links import shm
+from swarm.links.assembly import Assembly
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.requester import Arg, Call
 from swarm.runtime.scheduler import RateBook
@@ -155,7 +157,7 @@ class MatmulJob:
     """Content address of ``b`` as it travels (the verifier's batching key)."""
     verifier: FreivaldsCache
     """Freivalds checks with ``b @ R`` kept per weight."""
-    _out: np.ndarray | None = None
+    _out: Assembly | None = None
     _placed: dict[int, np.ndarray] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _merged: bool = False
@@ -168,8 +170,9 @@ class MatmulJob:
         return await asyncio.to_thread(self._verify_and_place, i, outputs[0])
 
     def _verify_and_place(self, i: int, c: np.ndarray) -> bool:
-        """Check shard ``i`` and, if right, copy it into the output at once (in the check's
-        thread, while other shards still compute), so merging is not left for the end."""
+        """Check shard ``i`` and, if right, place it in the output at once (in the check's
+        thread, while other shards still compute), so merging is not left for the end; a band
+        received in shared memory is mapped there, not copied (:class:`Assembly`)."""
         r0, r1 = self.shards[i].rows
         if not self.verifier.check(self.b_oid, self.a[r0:r1], self.b, c, len(self.shards)):
             return False
@@ -183,9 +186,8 @@ class MatmulJob:
             if self._merged or i in self._placed:
                 return  # the output is the caller's now, or a twin already filled the band
             if self._out is None:
-                self._out = np.empty((self.a.shape[0], self.b.shape[1]), dtype=np.float32)
-            (r0, r1), (c0, c1) = self.shards[i].rows, self.shards[i].cols
-            self._out[r0:r1, c0:c1] = c
+                self._out = Assembly(self.a.shape[0], self.b.shape[1])
+            self._out.place(self.shards[i].rows[0], c)  # bands are whole rows
             self._placed[i] = c
 
     async def check_shape(self, i: int, outputs: list[np.ndarray]) -> bool:
@@ -203,6 +205,8 @@ class MatmulJob:
         with self._lock:
             self._merged = True
             m, n = self.a.shape[0], self.b.shape[1]
+            for r in results:
+                shm.settle(r[0])  # placed or kept where it is: no descriptor is needed now
             if len(results) == 1 and _whole(results[0][0], m, n):
                 return results[0][0]  # one band: it is the output (received zero-copy)
             if self._out is None:
@@ -210,8 +214,8 @@ class MatmulJob:
             for i, r in enumerate(results):
                 if self._placed.get(i) is not r[0]:
                     (r0, r1), (c0, c1) = self.shards[i].rows, self.shards[i].cols
-                    self._out[r0:r1, c0:c1] = r[0]
-            return self._out
+                    self._out.array[r0:r1, c0:c1] = r[0]
+            return self._out.array
 
 
 def _whole(c: np.ndarray, m: int, n: int) -> bool:
