@@ -42,3 +42,52 @@ async def test_jobs_submitted_together_keep_the_window_per_peer():
         assert max(at_peer) <= req.window, at_peer
         assert len(sent) == JOBS  # one task per job: nothing queued long enough to be copied
         assert all(req.inflight(p) == 0 for p in req.links)
+
+
+async def test_a_link_lost_while_a_call_is_still_sending_leaves_no_unretrieved_future():
+    """The link's reader fails every pending call when the link closes; a call still sending
+    then fails on its send and never awaits its reply: asyncio logged "Future exception was
+    never retrieved" for that reply once the link was collected (seen at the end of
+    `make demo`)."""
+    import gc
+
+    from identity.keys import PeerKey
+    from swarm.errors import LinkClosed
+    from swarm.links import memory_pair
+    from swarm.runtime.requester import Arg, Call, Requester
+
+    loop = asyncio.get_running_loop()
+    logged: list[dict] = []
+    loop.set_exception_handler(lambda _, context: logged.append(context))
+
+    async def lose_the_link_mid_send() -> None:
+        me, other = PeerKey.generate(), PeerKey.generate()
+        req = Requester(me.peer_id)
+        mine, theirs = memory_pair(me, other)
+        req.attach(mine)
+        sending = asyncio.Event()
+        real_send = mine.send
+
+        async def stalled_send(msg) -> None:
+            sending.set()
+            await mine.wait_closed()
+            while not all(f.done() for f in req._pending.values()):  # the reader failed them
+                await asyncio.sleep(0)
+            await real_send(msg)  # raises LinkClosed, as a send cut by the loss does
+
+        mine.send = stalled_send  # type: ignore[method-assign]
+        two = np.ones((2, 2), np.float32)
+        call = asyncio.ensure_future(
+            req.call(other.peer_id, Call("matmul", "matmul", (Arg(two), Arg(two)))))
+        await asyncio.wait_for(sending.wait(), 5)
+        await theirs.close("gone")
+        try:
+            await asyncio.wait_for(call, 5)
+        except LinkClosed:
+            pass
+        await req.close()
+
+    await lose_the_link_mid_send()
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [c for c in logged if "never retrieved" in c.get("message", "")], logged

@@ -370,6 +370,7 @@ class FramedLink(PeerLink):
         for _, fut in self._pings.values():
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
+                fut.exception()  # retrieved: a ping still sending fails on its send instead
         self._closed_event.set()
         if self.shm is not None:
             self.shm.close()

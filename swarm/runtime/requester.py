@@ -266,6 +266,7 @@ class Requester:
             for (p, _), fut in list(self._pending.items()):
                 if p == peer and not fut.done():
                     fut.set_exception(closed)
+                    fut.exception()  # retrieved: a call still sending fails on its send instead
             if self.links.get(peer) is link:
                 del self.links[peer]
                 self.store.forget_peer(peer.raw)
