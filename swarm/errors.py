@@ -67,6 +67,12 @@ class LinkClosed(RemoteError, ConnectionError):
         self.reason = reason
         self.error = error
 
+    def again(self) -> "LinkClosed":
+        """A fresh copy to raise. Raising one stored instance again and again grew its
+        traceback by every caller's frames, which then lived (arrays and all) as long as
+        the link did."""
+        return LinkClosed(self.reason, self.error)
+
 
 class TaskCancelledError(SwarmError, concurrent.futures.CancelledError):
     """``get()`` of a ref whose task was cancelled (``swarm.cancel``, or the client closed)."""

@@ -84,6 +84,21 @@ async def test_close_says_goodbye_and_both_ends_report_it():
     assert closed == [b]
 
 
+async def test_a_closed_link_raises_fresh_errors_and_keeps_no_callers_frames():
+    """Raising the one stored LinkClosed grew its traceback by every failed caller's frames,
+    which the link then kept alive (arrays and all)."""
+    a, b = memory_pair(A, B)
+    await b.close("bye")
+    await asyncio.wait_for(a.wait_closed(), 5)
+    raised = []
+    for _ in range(3):
+        with pytest.raises(LinkClosed) as info:
+            await a.send(Blob(1, np.zeros(4)))
+        raised.append(info.value)
+    assert len({id(e) for e in raised}) == 3 and all(e.reason == a.close_reason for e in raised)
+    assert a._closed is not None and a._closed.__traceback__ is None
+
+
 async def test_protocol_error_closes_the_link_and_tells_the_peer():
     a, b = memory_pair(A, B)
     await a._send_frames([b"\x01\x01\xc1garbage"])  # a lying peer bypassing the encoder

@@ -128,7 +128,7 @@ class _Channel:
         while len(self._items) >= self._maxsize and self._closed is None:
             await self._wait(self._putters)
         if self._closed is not None:
-            raise self._closed
+            raise self._closed.again()
         self._items.append(item)
         self._wake(self._getters)
 
@@ -142,7 +142,7 @@ class _Channel:
         """The next item; after close, the items left and then LinkClosed."""
         while not self._items:
             if self._closed is not None:
-                raise self._closed
+                raise self._closed.again()
             await self._wait(self._getters)
         item = self._items.popleft()
         self._wake(self._putters)
@@ -285,7 +285,7 @@ class FramedLink(PeerLink):
 
     async def send(self, msg: wire.Message) -> None:
         if self._closed is not None:
-            raise self._closed
+            raise self._closed.again()
         frames = wire.encode(msg, next(self._ids) & 0xFFFFFFFF,
                              spill=self.shm.spill if self.shm is not None else None)
         await self._send_frames(frames)
@@ -293,14 +293,14 @@ class FramedLink(PeerLink):
     async def _send_frames(self, frames: list[wire.Frame]) -> None:
         async with self._send_lock:
             if self._closed is not None:
-                raise self._closed
+                raise self._closed.again()
             try:
                 await self._write_frames(frames)
             except LinkClosed:
                 raise
             except (ConnectionError, OSError) as exc:
                 self._abort(f"connection lost while sending: {exc}")
-                raise self._closed from exc  # type: ignore[misc]
+                raise self._closed.again() from exc  # type: ignore[union-attr]
         self._msgs_sent += 1
         self._bytes_sent += sum(map(len, frames))
 
@@ -314,7 +314,7 @@ class FramedLink(PeerLink):
 
     async def ping(self, timeout: float = 5.0) -> float:
         if self._closed is not None:
-            raise self._closed
+            raise self._closed.again()
         seq = next(self._ping_seq)
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._pings[seq] = (time.perf_counter(), fut)

@@ -131,7 +131,7 @@ class WebRTCLink(FramedLink):
                 self._credit_event.clear()
                 await self._credit_event.wait()
                 if self._closed is not None:
-                    raise self._closed
+                    raise self._closed.again()
             if channel.readyState != "open":
                 raise ConnectionError("data channel closed")
             self._credit -= len(frame)
