@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -29,12 +30,30 @@ class NetnsError(RuntimeError):
     """An ``ip`` command failed."""
 
 
+def sweep() -> list[str]:
+    """Delete the namespaces that killed test runs left behind (named for a pid that is no
+    longer alive): a later run whose pid repeats one could not make its own. Returns them."""
+    res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20)
+    gone = []
+    for line in res.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(r"swt?(\d+)(x\d+\w*|bep42|probe)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            try:
+                _ip("netns", "del", name)
+                gone.append(name)
+            except NetnsError:
+                pass
+    return gone
+
+
 def unavailable() -> str | None:
-    """Why namespaces cannot be used here, or None when they can."""
+    """Why namespaces cannot be used here, or None when they can (leftovers swept first)."""
     if os.geteuid() != 0:
         return "network namespaces need root (run the system tests as root)"
     if shutil.which("ip") is None:
         return "iproute2's `ip` is not installed"
+    sweep()
     probe = f"swt{os.getpid()}probe"
     try:
         _ip("netns", "add", probe)

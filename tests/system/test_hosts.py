@@ -5,10 +5,12 @@ the job comes back verified and equal to numpy's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
 
+from tests.system import netns
 from tests.system.netns import SUBNET, netem_unavailable
 from tests.system.support import members, submit_matmul
 
@@ -55,3 +57,22 @@ def test_wan_emulated_with_netem(cluster, net, tmp_path):
     cluster.wait_status(hosts[3], lambda s: len(s["members"]) == 3 and s["coordinator"], 120,
                         "3 members")
     _submit(cluster, hosts[3], tmp_path)
+
+
+def test_namespaces_a_killed_run_left_are_swept_and_live_ones_kept(net):
+    """A killed run never deletes its namespaces; a later run whose pid repeats it could not
+    make its own."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names no process now
+    stale, live = f"sw{dead.pid}x0", f"sw{os.getpid()}x999"
+    for ns in (stale, live):
+        subprocess.run(["ip", "netns", "add", ns], check=True, timeout=20)
+    try:
+        gone = netns.sweep()
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                timeout=20).stdout.split()
+        assert stale in gone and stale not in listed
+        assert live not in gone and live in listed
+    finally:
+        for ns in (stale, live):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
