@@ -60,17 +60,20 @@ def test_bands_that_would_share_a_page_are_copied():
     assert whole.mapped == 1
 
 
-def test_only_a_whole_received_segment_with_its_descriptor_is_mapped():
-    band = _received(512)
-    out = assembly.Assembly(1024, COLS)
-    out.place(0, band[:256])               # part of a segment
-    out.place(256, np.ones((256, COLS), np.float32))  # not received at all
-    shm.settle(band)                       # descriptor closed: the band stays where it is
+def test_only_a_whole_received_segment_in_row_order_with_its_descriptor_is_mapped():
+    band, square = _received(512), _received(COLS, seed=6)
+    out = assembly.Assembly(4 * COLS, COLS)
+    out.place(0, band[:256])                         # part of a segment
+    out.place(COLS, square.T)                        # the whole segment, in another order
+    out.place(2 * COLS, np.ones((512, COLS), np.float32))  # not received at all
+    shm.settle(band)                                 # descriptor closed: stays where it is
     assert shm.segment_of(band) is None
-    out.place(512, band)
+    out.place(3 * COLS, band)
     assert out.mapped == 0
     np.testing.assert_array_equal(out.array[:256], band[:256])
-    np.testing.assert_array_equal(out.array[512:], band)
+    np.testing.assert_array_equal(out.array[COLS:2 * COLS], square.T)
+    np.testing.assert_array_equal(out.array[2 * COLS:2 * COLS + 512], 1.0)
+    np.testing.assert_array_equal(out.array[3 * COLS:3 * COLS + 512], band)
 
 
 def test_freeing_the_output_unmaps_it_and_its_segments():

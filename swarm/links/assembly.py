@@ -59,7 +59,7 @@ class Assembly:
     def _map(self, row: int, band: np.ndarray) -> bool:
         seg = shm.segment_of(band) if self._region is not None else None
         if seg is None or band.dtype != np.float32 or band.ndim != 2 \
-                or band.shape[1] * 4 != self._row_bytes:
+                or not band.flags.c_contiguous or band.shape[1] * 4 != self._row_bytes:
             return False
         start, size = row * self._row_bytes, band.nbytes
         end = start + size
