@@ -66,12 +66,9 @@ class Assembly:
         if start % mmap.PAGESIZE or end > self._nbytes \
                 or (end % mmap.PAGESIZE and end != self._nbytes):
             return False  # a page shared with another band would be lost to one of them
-        fd = seg.descriptor.fd
-        if fd is None:
-            return False
         at = self._address + start
         got = _mmap()(at, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                      mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0)
+                      mmap.MAP_PRIVATE | _MAP_FIXED, seg.descriptor.fd, 0)
         if got == at:
             self.mapped += 1
             return True

@@ -237,7 +237,6 @@ class FramedLink(PeerLink):
         self._bytes_sent = self._bytes_received = 0
         self._msgs_sent = self._msgs_received = 0
         self._lost = 0
-        self.shm = None
         self._shm_offer: shm.Offer | None = None
         self._shm_done_pending = False
 

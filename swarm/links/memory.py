@@ -30,7 +30,7 @@ class MemoryLink(FramedLink):
     async def _write_frames(self, frames: list[wire.Frame]) -> None:
         assert self._peer is not None
         for frame in frames:
-            await self._peer._inbox.put(bytes(frame))  # a copy, as over a wire
+            await self._peer._inbox.put(bytes(frame))  # a chunk joined, as a wire delivers it
 
     async def _close_transport(self) -> None:
         eof = LinkClosed("connection lost: the other end closed")

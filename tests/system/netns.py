@@ -35,8 +35,7 @@ def sweep() -> list[str]:
     longer alive): a later run whose pid repeats one could not make its own. Returns them."""
     res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20)
     gone = []
-    for line in res.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
+    for name in (line.split(maxsplit=1)[0] for line in res.stdout.splitlines() if line.strip()):
         m = re.fullmatch(r"swt?(\d+)(x\d+\w*|bep42|probe)", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             try:
