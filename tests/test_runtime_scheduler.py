@@ -110,6 +110,34 @@ def test_straggler_is_duplicated_and_first_result_wins():
     assert s.verified(on_b, "b", 9.0) == []  # the late copy is ignored
 
 
+def test_a_job_wants_a_freed_slot_for_an_unstarted_shard_or_a_due_straggler():
+    """The adapter offers a freed slot only to jobs that say they want one, so the answer
+    must never be no when :meth:`step` would start something."""
+    rates = RateBook()
+    rates.observe("a", 1e9, 1.0)
+    rates.observe("b", 1e9, 1.0)
+    full = {"a": 1, "b": 1}  # other jobs' tasks fill both peers
+    s = JobScheduler(shards(3), ["a", "b"], rates, window=1, straggler_factor=2.0,
+                     inflight=lambda p: full[p])
+    assert s.step(0.0) == [] and s.wants_slot(0.0)  # nothing could start: all three wait
+    full.update(a=0, b=0)
+    started = s.step(0.0)
+    assert len(started) == 2 and s.wants_slot(0.0)  # the third shard still waits
+    full.update(a=1, b=1)
+    done = next(a for a in started if a.peer == "a")
+    s.verified(done.shard, "a", 1.0)
+    assert s.step(1.0) == [] and s.wants_slot(1.0)  # a is full again
+    full["a"] = 0
+    third = s.step(1.0)
+    assert len(third) == 1 and third[0].peer == "a"
+    assert not s.wants_slot(1.5)  # everything runs, nothing is late yet
+    late = next(a for a in started if a.peer == "b")
+    assert s.wants_slot(2.5)  # b's shard is a straggler now: a copy would start
+    s.verified(late.shard, "b", 2.5)
+    s.verified(third[0].shard, "a", 1.0)
+    assert s.finished and not s.wants_slot(3.0)
+
+
 def test_lost_worker_shards_are_retried_elsewhere():
     s = JobScheduler(shards(6), ["a", "b"], RateBook(), window=2)
     first = s.step(0.0)

@@ -239,6 +239,11 @@ class JobCore:
             out.extend(Run(a.shard, a.peer) for a in self.sched.step(now))
         return out
 
+    def wants_slot(self, now: float) -> bool:
+        """Whether a slot freed at a full peer may start one of this job's tasks (the
+        adapter offers freed slots to the jobs that want one, instead of waking them all)."""
+        return not self.sched.finished and self.sched.wants_slot(now)
+
     def next_wake(self, now: float) -> float | None:
         """When :meth:`poll` must run again without an event (timeouts, stragglers)."""
         return None if self.sched.finished else self.sched.next_deadline(now)

@@ -505,6 +505,20 @@ class JobScheduler:
                 return [self._start(local, shard, now)]
         return []
 
+    def wants_slot(self, now: float) -> bool:
+        """Whether a slot freed at a full peer could start something now: a shard not
+        started anywhere, or a straggler due for a copy. May say yes when :meth:`step` then
+        finds nothing (a shard only one banned peer may run): never no when it would."""
+        if self.finished:
+            return False
+        if self._pool or any(i not in self.done for w in self._workers.values()
+                             for i in w.queue):
+            return True
+        return any(shard not in self._checking and shard not in self._no_copies
+                   and (due := self._straggler_due(w.peer, shard, started)) is not None
+                   and due <= now
+                   for w in self._usable() for shard, started in w.running.items())
+
     def next_deadline(self, now: float) -> float | None:
         """When :meth:`step` should next run without an event (timeouts, stragglers)."""
         times = []
