@@ -132,6 +132,11 @@ def input_ids(args: list[Any]) -> list[bytes]:
     return [a.oid if a.oid is not None else object_id(a.array).raw for a in args]
 
 
+def output_ids(outputs: list[np.ndarray]) -> list[bytes]:
+    """Content addresses of a task's results as they travel."""
+    return [object_id(o).raw for o in outputs]
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """A rejected result, re-checkable by anyone holding the arrays it names."""

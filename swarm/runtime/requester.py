@@ -29,7 +29,7 @@ from identity.keys import PeerId
 from swarm.errors import LinkClosed
 from swarm.links import shm
 from swarm.links.base import PeerLink
-from swarm.runtime.evidence import Evidence, Receipt, params_digest
+from swarm.runtime.evidence import Evidence, Receipt, output_ids, params_digest
 from swarm.runtime.jobcore import (
     Check,
     JobCore,
@@ -115,7 +115,7 @@ def evidence_for(local: PeerId, peer: PeerId, call: Call, reply: Reply,
     except ValueError:
         return None
     inputs = [a.oid.raw if a.oid is not None else object_id(a.array).raw for a in call.args]
-    outputs = [object_id(o).raw for o in reply.outputs]
+    outputs = output_ids(reply.outputs)
     params = msgpack.packb(call.params, use_bin_type=True) if call.params else b""
     if (receipt.worker != peer or receipt.requester != local or receipt.task != reply.task
             or (receipt.actor, receipt.method) != (call.actor, call.method)
