@@ -77,7 +77,7 @@ from swarm.links.circuit import (
 )
 from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
 from swarm.runtime.chaos import ChaosSpec
-from swarm.runtime.evidence import Evidence
+from swarm.runtime.evidence import DeliveredEvidence, Evidence
 from swarm.runtime.host import ActorHost
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT
 from swarm.runtime.protocol import EvidenceAck, EvidenceMsg, PutObject
@@ -197,6 +197,7 @@ class Node:
         when it does not coordinate."""
         self._deliveries: set[asyncio.Task] = set()
         self._evidence_acks: dict[bytes, tuple[PeerId, asyncio.Future[bool]]] = {}
+        self._delivered_evidence = DeliveredEvidence()
         """Evidence sent and not answered yet: key -> (the peer asked, its answer)."""
         self.requester = Requester(self.peer_id, accept_peer=self._accepts,
                                    on_rejected=self.report_lying_peer)
@@ -250,10 +251,24 @@ class Node:
         if evidence is not None and self.find_coordinator is None:
             log.info("evidence against %s kept nowhere: no control plane to deliver it to",
                      peer.short())
-        elif evidence is not None and not self._stopping:
-            task = asyncio.get_running_loop().create_task(self._deliver(evidence))
-            self._deliveries.add(task)
-            task.add_done_callback(self._deliveries.discard)
+        elif evidence is not None:
+            self._start_delivery(evidence)
+
+    def _start_delivery(self, package: EvidencePackage) -> None:
+        if self._stopping:
+            return
+        task = asyncio.get_running_loop().create_task(self._deliver(package))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    def _delivered(self, package: EvidencePackage, coord: PeerId) -> None:
+        """``coord`` took ``package``: it also gets the earlier evidence against the same
+        worker that it has not had (a coordinator that took over counts from zero)."""
+        ev = package.evidence
+        for older in self._delivered_evidence.delivered(
+                ev.receipt.worker, ev.key, package,
+                sum(a.nbytes for a in package.arrays.values()), coord, time.monotonic()):
+            self._start_delivery(older)
 
     async def _deliver(self, package: EvidencePackage) -> None:
         """Send the arrays (by content address), then the evidence, to the coordinator;
@@ -283,6 +298,7 @@ class Node:
         if coord == self.peer_id:
             if self.judge_evidence is None or \
                     await self.judge_evidence(package.evidence, package.arrays.get):
+                self._delivered(package, coord)
                 return None
             return "this peer is not coordinating (yet)"
         key = package.evidence.key
@@ -301,6 +317,7 @@ class Node:
             return f"{coord.short()} is not coordinating"
         log.info("evidence against %s delivered to coordinator %s", worker.short(),
                  coord.short())
+        self._delivered(package, coord)
         return None
 
     def _on_evidence_ack(self, link: PeerLink, msg: EvidenceAck) -> None:

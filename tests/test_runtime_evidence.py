@@ -212,3 +212,21 @@ def test_an_honest_sum_of_crafted_inputs_is_never_proven_wrong():
     call, reply = signed(worker, me, a, b, bad)
     package = evidence_for(me.peer_id, worker.peer_id, call, reply, "")
     assert check_evidence(package.evidence, package.arrays.get).kind == "proven"
+
+
+def test_delivered_evidence_goes_to_each_new_coordinator_and_stays_bounded():
+    from swarm.runtime.evidence import DeliveredEvidence
+
+    kept = DeliveredEvidence(per_worker=2, workers=2, max_bytes=100, keep_s=10.0)
+    w1, w2, w3 = (PeerKey.generate().peer_id for _ in range(3))
+    c1, c2 = PeerKey.generate().peer_id, PeerKey.generate().peer_id
+    assert kept.delivered(w1, b"e1", "E1", 10, c1, 0.0) == []
+    assert kept.delivered(w1, b"e2", "E2", 10, c2, 1.0) == ["E1"]  # c2 never had e1
+    assert kept.delivered(w1, b"e1", "E1", 10, c2, 1.5) == []  # now it has
+    assert kept.delivered(w1, b"e3", "E3", 10, c1, 2.0) == ["E2"]  # 2 per worker: e1 gone
+    assert kept.delivered(w2, b"f1", "F1", 10, c2, 3.0) == []  # not another worker's
+    assert kept.delivered(w3, b"g1", "G1", 10, c1, 4.0) == []  # 2 workers: w1 forgotten
+    assert kept.delivered(w1, b"e4", "E4", 10, c2, 5.0) == []  # so e3 is not sent again
+    assert kept.delivered(w3, b"g2", "G2", 10, c2, 20.0) == []  # g1 is past keep_s
+    assert kept.delivered(w2, b"f2", "F2", 95, c1, 21.0) == []
+    assert kept.held_bytes == 95  # past max_bytes the oldest arrays go first (g2)

@@ -126,3 +126,65 @@ async def test_evidence_goes_again_when_unanswered(two_nodes, monkeypatch):
     b.on_control(EvidenceMsg, silent)
     _report_wrong_result(a, b)
     await asyncio.wait_for(twice.wait(), 20)
+
+
+async def test_a_new_coordinator_also_gets_the_evidence_its_predecessor_had(two_nodes, tmp_path):
+    """A block takes two pieces of evidence at one coordinator, and a coordinator keeps its
+    count in memory: in `swarm demo` the first piece went to the coordinator of term 2, the
+    next to that of term 3 after a handoff, and the liar stayed unblocked for another job
+    (15-30 s). Evidence delivered to a new coordinator now brings the earlier pieces against
+    the same worker that it has not had."""
+    from swarm.runtime.evidence import Evidence
+    from swarm.runtime.protocol import EvidenceAck, EvidenceMsg
+    from swarm.runtime.requester import evidence_for
+    from tests.test_runtime_evidence import job, signed
+
+    a, b = two_nodes
+    c = Node(NodeConfig(tmp_path / "c", a.config.swarm_id, validators=validators(),
+                        roles=("worker",), backend="numpy", threads=1,
+                        bootstrap=(a.dht.address,), bench_sizes=(64,), dht_rpc_timeout=1.0))
+    await c.start()
+    try:
+        got: dict[str, list[bytes]] = {"b": [], "c": []}
+
+        def coordinator(name: str):
+            async def take(link, msg: EvidenceMsg) -> None:
+                got[name].append(msg.evidence)
+                await link.send(EvidenceAck(Evidence.decode(msg.evidence).key, True))
+            return take
+
+        b.on_control(EvidenceMsg, coordinator("b"))
+        c.on_control(EvidenceMsg, coordinator("c"))
+        liar, other = PeerKey.generate(), PeerKey.generate()
+
+        tasks = iter(range(1, 100))
+
+        def report(worker: PeerKey):
+            task = next(tasks)  # a distinct receipt each: a piece counts once
+            call, reply = signed(worker, a.key, *job(seed=task), task=task)
+            package = evidence_for(a.peer_id, worker.peer_id, call, reply, "failed check")
+            a.report_lying_peer(worker.peer_id, "failed check", package)
+            return package.evidence.encode()
+
+        async def delivered():
+            while a._deliveries:
+                await asyncio.wait_for(asyncio.gather(*a._deliveries), 20)
+
+        coord = b
+
+        async def by_the_dht():
+            return coord.peer_id
+
+        a.find_coordinator = by_the_dht
+        first, elsewhere = report(liar), report(other)
+        await delivered()
+        coord = c  # failover or handoff: c coordinates now
+        second = report(liar)
+        await delivered()
+        assert sorted(got["b"]) == sorted([first, elsewhere])
+        assert sorted(got["c"]) == sorted([first, second])  # not the other worker's
+        third = report(liar)
+        await delivered()
+        assert sorted(got["c"]) == sorted([first, second, third])  # each piece once
+    finally:
+        await c.stop(graceful=False)

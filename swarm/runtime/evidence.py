@@ -256,3 +256,67 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
     i, j = np.unravel_index(int(np.argmax(excess)), excess.shape)
     return (f"element ({int(rows[i])}, {int(j)}) is {float(c[rows[i], j])!r}, exactly "
             f"{float(exact[i, j])!r}, worst-case rounding {float(bound[i, j]):.3g}")
+
+
+KEEP_SECONDS = 600.0
+"""How long a requester keeps evidence it delivered (a coordinator's ``liar_window``)."""
+
+
+@dataclass
+class _Kept:
+    item: Any
+    nbytes: int
+    at: float
+    coordinators: set[PeerId] = dataclasses.field(default_factory=set)
+
+
+class DeliveredEvidence:
+    """Evidence this requester delivered, per accused worker, so that a coordinator that
+    takes over hears all of it.
+
+    A block takes ``liar_threshold`` distinct pieces at one coordinator, and a coordinator
+    keeps its count in memory: in `swarm demo` one piece went to the coordinator of term 2,
+    the next to that of term 3 (a handoff), and the liar stayed unblocked for more jobs.
+    Each new coordinator judges every piece itself (it takes no predecessor's word), and
+    counts a piece once however often it comes. Bounded: ``per_worker`` pieces for each of
+    ``workers`` accused, ``max_bytes`` of arrays (references to the jobs' arrays, kept alive
+    here), each for :data:`KEEP_SECONDS`."""
+
+    def __init__(self, per_worker: int = 4, workers: int = 64, max_bytes: int = 256 << 20,
+                 keep_s: float = KEEP_SECONDS) -> None:
+        self.per_worker, self.workers = per_worker, workers
+        self.max_bytes, self.keep_s = max_bytes, keep_s
+        self._kept: dict[PeerId, dict[bytes, _Kept]] = {}  # least recently accused first
+
+    def delivered(self, worker: PeerId, key: bytes, item: Any, nbytes: int,
+                  coordinator: PeerId, now: float) -> list[Any]:
+        """``coordinator`` took the piece ``key`` (``item``, holding ``nbytes`` of arrays)
+        against ``worker``; returns the earlier pieces against ``worker`` that it has not
+        had (to deliver to it too)."""
+        kept = {k: v for k, v in self._kept.pop(worker, {}).items() if now - v.at < self.keep_s}
+        entry = kept.setdefault(key, _Kept(item, nbytes, now))  # first delivered first
+        entry.coordinators.add(coordinator)
+        while len(kept) > self.per_worker:
+            kept.pop(next(iter(kept)))
+        self._kept[worker] = kept
+        while len(self._kept) > self.workers:
+            self._kept.pop(next(iter(self._kept)))
+        while self.held_bytes > self.max_bytes and self._drop_oldest():
+            pass
+        return [e.item for e in self._kept.get(worker, {}).values()
+                if coordinator not in e.coordinators]
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(e.nbytes for kept in self._kept.values() for e in kept.values())
+
+    def _drop_oldest(self) -> bool:
+        oldest = min(((e.at, w, k) for w, kept in self._kept.items() for k, e in kept.items()),
+                     default=None)
+        if oldest is None:
+            return False
+        _, worker, key = oldest
+        del self._kept[worker][key]
+        if not self._kept[worker]:
+            del self._kept[worker]
+        return True
