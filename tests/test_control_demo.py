@@ -23,3 +23,23 @@ def test_demo_survives_the_coordinator_and_catches_the_liar(tmp_path):
     assert r["peers"][r["chaos_worker"]]["verified"] == 0
     assert r["chaos_blocked"]  # reported to the (new) coordinator, which blocked it
     assert len(r["members"]) == 4
+
+
+def test_the_demos_extra_job_gives_every_worker_a_band_at_uneven_rates():
+    """An extra job that left the chaos worker without a band could not catch it again: the
+    demo then waited 15 s for a block that could not come (half the runs took 28-47 s, the
+    others 13-16 s). Rates as measured in one of those runs: one worker twice the others."""
+    from identity.keys import PeerKey
+    from swarm.demo_run import catch_rows
+    from swarm.runtime.jobs import plan_bands
+    from swarm.runtime.scheduler import MIN_RATED_FLOPS, RateBook
+
+    workers = [PeerKey.generate().peer_id for _ in range(4)]
+    size, members = 1024, len(workers) + 1  # the killed coordinator still counts
+    for measured in (4, 3):  # the chaos worker measured, or not (then: the median rate)
+        rates = RateBook()
+        for peer, speed in zip(workers[:measured], (2.0, 1.04, 1.0, 1.04)[:measured],
+                               strict=True):
+            rates.observe(peer, MIN_RATED_FLOPS * speed, 1.0)
+        bands = plan_bands(catch_rows(size, members), size, size, workers=workers, rates=rates)
+        assert set(bands.owners) == set(workers)
