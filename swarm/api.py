@@ -909,8 +909,9 @@ def local(workers: int = 2, *, threads: int | None = None,
             wenv.pop("SWARM_CHAOS", None)
             if chaos_list[i]:
                 wenv["SWARM_CHAOS"] = chaos_list[i]
+            # -P: this tree (PYTHONPATH), not a `swarm` in the working directory
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "swarm.local_worker", "--swarm-id", sid.hex(),
+                [sys.executable, "-P", "-m", "swarm.local_worker", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
                  "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
                  "--bench-size", "256", "--exit-with-parent"],

@@ -42,8 +42,9 @@ class SwarmProcess:
         self.name = name
         self.lines: list[str] = []
         self.cond = threading.Condition()
+        # -P: this tree (PYTHONPATH), not a `swarm` in the working directory
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "swarm", *args, "--data-dir", str(root / name)],
+            [sys.executable, "-P", "-m", "swarm", *args, "--data-dir", str(root / name)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, env=env)
         self.out = ""

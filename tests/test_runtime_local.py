@@ -363,3 +363,28 @@ def test_closing_the_client_cancels_pending_refs():
         swarm.get(ref, timeout=10)
     with pytest.raises(RuntimeError, match="closed"):
         c.matmul.remote(x, x)
+
+
+def test_workers_run_this_tree_whatever_the_directory_they_start_in(tmp_path):
+    """``python -m`` puts the working directory first on sys.path, before the PYTHONPATH
+    that names this tree: started from a directory holding another ``swarm`` (an older
+    checkout, say), the workers ran that code beside this requester."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    decoy = tmp_path / "elsewhere" / "swarm"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('a decoy swarm package ran')\n")
+    script = tmp_path / "one_job.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(swarm.__file__).resolve().parent.parent)!r})\n"
+        "import numpy as np, swarm\n"
+        "with swarm.local(workers=1, threads=1, timeout=60) as c:\n"
+        "    x = np.eye(3, dtype=np.float32)\n"
+        "    assert (c.matmul(x, x) == x).all()\n"
+        "print('ok')\n")
+    run = subprocess.run([sys.executable, str(script)], cwd=decoy.parent, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
