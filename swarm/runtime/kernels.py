@@ -123,7 +123,8 @@ class KernelRunner:
         here = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("SWARM_CHAOS", None)
-        proc = subprocess.Popen([sys.executable, "-m", "swarm.runtime.kernels"],
+        # -P: this tree (PYTHONPATH), not a `swarm` in the working directory
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "swarm.runtime.kernels"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=env)
         self._proc = proc
