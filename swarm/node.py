@@ -620,9 +620,12 @@ class Node:
         if link is not None:
             return link
         reason = "; ".join(why) or "no address"
+        # warned once; until it is reached again, later failures are INFO (a worker that
+        # died keeps failing at each redial)
+        told = log.info if r.peer_id in self.unreachable else log.warning
         self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
-        log.warning("worker %s unreachable (no direct, relayed or TURN path; next try in "
-                    "%g s): %s", r.peer_id.short(), next_try, reason)
+        told("worker %s unreachable (no direct, relayed or TURN path; next try in %g s): %s",
+             r.peer_id.short(), next_try, reason)
         return None
 
     # -- reachability behind NATs ---------------------------------------------------------

@@ -100,3 +100,18 @@ async def test_a_failed_redial_says_when_it_tries_again(nodes, caplog):
             await asyncio.sleep(0.05)
     first = next(r.getMessage() for r in caplog.records if "unreachable" in r.getMessage())
     assert "next try in 2 s" in first, first
+
+
+async def test_a_worker_still_unreachable_is_warned_about_once(nodes, caplog):
+    """`make demo` kills its coordinator on purpose, and each redial printed the whole
+    reason again as a WARNING (three or four long lines). The first failure warns; those
+    after it, until the worker is reached again, are INFO."""
+    a, b = nodes
+    records = [r for r in await a.members() if r.peer_id == b.peer_id]
+    await b.server.close()  # its address stops answering
+    gone = dataclasses.replace(records[0], links=(("127.0.0.1", 9),))
+    caplog.set_level("INFO", logger="swarm.node")
+    for _ in range(3):
+        assert await a._dial(gone) is None
+    told = [r.levelname for r in caplog.records if "unreachable (no direct" in r.getMessage()]
+    assert told == ["WARNING", "INFO", "INFO"]
