@@ -197,8 +197,9 @@ class Node:
         when it does not coordinate."""
         self._deliveries: set[asyncio.Task] = set()
         self._evidence_acks: dict[bytes, tuple[PeerId, asyncio.Future[bool]]] = {}
-        self._delivered_evidence = DeliveredEvidence()
         """Evidence sent and not answered yet: key -> (the peer asked, its answer)."""
+        self._delivered_evidence = DeliveredEvidence()
+        """Evidence coordinators took, for the coordinators after them."""
         self.requester = Requester(self.peer_id, accept_peer=self._accepts,
                                    on_rejected=self.report_lying_peer)
         self.host: ActorHost | None = None

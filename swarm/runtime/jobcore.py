@@ -242,7 +242,7 @@ class JobCore:
     def wants_slot(self, now: float) -> bool:
         """Whether a slot freed at a full peer may start one of this job's tasks (the
         adapter offers freed slots to the jobs that want one, instead of waking them all)."""
-        return not self.sched.finished and self.sched.wants_slot(now)
+        return self.sched.wants_slot(now)
 
     def next_wake(self, now: float) -> float | None:
         """When :meth:`poll` must run again without an event (timeouts, stragglers)."""

@@ -465,7 +465,7 @@ class _JobRun:
     async def run(self, timeout: float | None) -> tuple[list[list[np.ndarray]], JobReport]:
         core, loop = self.core, asyncio.get_running_loop()
         started = time.perf_counter()
-        deadline = self._deadline = None if timeout is None else loop.time() + timeout
+        self._deadline = None if timeout is None else loop.time() + timeout
         self.req._jobs.add(self)
         try:
             while not core.finished:
@@ -477,7 +477,7 @@ class _JobRun:
                         raise task.exception()  # a local failure: nothing to retry
                 if core.finished:
                     break
-                if deadline is not None and now >= deadline:
+                if self._deadline is not None and now >= self._deadline:
                     raise TimeoutError(f"job did not finish within {timeout} s "
                                        f"({len(core.results)} of {self.n} calls done)")
                 await self._wait(now)
