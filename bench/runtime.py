@@ -20,7 +20,9 @@ Rows (same matrices side by side in one run; medians of --repeats):
   runtime with that many single-threaded workers could reach on these cores, timed in the
   same rounds.
 - ``ray ...``: the same sharded matmul on a local Ray, one task per band: ``cold`` puts a
-  fresh B each time (as swarm's cold row sends it), ``warm`` puts B once and reuses the ref.
+  fresh B each time (as swarm's cold row sends it), ``warm`` puts B once and reuses the ref;
+  the inference row puts W once and keeps 64 tasks in flight; the 1x1 row is one task per
+  round trip (``ray.get(f.remote(one, one))``), timed in the same rounds as swarm's.
   Ray runs where ``import ray`` works or in the interpreter ``--ray-python`` names (``make
   bench`` installs Ray in its own venv, .venv-ray; never a test dependency);
   ``--require-ray`` makes a skipped Ray row a failed run. Both move arrays through shared
@@ -80,12 +82,16 @@ def rand(rng, *shape):
 
 RAY_COLD = "ray cold (put B, task per band)"
 RAY_WARM = "ray warm (B put once)"
+RAY_INFERENCE = "ray refs (W put once)"
+RAY_SMALL = "ray (task, unchecked)"
+RAY_CALLS = ("cold", "warm", "inference", "small")
 
 
 class RayBench:
-    """The Ray side in this interpreter: ``call("cold" | "warm")`` -> seconds of one run."""
+    """The Ray side in this interpreter: ``call(what)`` -> seconds of one run, ``what`` one of
+    :data:`RAY_CALLS` (the rows of the same names in :func:`bench_swarm`)."""
 
-    def __init__(self, n: int, workers: int) -> None:
+    def __init__(self, n: int, workers: int, batch: int, rows: int) -> None:
         import ray
 
         self.ray = ray
@@ -100,6 +106,10 @@ class RayBench:
         self.fixed_a, fixed_b = rand(self.rng, n, n), rand(self.rng, n, n)
         self.fixed_ref = ray.put(fixed_b)
         self._run(rand(self.rng, 64, n), self.fixed_ref)  # workers up, code shipped
+        self.xs = [rand(self.rng, rows, n) for _ in range(batch)]
+        self.w_ref = ray.put(rand(self.rng, n, n))
+        self.one = np.ones((1, 1), np.float32)
+        ray.get(band.remote(self.xs[0], self.w_ref))
 
     def _run(self, a, b_ref):
         bands = np.array_split(a, self.workers * 2)
@@ -110,22 +120,31 @@ class RayBench:
             a, b = rand(self.rng, self.n, self.n), rand(self.rng, self.n, self.n)
             t = time.perf_counter()
             self._run(a, self.ray.put(b))
-        else:
+        elif what == "warm":
             t = time.perf_counter()
             self._run(self.fixed_a, self.fixed_ref)
+        elif what == "inference":
+            t = time.perf_counter()
+            outs = self.ray.get([self.band.remote(x, self.w_ref) for x in self.xs])
+            assert len(outs) == len(self.xs)
+        elif what == "small":
+            t = time.perf_counter()
+            self.ray.get(self.band.remote(self.one, self.one))
+        else:
+            raise ValueError(f"no Ray run called {what!r}")
         return time.perf_counter() - t
 
     def close(self) -> None:
         self.ray.shutdown()
 
 
-def ray_server(n: int, workers: int) -> int:
-    """``--ray-server``: a RayBench answering "cold"/"warm" lines on stdin with seconds."""
-    bench = RayBench(n, workers)
+def ray_server(n: int, workers: int, batch: int, rows: int) -> int:
+    """``--ray-server``: a RayBench answering :data:`RAY_CALLS` lines on stdin with seconds."""
+    bench = RayBench(n, workers, batch, rows)
     print("ready", flush=True)
     try:
         for line in sys.stdin:
-            if line.strip() not in ("cold", "warm"):
+            if line.strip() not in RAY_CALLS:
                 break
             print(repr(bench.call(line.strip())), flush=True)
     finally:
@@ -136,12 +155,14 @@ def ray_server(n: int, workers: int) -> int:
 class RayProcess:
     """A ``--ray-server`` child in another interpreter (Ray's own venv)."""
 
-    def __init__(self, python: str, n: int, workers: int, timeout: float = 300.0) -> None:
+    def __init__(self, python: str, n: int, workers: int, batch: int, rows: int,
+                 timeout: float = 300.0) -> None:
         import subprocess
         import threading
 
         self.proc = subprocess.Popen(
-            [python, __file__, "--ray-server", "--n", str(n), "--workers", str(workers)],
+            [python, __file__, "--ray-server", "--n", str(n), "--workers", str(workers),
+             "--batch", str(batch), "--rows", str(rows)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),
@@ -230,12 +251,13 @@ class Floor:
                 proc.wait(10)
 
 
-def start_ray(python: str | None, n: int, workers: int) -> tuple[object | None, str | None]:
+def start_ray(python: str | None, n: int, workers: int, batch: int, rows: int
+              ) -> tuple[object | None, str | None]:
     """(a Ray runner, None) or (None, why not)."""
     try:
         if python:
-            return RayProcess(python, n, workers), None
-        return RayBench(n, workers), None
+            return RayProcess(python, n, workers, batch, rows), None
+        return RayBench(n, workers, batch, rows), None
     except ImportError:
         return None, "ray is not installed here (make bench installs it in .venv-ray)"
     except Exception as exc:
@@ -281,6 +303,8 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
             assert len(outs) == batch
 
         runners = {"numpy loop": lambda: [x @ w for x in xs], "swarm refs": inference}
+        if ray is not None:
+            runners[RAY_INFERENCE] = lambda: ray.call("inference")
         if floor is not None:
             runners[floor_name] = lambda: floor.call("inference")
         times = interleaved(runners, max(2, repeats // 2 + 1))
@@ -288,10 +312,13 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
                          2.0 * batch * rows * n * n, floor_name)
         # -- small-task overhead --------------------------------------------------------------
         one = np.ones((1, 1), np.float32)
-        rt = timed(lambda: client.matmul(one, one), small_calls)
-        results.append({"case": "1x1 matmul round trip", "runner": "swarm (verified)",
-                        "median_s": statistics.median(rt), "gflops": None, "vs_numpy": None,
-                        "p90_s": sorted(rt)[int(0.9 * len(rt))]})
+        runners = {"swarm (verified)": lambda: client.matmul(one, one)}
+        if ray is not None:
+            runners[RAY_SMALL] = lambda: ray.call("small")
+        for name, rt in interleaved(runners, small_calls).items():
+            results.append({"case": "1x1 matmul round trip", "runner": name,
+                            "median_s": statistics.median(rt), "gflops": None,
+                            "vs_numpy": None, "p90_s": sorted(rt)[int(0.9 * len(rt))]})
     return results
 
 
@@ -378,7 +405,7 @@ def main() -> int:
     args = p.parse_args()
     n, batch, rows, calls = (1024, 16, 128, 50) if args.quick else (4096, 64, 256, 200)
     if args.ray_server:
-        return ray_server(args.n or n, args.workers)
+        return ray_server(args.n or n, args.workers, args.batch or batch, args.rows or rows)
     if args.floor_server is not None:
         return floor_server(args.floor_server, args.workers, args.n or n, args.batch or batch,
                             args.rows or rows)
@@ -390,7 +417,7 @@ def main() -> int:
             combined, failed = separate_runs(args.runs)
         return report(combined, args, failed)
     ray, why = (None, "not asked for (--only swarm)") if args.only == "swarm" else \
-        start_ray(args.ray_python, n, args.workers)
+        start_ray(args.ray_python, n, args.workers, batch, rows)
     results = []
     floor = None
     try:
