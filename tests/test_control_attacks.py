@@ -9,6 +9,7 @@ fills up (2), liar reports on anyone's word (3), replayed old blocks (4), charte
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from types import SimpleNamespace
@@ -18,8 +19,19 @@ import pytest
 from dht import DHTNode
 from dht.errors import ItemError
 from dht.messages import Envelope, ReplayGuard
-from identity import BlockCommand, PeerKey, Role
+from identity import (
+    BlockCommand,
+    Charter,
+    PeerKey,
+    Role,
+    Signed,
+    UnblockCommand,
+    sign_as_peer,
+    verify_chain,
+)
 from identity.keys import PeerId
+from identity.statements import Policy
+from swarm.control import machine as control
 from swarm.control.election import Candidate
 from swarm.control.machine import (
     MAX_SEEN_REPORTS,
@@ -41,6 +53,7 @@ from swarm.control.state import (
     StateItem,
     resolve,
     seal,
+    unseal,
 )
 from swarm.errors import CharterError, NotCoordinator, ProtocolError, StaleTerm, URIError
 from tests.control_support import FakeNode
@@ -240,16 +253,84 @@ def test_a_replayed_owner_block_after_a_failover_is_refused():
         sim.nodes["c"].forwarded_block(block, sim.ids["b"], sim.now, 100 + 86400)
 
 
+def test_a_replayed_or_stranger_forwarded_unblock_is_refused():
+    """An owner's unblock forwarded after a heal undoes only an older block, and only from a
+    peer that coordinated here, within the forward age and the term window."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.operator("b", "unblock", "x", at=100)
+    unblock = sim.unblocks[sim.ids["x"]]
+    sim.operator("b", "block", "x", at=110)  # the owner changed their mind: blocked again
+    sim.run_until(lambda: sim.ids["x"] in sim.nodes["c"].blocked())
+    sim.alive.discard("b")  # b dies; c takes over at term 2
+    sim.run_until(lambda: sim.agreed("c", but=frozenset({"b", "x"})))
+    with pytest.raises(StaleTerm, match="newer"):
+        sim.nodes["c"].forwarded_unblock(unblock, sim.ids["b"], sim.now, 120)
+    with pytest.raises(NotCoordinator):  # not from a peer that never coordinated
+        sim.nodes["c"].forwarded_unblock(unblock, _pid("stranger"), sim.now, 120)
+    with pytest.raises(StaleTerm):  # nor days later
+        sim.nodes["c"].forwarded_unblock(unblock, sim.ids["b"], sim.now, 100 + 86400)
+    with pytest.raises(NotCoordinator):  # and only the coordinator takes one
+        sim.nodes["a"].forwarded_unblock(unblock, sim.ids["b"], sim.now, 120)
+    assert sim.ids["x"] in sim.nodes["c"].blocked()
+
+
+async def test_a_forwarded_unblock_travels_with_the_owners_proof_and_is_checked(tmp_path):
+    """The planes' side: the deposed coordinator sends the owner's signed unblock it applied;
+    the winner verifies that signature against the charter before it lifts its older block,
+    and a command signed by anybody else lifts nothing."""
+    owner, swarm_key = owner_key(tmp_path, "owner"), PeerKey.generate()
+    charter = Charter(swarm=swarm_key.public_bytes, counter=1, name="t",
+                      owners=(owner.credential,), policy=Policy(), admins=())
+    own = verify_chain([owner.sign(charter)], swarm_pubkey=swarm_key.peer_id, now=time.time())
+    x, now = _pid("x"), int(time.time())
+
+    def unblock(signer=None) -> Signed:
+        cmd = UnblockCommand(swarm=swarm_key.public_bytes, counter=now * 1000, target=x,
+                             reason="", role=Role.OWNER, term=1)
+        return owner.sign(cmd) if signer is None else Signed(cmd, (sign_as_peer(cmd, signer),))
+
+    for n in "bc":
+        (tmp_path / n).mkdir()
+    b, c = (_plane(tmp_path / n, swarm=swarm_key.public_bytes) for n in "bc")
+    b.ownership = c.ownership = own
+    sent: list[bytes] = []
+
+    async def send(addr, msg: bytes) -> None:
+        sent.append(msg)
+
+    b.node.dht.send_message = send
+    b.addrs[c.key.peer_id] = ("127.0.0.1", 9)
+    b._unblocked(x, unblock())
+    await b._do([control.ForwardUnblocks((x,), c.key.peer_id)])
+    await asyncio.gather(*b._tasks)
+    assert [unseal(SWARM, m).kind for m in sent] == ["fwd"]
+    # c coordinates term 2 with x blocked since before the unblock (set up directly here; the
+    # state machine's way there is tested in test_control_machine)
+    ctl = c.controller
+    ctl.state = CoordinatorState(SWARM, 2, 3, c.key.peer_id,
+                                 (BlockEntry(x, "r", "owner", now - 50),))
+    ctl.role = Duty.COORDINATOR
+    ctl.past_coordinators.add(b.key.peer_id)
+    forged = seal(b.key, SWARM, "fwd", unblock(signer=b.key).encode())
+    await c._on_message(b.key.peer_id, ("127.0.0.1", 9), forged)
+    assert x in ctl.blocked()  # b's own signature is no owner's
+    await c._on_message(b.key.peer_id, ("127.0.0.1", 9), sent[0])
+    assert x not in ctl.blocked() and x in c._unblock_proofs
+    await b.close()
+    await c.close()
+
+
 # -- finding 5: charter rollback ------------------------------------------------------------
 
 
 
 
-def _plane(tmp_path, key: PeerKey | None = None, wall=time.time) -> ControlPlane:
+def _plane(tmp_path, key: PeerKey | None = None, wall=time.time,
+           swarm: bytes = b"\x01" * 32) -> ControlPlane:
     key = key or PeerKey.generate()
     node = FakeNode(key=key, config=SimpleNamespace(swarm_id=SWARM, announce=True),
                  dht=DHTNode(key), accept_peer=None)
-    return ControlPlane(node, b"\x01" * 32, tmp_path, wall=wall)
+    return ControlPlane(node, swarm, tmp_path, wall=wall)
 
 
 def _ownership(counter: int) -> SimpleNamespace:

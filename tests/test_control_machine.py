@@ -65,6 +65,7 @@ class Sim:
         self.disconnects: dict[str, list[tuple[PeerId, bool]]] = {n: [] for n in tflops}
         self.left: dict[str, str] = {}
         self.issued: dict[PeerId, Command] = {}  # operator block commands, by target
+        self.unblocks: dict[PeerId, Command] = {}  # operator unblock commands, by target
         self.lose: dict[str, int] = {}  # messages of a kind still to lose (no link yet)
         self.announced: dict[str, float] = {}  # when each (re)announced itself (freshness)
 
@@ -74,6 +75,8 @@ class Sim:
                       self.nodes[at_node].term)
         if kind == "block":
             self.issued[cmd.target] = cmd
+        elif kind == "unblock":
+            self.unblocks[cmd.target] = cmd
         self.nodes[at_node].command(cmd, self.now)
         self._run(at_node)
 
@@ -167,6 +170,12 @@ class Sim:
                         self._deliver(dst, "fwdauto", lambda d=dst, e=entry, t=act.term:
                                       self.nodes[d].forwarded_auto_block(e, t, node.me,
                                                                          self.now, e.at))
+            elif isinstance(act, control.ForwardUnblocks):
+                for peer in act.peers:
+                    cmd = self.unblocks.get(peer)
+                    if cmd is not None and (dst := self._reach(name, act.to)) is not None:
+                        self._deliver(dst, "fwd", lambda d=dst, c=cmd: self.nodes[
+                            d].forwarded_unblock(c, node.me, self.now, c.at))
             elif isinstance(act, control.Disconnect):
                 self.disconnects[name].append((act.peer, act.blocked))
             elif isinstance(act, control.Left):
@@ -458,6 +467,67 @@ def test_an_unblock_issued_after_the_forwarded_block_wins():
         assert sim.ids["x"] not in sim.nodes[n].blocked(), n
 
 
+def _unblocked_on_the_losing_side(lose_forwards: int = 0) -> Sim:
+    """x is blocked everywhere (at 100); b (the coordinator) is cut off with x, c wins term 2
+    on the other side with the block in its state, and the owner unblocks x through b (at
+    200); then heal. c's state replaces b's and still blocks x with the older block."""
+    sim, _ = _stable({"a": 1.0, "b": 4.0, "c": 1.5, "x": 0.5})
+    sim.operator("b", "block", "x", at=100)
+    for _ in range(20):
+        sim.step()
+    sim.cut.add("b")
+    sim.run_until(lambda: sim.agreed("c", but=frozenset({"b", "x"})))
+    assert sim.ids["x"] in sim.nodes["c"].blocked()
+    sim.cut = {"a", "c"}
+    sim.operator("b", "unblock", "x", at=200)
+    assert sim.ids["x"] not in sim.nodes["b"].blocked()
+    sim.lose["fwd"] = lose_forwards
+    sim.cut.clear()
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER and sim.agreed(
+        "c", but=frozenset({"x"})))
+    return sim
+
+
+def test_an_unblock_made_on_the_losing_side_of_a_partition_survives_the_heal():
+    """The owner's unblock is newer than the block the winner's state holds: the deposed
+    coordinator hands its proof on, and nobody keeps x blocked (an owner command swallowed
+    by a partition otherwise)."""
+    sim = _unblocked_on_the_losing_side()
+    sim.run_until(lambda: sim.ids["x"] not in sim.nodes["c"].blocked(), limit=5)
+    for _ in range(20):
+        sim.step()
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] not in sim.nodes[n].blocked(), n
+    assert sim.ids["x"] not in sim.persisted["c"].blocked_ids  # nor in what a restart reads
+
+
+def test_a_lost_unblock_forward_is_sent_again_and_a_newer_block_is_not_undone():
+    sim = _unblocked_on_the_losing_side(lose_forwards=1)
+    sim.run_until(lambda: sim.ids["x"] not in sim.nodes["c"].blocked(),
+                  limit=3 * sim.timing.failover)
+    assert sim.lose["fwd"] == 0  # the first forward was lost
+    # the owner blocks x again (newer than the unblock): a replay of the forward is refused
+    sim.operator("c", "block", "x", at=300)
+    cmd = sim.unblocks[sim.ids["x"]]
+    with pytest.raises(StaleTerm, match="newer"):
+        sim.nodes["c"].forwarded_unblock(cmd, sim.ids["b"], sim.now, cmd.at)
+    for _ in range(int(3 * sim.timing.failover / DT)):
+        sim.step()
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] in sim.nodes[n].blocked(), n
+
+
+def test_a_deposed_coordinator_that_coordinates_again_applies_the_unblocks_it_owes():
+    sim = _unblocked_on_the_losing_side(lose_forwards=1000)
+    assert sim.ids["x"] in sim.nodes["b"].blocked()  # it follows c's state for now
+    sim.announced["b"] = sim.now  # c hands the role back to b, the faster
+    sim.run_until(lambda: sim.agreed("b", but=frozenset({"x"})))
+    for _ in range(20):
+        sim.step()
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] not in sim.nodes[n].blocked(), n
+
+
 def _blocked_on_the_losing_side() -> Sim:
     """b (the fastest) is cut off with x; c wins term 2 on the other side; the owner blocks
     x through b."""
@@ -483,6 +553,23 @@ def test_a_block_whose_forward_was_lost_or_refused_is_forwarded_again():
     assert ("c", "fwd", "this peer is handing-off, not the coordinator") in sim.refused
     for n in ("a", "b", "c"):
         assert sim.ids["x"] in sim.nodes[n].blocked(), n
+
+
+def test_the_deposed_coordinator_learns_of_the_unblock_that_overruled_its_block():
+    """The mirror case: b blocks x on its side of the split, the owner unblocks x through c
+    (later). c refuses b's forward and shows b the unblock, so b owes nothing: when b
+    coordinates again, x stays unblocked."""
+    sim = _blocked_on_the_losing_side()
+    sim.operator("c", "unblock", "x", at=200)
+    sim.cut.clear()
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.FOLLOWER)
+    sim.announced["b"] = sim.now  # c hands the role back to b, the faster
+    sim.run_until(lambda: sim.agreed("b", but=frozenset({"x"})),
+                  limit=sim.timing.retry_successor + 10)
+    for _ in range(20):
+        sim.step()
+    for n in ("a", "b", "c"):
+        assert sim.ids["x"] not in sim.nodes[n].blocked(), n
 
 
 def test_a_failed_handoff_is_tried_again_after_a_while():

@@ -230,6 +230,19 @@ class ForwardBlocks:
 
 
 @dataclass(frozen=True)
+class ForwardUnblocks:
+    """Hand the proofs of unblocks we applied to ``to`` so that they are not swallowed by a
+    healed partition: we coordinated at a lower term and the winner's state still blocks
+    these peers with older blocks, or we coordinate and ``to`` forwarded a block that one of
+    our unblocks overruled (it would apply that block again if it coordinated)."""
+
+    peers: tuple[PeerId, ...]
+    """Unblocked by us after the block ``to`` holds or forwarded."""
+    to: PeerId
+    """The coordinator whose state won, or the deposed one whose forward we refused."""
+
+
+@dataclass(frozen=True)
 class RelayReport:
     """Pass a liar report on to the coordinator (once: ``report.relayed`` is set)."""
 
@@ -279,7 +292,8 @@ class Left:
     """Why."""
 
 
-Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | RelayReport \
+Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | ForwardUnblocks \
+    | RelayReport \
     | Disconnect | Persist | RoleChanged | Left
 
 
@@ -355,6 +369,10 @@ class Controller:
         """Blocks we applied as coordinator that the state which replaced ours lacks
         (peer -> entry, the term we applied it in, since when): forwarded to whoever
         coordinates until a state we follow shows them, applied again if we coordinate."""
+        self._owed_unblocks: dict[PeerId, tuple[int, float]] = {}
+        """Unblocks we applied as coordinator that the state which replaced ours does not show
+        (it still blocks the peer, with a block issued before our unblock): peer -> (the
+        unblock's time, since when); forwarded and applied again like :attr:`_owed`."""
         self._owed_tries = 0
         self._owed_next = 0.0
         self._leave_reason = ""
@@ -650,6 +668,40 @@ class Controller:
             raise ProtocolError(f"unknown command {cmd.kind!r}")
         return self.state
 
+    def forwarded_unblock(self, cmd: Command, sender: PeerId, now: float, wall: float) -> None:
+        """An owner's or admin's unblock (proof verified by the adapter), forwarded after a
+        heal: applied when it was issued after the block our state holds. The replay checks
+        of :meth:`forwarded_block`, and a block issued after the unblock always stands.
+
+        Two senders: a deposed coordinator that applied it in its term while our state kept
+        the peer blocked (we coordinate), or the coordinator that refused the block we
+        forwarded because this unblock overruled it (we owe that block no longer)."""
+        if cmd.kind != "unblock":
+            raise ProtocolError("not an unblock")
+        if not abs(wall - cmd.at) <= self.timing.forward_max_age:  # NaN fails too
+            raise StaleTerm(f"forwarded unblock issued {wall - cmd.at:.0f} s ago (replay?)")
+        owed = self._owed.get(cmd.target)
+        if owed is not None and owed[0].at < cmd.at:
+            log.info("no longer keeping %s blocked: the owner unblocked it later",
+                     cmd.target.short())
+            del self._owed[cmd.target]
+            self._unblocked_at[cmd.target] = max(cmd.at, self._unblocked_at.get(cmd.target, 0))
+            return
+        if self.role is not Duty.COORDINATOR or self.state is None:
+            raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator")
+        self._check_forward(cmd, sender, wall)
+        if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
+            raise StaleTerm(f"forwarded unblock from term {cmd.term} at term {self.state.term}")
+        entry = next((b for b in self.state.blocked if b.peer == cmd.target), None)
+        if entry is None:
+            return
+        if entry.at >= cmd.at:
+            raise StaleTerm(f"{cmd.target.short()} was blocked at {entry.at}, newer than the "
+                            f"forwarded unblock ({cmd.at}): the block stands")
+        log.info("unblocking %s: the owner's unblock, forwarded from a deposed coordinator",
+                 cmd.target.short())
+        self.command(cmd, now)
+
     def forwarded_block(self, cmd: Command, sender: PeerId, now: float, wall: float) -> None:
         """A block that a deposed coordinator applied in its term, its owner or admin proof
         already verified by the adapter: applied unless it is a replay.
@@ -666,6 +718,8 @@ class Controller:
         if not self.state.term - MAX_TERM_STEP <= cmd.term < self.state.term:
             raise StaleTerm(f"forwarded block from term {cmd.term} at term {self.state.term}")
         if self._unblocked_since(cmd.target, cmd.term, cmd.at):
+            if self._unblocked_at.get(cmd.target, -1) >= cmd.at:  # we applied a later one
+                self._actions.append(ForwardUnblocks((cmd.target,), sender))  # show it
             raise StaleTerm(f"{cmd.target.short()} was unblocked in term {cmd.term} or "
                             "later, or after the block was issued: the forwarded block is "
                             "superseded (or a replay)")
@@ -799,7 +853,7 @@ class Controller:
         then again ``failover`` apart (at most :data:`FORWARD_RETRIES` times) while its state
         lacks them. Each retry costs it one signature check; it decides (replays refused)."""
         st = self.state
-        if not self._owed or st is None or st.coordinator == self.me \
+        if not (self._owed or self._owed_unblocks) or st is None or st.coordinator == self.me \
                 or now < self._owed_next or self._owed_tries > FORWARD_RETRIES:
             return
         self._owed_tries += 1
@@ -812,15 +866,28 @@ class Controller:
                 by_term.setdefault(term, []).append(entry)
         for term, entries in sorted(by_term.items()):
             self._actions.append(ForwardBlocks(tuple(entries), st.coordinator, term))
+        for peer, (_, since) in list(self._owed_unblocks.items()):
+            if now - since > self.timing.forward_max_age:
+                del self._owed_unblocks[peer]
+        if self._owed_unblocks:
+            self._actions.append(ForwardUnblocks(tuple(self._owed_unblocks), st.coordinator))
 
     def _apply_owed(self, now: float) -> None:
         """We coordinate again while still owing blocks (their forward was lost, or its
         receiver handed the role back first): apply them ourselves, unless an unblock we
-        saw supersedes them."""
+        saw supersedes them; and the unblocks we owe, unless a newer block came since."""
         owed, self._owed = self._owed, {}
+        unblocks, self._owed_unblocks = self._owed_unblocks, {}
         st = self.state
         if st is None:
             return
+        for entry in st.blocked:
+            at, since = unblocks.get(entry.peer, (-1, 0.0))
+            if entry.at < at and now - since <= self.timing.forward_max_age:
+                log.info("unblocking %s: its unblock was lost while we did not coordinate",
+                         entry.peer.short())
+                st = st.without_block(entry.peer)
+                self._note_unblocked(entry.peer, st.term)
         kept = [e for peer, (e, term, since) in owed.items()
                 if peer != self.me and peer not in st.blocked_ids
                 and now - since <= self.timing.forward_max_age
@@ -927,11 +994,22 @@ class Controller:
             for b in old.blocked:
                 if b.peer not in state.blocked_ids:
                     self._owed[b.peer] = (b, old.term, now)
+            # and unblocks it still blocks with an older block were lost, not overruled
+            for b in state.blocked:
+                at = self._unblocked_at.get(b.peer, -1)
+                if b.peer not in old.blocked_ids and at > b.at \
+                        and self._unblocked_term.get(b.peer, -1) >= old.term:
+                    self._owed_unblocks[b.peer] = (at, now)
         for peer in (old.blocked_ids if old else frozenset()) - state.blocked_ids:
             if peer not in self._owed:
                 self._note_unblocked(peer, state.term)
         for peer in state.blocked_ids & self._owed.keys():
             del self._owed[peer]  # it arrived
+        for b in state.blocked:  # a newer block supersedes an unblock we owe
+            if b.at >= self._owed_unblocks.get(b.peer, (b.at, 0.0))[0]:
+                self._owed_unblocks.pop(b.peer, None)
+        for peer in self._owed_unblocks.keys() - state.blocked_ids:
+            del self._owed_unblocks[peer]  # it arrived
         self.past_coordinators.add(state.coordinator)
         if old is None or (old.coordinator, old.term) != (state.coordinator, state.term):
             self._owed_tries = 0  # a new coordinator hears all of them at once

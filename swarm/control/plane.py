@@ -45,6 +45,7 @@ from swarm.control.charter import (
 from swarm.control.charter import fetch as fetch_charter
 from swarm.control.election import Candidate
 from swarm.control.machine import (
+    MAX_UNBLOCKED,
     Command,
     Controller,
     Duty,
@@ -143,6 +144,9 @@ class ControlPlane:
         self.role_changes: list[tuple[float, Duty, int]] = []
         self._block_proofs: dict[PeerId, bytes] = {}
         """Signed owner/admin block commands we applied, forwarded if our state is replaced."""
+        self._unblock_proofs: OrderedDict[PeerId, bytes] = OrderedDict()
+        """Signed unblock commands we applied (the newest :data:`MAX_UNBLOCKED`), forwarded
+        if the state that replaces ours still blocks those peers with older blocks."""
         self._pending_reports: deque[LiarReport] = deque(maxlen=MAX_PENDING_REPORTS)
         """Our own liar reports, sent again to each new coordinator (a dead one heard
         nothing)."""
@@ -448,6 +452,11 @@ class ControlPlane:
                     else:
                         continue
                     self._spawn(self._send(act.to, msg))
+            elif isinstance(act, control.ForwardUnblocks):
+                for peer in act.peers:
+                    if (proof := self._unblock_proofs.get(peer)) is not None:
+                        self._spawn(self._send(act.to, seal(self.key, self.swarm_id, "fwd",
+                                                            proof)))
             elif isinstance(act, control.RelayReport):
                 self._spawn(self._send(act.to, seal(self.key, self.swarm_id, "liar",
                                                     act.report.encode())))
@@ -713,8 +722,16 @@ class ControlPlane:
         c.command(Command(kind, cmd.target, cmd.reason, role.value, int(wall), cmd.term), now)
         if kind == "block":
             self._block_proofs[cmd.target] = signed.encode()
+            self._unblock_proofs.pop(cmd.target, None)
         elif kind == "unblock":
-            self._block_proofs.pop(cmd.target, None)
+            self._unblocked(cmd.target, signed)
+
+    def _unblocked(self, peer: PeerId, signed: Signed) -> None:
+        self._block_proofs.pop(peer, None)
+        self._unblock_proofs.pop(peer, None)
+        self._unblock_proofs[peer] = signed.encode()
+        while len(self._unblock_proofs) > MAX_UNBLOCKED:
+            self._unblock_proofs.popitem(last=False)
 
     def _admit(self, signed: Signed, wall: float) -> None:
         """The replay guard: once, fresh, and an owner key's sign counter moving forward."""
@@ -726,22 +743,27 @@ class ControlPlane:
             self.commands.admit(proof.signer.raw, signed.statement.counter, wall)
 
     def _forwarded(self, signed: Signed, sender: PeerId, now: float) -> None:
-        """A block with its owner's or admin's proof, from a coordinator our state replaced.
+        """A block or unblock with its owner's or admin's proof, from a coordinator our state
+        replaced.
 
         Its term is below ours (it was issued on the losing side of a partition), so only the
         proof is checked here, not the fencing floor; the controller refuses replays (see
-        :meth:`Controller.forwarded_block`).
+        :meth:`Controller.forwarded_block` and :meth:`Controller.forwarded_unblock`).
         """
         if self.ownership is None:
             raise NotCoordinator("this peer has no verified charter to check commands against")
         cmd = signed.statement
-        if not isinstance(cmd, BlockCommand):
-            raise ProtocolError("only block commands are forwarded")
+        if not isinstance(cmd, BlockCommand | UnblockCommand):
+            raise ProtocolError("only block and unblock commands are forwarded")
         wall = self.wall()
         role = verify_command(signed, self.ownership, now=wall)
         if role not in (Role.OWNER, Role.ADMIN):
-            raise NotCoordinator("only owner and admin blocks are forwarded")
-        self.controller.forwarded_block(
-            Command("block", cmd.target, cmd.reason, role.value, cmd.counter // 1000, cmd.term),
-            sender, now, wall)
+            raise NotCoordinator("only owner and admin commands are forwarded")
+        c = Command(COMMANDS[type(cmd)], cmd.target, cmd.reason, role.value,
+                    cmd.counter // 1000, cmd.term)
+        if isinstance(cmd, UnblockCommand):
+            self.controller.forwarded_unblock(c, sender, now, wall)
+            self._unblocked(cmd.target, signed)
+            return
+        self.controller.forwarded_block(c, sender, now, wall)
         self._block_proofs[cmd.target] = signed.encode()
