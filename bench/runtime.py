@@ -339,6 +339,9 @@ def _rows(case: str, times: dict[str, list[float]], numpy_name: str, flops: floa
 def combine(runs: list[dict]) -> dict:
     """Separate runs' JSON -> one: per row the median of the runs' medians and ratios, and
     each run's ratio (or seconds) in a list; the load of each run in ``meta``."""
+    if any(isinstance(run["meta"]["load_1m"], list) for run in runs):
+        raise ValueError("--combine takes the --json output of single runs, not of --runs N "
+                         "(that is already combined)")
     keys = [[(r["case"], r["runner"]) for r in run["results"]] for run in runs]
     if any(k != keys[0] for k in keys):
         raise ValueError("the runs measured different rows")
@@ -411,7 +414,11 @@ def main() -> int:
                             args.rows or rows)
     if args.combine or args.runs > 1:
         if args.combine:
-            combined = combine([json.loads(Path(f).read_text()) for f in args.combine])
+            try:
+                combined = combine([json.loads(Path(f).read_text()) for f in args.combine])
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"cannot combine: {exc}", file=sys.stderr)
+                return 2
             failed = 0
         else:
             combined, failed = separate_runs(args.runs)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import runtime  # noqa: E402
@@ -28,3 +30,12 @@ def test_rows_relate_each_runner_to_numpy_and_to_the_floor():
     assert rows["swarm"]["vs_numpy"] == 0.5 and rows["swarm"]["vs_floor"] == 0.5
     assert rows["floor"]["vs_floor"] == 1.0 and rows["swarm"]["gflops"] == 2.0
     assert runtime._rows("c", times, "numpy a@b", 8e9, "absent")[0]["vs_floor"] is None
+
+
+def test_combining_an_already_combined_run_says_so():
+    run = {"meta": {"load_1m": 1.0}, "results": [{"case": "c", "runner": "r", "median_s": 1.0,
+                                                    "gflops": None, "vs_numpy": None}]}
+    combined = runtime.combine([run, run])
+    assert combined["meta"]["load_1m"] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="single runs"):
+        runtime.combine([combined])
