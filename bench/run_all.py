@@ -22,8 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RAY_PYTHON = os.environ.get("SWARM_BENCH_RAY_PYTHON", str(ROOT / ".venv-ray" / "bin" / "python"))
-"""The interpreter that runs bench/runtime.py's Ray rows (``make bench`` creates .venv-ray)."""
+RAY_PYTHON = os.environ.get("SWARM_BENCH_RAY_PYTHON", ".venv-ray/bin/python")
+"""The interpreter that runs bench/runtime.py's Ray rows (``make bench`` creates .venv-ray;
+relative to the repository, where every script runs, so that captions name no home dir)."""
 
 # name -> (script args, quick args, time limit s, what it shows)
 BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {

@@ -58,6 +58,7 @@ from identity.keys import PeerId, PeerKey
 from swarm import __version__, wire
 from swarm.control.membership import (
     ACTIVITY_INTERVAL,
+    ANNOUNCE_TTL,
     MemberRecord,
     announce,
     live_members,
@@ -145,7 +146,7 @@ class NodeConfig:
     """Object store cap in bytes."""
     chaos: ChaosSpec = field(default_factory=ChaosSpec)
     """Fault injection (``SWARM_CHAOS``)."""
-    announce_ttl: float = 120.0
+    announce_ttl: float = ANNOUNCE_TTL
     """Membership announcement lifetime; re-announced at a third of it."""
     announce: bool = True
     """Announce a member record (a transient requester such as ``swarm submit`` does not)."""

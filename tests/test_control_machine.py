@@ -233,6 +233,29 @@ def test_crash_failover_within_bound_keeps_blocklist():
     assert sim.nodes["c"].state.prev  # the chain continues from the dead coordinator's state
 
 
+def test_an_announcement_made_before_the_crash_does_not_revive_the_dead_coordinator():
+    """b announced itself just before its SIGKILL, but the followers' views still held its
+    older announcement when they suspected it. Reading the newer one afterwards is no sign
+    of life: it must not clear the suspicion (b was elected again, suspected again after
+    another ``failover``, and the failover took twice as long; in bench/control.py a
+    graceful handoff then went to the dead peer and waited out its ``handoff`` timeout)."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.announced["b"] = sim.now - 30.0  # the announcement the views hold
+    sim.step()
+    died = sim.now
+    sim.alive.discard("b")
+    t = sim.timing
+    sim.run_until(lambda: all(sim.ids["b"] in sim.nodes[n].suspects for n in "ac"))
+    sim.announced["b"] = died - 0.5  # its last announcement, made before it died, read now
+    sim.run_until(lambda: sim.agreed("c"), limit=t.failover + t.claim)
+    for _ in range(int(t.failover / DT)):
+        sim.step()
+    assert sim.ids["b"] in sim.nodes["a"].suspects  # still: nothing it did since
+    sim.nodes["c"].leave(sim.now)  # and a handoff from c goes to a, not to the dead b
+    sim._run("c")
+    assert sim.nodes["c"]._successor == sim.ids["a"]
+
+
 def test_chained_failover_when_the_successor_is_dead_too():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     sim.alive -= {"b", "c"}
@@ -546,6 +569,7 @@ def test_a_block_whose_forward_was_lost_or_refused_is_forwarded_again():
     sim = _blocked_on_the_losing_side()
     sim.lose["fwd"] = 1
     sim.cut.clear()
+    sim.step()
     sim.announced["b"] = sim.now  # its re-announcement clears c's suspicion: c hands off
     sim.run_until(lambda: sim.nodes["c"].role is Duty.HANDING_OFF)
     sim.run_until(lambda: sim.ids["x"] in sim.nodes["a"].blocked())
@@ -578,7 +602,8 @@ def test_a_failed_handoff_is_tried_again_after_a_while():
     ``retry_successor`` has passed, c hands off to b again."""
     sim = _blocked_on_the_losing_side()
     sim.cut.clear()
-    sim.announced["b"] = sim.now
+    sim.step()
+    sim.announced["b"] = sim.now  # announced after c suspected it: c hands off to it
     sim.run_until(lambda: sim.nodes["c"].role is Duty.HANDING_OFF)
     sim.run_until(lambda: sim.nodes["c"].role is Duty.COORDINATOR)  # the offer timed out
     assert ("b", "handoff", "cannot take over while coordinator") in sim.refused

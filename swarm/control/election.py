@@ -54,7 +54,8 @@ class Candidate:
     eligible: bool = True
     """False when the member's roles say it must not coordinate (an observer, a browser)."""
     freshness: float = 0.0
-    """When the member last (re)announced itself; a newer announcement clears suspicion."""
+    """When the member last announced itself, on the controller's clock (its ``now``): an
+    announcement made after we suspected the member clears the suspicion."""
 
     @property
     def can_coordinate(self) -> bool:

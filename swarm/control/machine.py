@@ -340,6 +340,8 @@ class Controller:
         self.charter_blocked = frozenset(charter_blocked)
         self.view: dict[PeerId, Candidate] = {}
         self.suspects: dict[PeerId, float] = {}
+        """Peers we take for dead (silent coordinators, or winners that never showed up), and
+        since when: a heartbeat, or an announcement made after that, clears a suspicion."""
         self.expected: PeerId | None = state.coordinator if state else None
         self.last_heard = now
         self.endorsement: bytes = b""
@@ -412,9 +414,9 @@ class Controller:
     def members(self, view: Iterable[Candidate], now: float) -> None:
         """The live members as the DHT lists them (including us)."""
         self.view = {c.peer_id: c for c in view}
-        for peer, fresh in list(self.suspects.items()):
+        for peer, since in list(self.suspects.items()):
             c = self.view.get(peer)
-            if c is not None and c.freshness > fresh:
+            if c is not None and c.freshness > since:
                 log.info("%s re-announced itself; no longer suspected", peer.short())
                 del self.suspects[peer]
         if self.role is Duty.COORDINATOR:
@@ -946,8 +948,7 @@ class Controller:
         if now - self.last_heard <= self.timing.failover:
             return
         if self.expected is not None:
-            fresh = self.view[self.expected].freshness if self.expected in self.view else 0.0
-            self.suspects[self.expected] = fresh
+            self.suspects[self.expected] = now  # only what it does after this clears it
             log.warning("no heartbeat from %s for %.1f s: suspecting it", self.expected.short(),
                         now - self.last_heard)
         winner = elect(self.view.values(), self.blocked(), self._candidates_out())

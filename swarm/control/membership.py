@@ -272,6 +272,19 @@ NO_COORDINATE = "no-coordinate"
 """A member role: serves tasks, never coordinates."""
 
 
+ANNOUNCE_TTL = 120.0
+"""Seconds an announcement lasts (``NodeConfig.announce_ttl``'s default, which members use;
+a member re-announces before a third of it has passed)."""
+
+
+def announced(expires_at: float, wall: float, now: float, ttl: float = ANNOUNCE_TTL) -> float:
+    """When an announcement that expires at Unix time ``expires_at`` was made, on the clock
+    whose reading is ``now`` at Unix time ``wall``, taking it to have been made for ``ttl``
+    seconds (a :attr:`Candidate.freshness`). Only an announcement made after a suspicion is
+    a sign of life: a newer one made before it (read late, from a view that lagged) is not."""
+    return now - (wall - (expires_at - ttl))
+
+
 def candidate(record: MemberRecord, freshness: float) -> Candidate:
     """A member record as the election sees it (members and observers alike)."""
     h = record.health

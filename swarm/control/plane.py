@@ -54,7 +54,9 @@ from swarm.control.machine import (
     refuse_unchecked,
 )
 from swarm.control.membership import (
+    ANNOUNCE_TTL,
     MemberRecord,
+    announced,
     candidate,
     membership_topic,
     save_seen_peers,
@@ -265,7 +267,8 @@ class ControlPlane:
                 self._seen[rec.peer_id] = (rec, ann.expires_at)
         # A lookup that missed a slow node lists fewer members; an announcement stays valid
         # until it expires, so the view keeps what it saw (silence is the controller's to judge).
-        wall = self.wall()
+        wall, now = self.wall(), self.clock()
+        ttl = getattr(self.node.config, "announce_ttl", ANNOUNCE_TTL)
         view: list[Candidate] = []
         for peer, (rec, expires) in list(self._seen.items()):
             if expires < wall:
@@ -277,7 +280,7 @@ class ControlPlane:
             self.records[peer] = rec
             if rec.dht is not None:
                 self.addrs[peer] = rec.dht
-            view.append(candidate(rec, expires))
+            view.append(candidate(rec, announced(expires, wall, now, ttl)))
         me = self.key.peer_id
         if me not in {c.peer_id for c in view} and self.node.record is not None:
             view.append(candidate(self.node.record, float("inf")))

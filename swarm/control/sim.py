@@ -55,7 +55,13 @@ from swarm.control import machine as control
 from swarm.control.charter import state_salt, validate_state_item
 from swarm.control.election import Candidate
 from swarm.control.machine import Command, Controller, Duty, Timing
-from swarm.control.membership import MemberRecord, candidate, membership_topic
+from swarm.control.membership import (
+    ANNOUNCE_TTL,
+    MemberRecord,
+    announced,
+    candidate,
+    membership_topic,
+)
 from swarm.control.plane import TICK
 from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
 from swarm.control.sync import (
@@ -71,9 +77,6 @@ from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 EPOCH = 1_800_000_000.0
 """Unix time at simulated time 0 (announcement expiry and message windows use it)."""
-ANNOUNCE_TTL = 120.0
-"""A member's announcement lifetime by default (``NodeConfig.announce_ttl``, which
-bench/scale_sim.py passes in); it re-announces before a third of it has passed."""
 CHARTER_BYTES = 1000
 """Modelled size of the charter item's value (a BEP 44 value is at most 1000 bytes)."""
 HEADER = 21
@@ -484,7 +487,8 @@ class Sim:
         self.adapter = adapter(self)
         self._view: tuple[int, list[Candidate]] = (-1, [])
         self._view_expires = float("inf")
-        self._decoded: dict[bytes, Candidate] = {}
+        self._decoded: dict[bytes, tuple[Candidate, float]] = {}
+        """Each announcement as the election sees it, and its expiry (Unix time)."""
         self._items: dict[bytes, StateItem] = {}
         self.watch: Callable[[Member], None] | None = None
         """Called after each event that may change a member's controller."""
@@ -529,10 +533,11 @@ class Sim:
                 if ann.signature not in self._decoded:
                     ann.check(self.topic)
                     rec = MemberRecord.decode(ann.record, ann.peer_id)
-                    self._decoded[ann.signature] = candidate(rec, ann.expires_at)
+                    self._decoded[ann.signature] = (candidate(rec, announced(
+                        ann.expires_at, EPOCH, 0.0, self.announce_ttl)), ann.expires_at)
                 out.append(self._decoded[ann.signature])
-            self._view = (self.dht.version, out)
-            self._view_expires = min((c.freshness for c in out), default=float("inf"))
+            self._view = (self.dht.version, [c for c, _ in out])
+            self._view_expires = min((e for _, e in out), default=float("inf"))
         return self._view[1]
 
     def refresh_view(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
