@@ -256,6 +256,30 @@ def test_an_announcement_made_before_the_crash_does_not_revive_the_dead_coordina
     assert sim.nodes["c"]._successor == sim.ids["a"]
 
 
+def test_the_dead_coordinators_last_dht_item_is_no_sign_of_life():
+    """b put a newer state item (a block) just before its SIGKILL; its heartbeat with it never
+    went out. A follower that suspects b reads that item in the DHT (catching up): it takes
+    the block, but an item in the DHT is not b speaking, so b stays suspected and the
+    failover is not put off by another ``failover`` (it took 4.6-6 s in bench/control.py)."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    b = sim.nodes["b"]
+    sim.alive.discard("b")
+    sim.cut.add("c")  # a hears nobody for now (c's claim reaches it later)
+    last = b.state.with_block(BlockEntry(sim.ids["x"], "spam", "owner", 5))
+    sim.run_until(lambda: sim.ids["b"] in sim.nodes["a"].suspects)
+    a = sim.nodes["a"]
+    assert a.heartbeat(last, sim.ids["b"], sim.now, heard=False)  # adopted: the block
+    assert sim.ids["x"] in a.blocked()
+    assert sim.ids["b"] in a.suspects and a.expected == sim.ids["c"]
+    a.heartbeat(last, sim.ids["b"], sim.now, heard=False)  # the same item read again
+    for _ in range(int(sim.timing.failover / 2 / DT)):
+        sim.step()
+    assert sim.ids["b"] in a.suspects and a.expected == sim.ids["c"]
+    sim.cut.clear()
+    took = sim.run_until(lambda: sim.agreed("c", but=frozenset({"x"})), limit=sim.timing.claim)
+    assert took < sim.timing.failover / 2, took
+
+
 def test_chained_failover_when_the_successor_is_dead_too():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     sim.alive -= {"b", "c"}

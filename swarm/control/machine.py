@@ -548,8 +548,13 @@ class Controller:
                 else "not eligible to coordinate"))
 
     def heartbeat(self, state: CoordinatorState, sender: PeerId, now: float,
-                  endorsed_by: PeerId | None = None) -> bool:
-        """A coordinator's heartbeat (or its state read from the DHT); True if adopted.
+                  endorsed_by: PeerId | None = None, heard: bool = True) -> bool:
+        """A coordinator's heartbeat, or (``heard=False``) its state read from the DHT; True
+        if adopted.
+
+        Only a heartbeat shows that the coordinator is alive: an item in the DHT may be the
+        last one a dead coordinator put, so reading it neither clears a suspicion of its
+        coordinator nor restarts the wait for it.
 
         Raises :class:`StaleTerm` for a lower term (fencing) and :class:`NotCoordinator`
         for a sender we have no reason to follow.
@@ -574,14 +579,14 @@ class Controller:
                 self._same_term(state, now)
             if state.coordinator == cur.coordinator and state.seq <= cur.seq \
                     and state.term == cur.term:
-                if self.role is Duty.FOLLOWER:  # it is alive: whatever we suspected since
+                if heard and self.role is Duty.FOLLOWER:  # alive: whatever we suspected
                     self.suspects.pop(state.coordinator, None)
                     self.expected, self.last_heard = state.coordinator, now
                 return state.seq == cur.seq
             if not self._legitimate(state, endorsed_by):
                 raise NotCoordinator(f"{sender.short()} claims term {state.term} but is neither "
                                      f"endorsed by {cur.coordinator.short()} nor elected here")
-        self._adopt(state, now)
+        self._adopt(state, now, heard)
         return True
 
     def handoff_offer(self, state: CoordinatorState, sender: PeerId, now: float,
@@ -984,8 +989,11 @@ class Controller:
         out = (self._candidates_out() - {state.coordinator}) | {cur.coordinator}
         return elect(self.view.values(), self.blocked(), out) == state.coordinator
 
-    def _adopt(self, state: CoordinatorState, now: float) -> None:
+    def _adopt(self, state: CoordinatorState, now: float, heard: bool = True) -> None:
         old = self.state
+        # a newer item of the coordinator we suspect, read in the DHT: its content, not its life
+        alive = heard or old is None or (old.coordinator, old.term) != (state.coordinator,
+                                                                        state.term)
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
@@ -1019,9 +1027,10 @@ class Controller:
             self._drop_claim()  # overtaken: our put may still land
         self.guard.observe(state.term)
         self.state = state
-        self.expected = state.coordinator
-        self.last_heard = now
-        self.suspects.pop(state.coordinator, None)
+        if alive:
+            self.expected = state.coordinator
+            self.last_heard = now
+            self.suspects.pop(state.coordinator, None)
         self._actions.append(Persist(state))
         self._forward_owed(now)
         for entry in state.blocked:

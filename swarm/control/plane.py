@@ -356,7 +356,7 @@ class ControlPlane:
         newer = await self._state_of(st.coordinator)
         if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
             try:
-                self.controller.heartbeat(newer, newer.coordinator, self.clock())
+                self.controller.heartbeat(newer, newer.coordinator, self.clock(), heard=False)
             except (StaleTerm, NotCoordinator, ProtocolError) as exc:
                 log.info("not adopting %s's newer DHT state: %s", st.coordinator.short(), exc)
             await self._do(self.controller.actions())
@@ -408,7 +408,8 @@ class ControlPlane:
             cur = self.controller.state
             if cur is None or state.term > cur.term:
                 try:
-                    self.controller.heartbeat(state, state.coordinator, self.clock())
+                    self.controller.heartbeat(state, state.coordinator, self.clock(),
+                                              heard=False)
                 except (StaleTerm, NotCoordinator, ProtocolError) as exc:
                     log.info("not following the DHT's state of term %d: %s", state.term, exc)
         await self._do(self.controller.actions())

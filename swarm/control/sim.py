@@ -588,7 +588,7 @@ class Sim:
         for st in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
             if c.state is None or st.term > c.state.term:
                 try:
-                    c.heartbeat(st, st.coordinator, self.loop.now)
+                    c.heartbeat(st, st.coordinator, self.loop.now, heard=False)
                 except (StaleTerm, NotCoordinator, ProtocolError):
                     pass
         self.do(m)
@@ -600,7 +600,7 @@ class Sim:
         newer = self.state_of(m, st.coordinator, "state")
         if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
             try:
-                m.controller.heartbeat(newer, newer.coordinator, self.loop.now)
+                m.controller.heartbeat(newer, newer.coordinator, self.loop.now, heard=False)
             except (StaleTerm, NotCoordinator, ProtocolError):
                 pass
             self.do(m)
