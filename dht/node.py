@@ -117,6 +117,11 @@ def _not_here(name: str, instead: str):
     return refuse
 
 
+def node_id_of(public_key: bytes) -> bytes:
+    """The DHT node id a fresh node derives from its peer key (a saved one is kept)."""
+    return hashlib.sha1(b"swarm-dht-node\x00" + public_key).digest()
+
+
 class DHTNode(Server):
     """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
 
@@ -140,7 +145,7 @@ class DHTNode(Server):
         self.key = key
         node_id, self._saved_neighbours = self._load_state()
         if node_id is None:
-            node_id = hashlib.sha1(b"swarm-dht-node\x00" + key.public_bytes).digest()
+            node_id = node_id_of(key.public_bytes)
         self.validators = (validators if isinstance(validators, Validators)
                            else Validators(validators))
         self.store = ItemStore(self.data_dir / ITEMS_FILE if self.data_dir else None,
@@ -388,6 +393,25 @@ class DHTNode(Server):
 
     def note_failed(self, node: Node) -> None:
         self._dead[node.id] = time.monotonic()
+
+    def note_gone(self, address: tuple[str, int], node_id: bytes | None = None) -> int:
+        """A peer the caller has its own reason to think dead (a coordinator whose heartbeats
+        stopped) listens at ``address`` (its node id ``node_id``, when known): lookups stop
+        asking it for :data:`DEAD_FOR` s, as if it had timed out. Without this, each lookup
+        that met the dead node waited out its grace (up to ``rpc_timeout``), and a failover
+        claim of three lookups in a row could outlast the claim deadline. Returns the
+        contacts dropped from the routing table."""
+        now = time.monotonic()
+        if node_id is not None:
+            self._dead[node_id] = now
+        if self.protocol is None:  # not listening: no contacts yet
+            return 0
+        gone = [n for bucket in self.protocol.router.buckets for n in bucket.nodes.values()
+                if (n.ip, n.port) == tuple(address)]
+        for n in gone:
+            self._dead[n.id] = now
+            self.protocol.router.remove_contact(n)
+        return len(gone)
 
     def note_alive(self, node: Node) -> None:
         self._dead.pop(node.id, None)

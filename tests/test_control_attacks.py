@@ -439,3 +439,21 @@ async def test_a_strangers_heartbeat_costs_no_dht_lookup(tmp_path):
     assert fetched == [] and plane.controller.state is None
     assert mallory.peer_id not in plane.addrs
     await plane.close()
+
+
+async def test_a_suspected_member_is_not_asked_in_dht_lookups(tmp_path):
+    """The plane tells its DHT node whom the controller takes for dead, before a failover
+    claim's lookups start; a claim that waited on the dead coordinator's node in each of its
+    three lookups outlasted the claim deadline (5.2 s in bench/control.py)."""
+    from dht.node import node_id_of
+    from swarm.control.membership import MemberRecord
+
+    plane = _plane(tmp_path)
+    dead = PeerKey.generate().peer_id
+    plane.records[dead] = MemberRecord(dead, 1.0, dht=("127.0.0.1", 9))
+    plane._note_suspects()
+    assert node_id_of(dead.raw) not in plane.node.dht._recently_failed()
+    plane.controller.suspects[dead] = 0.0
+    plane._note_suspects()
+    assert node_id_of(dead.raw) in plane.node.dht._recently_failed()
+    await plane.close()

@@ -146,3 +146,41 @@ def test_lookup_machine_with_a_fake_clock():
     assert [n for n, _ in res.responses] == _closest(live, target)
     assert now <= 0.1 + GRACE * 0.1 + 1e-9  # dead nodes cost slow_after + grace, not a timeout
     assert dead <= {n.id for n in res.failed}
+
+
+async def test_a_peer_noted_gone_is_not_asked_in_lookups():
+    """The control plane knows a coordinator is dead before the DHT does: after
+    ``note_gone`` its node is out of the routing table and no lookup asks it, even where
+    other nodes still list it (each lookup that met it waited out its grace before)."""
+    from dht import DHTNode
+    from dht.node import node_id_of
+
+    nodes = [DHTNode(rpc_timeout=2.0) for _ in range(6)]
+    try:
+        for n in nodes:
+            await n.listen(0, "127.0.0.1")
+        for n in nodes[1:]:
+            await n.bootstrap([nodes[0].address])
+        a, dead = nodes[1], nodes[0]
+        addr = dead.address
+        assert any((c.ip, c.port) == addr for b in a.protocol.router.buckets
+                   for c in b.nodes.values())
+        await dead.stop()
+        assert a.note_gone(addr, node_id_of(dead.key.public_bytes)) == 1
+        assert not any((c.ip, c.port) == addr for b in a.protocol.router.buckets
+                       for c in b.nodes.values())
+        asked = []
+        call = a.protocol.call
+
+        async def spy(node, name, *args):
+            asked.append((node.ip, node.port))
+            return await call(node, name, *args)
+
+        a.protocol.call = spy
+        async with asyncio.timeout(5):
+            target = hashlib.sha1(b"somewhere").digest()
+            await a._lookup(target, lambda node: a._q_find_node(node, target))
+        assert asked and addr not in asked
+    finally:
+        for n in nodes[1:]:
+            await n.stop()

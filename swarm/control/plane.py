@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dht.errors import DHTError, ItemError, LookupFailed
+from dht.node import node_id_of
 from identity import (
     BlockCommand,
     IdentityError,
@@ -146,6 +147,8 @@ class ControlPlane:
         self.role_changes: list[tuple[float, Duty, int]] = []
         self._block_proofs: dict[PeerId, bytes] = {}
         """Signed owner/admin block commands we applied, forwarded if our state is replaced."""
+        self._noted: set[PeerId] = set()
+        """Suspects already reported to the DHT node (:meth:`_note_suspects`)."""
         self._unblock_proofs: OrderedDict[PeerId, bytes] = OrderedDict()
         """Signed unblock commands we applied (the newest :data:`MAX_UNBLOCKED`), forwarded
         if the state that replaces ours still blocks those peers with older blocks."""
@@ -226,8 +229,20 @@ class ControlPlane:
             for fetch in self.sync.due(now):
                 self._spawn(self._fetch(fetch))
             self.controller.tick(now)
+            self._note_suspects()  # before a claim's lookups start
             await self._do(self.controller.actions())
             await asyncio.sleep(TICK)
+
+    def _note_suspects(self) -> None:
+        """Members the controller has just come to take for dead are not asked in DHT
+        lookups either (a failover claim would otherwise wait on the dead coordinator's
+        DHT node in each of its lookups)."""
+        suspects = self.controller.suspects
+        for peer in suspects.keys() - self._noted:
+            rec = self.records.get(peer)
+            if rec is not None and rec.dht is not None:
+                self.node.dht.note_gone(rec.dht, node_id_of(peer.raw))
+        self._noted = set(suspects)
 
     async def _fetch(self, fetch: Fetch) -> None:
         """One read the sync core asked for; reported back to it however it ends."""
@@ -481,7 +496,7 @@ class ControlPlane:
             self._report_liars(list(self._pending_reports))
 
     async def _put_state(self, act: control.PutState) -> None:
-        dht = self.node.dht
+        dht, began = self.node.dht, self.clock()
         salt = state_salt(self.swarm_id)
         ok, why = True, ""
         st = self.controller.state
@@ -516,6 +531,8 @@ class ControlPlane:
         if not ok:
             log.warning("coordinator state put (term %d) failed: %s", act.state.term, why)
         if act.claim:
+            log.info("claim of term %d %s in %.2f s", act.state.term,
+                     "stored" if ok else "failed", self.clock() - began)
             self.controller.claim_result(ok, self.clock(), why)
             await self._do(self.controller.actions())
 
