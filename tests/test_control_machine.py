@@ -280,6 +280,25 @@ def test_the_dead_coordinators_last_dht_item_is_no_sign_of_life():
     assert took < sim.timing.failover / 2, took
 
 
+def test_a_follower_that_meets_the_failover_winner_first_takes_the_old_one_for_dead():
+    """z still follows b (its own failover timer has not fired) when c's term-2 heartbeat
+    arrives: it follows c, elected with b set aside, and takes b for dead like those that
+    saw b fall silent. Otherwise z, offered the role a moment later, would still ask b's
+    node in its claim's lookups and pick b as its own successor."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.alive.discard("b")
+    sim.run_until(lambda: sim.agreed("c"))
+    z = Controller(_pid("z"), SWARM, 0.0, sim.timing, state=sim.nodes["b"].state)
+    z.members(sim.view(), sim.now)
+    assert z.heartbeat(sim.nodes["c"].state, sim.ids["c"], sim.now)
+    assert z.coordinator == sim.ids["c"] and sim.ids["b"] in z.suspects
+    # an endorsed handoff is no failover: nobody is taken for dead by it
+    y = Controller(_pid("y"), SWARM, 0.0, sim.timing, state=sim.nodes["b"].state)
+    y.members(sim.view(), sim.now)
+    assert y.heartbeat(sim.nodes["c"].state, sim.ids["c"], sim.now, endorsed_by=sim.ids["b"])
+    assert sim.ids["b"] not in y.suspects
+
+
 def test_chained_failover_when_the_successor_is_dead_too():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     sim.alive -= {"b", "c"}

@@ -586,6 +586,10 @@ class Controller:
             if not self._legitimate(state, endorsed_by):
                 raise NotCoordinator(f"{sender.short()} claims term {state.term} but is neither "
                                      f"endorsed by {cur.coordinator.short()} nor elected here")
+            if cur.coordinator not in (state.coordinator, self.me) \
+                    and endorsed_by != cur.coordinator:
+                # a failover we did not see begin: the swarm took the old one for dead
+                self.suspects.setdefault(cur.coordinator, now)
         self._adopt(state, now, heard)
         return True
 
