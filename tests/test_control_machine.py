@@ -135,7 +135,7 @@ class Sim:
                         act.state, self.dht.values())
                     if top is None:
                         self.dht[name] = act.state
-                    node.claim_result(top is None, self.now)
+                    node.claim_result(top is None, self.now, beaten_by=top)
                     self._run(name)
                 else:
                     self.dht[name] = act.state
@@ -297,6 +297,29 @@ def test_a_follower_that_meets_the_failover_winner_first_takes_the_old_one_for_d
     y.members(sim.view(), sim.now)
     assert y.heartbeat(sim.nodes["c"].state, sim.ids["c"], sim.now, endorsed_by=sim.ids["b"])
     assert sim.ids["b"] not in y.suspects
+
+
+def test_a_claim_that_lost_follows_the_state_that_beat_it():
+    """c's claim of term 2 lands but its heartbeats do not reach a (a cut), so a suspects c
+    too and claims term 2 itself; the CAS shows it c's item. a then follows c (rather than
+    the dead b), so that c's handoff offer, a moment later, comes from the coordinator a
+    follows (it was refused as coming from a stranger, and timed out: handoff 7.5 s)."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    sim.alive.discard("b")
+    sim.cut.add("c")
+    sim.run_until(lambda: sim.nodes["c"].role is Duty.COORDINATOR)
+    a = sim.nodes["a"]
+    sim.run_until(lambda: a.state.coordinator != sim.ids["b"], limit=3 * sim.timing.failover)
+    assert a.state.coordinator == sim.ids["c"]  # its claim of term 2 failed on c's item
+    assert a.role is Duty.FOLLOWER and a.term == 2
+    assert sim.ids["c"] not in a.suspects and sim.ids["b"] in a.suspects
+    assert a.last_heard == sim.now  # c gets the usual patience to be heard
+    sim.cut.clear()  # within it, c's handoff offer comes from the coordinator a follows
+    sim.nodes["c"].leave(sim.now)
+    sim._run("c")
+    sim.run_until(lambda: sim.agreed("a", but=frozenset({"c"})), limit=sim.timing.handoff)
+    assert a.term == 3 and ("a", "handoff", "handoff offered by a peer that is not the "
+                            "coordinator we follow") not in sim.refused
 
 
 def test_chained_failover_when_the_successor_is_dead_too():

@@ -501,14 +501,24 @@ class Controller:
                 if self.leaving:
                     self._start_handoff(now)
 
-    def claim_result(self, ok: bool, now: float, why: str = "") -> None:
-        """The outcome of a :class:`PutState` with ``claim=True``."""
+    def claim_result(self, ok: bool, now: float, why: str = "",
+                     beaten_by: CoordinatorState | None = None) -> None:
+        """The outcome of a :class:`PutState` with ``claim=True``; ``beaten_by``: the state
+        item that made it fail (the CAS found it), which we then follow if it is one we
+        would follow as a heartbeat (its heartbeats may not have reached us: that is why we
+        claimed)."""
         if self.role is not Duty.CANDIDATE or self._pending is None:
             return
         if not ok:
             log.warning("claim of term %d failed: %s", self._pending.term, why)
             self._drop_claim()
             self._set_state(Duty.FOLLOWER, now)
+            if beaten_by is not None:
+                try:
+                    self.heartbeat(beaten_by, beaten_by.coordinator, now, heard=False)
+                except (StaleTerm, NotCoordinator, ProtocolError) as exc:
+                    log.info("not following %s, which holds term %d: %s",
+                             beaten_by.coordinator.short(), beaten_by.term, exc)
             return
         self.guard.observe(self._pending.term)
         self.past_coordinators.add(self.me)

@@ -510,7 +510,8 @@ class ControlPlane:
             top = self.controller.claim_conflict(act.state, await self._dht_states())
             if top is not None:
                 self.controller.claim_result(False, self.clock(),
-                                             f"{top.coordinator.short()} holds term {top.term}")
+                                             f"{top.coordinator.short()} holds term {top.term}",
+                                             beaten_by=top)
                 await self._do(self.controller.actions())
                 return
         try:

@@ -673,7 +673,7 @@ class Sim:
             top = c.claim_conflict(act.state, self.all_states(m, "election"))
             if top is not None:
                 c.claim_result(False, self.loop.now, f"{top.coordinator.short()} holds "
-                                                     f"term {top.term}")
+                                                     f"term {top.term}", beaten_by=top)
                 self.do(m)
                 return
         self.put_pages(m, act.state)
