@@ -506,12 +506,6 @@ class Node:
             return await self._dial_round(records)
         return await asyncio.shield(self._round())
 
-    async def settle_dials(self, timeout: float) -> None:
-        """Let the round of dials in flight end (at most ``timeout`` s), so that what it
-        finds (a worker with no path) is reported before a one-shot requester exits."""
-        if self._dials is not None and not self._dials.done():
-            await asyncio.wait({self._dials}, timeout=timeout)
-
     def _round(self) -> asyncio.Task[list[PeerId]]:
         """The round of dials over the member list in flight, or a new one."""
         if self._dials is None or self._dials.done():

@@ -9,9 +9,6 @@ from pathlib import Path
 from swarm.commands._common import add_json_option, print_json, print_table
 
 HELP = "submit a job (matmul) to a swarm as a requester, verified, with a per-peer report"
-DIALS_AT_EXIT = 15.0
-"""Seconds the command still waits after the job for dials in flight, so that a worker with
-no path is reported (the job itself started without waiting for them)."""
 DESCRIPTION = """\
 Joins the swarm named by URI as a requester (no work is taken on), splits the job into
 shards weighted by each worker's measured speed, verifies every shard (Freivalds' check by
@@ -112,9 +109,6 @@ def run(args: argparse.Namespace) -> int:
         opts = {"verify": args.verify, "precision": args.precision, "timeout": left}
         c = _run_with_progress(client, a, b, opts, quiet=args.json)
         report = client.last_report
-        # the job did not wait for the slowest dial; its outcome (unreachable?) is reported
-        left = max(0.0, args.timeout - (time.monotonic() - started))
-        client._loop.run(client.node.settle_dials(min(DIALS_AT_EXIT, left)), DIALS_AT_EXIT + 5)
     np.save(args.output, c, allow_pickle=False)
     _print_report(report, args, c.shape, time.monotonic() - started)
     return 0
