@@ -97,10 +97,6 @@ EVIDENCE_ACK_WAIT = 5.0
 """Seconds to wait for the receiver's :class:`EvidenceAck` before trying again."""
 UNREACHABLE_BACKOFF = 60.0
 """Seconds a worker with no path at all is left alone before the next dial."""
-DIAL_GRACE = 1.0
-"""Seconds :meth:`Node.wait_for_workers` still waits for the rest of a round of dials once
-it has the workers it asked for: the links that come within it (loopback and LAN dials take
-milliseconds) serve the first job too; a dial that hangs for its whole timeout does not."""
 REDIAL_DELAYS = (0.5, 2.0, 5.0, 10.0)
 """Seconds before each redial of a worker whose link was lost (not closed by either side):
 a NAT mapping that disappeared costs a new ICE session, not the worker."""
@@ -212,8 +208,6 @@ class Node:
         self.tflops = 0.0
         self._incoming: dict[PeerId, PeerLink] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._dials: asyncio.Task[list[PeerId]] | None = None
-        """The round of dials over the member list (:meth:`connect_workers`)."""
         self._stopping = False
         self.record: MemberRecord | None = None
         self.relay = SignalRelay()
@@ -498,29 +492,7 @@ class Node:
 
     async def connect_workers(self, records: Sequence[MemberRecord] | None = None
                               ) -> list[PeerId]:
-        """Dial every live, accepted worker we have no link to; returns the linked workers.
-
-        Without ``records`` (the member list, read now) callers share the round in flight,
-        so that no peer is dialed twice at once."""
-        if records is not None:
-            return await self._dial_round(records)
-        return await asyncio.shield(self._round())
-
-    def _round(self) -> asyncio.Task[list[PeerId]]:
-        """The round of dials over the member list in flight, or a new one."""
-        if self._dials is None or self._dials.done():
-            self._dials = asyncio.get_running_loop().create_task(self._dial_round(None),
-                                                                 name="dial-workers")
-            self._tasks.add(self._dials)
-            self._dials.add_done_callback(self._dialed)
-        return self._dials
-
-    def _dialed(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.info("a round of dials failed: %s", exc)
-
-    async def _dial_round(self, records: Sequence[MemberRecord] | None) -> list[PeerId]:
+        """Dial every live, accepted worker we have no link to; returns the linked workers."""
         if records is None:
             records = await self.members()
         now = time.monotonic()
@@ -551,32 +523,13 @@ class Node:
         return self.requester.workers()
 
     async def wait_for_workers(self, count: int, timeout: float) -> list[PeerId]:
-        """Dial members until ``count`` workers are linked (TimeoutError otherwise).
-
-        Returns once they are and the round of dials is done, or :data:`DIAL_GRACE` seconds
-        after they are: the rest of the round goes on in the background (a worker whose
-        address takes TCP but never answers holds its dial for the whole handshake timeout,
-        and used to hold up every caller with it)."""
-        loop = asyncio.get_running_loop()
+        """Poll the member list until ``count`` workers are linked (TimeoutError otherwise)."""
         async with asyncio.timeout(timeout):
-            delay, enough_at = 0.05, None
+            delay = 0.05
             while True:
-                dials = self._round()
-                while not dials.done():
-                    left = None
-                    if len(self.requester.workers()) >= count:
-                        enough_at = enough_at or loop.time()
-                        if (left := enough_at + DIAL_GRACE - loop.time()) <= 0:
-                            return self.requester.workers()
-                    changed = self.requester.workers_changed()
-                    try:
-                        await asyncio.wait({dials, changed}, timeout=left,
-                                           return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
-                if len(linked := self.requester.workers()) >= count:
+                linked = await self.connect_workers()
+                if len(linked) >= count:
                     return linked
-                dials.result()  # its error, if it failed
                 await asyncio.sleep(delay)  # members appear through the DHT: poll, backing off
                 delay = min(delay * 2, 1.0)
 

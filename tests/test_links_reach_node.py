@@ -115,33 +115,3 @@ async def test_a_worker_still_unreachable_is_warned_about_once(nodes, caplog):
         assert await a._dial(gone) is None
     told = [r.levelname for r in caplog.records if "unreachable (no direct" in r.getMessage()]
     assert told == ["WARNING", "INFO", "INFO"]
-
-
-async def test_waiting_for_workers_does_not_wait_for_the_slowest_dial(nodes):
-    """One member's address accepts TCP and never answers TLS (a dial that takes the whole
-    handshake timeout): a requester that asked for one worker gets b at once, while that
-    dial goes on in the background (and is cancelled when the node stops)."""
-    from identity.keys import PeerKey
-    from swarm.links.tls import HANDSHAKE_TIMEOUT
-
-    a, b = nodes
-    held: list[asyncio.StreamWriter] = []
-    silent = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)
-    port = silent.sockets[0].getsockname()[1]
-    records = [r for r in await a.members() if r.peer_id == b.peer_id]
-    slow = dataclasses.replace(records[0], peer_id=PeerKey.generate().peer_id,
-                               links=(("127.0.0.1", port),))
-
-    async def members():
-        return [slow, *records]
-
-    a.members = members
-    try:
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT / 2):
-            assert await a.wait_for_workers(1, HANDSHAKE_TIMEOUT) == [b.peer_id]
-        assert held  # the slow member was being dialed meanwhile
-        assert slow.peer_id not in a.unreachable  # its dial has not given up yet
-    finally:
-        silent.close()
-        for w in held:
-            w.close()

@@ -189,7 +189,6 @@ class Requester:
         self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._jobs: set[_JobRun] = set()
-        self._watchers: list[asyncio.Future[None]] = []
         """Jobs running now (woken when the worker set changes)."""
         self._wanting: dict[_JobRun, None] = {}
         """Jobs that could start a task at a freed slot, oldest first (:meth:`_slot_freed`)."""
@@ -233,17 +232,6 @@ class Requester:
         """A link came, went or is draining: every running job looks at the workers again."""
         for job in self._jobs:
             job.kick()
-        watchers, self._watchers = self._watchers, []
-        for fut in watchers:
-            if not fut.done():
-                fut.set_result(None)
-
-    def workers_changed(self) -> asyncio.Future[None]:
-        """Done at the next change of the worker set (a link comes, goes or drains)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._watchers = [w for w in self._watchers if not w.done()]  # callers cancel theirs
-        self._watchers.append(fut)
-        return fut
 
     def _slot_freed(self) -> None:
         """A task at some peer ended (or never started): offer its slot to the jobs that
