@@ -406,12 +406,12 @@ class DHTNode(Server):
             self._dead[node_id] = now
         if self.protocol is None:  # not listening: no contacts yet
             return 0
-        gone = [n for bucket in self.protocol.router.buckets for n in bucket.nodes.values()
-                if (n.ip, n.port) == tuple(address)]
-        for n in gone:
-            self._dead[n.id] = now
-            self.protocol.router.remove_contact(n)
-        return len(gone)
+        known = self.protocol.router.by_address(address)  # one contact per source
+        if known is None:
+            return 0
+        self._dead[known.id] = now
+        self.protocol.router.remove_contact(known)
+        return 1
 
     def note_alive(self, node: Node) -> None:
         self._dead.pop(node.id, None)
