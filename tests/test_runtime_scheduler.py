@@ -110,6 +110,84 @@ def test_straggler_is_duplicated_and_first_result_wins():
     assert s.verified(on_b, "b", 9.0) == []  # the late copy is ignored
 
 
+def test_a_copy_lost_with_its_link_is_copied_again_to_the_relinked_peer():
+    """A NAT mapping flush: the straggler's worker is silent (its link not yet called dead),
+    and the copy's link broke and came back. The copy goes out again, to the only other
+    worker, instead of waiting for the silent worker's keepalive (tens of seconds)."""
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe("b-relinked", 1e9, 1.0)
+    s = JobScheduler(shards(1), ["a-silent", "b-relinked"], rates, window=1,
+                     straggler_factor=2.0)
+    assert s.step(0.0) == [Assign(0, "a-silent", 1)]
+    assert s.step(2.5) == [Assign(0, "b-relinked", 2)]
+    s.errored(0, "b-relinked", lost=True)  # its link broke; it was dialed again
+    assert s.step(2.6) == [Assign(0, "b-relinked", 3)]
+    assert s.verified(0, "b-relinked", 1.0) == [Cancel(0, "a-silent")]
+
+
+def test_a_straggler_beaten_by_its_copy_is_dealt_less_in_the_next_job():
+    """The silent worker had the shard for 10 s when the copy won: it is rated at most
+    1e9 flops / 10 s, so the next job's shards go to the peer that answered (before, its old
+    rate dealt it half of them again, each waiting out the straggler's deadline)."""
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe("b-fast", 1e9, 1.0)
+    s = JobScheduler(shards(1), ["a-silent", "b-fast"], rates, window=1, straggler_factor=2.0)
+    assert s.step(0.0) == [Assign(0, "a-silent", 1)]
+    assert s.step(9.0) == [Assign(0, "b-fast", 2)]
+    assert s.verified(0, "b-fast", 1.0, now=10.0) == [Cancel(0, "a-silent")]
+    assert rates.rate("a-silent") == 1e8
+    nxt = JobScheduler(shards(8), ["a-silent", "b-fast"], rates, window=8)
+    dealt = [a.peer for a in nxt.step(11.0)]
+    assert dealt.count("b-fast") == 7 and dealt.count("a-silent") == 1, dealt
+    rates.observe("a-silent", 1e9, 1.0)  # it answers again: its rate climbs back
+    assert rates.rate("a-silent") > 5e8
+
+
+def test_a_lowered_rate_does_not_push_back_the_deadline_of_the_peers_other_shard():
+    """Two shards on the silent peer: the first copy's win lowers its rate, yet its other
+    shard is still copied at the deadline it had when it was sent (it waited 20 s for the
+    keepalive instead)."""
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe("b-fast", 1e9, 1.0)
+    s = JobScheduler(shards(2), ["a-silent"], rates, window=2, straggler_factor=2.0)
+    assert {a.shard for a in s.step(0.0)} == {0, 1}
+    s.add_worker("b-fast")  # (joined later, so that both shards run on the silent one)
+    deadline = s.next_deadline(0.0)
+    assert deadline == 2.0  # the first shard's; the second's turn makes it 4.0
+    assert s.step(2.0) == [Assign(0, "b-fast", 2)]
+    assert s.verified(0, "b-fast", 1.0, now=3.0) == [Cancel(0, "a-silent")]
+    assert s.next_deadline(3.0) == 4.0
+    assert s.step(4.0) == [Assign(1, "b-fast", 2)]
+
+
+def test_copies_stop_at_the_attempt_limit():
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe("flaky", 1e9, 1.0)
+    s = JobScheduler(shards(1), ["a-silent", "flaky"], rates, window=1, straggler_factor=2.0,
+                     max_attempts=3)
+    assert s.step(0.0) == [Assign(0, "a-silent", 1)]
+    assert s.step(2.5) == [Assign(0, "flaky", 2)]
+    s.errored(0, "flaky", lost=True)
+    assert s.step(2.6) == [Assign(0, "flaky", 3)]
+    s.errored(0, "flaky", lost=True)
+    assert s.step(2.7) == []  # three attempts: no more copies; the silent one may still answer
+
+
+def test_a_copy_that_failed_by_itself_is_not_copied_to_that_peer_again():
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe("broken", 1e9, 1.0)
+    s = JobScheduler(shards(1), ["a-silent", "broken"], rates, window=1, straggler_factor=2.0)
+    assert s.step(0.0) == [Assign(0, "a-silent", 1)]
+    assert s.step(2.5) == [Assign(0, "broken", 2)]
+    s.errored(0, "broken")  # the worker's kernel failed on this shard
+    assert s.step(2.6) == []
+
+
 def test_a_job_wants_a_freed_slot_for_an_unstarted_shard_or_a_due_straggler():
     """The adapter offers a freed slot only to jobs that say they want one, so the answer
     must never be no when :meth:`step` would start something."""

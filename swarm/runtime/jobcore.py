@@ -165,8 +165,9 @@ class JobCore:
         self._known = set(current)
 
     def answered(self, shard: int, peer: Any, outputs: list[np.ndarray], seconds: float,
-                 answer: Any = None) -> None:
-        """An attempt returned ``outputs`` (``answer``: what a later Check/Reject carries)."""
+                 answer: Any = None, now: float | None = None) -> None:
+        """An attempt returned ``outputs`` (``answer``: what a later Check/Reject carries;
+        ``now``: when, on :meth:`poll`'s clock, so that a copy this one beats rates its peer)."""
         if shard in self.sched.done:
             return  # a straggler's late copy
         pr = self.report.peer(peer)
@@ -176,10 +177,10 @@ class JobCore:
             self.sched.returned(shard, peer)  # its slot takes the next shard meanwhile
             self._out.append(Check(shard, peer, (outputs, seconds, answer)))
             return
-        self._accept(shard, peer, outputs, seconds)
+        self._accept(shard, peer, outputs, seconds, now)
 
-    def checked(self, check: Check, ok: bool) -> None:
-        """A :class:`Check` finished."""
+    def checked(self, check: Check, ok: bool, now: float | None = None) -> None:
+        """A :class:`Check` finished (``now``: as for :meth:`answered`)."""
         shard, peer = check.shard, check.peer
         outputs, seconds, answer = check.answer
         pr = self.report.peer(peer)
@@ -193,7 +194,7 @@ class JobCore:
         if shard in self.sched.done:
             self.sched.verified(shard, peer, seconds)  # bookkeeping only
             return
-        self._accept(shard, peer, outputs, seconds)
+        self._accept(shard, peer, outputs, seconds, now)
 
     def failed(self, shard: int, peer: Any, kind: str, message: str) -> None:
         """An attempt ended without outputs ("lost": the link broke)."""
@@ -216,7 +217,7 @@ class JobCore:
                                 f"workers and was stopped ({message}); it is not sent again")
             self.sched.no_copies(shard)
         log.info("shard %d on %s failed (%s): %s", shard, peer, kind, message)
-        self.sched.errored(shard, peer)
+        self.sched.errored(shard, peer, lost=kind == "lost")
 
     def tiebroken(self, call: int, truth: list[np.ndarray]) -> None:
         """The requester's own run of ``call`` (after replicas disagreed)."""
@@ -248,8 +249,9 @@ class JobCore:
         """When :meth:`poll` must run again without an event (timeouts, stragglers)."""
         return None if self.sched.finished else self.sched.next_deadline(now)
 
-    def _accept(self, shard: int, peer: Any, outputs: list[np.ndarray], seconds: float) -> None:
-        for c in self.sched.verified(shard, peer, seconds):
+    def _accept(self, shard: int, peer: Any, outputs: list[np.ndarray], seconds: float,
+                now: float | None) -> None:
+        for c in self.sched.verified(shard, peer, seconds, now):
             self._out.append(Stop(c.shard, c.peer))
         if not self.replicate:
             self.results[shard] = outputs

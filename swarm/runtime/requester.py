@@ -589,7 +589,8 @@ class _JobRun:
                 outs = reply.outputs
             seconds = (time.perf_counter() - t0 if peer == LOCAL
                        else self.req.clock.seconds(peer, t0, time.perf_counter()))
-            self._post(partial(core.answered, shard, peer, outs, seconds, reply))
+            self._post(partial(core.answered, shard, peer, outs, seconds, reply,
+                               asyncio.get_running_loop().time()))
         except TaskFailure as exc:
             self._post(partial(core.failed, shard, peer, exc.kind, str(exc)))
         except LinkClosed as exc:
@@ -598,7 +599,7 @@ class _JobRun:
     async def _check(self, check: Check) -> None:
         outputs, _, _ = check.answer
         ok = await self.verify(check.shard % self.n, outputs)
-        self._post(partial(self.core.checked, check, ok))
+        self._post(partial(self.core.checked, check, ok, asyncio.get_running_loop().time()))
 
     async def _tiebreak(self, call: int) -> None:
         truth = await asyncio.to_thread(self.local, call)

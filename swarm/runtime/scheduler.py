@@ -103,6 +103,19 @@ class RateBook:
         if sized:
             self._sized.add(peer)
 
+    def slower_than(self, peer: Peer, flops: float, seconds: float) -> None:
+        """``peer`` had not finished a shard of ``flops`` after ``seconds`` when a copy
+        elsewhere won: its rate is at most ``flops / seconds``. A peer gone silent (a NAT
+        mapping lost, its link not yet called dead) is then dealt less at once, instead of
+        costing every job a straggler's wait until its keepalive runs out; its next
+        verified shard raises it again."""
+        if flops < MIN_RATED_FLOPS and peer in self._sized:
+            return
+        bound = flops / max(seconds, 1e-6)
+        old = self._rates.get(peer)
+        if old is None or bound < old:
+            self._rates[peer] = bound
+
     def reject(self, peer: Peer) -> None:
         """``peer`` returned a result that failed verification."""
         self.rejected[peer] = self.rejected.get(peer, 0) + 1
@@ -168,6 +181,7 @@ class _Worker:
     queue: deque[int] = field(default_factory=deque)
     running: dict[int, float] = field(default_factory=dict)  # shard -> started at
     turn: dict[int, int] = field(default_factory=dict)  # shard -> tasks at the peer before it + 1
+    expected: dict[int, float] = field(default_factory=dict)  # shard -> seconds, when sent
     banned: bool = False
 
 
@@ -287,8 +301,10 @@ class JobScheduler:
             if not peers:
                 del self._checking[shard]
 
-    def verified(self, shard: int, peer: Peer, seconds: float) -> list[Cancel]:
-        """``peer``'s result for ``shard`` passed verification. Returns copies to cancel."""
+    def verified(self, shard: int, peer: Peer, seconds: float,
+                 now: float | None = None) -> list[Cancel]:
+        """``peer``'s result for ``shard`` passed verification. Returns copies to cancel;
+        given ``now``, each one's peer is rated no faster than it had run so far."""
         self._checked(shard, peer)
         w = self._workers.get(peer)
         if w is not None:
@@ -301,8 +317,11 @@ class JobScheduler:
         cancels = []
         for other in self._workers.values():
             if shard in other.running:
-                del other.running[shard]
+                started = other.running.pop(shard)
                 cancels.append(Cancel(shard, other.peer))
+                if now is not None and other.peer != LOCAL and now > started:
+                    self.rates.slower_than(other.peer, self.shards[shard].cost,
+                                           (now - started) / other.turn.get(shard, 1))
             if shard in other.queue:
                 other.queue.remove(shard)
         if shard in self._pool:
@@ -323,21 +342,25 @@ class JobScheduler:
             self._requeue(back)
         self._fail_attempt(shard, peer)
 
-    def errored(self, shard: int, peer: Peer) -> None:
-        """``peer`` reported an error (or timed out) for ``shard``: retry it elsewhere if possible."""
+    def errored(self, shard: int, peer: Peer, *, lost: bool = False) -> None:
+        """``peer`` reported an error (or timed out) for ``shard``: retry it elsewhere if
+        possible. ``lost``: the link broke under the task, which says nothing about the
+        shard, so ``peer`` may take it again (re-dialed after a NAT mapping was lost, it may
+        be the only worker left to copy a straggler to); attempts still run out."""
         w = self._workers.get(peer)
         if w is not None:
             w.running.pop(shard, None)
-        self._fail_attempt(shard, peer)
+        self._fail_attempt(shard, peer, blame=not lost)
 
     def no_copies(self, shard: int) -> None:
         """Never start straggler copies of ``shard`` again (it already ran past a limit)."""
         self._no_copies.add(shard)
 
-    def _fail_attempt(self, shard: int, peer: Peer) -> None:
+    def _fail_attempt(self, shard: int, peer: Peer, *, blame: bool = True) -> None:
         if shard in self.done:
             return
-        self._failed_on.setdefault(shard, set()).add(peer)
+        if blame:
+            self._failed_on.setdefault(shard, set()).add(peer)
         if self._running_elsewhere(shard):
             return
         if self.attempts[shard] >= self.max_attempts:
@@ -456,12 +479,16 @@ class JobScheduler:
         """When ``shard``, started on ``peer`` at ``started``, becomes a straggler (None: no
         rate known yet). The one place both :meth:`_straggler` and :meth:`next_deadline` ask,
         so a deadline that wakes the adapter always finds its straggler due."""
-        expected = self._expected(peer, shard)
+        # Both fixed when it was sent, so a deadline never moves: the expected time (a copy
+        # that beats another of the peer's shards lowers its rate, and must not push this
+        # one's deadline back) and its turn (rates are service times: a task first waits
+        # for those sent to the peer before it).
+        w = self._workers.get(peer)
+        expected = w.expected.get(shard) if w is not None else None
+        if expected is None:
+            expected = self._expected(peer, shard)
         if expected is None:
             return None
-        # rates are service times: a task first waits for those sent to the peer before it
-        # (fixed when it was sent, so a deadline never moves)
-        w = self._workers.get(peer)
         turn = w.turn.get(shard, 1) if w is not None else 1
         return started + max(self.straggler_factor * expected * turn, self.straggler_min)
 
@@ -477,6 +504,8 @@ class JobScheduler:
                 if shard in self._checking or shard in self._no_copies or sum(
                         shard in x.running for x in self._workers.values()) > 1:
                     continue   # already copied, or a copy's result is being verified
+                if self.attempts[shard] >= self.max_attempts:
+                    continue  # out of attempts: the running one may still answer
                 due = self._straggler_due(o.peer, shard, started)
                 if due is not None and due <= best_due:
                     best, best_due = shard, due
@@ -487,6 +516,10 @@ class JobScheduler:
         others = max(0, self.inflight(w.peer) - len(w.running))  # other jobs' tasks there
         w.running[shard] = now
         w.turn[shard] = min(self.window, len(w.running) + others)
+        if (expected := self._expected(w.peer, shard)) is not None:
+            w.expected[shard] = expected
+        else:
+            w.expected.pop(shard, None)
         return Assign(shard, w.peer, self.attempts[shard])
 
     def _solo(self, now: float) -> list[Assign]:
