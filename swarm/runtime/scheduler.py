@@ -11,11 +11,13 @@ Policy, in order of preference for an idle slot on worker ``w``:
 2. when idle, steal the queued shard, from the most loaded other worker, whose large inputs ``w``
    already holds (locality), else the one at the tail of that worker's queue;
 3. duplicate a straggler: an in-flight shard running longer than ``straggler_factor`` times
-   its expected time elsewhere; the first verified result wins, the other is cancelled.
+   its expected time (as it was when the shard was sent) elsewhere; the first verified
+   result wins, the other is cancelled and its peer rated no faster than it had run.
 
 A shard whose result failed verification, whose worker was lost, or that ran past
 ``task_timeout`` goes back to the pool; a worker that returned a wrong result gets nothing
-more from this job. With no usable worker left, or for a shard that failed
+more from this job, one that failed a shard does not get that shard again (unless it is the
+only worker), and one whose link broke under it may (a lost link blames no one). With no usable worker left, or for a shard that failed
 ``max_attempts`` times, the requester runs shards itself (:data:`LOCAL`, "solo mode"), so a
 job completes while the requester lives (invariant 3).
 
