@@ -41,6 +41,7 @@ A plain worker process (no control plane): ``python -m swarm.local_worker``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -109,6 +110,9 @@ RELAY_INTERVAL = 10.0
 """Seconds between checks that the node still holds links to ``relays`` reachable members."""
 RELAY_DIAL = 3.0
 """Seconds a TLS dial to a would-be relay member may take."""
+RELAY_AGAIN = 0.5
+"""Seconds after a relay link closed before the next look for one (a NAT mapping that
+vanished: through this link other peers signal us, so a requester re-dialing us waits)."""
 ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
 
@@ -216,6 +220,7 @@ class Node:
         self.unreachable: dict[PeerId, tuple[float, str]] = {}
         """Workers with no path: peer -> (monotonic time to retry, why)."""
         self._relay_links: dict[PeerId, PeerLink] = {}
+        self._relay_lost = asyncio.Event()
         for kind in (RelaySignal, RelayedSignal, RelayRefused):
             self.on_control(kind, self._relay_message)
         self.data_relay = DataRelay(self.relay.links, config.relay_data)
@@ -687,10 +692,14 @@ class Node:
                                 continue
                             self._spawn(self._serve_relay(link))
                         self._relay_links[r.peer_id] = link
+                        link.add_close_callback(lambda _: self._relay_lost.set())
                         want -= 1
             except Exception as exc:  # the DHT may be unreachable for a while
                 log.info("relay links: %s", exc)
-            await asyncio.sleep(RELAY_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._relay_lost.wait(), RELAY_INTERVAL)
+                await asyncio.sleep(RELAY_AGAIN)  # at most two looks a second
+            self._relay_lost.clear()
 
     def link_to(self, peer: PeerId) -> PeerLink | None:
         """An open link to ``peer`` in either direction, if any."""

@@ -118,6 +118,29 @@ async def test_keepalive_timeout_closes_a_silent_link():
     assert a.stats().keepalives_lost >= 1
 
 
+async def test_a_probe_closes_a_silent_link_long_before_the_keepalive_would():
+    opts = LinkOptions(keepalive_interval=30, keepalive_timeout=60, probe_timeout=0.2)
+    a, b = memory_pair(A, B, opts)
+    for task in b._tasks:
+        task.cancel()  # b hangs: its path went quiet (a NAT mapping gone), nothing breaks
+    probes = [asyncio.create_task(a.probe()) for _ in range(3)]  # three overdue tasks ask
+    assert await asyncio.wait_for(asyncio.gather(*probes), 5) == [False, False, False]
+    exc = await asyncio.wait_for(a.wait_closed(), 5)
+    assert exc.reason.startswith("silent: nothing heard") and "after a probe" in exc.reason
+    assert await a.probe() is False  # a closed link is not probed again
+    assert a.stats().messages_sent <= 2  # the three probes sent one ping (and no goodbye)
+
+
+async def test_a_probe_of_a_live_peer_leaves_the_link_open():
+    opts = LinkOptions(keepalive_interval=30, keepalive_timeout=60, probe_timeout=0.5)
+    a, b = memory_pair(A, B, opts)
+    assert await asyncio.wait_for(a.probe(), 5) is True
+    assert not a.closed
+    await a.send(Blob(1, np.zeros(3)))
+    assert (await asyncio.wait_for(b.recv(), 5)).seq == 1
+    await a.close()
+
+
 async def test_keepalives_flow_and_rtt_is_measured():
     opts = LinkOptions(keepalive_interval=0.02)
     a, b = memory_pair(A, B, opts)

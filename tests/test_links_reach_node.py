@@ -88,6 +88,41 @@ async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
             await n.stop(graceful=False)
 
 
+async def test_a_relay_link_that_breaks_is_replaced_at_once(tmp_path):
+    """A node behind a NAT is signaled through its relay link; when a flush breaks it, the
+    node links a relay again in about RELAY_AGAIN, not at the next RELAY_INTERVAL (10 s),
+    which held up every requester re-dialing it (the NAT flush test waited ~8 s)."""
+    from identity.keys import PeerKey
+    from swarm.control.charter import validators
+    from swarm.control.membership import swarm_id
+    from swarm.node import RELAY_INTERVAL, Node, NodeConfig
+
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    common = dict(validators=validators(), dht_rpc_timeout=1.0)
+    b = Node(NodeConfig(tmp_path / "b", sid, roles=("worker",), backend="numpy", threads=1,
+                        bench_sizes=(64,), **common))
+    await b.start()
+    c = Node(NodeConfig(tmp_path / "c", sid, roles=("worker",), backend="numpy", threads=1,
+                        bootstrap=(b.dht.address,), bench_sizes=(64,), relays=1, **common))
+    try:
+        await c.start()
+        async with asyncio.timeout(30):
+            while b.peer_id not in c._relay_links:
+                await asyncio.sleep(0.05)
+        first = c._relay_links[b.peer_id]
+        first._abort("connection lost: the NAT forgot us")
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(RELAY_INTERVAL / 2):
+            while c._relay_links[b.peer_id] is first:
+                await asyncio.sleep(0.05)
+        again = c._relay_links[b.peer_id]
+        assert not again.closed and await again.ping(5) > 0
+        print(f"relay linked again in {asyncio.get_running_loop().time() - started:.2f} s")
+    finally:
+        for n in (c, b):
+            await n.stop(graceful=False)
+
+
 async def test_a_failed_redial_says_when_it_tries_again(nodes, caplog):
     """The redial's own schedule (0.5, 2, 5, 10 s), not the member view's 60 s backoff."""
     a, b = nodes

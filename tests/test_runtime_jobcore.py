@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from swarm.runtime.jobcore import Check, JobCore, Reject, Run, Stop, Tiebreak, twins_of
+from swarm.runtime.jobcore import Check, JobCore, Probe, Reject, Run, Stop, Tiebreak, twins_of
 from swarm.runtime.requester import agree
 from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ShardTask
 
@@ -24,10 +24,12 @@ def test_a_straggler_is_copied_at_its_deadline_and_the_late_copy_is_ignored():
     """The end-to-end straggler test's situation with a fake clock: the fast worker answers
     in 50 ms, the slow one not for 20 s; the job ends long before that."""
     job = core(owners=["fast", "slow", "fast", "slow"])
-    now, inflight, stopped = 0.0, {}, []              # (shard, peer) -> answer time
+    now, inflight, stopped, probed = 0.0, {}, [], []  # (shard, peer) -> answer time
     while not job.finished and now < 20.0:
         for action in job.poll(now):
-            if isinstance(action, Run):
+            if isinstance(action, Probe):
+                probed.append(action.peer)
+            elif isinstance(action, Run):
                 inflight[(action.shard, action.peer)] = now + (0.05 if action.peer == "fast"
                                                                else 20.0)
             elif isinstance(action, Check):
@@ -45,6 +47,7 @@ def test_a_straggler_is_copied_at_its_deadline_and_the_late_copy_is_ignored():
     assert job.finished and now < 1.0
     stopped += [a for a in job.poll(now) if isinstance(a, Stop)]
     assert {s.peer for s in stopped} == {"slow"} and len(stopped) == 2
+    assert probed == ["slow", "slow"]  # each overdue shard asks: is the slow one there?
     job.answered(1, "slow", out(99), 20.0)                  # a late copy: ignored
     assert [o[0][0, 0] for o in job.outputs()] == [0.0, 1.0, 2.0, 3.0]
     assert job.report.peers["fast"].verified == 4

@@ -163,6 +163,21 @@ def test_a_lowered_rate_does_not_push_back_the_deadline_of_the_peers_other_shard
     assert s.step(4.0) == [Assign(1, "b-fast", 2)]
 
 
+def test_an_overdue_shard_names_its_peer_once_even_when_no_copy_can_start():
+    """The other worker is busy, so no copy goes out: the silent peer is still named at the
+    deadline (the adapter probes its link), once per attempt."""
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe("b-busy", 1e9, 2.0)  # its shard is due at 4 s
+    s = JobScheduler(shards(2), ["a-silent", "b-busy"], rates, window=1, straggler_factor=2.0,
+                     owners=["a-silent", "b-busy"])
+    assert len(s.step(0.0)) == 2
+    assert s.overdue(1.9) == []
+    assert s.step(2.5) == []  # b is busy with its own shard: no copy
+    assert s.overdue(2.5) == ["a-silent"]
+    assert s.overdue(3.0) == []  # told once
+
+
 def test_copies_stop_at_the_attempt_limit():
     rates = RateBook()
     rates.observe("a-silent", 1e9, 1.0)

@@ -28,6 +28,9 @@ from swarm.links import shm
 
 log = logging.getLogger(__name__)
 
+PROBE_GRACE = 0.1
+"""Seconds a timed-out probe lets the read loop take frames already waiting on our side."""
+
 
 @wire.message("link.ping")
 class Ping(wire.Message):
@@ -61,6 +64,8 @@ class LinkOptions:
     """Seconds between keepalive pings."""
     keepalive_timeout: float = 20.0
     """Close the link when nothing at all arrived for this long."""
+    probe_timeout: float = 5.0
+    """A :meth:`PeerLink.probe` closes the link when nothing at all arrives for this long."""
     frame_timeout: float = 10.0
     """A frame whose first bytes arrived must be complete within this (stream links)."""
     recv_queue: int = 64
@@ -194,6 +199,13 @@ class PeerLink(abc.ABC):
         """Round-trip time of one ping in seconds (raises TimeoutError)."""
 
     @abc.abstractmethod
+    async def probe(self) -> bool:
+        """Whether the peer is still there, asked because a task there is overdue: True when
+        anything arrives within ``probe_timeout``; otherwise the link is closed as silent
+        and False. A relayed path whose NAT mapping vanished does not break, it goes quiet,
+        and the keepalive alone would take ``keepalive_timeout`` to say so."""
+
+    @abc.abstractmethod
     async def wait_closed(self) -> LinkClosed:
         """Wait until the link is closed; returns the LinkClosed that says why."""
 
@@ -239,6 +251,7 @@ class FramedLink(PeerLink):
         self._lost = 0
         self._shm_offer: shm.Offer | None = None
         self._shm_done_pending = False
+        self._probe: asyncio.Task[bool] | None = None
 
     # -- transport hooks -----------------------------------------------------------------
 
@@ -322,6 +335,34 @@ class FramedLink(PeerLink):
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._pings.pop(seq, None)
+
+    async def probe(self) -> bool:
+        if self._closed is not None:
+            return False
+        if self._probe is None:  # one probe at a time: every overdue task asks this one
+            self._probe = asyncio.get_running_loop().create_task(self._probe_once())
+        return await asyncio.shield(self._probe)
+
+    async def _probe_once(self) -> bool:
+        asked, timeout = time.monotonic(), self.options.probe_timeout
+        try:
+            await self.ping(timeout)
+            return True
+        except LinkClosed:
+            return False
+        except TimeoutError:
+            # Frames already in our socket buffer count: let the read loop take them first
+            # (our own loop may have been the slow one).
+            await asyncio.sleep(PROBE_GRACE)
+            if self._closed is not None:
+                return False
+            if self._last_rx > asked or self._stalled:
+                return True
+            self._abort(f"silent: nothing heard for {time.monotonic() - asked:.1f} s after "
+                        f"a probe")
+            return False
+        finally:
+            self._probe = None
 
     async def wait_closed(self) -> LinkClosed:
         await self._closed_event.wait()

@@ -118,6 +118,16 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Probe:
+    """Action: a shard is overdue at ``peer`` (past its straggler deadline): ask whether it is
+    still there (:meth:`swarm.links.base.PeerLink.probe`), so that a silent link is called lost in
+    seconds and its peer dialed again, not after the keepalive's tens of seconds."""
+
+    peer: Hashable
+    """The peer the shard is overdue at."""
+
+
+@dataclass(frozen=True, slots=True)
 class Tiebreak:
     """Action: run call ``call`` on the requester; feed it back with :meth:`JobCore.tiebroken`."""
 
@@ -125,7 +135,7 @@ class Tiebreak:
     """Call index."""
 
 
-Action = Run | Check | Stop | Reject | Tiebreak
+Action = Run | Check | Stop | Reject | Probe | Tiebreak
 
 
 class JobCore:
@@ -238,6 +248,7 @@ class JobCore:
         out, self._out = self._out, []
         if not self.sched.finished:
             out.extend(Run(a.shard, a.peer) for a in self.sched.step(now))
+            out.extend(Probe(peer) for peer in self.sched.overdue(now))
         return out
 
     def wants_slot(self, now: float) -> bool:

@@ -35,6 +35,7 @@ from swarm.runtime.jobcore import (
     JobCore,
     JobReport,
     PeerReport,
+    Probe,
     Reject,
     Run,
     Stop,
@@ -193,6 +194,7 @@ class Requester:
         self._wanting: dict[_JobRun, None] = {}
         """Jobs that could start a task at a freed slot, oldest first (:meth:`_slot_freed`)."""
         self._readers: set[asyncio.Task] = set()
+        self._probes: set[asyncio.Task] = set()
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
         """Observer called after each RunTask is sent (progress displays, tests)."""
         self.clock = ServiceClock()
@@ -294,7 +296,7 @@ class Requester:
     async def close(self) -> None:
         for link in list(self.links.values()):
             await link.close("requester closing")
-        for task in list(self._readers):
+        for task in [*self._readers, *self._probes]:
             task.cancel()
 
     # -- one call -------------------------------------------------------------------------
@@ -414,6 +416,16 @@ class Requester:
         """
         job = _JobRun(self, list(calls), local, verify, replicate, owners, progress)
         return await job.run(timeout)
+
+    def probe(self, peer: PeerId) -> None:
+        """A task is overdue at ``peer``: probe its link (which closes it when silent, and
+        the node dials the peer again). Concurrent probes of one link share one ping."""
+        link = self.links.get(peer)
+        if link is None or link.closed:
+            return
+        task = asyncio.get_running_loop().create_task(link.probe())  # the node logs a loss
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     def _reject(self, peer: PeerId, reason: str,
                 evidence: EvidencePackage | None = None) -> None:
@@ -545,6 +557,8 @@ class _JobRun:
                 task.cancel()
         elif isinstance(action, Check):
             self._side(self._check(action))
+        elif isinstance(action, Probe):
+            self.req.probe(action.peer)
         elif isinstance(action, Tiebreak):
             self._side(self._tiebreak(action.call))
         elif isinstance(action, Reject):

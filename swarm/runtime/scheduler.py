@@ -232,6 +232,7 @@ class JobScheduler:
         self._local_only: deque[int] = deque()  # shards out of remote attempts
         self._checking: dict[int, set[Peer]] = {}  # results being verified, by shard
         self._no_copies: set[int] = set()  # shards never duplicated again
+        self._overdue: set[tuple[int, Peer, float]] = set()  # attempts told by overdue()
         for peer in workers:
             self._workers[peer] = _Worker(peer)
         if owners is None:
@@ -539,6 +540,22 @@ class JobScheduler:
             if shard not in self.done and not self._running_elsewhere(shard):
                 return [self._start(local, shard, now)]
         return []
+
+    def overdue(self, now: float) -> list[Peer]:
+        """Peers holding a shard past its straggler deadline, each attempt told once, whether
+        or not a copy can start now (the other workers may all be busy): the adapter asks
+        them whether they are still there."""
+        out: list[Peer] = []
+        for w in self._usable():
+            for shard, started in w.running.items():
+                if (shard, w.peer, started) in self._overdue:
+                    continue
+                due = self._straggler_due(w.peer, shard, started)
+                if due is not None and due <= now:
+                    self._overdue.add((shard, w.peer, started))
+                    if w.peer not in out:
+                        out.append(w.peer)
+        return out
 
     def wants_slot(self, now: float) -> bool:
         """Whether a slot freed at a full peer could start something now: a shard not

@@ -122,6 +122,9 @@ class RelayedLink(PeerLink):
     async def ping(self, timeout: float = 5.0) -> float:
         return await self.inner.ping(timeout)
 
+    async def probe(self) -> bool:
+        return await self.inner.probe()  # the relay's link carries this tab alone
+
     async def wait_closed(self) -> LinkClosed:
         return await self.inner.wait_closed()
 

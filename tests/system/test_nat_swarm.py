@@ -109,8 +109,8 @@ def test_member_relay_carries_the_link_where_no_turn_exists(natnet, tmp_path):
 
 def test_jobs_survive_nat_mappings_disappearing(natnet, tmp_path):
     """Both routers forget every mapping (conntrack flushed) while jobs run: no job is lost or
-    wrong, and the worker behind the NAT is dialed again (a new ICE session through TURN)
-    and computes again."""
+    wrong, and the worker behind the NAT is found silent, dialed again (a new ICE session
+    through TURN) and computes again."""
     import sys
 
     turn = natnet.start_turn()
@@ -140,6 +140,9 @@ def test_jobs_survive_nat_mappings_disappearing(natnet, tmp_path):
         assert drv.wait_exit(180) == 0, "\n".join(drv.err[-40:])
         log = "\n".join(drv.err)
         assert f"worker {wid[:12]} reached again over webrtc" in log, log[-4000:]
+        # Its relayed path went quiet, not broken: an overdue shard's probe called the link
+        # lost, seconds after the flush, not the keepalive after 20 s of silence.
+        assert f"link to worker {wid[:12]} lost (silent: nothing heard" in log, log[-4000:]
         summary = json.loads(drv.out[-1])["summary"]
         assert summary["lost"] == 0 and summary["wrong"] == 0, summary
     finally:
