@@ -110,15 +110,22 @@ def test_straggler_is_duplicated_and_first_result_wins():
     assert s.verified(on_b, "b", 9.0) == []  # the late copy is ignored
 
 
+def silent_and(other, n=1, other_seconds=1.0, **kw):
+    """A scheduler for ``n`` shards over "a-silent" (dealt first, by name) and ``other``,
+    both measured at 1e9 flops per second (``other``: per ``other_seconds``)."""
+    rates = RateBook()
+    rates.observe("a-silent", 1e9, 1.0)
+    rates.observe(other, 1e9, other_seconds)
+    kw.setdefault("window", 1)
+    return rates, JobScheduler(shards(n), ["a-silent", other], rates, straggler_factor=2.0,
+                               **kw)
+
+
 def test_a_copy_lost_with_its_link_is_copied_again_to_the_relinked_peer():
     """A NAT mapping flush: the straggler's worker is silent (its link not yet called dead),
     and the copy's link broke and came back. The copy goes out again, to the only other
     worker, instead of waiting for the silent worker's keepalive (tens of seconds)."""
-    rates = RateBook()
-    rates.observe("a-silent", 1e9, 1.0)
-    rates.observe("b-relinked", 1e9, 1.0)
-    s = JobScheduler(shards(1), ["a-silent", "b-relinked"], rates, window=1,
-                     straggler_factor=2.0)
+    _, s = silent_and("b-relinked")
     assert s.step(0.0) == [Assign(0, "a-silent", 1)]
     assert s.step(2.5) == [Assign(0, "b-relinked", 2)]
     s.errored(0, "b-relinked", lost=True)  # its link broke; it was dialed again
@@ -130,10 +137,7 @@ def test_a_straggler_beaten_by_its_copy_is_dealt_less_in_the_next_job():
     """The silent worker had the shard for 10 s when the copy won: it is rated at most
     1e9 flops / 10 s, so the next job's shards go to the peer that answered (before, its old
     rate dealt it half of them again, each waiting out the straggler's deadline)."""
-    rates = RateBook()
-    rates.observe("a-silent", 1e9, 1.0)
-    rates.observe("b-fast", 1e9, 1.0)
-    s = JobScheduler(shards(1), ["a-silent", "b-fast"], rates, window=1, straggler_factor=2.0)
+    rates, s = silent_and("b-fast")
     assert s.step(0.0) == [Assign(0, "a-silent", 1)]
     assert s.step(9.0) == [Assign(0, "b-fast", 2)]
     assert s.verified(0, "b-fast", 1.0, now=10.0) == [Cancel(0, "a-silent")]
@@ -166,11 +170,8 @@ def test_a_lowered_rate_does_not_push_back_the_deadline_of_the_peers_other_shard
 def test_an_overdue_shard_names_its_peer_once_even_when_no_copy_can_start():
     """The other worker is busy, so no copy goes out: the silent peer is still named at the
     deadline (the adapter probes its link), once per attempt."""
-    rates = RateBook()
-    rates.observe("a-silent", 1e9, 1.0)
-    rates.observe("b-busy", 1e9, 2.0)  # its shard is due at 4 s
-    s = JobScheduler(shards(2), ["a-silent", "b-busy"], rates, window=1, straggler_factor=2.0,
-                     owners=["a-silent", "b-busy"])
+    _, s = silent_and("b-busy", 2, other_seconds=2.0,  # its shard is due at 4 s
+                      owners=["a-silent", "b-busy"])
     assert len(s.step(0.0)) == 2
     assert s.overdue(1.9) == []
     assert s.step(2.5) == []  # b is busy with its own shard: no copy
@@ -179,11 +180,7 @@ def test_an_overdue_shard_names_its_peer_once_even_when_no_copy_can_start():
 
 
 def test_copies_stop_at_the_attempt_limit():
-    rates = RateBook()
-    rates.observe("a-silent", 1e9, 1.0)
-    rates.observe("flaky", 1e9, 1.0)
-    s = JobScheduler(shards(1), ["a-silent", "flaky"], rates, window=1, straggler_factor=2.0,
-                     max_attempts=3)
+    _, s = silent_and("flaky", max_attempts=3)
     assert s.step(0.0) == [Assign(0, "a-silent", 1)]
     assert s.step(2.5) == [Assign(0, "flaky", 2)]
     s.errored(0, "flaky", lost=True)
@@ -193,10 +190,7 @@ def test_copies_stop_at_the_attempt_limit():
 
 
 def test_a_copy_that_failed_by_itself_is_not_copied_to_that_peer_again():
-    rates = RateBook()
-    rates.observe("a-silent", 1e9, 1.0)
-    rates.observe("broken", 1e9, 1.0)
-    s = JobScheduler(shards(1), ["a-silent", "broken"], rates, window=1, straggler_factor=2.0)
+    _, s = silent_and("broken")
     assert s.step(0.0) == [Assign(0, "a-silent", 1)]
     assert s.step(2.5) == [Assign(0, "broken", 2)]
     s.errored(0, "broken")  # the worker's kernel failed on this shard
