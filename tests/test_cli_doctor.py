@@ -164,7 +164,7 @@ def test_nat_findings_from_mappings():
 
 def test_clock_findings():
     now = 1_000_000.0
-    period = doctor.ANNOUNCE_PERIOD
+    period = doctor.announce_period()
     fresh = [now - 1, now - 20, now - period + 10]  # honest members, announced recently
     assert doctor.clock_finding(fresh, now).status == "ok"
     ahead = [t + 60 for t in fresh]  # their clocks a minute ahead: ours is behind

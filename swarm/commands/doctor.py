@@ -37,10 +37,6 @@ STUN_TIMEOUT = 3.0
 """Seconds to wait for each STUN server (the request is resent after 0.5, 1 and 2 s)."""
 SKEW_WARN = 5.0
 """Seconds of clock offset worth a warning (signaling and command timestamps get tight)."""
-ANNOUNCE_TTL = 120.0
-"""Lifetime members give their announcements (swarm.node's default): announced at expiry - TTL."""
-ANNOUNCE_PERIOD = ANNOUNCE_TTL / 3 + 5.0
-"""Most seconds an announcement is older than its member's clock (re-announce period + a lookup)."""
 MAX_KEY_FILES = 1000
 
 
@@ -207,14 +203,14 @@ def nat_finding(local_port: int, answers: Sequence[tuple[tuple[str, int], str,
 
 
 def clock_finding(announced_at: Sequence[float], now: float) -> Finding:
-    """This clock against the members': each announcement was made at most ANNOUNCE_PERIOD s
-    before it was read, so a member's clock is ``announced - now`` to that plus the period
+    """This clock against the members': each announcement was made at most
+    :func:`announce_period` s before it was read, so a member's clock is ``announced - now`` to that plus the period
     ahead of ours. The medians over members bound the offset (positive: ours is behind)."""
     if not announced_at:
         return Finding("clock", INFO, "no member announcements to compare with",
                        "try again once the swarm has members")
     low = statistics.median(a - now for a in announced_at)
-    high = low + ANNOUNCE_PERIOD
+    high = low + announce_period()
     limit = _command_age()
     span = f"{low:+.0f} to {high:+.0f} s against {len(announced_at)} member(s)"
     fix = "turn on time sync (NTP): e.g. `timedatectl set-ntp true`"
@@ -224,6 +220,19 @@ def clock_finding(announced_at: Sequence[float], now: float) -> Finding:
     if low > SKEW_WARN or high < -SKEW_WARN:
         return Finding("clock", WARN, f"this clock is off ({span})", fix)
     return Finding("clock", OK, f"within the members' clocks ({span}; positive: theirs ahead)")
+
+
+def _announce_ttl() -> float:
+    """Lifetime members give their announcements: each was made at its expiry less this."""
+    from swarm.control.membership import ANNOUNCE_TTL
+
+    return ANNOUNCE_TTL
+
+
+def announce_period() -> float:
+    """Most seconds an announcement is older than its member's clock (the re-announce period,
+    a third of the lifetime, and a lookup)."""
+    return _announce_ttl() / 3 + 5.0
 
 
 def _command_age() -> float:
@@ -270,7 +279,7 @@ async def _announced(join) -> list[float]:
 
     async with observer.dht_observer(join) as node:
         anns = await node.get_peers(membership_topic(join.swarm_id))
-    return [a.expires_at - ANNOUNCE_TTL for a in anns]
+    return [a.expires_at - _announce_ttl() for a in anns]
 
 
 async def stun_probe(servers: Sequence[tuple[str, int]], timeout: float = STUN_TIMEOUT
