@@ -13,6 +13,7 @@ from identity import PeerKey
 from swarm.commands.dht import parse_addr
 from swarm.errors import ConfigError
 from tests.conftest import run_swarm, subprocess_env, swarm_cmd
+from tests.dht_support import loopback_dht
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 
@@ -114,12 +115,7 @@ async def _swarm(*args: str) -> tuple[int, str, str]:
 
 
 async def test_get_and_put_verbs(tmp_path):
-    nodes = [DHTNode(rpc_timeout=2) for _ in range(3)]
-    try:
-        for n in nodes:
-            await n.listen()
-        for n in nodes[1:]:
-            await n.bootstrap([nodes[0].address])
+    async with loopback_dht(3, rpc_timeout=2) as nodes:
         boot = ["--bootstrap", f"127.0.0.1:{nodes[0].address[1]}", "--json"]
         rc, out, err = await _swarm("dht", "put", "--value", '{"name": "lab", "n": [1, 2]}',
                                     *boot)
@@ -149,6 +145,3 @@ async def test_get_and_put_verbs(tmp_path):
                     ["get", "--target", "00" * 20, "--bootstrap", "nowhere"]):
             rc, _, err = await _swarm("dht", *bad, *boot)
             assert rc == 2, (bad, err)
-    finally:
-        for n in nodes:
-            await n.stop()

@@ -11,6 +11,7 @@ from kademlia.node import Node
 from dht.lookup import lookup
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
+from tests.dht_support import loopback_dht
 
 K = 8
 
@@ -152,15 +153,9 @@ async def test_a_peer_noted_gone_is_not_asked_in_lookups():
     """The control plane knows a coordinator is dead before the DHT does: after
     ``note_gone`` its node is out of the routing table and no lookup asks it, even where
     other nodes still list it (each lookup that met it waited out its grace before)."""
-    from dht import DHTNode
     from dht.node import node_id_of
 
-    nodes = [DHTNode(rpc_timeout=2.0) for _ in range(6)]
-    try:
-        for n in nodes:
-            await n.listen(0, "127.0.0.1")
-        for n in nodes[1:]:
-            await n.bootstrap([nodes[0].address])
+    async with loopback_dht(6, rpc_timeout=2.0) as nodes:
         a, dead = nodes[1], nodes[0]
         addr = dead.address
         assert any((c.ip, c.port) == addr for b in a.protocol.router.buckets
@@ -181,6 +176,3 @@ async def test_a_peer_noted_gone_is_not_asked_in_lookups():
             target = hashlib.sha1(b"somewhere").digest()
             await a._lookup(target, lambda node: a._q_find_node(node, target))
         assert asked and addr not in asked
-    finally:
-        for n in nodes[1:]:
-            await n.stop()

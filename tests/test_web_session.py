@@ -11,7 +11,6 @@ import time
 import numpy as np
 import pytest
 
-from dht import DHTNode
 from dht.announce import Announcement, announcement_buffer
 from dht.errors import ItemError
 from identity import PeerKey
@@ -29,6 +28,7 @@ from swarm.web.session import (
     tab_record,
     validation_task,
 )
+from tests.dht_support import loopback_dht
 
 SDP = "v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"
 
@@ -115,12 +115,7 @@ def test_tab_records_are_browser_workers_that_never_coordinate():
 
 
 async def test_a_node_publishes_only_entries_its_tab_signed():
-    nodes = [DHTNode(rpc_timeout=1.0) for _ in range(3)]
-    try:
-        for n in nodes:
-            await n.listen(0, "127.0.0.1")
-        for n in nodes[1:]:
-            await n.bootstrap([nodes[0].address])
+    async with loopback_dht(3, rpc_timeout=1.0) as nodes:
         tab = PeerKey.generate()
         sid = bytes(20)
         topic = membership_topic(sid)
@@ -138,9 +133,6 @@ async def test_a_node_publishes_only_entries_its_tab_signed():
         with pytest.raises(ValueError):
             await nodes[0].publish_announcement(topic, Announcement(
                 tab.peer_id, record, late, tab.sign(announcement_buffer(topic, late, record))))
-    finally:
-        for n in nodes:
-            await n.stop()
 
 
 async def test_relay_dial_refused_for_a_tab_it_does_not_serve():
