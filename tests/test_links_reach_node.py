@@ -51,6 +51,16 @@ async def test_a_worker_with_no_path_is_marked_unreachable(nodes):
     assert await a.connect_workers(gone) == []  # not dialed again while backing off
 
 
+def _worker(tmp_path, name: str, sid: bytes, **options):
+    """A numpy worker's config (one thread, a tiny benchmark) in swarm ``sid``."""
+    from swarm.control.charter import validators
+    from swarm.node import NodeConfig
+
+    return NodeConfig(tmp_path / name, sid, roles=("worker",), backend="numpy", threads=1,
+                      bench_sizes=(64,), validators=validators(), dht_rpc_timeout=1.0,
+                      **options)
+
+
 async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
     """Members reached directly are linked before signals go out through them: c (no
     reachable address) is linked over WebRTC signaled through b in the very round that
@@ -66,10 +76,8 @@ async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
     a = Node(NodeConfig(tmp_path / "a", sid, roles=("requester",), listen=False, **common))
     await a.start()
     boot = (a.dht.address,)
-    b = Node(NodeConfig(tmp_path / "b", sid, roles=("worker",), backend="numpy", threads=1,
-                        bootstrap=boot, bench_sizes=(64,), **common))
-    c = Node(NodeConfig(tmp_path / "c", sid, roles=("worker",), backend="numpy", threads=1,
-                        bootstrap=boot, bench_sizes=(64,), relays=1, **common))
+    b = Node(_worker(tmp_path, "b", sid, bootstrap=boot))
+    c = Node(_worker(tmp_path, "c", sid, bootstrap=boot, relays=1))
     try:
         await b.start()
         await c.start()
@@ -93,17 +101,13 @@ async def test_a_relay_link_that_breaks_is_replaced_at_once(tmp_path):
     node links a relay again in about RELAY_AGAIN, not at the next RELAY_INTERVAL (10 s),
     which held up every requester re-dialing it (the NAT flush test waited ~8 s)."""
     from identity.keys import PeerKey
-    from swarm.control.charter import validators
     from swarm.control.membership import swarm_id
-    from swarm.node import RELAY_INTERVAL, Node, NodeConfig
+    from swarm.node import RELAY_INTERVAL, Node
 
     sid = swarm_id(PeerKey.generate().public_bytes)
-    common = dict(validators=validators(), dht_rpc_timeout=1.0)
-    b = Node(NodeConfig(tmp_path / "b", sid, roles=("worker",), backend="numpy", threads=1,
-                        bench_sizes=(64,), **common))
+    b = Node(_worker(tmp_path, "b", sid))
     await b.start()
-    c = Node(NodeConfig(tmp_path / "c", sid, roles=("worker",), backend="numpy", threads=1,
-                        bootstrap=(b.dht.address,), bench_sizes=(64,), relays=1, **common))
+    c = Node(_worker(tmp_path, "c", sid, bootstrap=(b.dht.address,), relays=1))
     try:
         await c.start()
         async with asyncio.timeout(30):
