@@ -204,8 +204,9 @@ def nat_finding(local_port: int, answers: Sequence[tuple[tuple[str, int], str,
 
 def clock_finding(announced_at: Sequence[float], now: float) -> Finding:
     """This clock against the members': each announcement was made at most
-    :func:`announce_period` s before it was read, so a member's clock is ``announced - now`` to that plus the period
-    ahead of ours. The medians over members bound the offset (positive: ours is behind)."""
+    :func:`announce_period` s before it was read, so a member's clock is ``announced - now``
+    to that plus the period ahead of ours. The medians over members bound the offset
+    (positive: ours is behind)."""
     if not announced_at:
         return Finding("clock", INFO, "no member announcements to compare with",
                        "try again once the swarm has members")
