@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -30,14 +31,17 @@ JOBS = 1000
 
 
 @contextlib.asynccontextmanager
-async def swarm_of(workers: int, max_tracked: int = BOUND):
-    """A requester linked to ``workers`` real actor hosts over in-memory links."""
+async def swarm_of(workers: int, max_tracked: int = BOUND,
+                   backend: Callable[[int], compute.Backend] | None = None):
+    """A requester linked to ``workers`` real actor hosts over in-memory links (``backend``
+    makes worker ``i``'s backend; numpy by default)."""
     me = PeerKey.generate()
     req = Requester(me.peer_id)
     req.store = ObjectStore(req.store.capacity, max_tracked=max_tracked)
     hosts, serving = [], []
-    for _ in range(workers):
-        host = ActorHost(compute.get_backend("numpy"), store_capacity=1 << 17)
+    for i in range(workers):
+        host = ActorHost(compute.get_backend("numpy") if backend is None else backend(i),
+                         store_capacity=1 << 17)
         mine, theirs = memory_pair(me, PeerKey.generate())
         serving.append(asyncio.create_task(host.serve(theirs)))
         req.attach(mine)

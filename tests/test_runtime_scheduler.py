@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from swarm.runtime.scheduler import (
     LOCAL,
+    RATE_HOLD,
     Assign,
     Cancel,
     JobScheduler,
@@ -147,6 +148,51 @@ def test_a_straggler_beaten_by_its_copy_is_dealt_less_in_the_next_job():
     assert dealt.count("b-fast") == 7 and dealt.count("a-silent") == 1, dealt
     rates.observe("a-silent", 1e9, 1.0)  # it answers again: its rate climbs back
     assert rates.rate("a-silent") > 5e8
+
+
+def stalled_then_beaten(heard_at=None):
+    """"a-stalled" is sent a shard at 0 s, "b" a copy at 30 s that wins at 31 s (``heard_at``:
+    when "a-stalled" answered a probe meanwhile). Returns the clock and a function that
+    deals a next job of 8 shards and counts those "a-stalled" got."""
+    clock = [0.0]
+    rates = RateBook(clock=lambda: clock[0])
+    rates.observe("a-stalled", 1e9, 1.0)
+    rates.observe("b", 1e9, 1.0)
+    s = JobScheduler(shards(1), ["a-stalled", "b"], rates, window=1, straggler_factor=2.0)
+    assert s.step(0.0) == [Assign(0, "a-stalled", 1)]
+    assert s.step(30.0) == [Assign(0, "b", 2)]
+    if heard_at is not None:
+        clock[0] = heard_at
+        rates.heard("a-stalled")
+    clock[0] = 31.0
+    assert s.verified(0, "b", 1.0, now=31.0) == [Cancel(0, "a-stalled")]
+
+    def dealt_to_a() -> int:
+        nxt = JobScheduler(shards(8), ["a-stalled", "b"], rates, window=8)
+        return [a.peer for a in nxt.step(clock[0])].count("a-stalled")
+
+    return clock, rates, dealt_to_a
+
+
+def test_a_straggler_beaten_once_is_dealt_its_share_again_after_the_hold():
+    """One stall (a busy host, a paused process) must not cost a peer its share for good: a
+    peer dealt nothing is never measured again, so a bound that never expired starved it
+    for the requester's life (CI: every later 2048-row job went whole to the other worker)."""
+    clock, _, dealt_to_a = stalled_then_beaten()
+    assert dealt_to_a() == 1  # held (1e9 flops / 31 s): only what it steals while idle
+    clock[0] = 31.0 + RATE_HOLD
+    assert dealt_to_a() == 4  # the hold is over: its measured rate counts again
+
+
+def test_a_straggler_that_answers_a_probe_is_slow_not_silent():
+    """A peer that answered a probe while its shard ran (a cold start, a long pause) is not
+    held; one held and then heard from (a probe, a new link) gets its share back at once."""
+    _, _, dealt_to_a = stalled_then_beaten(heard_at=30.1)
+    assert dealt_to_a() == 4
+    _, rates, dealt_to_a = stalled_then_beaten()
+    assert dealt_to_a() == 1
+    rates.heard("a-stalled")
+    assert dealt_to_a() == 4
 
 
 def test_a_lowered_rate_does_not_push_back_the_deadline_of_the_peers_other_shard():

@@ -10,9 +10,11 @@ worker (a quarter of the compute done twice).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 
+from compute.numpy_backend import NumpyBackend
 from swarm.runtime import jobs
 from swarm.runtime.protocol import RunTask
 from tests.test_runtime_memory import matmul, swarm_of
@@ -125,3 +127,40 @@ async def test_a_freed_slot_wakes_one_waiting_job_not_all(monkeypatch):
         # a job polls when it starts, when its answer comes, when its check ends, and when
         # it is offered a slot: a few times each, however many jobs wait beside it
         assert polls <= 5 * many, f"{polls} polls for {many} jobs"
+
+
+
+async def test_a_worker_that_stalls_but_answers_its_probe_keeps_its_share():
+    """A worker whose compute stalls (a cold start, a busy host) while its link still
+    answers: the straggler's copy wins, and the probe sent when it was overdue says it is
+    there, so it is slow, not silent: its measured rate stands (before, the copy's win held it
+    at what the stall allowed, for good, and a peer dealt nothing is never measured again)."""
+    stalls = [0.0, 0.0]  # seconds each worker's next matmul waits, in its compute thread
+
+    class Stalling(NumpyBackend):
+        def __init__(self, i: int) -> None:
+            super().__init__()
+            self.i = i
+
+        def matmul(self, a, b, precision="f32"):
+            time.sleep(stalls[self.i])
+            stalls[self.i] = 0.0
+            return super().matmul(a, b, precision)
+
+    rng = np.random.default_rng(1)
+    verifier = jobs.FreivaldsCache()
+    a = rng.standard_normal((256, 64), dtype=np.float32)
+    b = rng.standard_normal((64, 64), dtype=np.float32)
+    async with swarm_of(2, backend=Stalling) as (req, hosts):
+        await matmul(req, verifier, a, b)  # b cached, both workers measured
+        slow = jobs.plan_bands(256, 64, 64, workers=req.workers(), rates=req.rates).owners[0]
+        measured = req.rates.rate(slow)
+        stalls[list(req.links).index(slow)] = 1.0
+        sent: list = []
+        req.on_task_sent = lambda peer, msg: sent.append((peer, msg.args[0].array.shape[0]))
+        np.testing.assert_allclose(await matmul(req, verifier, a, b), a @ b,
+                                   rtol=1e-4, atol=1e-3)
+        rows = [r for peer, r in sent if peer != slow and (slow, r) in sent]
+        assert rows, sent  # the stalled band was copied to the other worker, and won
+        await asyncio.wait_for(asyncio.gather(*req._probes), 5)  # its probe was answered
+        assert req.rates.rate(slow) == measured  # not held to what it ran before the copy won

@@ -223,6 +223,7 @@ class Requester:
 
         Messages that are not task answers go to ``fallback(link, msg)`` (control plane)."""
         self.links[link.remote] = link
+        self.rates.heard(link.remote)  # linked again: no longer held as silent
         self._draining.discard(link.remote)
         task = asyncio.get_running_loop().create_task(self._read(link, fallback),
                                                       name=f"requester-{link.remote.short()}")
@@ -423,9 +424,13 @@ class Requester:
         link = self.links.get(peer)
         if link is None or link.closed:
             return
-        task = asyncio.get_running_loop().create_task(link.probe())  # the node logs a loss
+        task = asyncio.get_running_loop().create_task(self._probe(peer, link))
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, peer: PeerId, link: PeerLink) -> None:
+        if await link.probe():  # (a silent link closes: the node logs the loss)
+            self.rates.heard(peer)  # slow, not silent: its rate says how slow
 
     def _reject(self, peer: PeerId, reason: str,
                 evidence: EvidencePackage | None = None) -> None:

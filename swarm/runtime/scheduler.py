@@ -12,7 +12,8 @@ Policy, in order of preference for an idle slot on worker ``w``:
    already holds (locality), else the one at the tail of that worker's queue;
 3. duplicate a straggler: an in-flight shard running longer than ``straggler_factor`` times
    its expected time (as it was when the shard was sent) elsewhere; the first verified
-   result wins, the other is cancelled and its peer rated no faster than it had run.
+   result wins, the other is cancelled and its peer, unless heard from meanwhile, held for
+   a while to no faster than it had run (:meth:`RateBook.slower_than`).
 
 A shard whose result failed verification, whose worker was lost, or that ran past
 ``task_timeout`` goes back to the pool; a worker that returned a wrong result gets nothing
@@ -31,7 +32,9 @@ across jobs; a peer's own claim (its announced TFLOPS) is never used for weighti
 
 from __future__ import annotations
 
+import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +79,10 @@ class Cancel:
     """Worker running the losing copy."""
 
 
+RATE_HOLD = 10.0
+"""Seconds a straggler beaten by its copy stays rated at what it had run so far (about twice
+a link probe's timeout: a silent peer's link is closed before the hold ends)."""
+
 MIN_RATED_FLOPS = 1e9
 """Shards smaller than this measure a round trip's overhead more than a peer's throughput (a
 1x1 job "measured" 60 flop/s beside 7e8 from a large band, and the next job's bands all went
@@ -83,18 +90,28 @@ to the other worker); their rates stand in only where no larger shard was measur
 
 
 class RateBook:
-    """Observed throughput per peer (flops/s, EWMA) and a reputation tally, kept across jobs."""
+    """Observed throughput per peer (flops/s, EWMA) and a reputation tally, kept across jobs.
 
-    def __init__(self, alpha: float = 0.5) -> None:
+    A straggler beaten by its copy, and not heard from while it ran, is *held* to a bound
+    for :data:`RATE_HOLD` seconds of ``clock`` (the requester's loop time; tests pass a fake
+    one). The bound never enters the average, and the hold ends early when the peer is heard
+    from, so a stall does not cost a peer its share for good."""
+
+    def __init__(self, alpha: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.alpha = alpha
+        self.clock = clock
         self._rates: dict[Peer, float] = {}
         self._sized: set[Peer] = set()  # rates measured on shards of MIN_RATED_FLOPS or more
+        self._held: dict[Peer, tuple[float, float]] = {}  # peer -> (bound, until)
+        self._heard: dict[Peer, float] = {}  # peer -> when it last answered a probe
         self.verified: dict[Peer, int] = {}
         self.rejected: dict[Peer, int] = {}
 
     def observe(self, peer: Peer, flops: float, seconds: float) -> None:
-        """A verified shard of ``flops`` took ``seconds`` on ``peer``."""
+        """A verified shard of ``flops`` took ``seconds`` on ``peer`` (it answers: any hold
+        on it ends)."""
         self.verified[peer] = self.verified.get(peer, 0) + 1
+        self._held.pop(peer, None)
         sized = flops >= MIN_RATED_FLOPS
         if not sized and peer in self._sized:
             return  # a small shard's rate would only blur a measured one
@@ -105,32 +122,60 @@ class RateBook:
         if sized:
             self._sized.add(peer)
 
-    def slower_than(self, peer: Peer, flops: float, seconds: float) -> None:
-        """``peer`` had not finished a shard of ``flops`` after ``seconds`` when a copy
-        elsewhere won: its rate is at most ``flops / seconds``. A peer gone silent (a NAT
-        mapping lost, its link not yet called dead) is then dealt less at once, instead of
-        costing every job a straggler's wait until its keepalive runs out; its next
-        verified shard raises it again."""
+    def slower_than(self, peer: Peer, flops: float, seconds: float,
+                    ran: float | None = None) -> None:
+        """``peer`` had not finished a shard of ``flops`` after ``seconds`` of its own time
+        (``ran`` since it was sent) when a copy elsewhere won. Unless it was heard from
+        meanwhile (:meth:`heard`: slow, not silent; its rate says how slow), hold its rate to
+        at most ``flops / seconds`` for :data:`RATE_HOLD` seconds. A peer gone silent (a NAT
+        mapping lost, its link not yet called dead) is then dealt nothing at once, instead
+        of costing every job a straggler's wait until its link is probed and closed."""
         if flops < MIN_RATED_FLOPS and peer in self._sized:
             return
+        now = self.clock()
+        if self._heard.get(peer, -math.inf) >= now - (seconds if ran is None else ran):
+            return
         bound = flops / max(seconds, 1e-6)
-        old = self._rates.get(peer)
-        if old is None or bound < old:
-            self._rates[peer] = bound
+        held = self._held.get(peer)
+        if held is not None and held[1] > now:
+            bound = min(bound, held[0])
+        self._held[peer] = (bound, now + RATE_HOLD)
+
+    def heard(self, peer: Peer) -> None:
+        """``peer`` answered a probe or linked again: it is there, so it is not held (a
+        peer dealt nothing is never measured again)."""
+        self._heard[peer] = self.clock()
+        self._held.pop(peer, None)
+
+    def _bound(self, peer: Peer) -> float | None:
+        held = self._held.get(peer)
+        if held is None:
+            return None
+        if held[1] <= self.clock():
+            del self._held[peer]
+            return None
+        return held[0]
 
     def reject(self, peer: Peer) -> None:
         """``peer`` returned a result that failed verification."""
         self.rejected[peer] = self.rejected.get(peer, 0) + 1
 
     def rate(self, peer: Peer) -> float | None:
-        """Measured flops/s, or None before the first verified shard."""
-        return self._rates.get(peer)
+        """Measured flops/s (held lower while it is held), or None before the first
+        verified shard or hold."""
+        rate, bound = self._rates.get(peer), self._bound(peer)
+        return rate if bound is None else bound if rate is None else min(rate, bound)
 
     def weight(self, peer: Peer, among: Iterable[Peer] = ()) -> float:
         """Relative weight: the measured rate; for a peer measured only on small shards (or
         not at all), the median rate of ``among`` measured on large ones, if any, else its
-        own, else the median of ``among``'s known rates."""
-        among = list(among)
+        own, else the median of ``among``'s known rates. A held peer weighs no more than its
+        bound."""
+        bound = self._bound(peer)
+        weight = self._weight(peer, list(among))
+        return weight if bound is None else min(weight, bound)
+
+    def _weight(self, peer: Peer, among: list[Peer]) -> float:
         if peer in self._sized:
             return self._rates[peer]
         sized = [self._rates[p] for p in among if p in self._sized]
@@ -324,7 +369,8 @@ class JobScheduler:
                 cancels.append(Cancel(shard, other.peer))
                 if now is not None and other.peer != LOCAL and now > started:
                     self.rates.slower_than(other.peer, self.shards[shard].cost,
-                                           (now - started) / other.turn.get(shard, 1))
+                                           (now - started) / other.turn.get(shard, 1),
+                                           ran=now - started)
             if shard in other.queue:
                 other.queue.remove(shard)
         if shard in self._pool:
