@@ -168,8 +168,10 @@ def test_colocated_workers_exchange_arrays_through_shared_memory(client):
 
 
 def test_a_right_operand_is_written_to_shared_memory_once_for_every_colocated_worker(
-        client, monkeypatch):
+        even_rates, monkeypatch):
     from swarm.links import shm
+
+    client = even_rates
 
     rng = np.random.default_rng(8)
     a, b = rand(rng, 2048, 512), rand(rng, 512, 1536)  # a fresh b: both workers need it
