@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,20 +180,43 @@ def test_a_straggler_beaten_once_is_dealt_its_share_again_after_the_hold():
     peer dealt nothing is never measured again, so a bound that never expired starved it
     for the requester's life (CI: every later 2048-row job went whole to the other worker)."""
     clock, _, dealt_to_a = stalled_then_beaten()
-    assert dealt_to_a() == 1  # held (1e9 flops / 31 s): only what it steals while idle
+    assert dealt_to_a() == 0  # held (1e9 flops / 31 s): nothing, and nothing worth stealing
     clock[0] = 31.0 + RATE_HOLD
     assert dealt_to_a() == 4  # the hold is over: its measured rate counts again
 
 
 def test_a_straggler_that_answers_a_probe_is_slow_not_silent():
-    """A peer that answered a probe while its shard ran (a cold start, a long pause) is not
-    held; one held and then heard from (a probe, a new link) gets its share back at once."""
-    _, _, dealt_to_a = stalled_then_beaten(heard_at=30.1)
-    assert dealt_to_a() == 4
+    """A peer that answered a probe while its shard ran (a far peer, a cold start, a long
+    pause) is slow, not silent: its rate moves toward what it ran as a measurement would,
+    at most halving, so it keeps a share. One held and then heard from (a probe, a new
+    link) gets the same, at once."""
+    _, rates, dealt_to_a = stalled_then_beaten(heard_at=30.1)
+    assert rates.rate("a-stalled") == pytest.approx((1e9 + 1e9 / 31) / 2)
+    assert dealt_to_a() == 3
     _, rates, dealt_to_a = stalled_then_beaten()
-    assert dealt_to_a() == 1
+    assert dealt_to_a() == 0
     rates.heard("a-stalled")
-    assert dealt_to_a() == 4
+    assert rates.rate("a-stalled") == pytest.approx((1e9 + 1e9 / 31) / 2)
+    assert dealt_to_a() == 3
+
+
+def test_a_far_peer_never_measured_takes_its_bound_and_does_not_steal():
+    """A peer 200 ms away beside one that answers in 10 ms: its first band is beaten by a
+    copy (its probe answered: slow), so its rate is what it ran, and an idle far peer does
+    not steal a band the near one finishes sooner (each job waited for the band it stole:
+    424 ms a batch of four small jobs, against 23 ms without the steal)."""
+    rates = RateBook(clock=lambda: 0.06)
+    rates.observe("near", 1e7, 0.01)
+    rates.heard("far")  # its probe, answered (at 0.06 s, as everything here)
+    s = JobScheduler(shards(1, cost=1e7), ["far", "near"], rates, window=2,
+                     owners=["far"], straggler_factor=3.0)
+    assert s.step(0.0) == [Assign(0, "far", 1)]
+    assert s.step(0.05) == [Assign(0, "near", 2)]
+    assert s.verified(0, "near", 0.01, now=0.06) == [Cancel(0, "far")]
+    assert rates.rate("far") == pytest.approx(1e7 / 0.06)
+    nxt = JobScheduler(shards(4, cost=1e7), ["far", "near"], rates, window=2,
+                       owners=["near"] * 4)
+    assert [a.peer for a in nxt.step(1.0)] == ["near", "near"]  # far steals nothing
 
 
 def test_a_lowered_rate_does_not_push_back_the_deadline_of_the_peers_other_shard():

@@ -133,8 +133,9 @@ async def test_a_freed_slot_wakes_one_waiting_job_not_all(monkeypatch):
 async def test_a_worker_that_stalls_but_answers_its_probe_keeps_its_share():
     """A worker whose compute stalls (a cold start, a busy host) while its link still
     answers: the straggler's copy wins, and the probe sent when it was overdue says it is
-    there, so it is slow, not silent: its measured rate stands (before, the copy's win held it
-    at what the stall allowed, for good, and a peer dealt nothing is never measured again)."""
+    there, so it is slow, not silent: its rate moves toward what it ran, as a measurement
+    would, and at most halves (before, the copy's win set it to what the stall allowed, for
+    good, and a peer dealt nothing is never measured again)."""
     stalls = [0.0, 0.0]  # seconds each worker's next matmul waits, in its compute thread
 
     class Stalling(NumpyBackend):
@@ -163,4 +164,5 @@ async def test_a_worker_that_stalls_but_answers_its_probe_keeps_its_share():
         rows = [r for peer, r in sent if peer != slow and (slow, r) in sent]
         assert rows, sent  # the stalled band was copied to the other worker, and won
         await asyncio.wait_for(asyncio.gather(*req._probes), 5)  # its probe was answered
-        assert req.rates.rate(slow) == measured  # not held to what it ran before the copy won
+        # not held to what it ran before the copy won: moved toward it, at most halved
+        assert measured / 2 <= req.rates.rate(slow) < measured

@@ -251,10 +251,11 @@ class JobCore:
             out.extend(Probe(peer) for peer in self.sched.overdue(now))
         return out
 
-    def wants_slot(self, now: float) -> bool:
-        """Whether a slot freed at a full peer may start one of this job's tasks (the
-        adapter offers freed slots to the jobs that want one, instead of waking them all)."""
-        return self.sched.wants_slot(now)
+    def wants_slot(self, now: float, peer: Any = None) -> bool:
+        """Whether a slot freed at a full peer (``peer``, when known) may start one of this
+        job's tasks (the adapter offers freed slots to the jobs that want one, instead of
+        waking them all)."""
+        return self.sched.wants_slot(now, peer)
 
     def next_wake(self, now: float) -> float | None:
         """When :meth:`poll` must run again without an event (timeouts, stragglers)."""

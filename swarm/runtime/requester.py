@@ -158,7 +158,7 @@ class Slot:
         """The call never started (cancelled, no link): give the slot back."""
         if self.take():
             self._req._leave(self.peer)
-            self._req._slot_freed()
+            self._req._slot_freed(self.peer)
 
 
 class Requester:
@@ -236,15 +236,15 @@ class Requester:
         for job in self._jobs:
             job.kick()
 
-    def _slot_freed(self) -> None:
-        """A task at some peer ended (or never started): offer its slot to the jobs that
-        want one, oldest first, until one starts a task there.
+    def _slot_freed(self, peer: PeerId) -> None:
+        """A task at ``peer`` ended (or never started): offer its slot to the jobs that
+        want one there, oldest first, until one starts a task.
 
         Waking them all instead cost more than the work: with 64 one-call jobs through two
         peers of window 2 (inference) each answer woke ~30 jobs that polled, found no slot
         and slept again (4.5 ms of the event loop per call)."""
         for job in list(self._wanting):
-            if job.offer():
+            if job.offer(peer):
                 return
 
     def inflight(self, peer: PeerId) -> int:
@@ -372,7 +372,7 @@ class Requester:
             finally:
                 self._pending.pop((peer, tid), None)
                 self._leave(peer)
-                self._slot_freed()
+                self._slot_freed(peer)
             if isinstance(reply, TaskResult):
                 if report is not None:
                     report.bytes_in += sum(o.nbytes for o in reply.outputs)
@@ -530,10 +530,11 @@ class _JobRun:
             self.req._wanting.pop(self, None)
         return started
 
-    def offer(self) -> bool:
-        """A slot came free: start a task there if this job can (see :meth:`_poll`)."""
+    def offer(self, peer: PeerId) -> bool:
+        """A slot came free at ``peer``: start a task there if this job can (see
+        :meth:`_poll`)."""
         now = asyncio.get_running_loop().time()
-        if self.core.finished or not self._poll(now):
+        if self.core.finished or not self.core.wants_slot(now, peer) or not self._poll(now):
             return False
         self._arm(now)  # the new task has deadlines of its own
         return True

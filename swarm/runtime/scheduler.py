@@ -9,7 +9,8 @@ Policy, in order of preference for an idle slot on worker ``w``:
 
 1. ``w``'s own queue (shards were dealt to workers in proportion to their measured rates);
 2. when idle, steal the queued shard, from the most loaded other worker, whose large inputs ``w``
-   already holds (locality), else the one at the tail of that worker's queue;
+   already holds (locality), else the one at the tail of that worker's queue; only a shard
+   ``w`` would likely finish before its worker got to it and finished it (rates known);
 3. duplicate a straggler: an in-flight shard running longer than ``straggler_factor`` times
    its expected time (as it was when the shard was sent) elsewhere; the first verified
    result wins, the other is cancelled and its peer, unless heard from meanwhile, held for
@@ -125,27 +126,40 @@ class RateBook:
     def slower_than(self, peer: Peer, flops: float, seconds: float,
                     ran: float | None = None) -> None:
         """``peer`` had not finished a shard of ``flops`` after ``seconds`` of its own time
-        (``ran`` since it was sent) when a copy elsewhere won. Unless it was heard from
-        meanwhile (:meth:`heard`: slow, not silent; its rate says how slow), hold its rate to
-        at most ``flops / seconds`` for :data:`RATE_HOLD` seconds. A peer gone silent (a NAT
-        mapping lost, its link not yet called dead) is then dealt nothing at once, instead
-        of costing every job a straggler's wait until its link is probed and closed."""
+        (``ran`` since it was sent) when a copy elsewhere won: its rate is at most
+        ``flops / seconds``.
+
+        Heard from meanwhile (:meth:`heard`), it is slow, not silent (a far peer, a browser
+        tab, a stalled host): its rate moves toward the bound as a measurement would, by
+        ``alpha`` (a peer never measured takes it), so a far peer stops being dealt bands it
+        only makes the job wait for, and one stall does not starve a peer. Not heard from,
+        it is *held* to the bound for :data:`RATE_HOLD` seconds: a peer gone silent (a NAT
+        mapping lost, its link not yet called dead) is dealt nothing at once, instead of
+        costing every job a straggler's wait until its link is probed and closed."""
         if flops < MIN_RATED_FLOPS and peer in self._sized:
             return
         now = self.clock()
-        if self._heard.get(peer, -math.inf) >= now - (seconds if ran is None else ran):
-            return
         bound = flops / max(seconds, 1e-6)
+        if self._heard.get(peer, -math.inf) >= now - (seconds if ran is None else ran):
+            self._slower(peer, bound)
+            return
         held = self._held.get(peer)
         if held is not None and held[1] > now:
             bound = min(bound, held[0])
         self._held[peer] = (bound, now + RATE_HOLD)
 
     def heard(self, peer: Peer) -> None:
-        """``peer`` answered a probe or linked again: it is there, so it is not held (a
-        peer dealt nothing is never measured again)."""
+        """``peer`` answered a probe or linked again: it is there, so a hold on it ends (a
+        peer dealt nothing is never measured again) and counts as a slow answer instead."""
         self._heard[peer] = self.clock()
-        self._held.pop(peer, None)
+        held = self._held.pop(peer, None)
+        if held is not None:
+            self._slower(peer, held[0])
+
+    def _slower(self, peer: Peer, bound: float) -> None:
+        old = self._rates.get(peer)
+        if old is None or bound < old:
+            self._rates[peer] = bound if old is None else old + self.alpha * (bound - old)
 
     def _bound(self, peer: Peer) -> float | None:
         held = self._held.get(peer)
@@ -500,20 +514,42 @@ class JobScheduler:
         return all(o is w for o in self._usable())
 
     def _steal(self, w: _Worker) -> int | None:
+        found = self._steal_from(w)
+        if found is None:
+            return None
+        victim, shard = found
+        victim.queue.remove(shard)
+        return shard
+
+    def _steal_from(self, w: _Worker) -> tuple[_Worker, int] | None:
+        """The queued shard idle ``w`` would steal, and from whom (nothing taken yet)."""
         victims = [o for o in self._usable() if o is not w and o.queue]
         if not victims:
             return None
         victim = max(victims, key=lambda o: (len(o.queue), repr(o.peer)))
         held = self.holds.get(w.peer, set())
-        allowed = [s for s in victim.queue if not self._avoid(s, w.peer)]
+        allowed = [s for s in victim.queue if not self._avoid(s, w.peer)
+                   and self._sooner(w, victim, s)]
         for shard in reversed(allowed):
             if held.intersection(self.shards[shard].inputs):
-                victim.queue.remove(shard)
-                return shard
-        if allowed:
-            victim.queue.remove(allowed[-1])
-            return allowed[-1]
-        return None
+                return victim, shard
+        return (victim, allowed[-1]) if allowed else None
+
+    def _sooner(self, thief: _Worker, victim: _Worker, shard: int) -> bool:
+        """Whether ``thief`` would likely finish ``shard`` before ``victim`` got to it and
+        finished it: each runs what it already holds first (this job's and others'), one
+        after another at its measured rate. An idle peer whose one task takes longer (a
+        far or relayed peer, a browser tab) than the victim's whole queue only makes the
+        job wait for it (measured: four jobs of two 192-row bands beside a peer 200 ms
+        away took 425 ms a batch, each job waiting for the band it stole). Unknown rates
+        steal, so a new peer gets measured."""
+        mine, theirs = self._expected(thief.peer, shard), self._expected(victim.peer, shard)
+        if mine is None or theirs is None:
+            return True
+        ahead_mine = max(self.inflight(thief.peer), len(thief.running))
+        ahead_theirs = (max(self.inflight(victim.peer), len(victim.running))
+                        + victim.queue.index(shard))
+        return (ahead_mine + 1) * mine < (ahead_theirs + 1) * theirs
 
     def _expected(self, peer: Peer, shard: int) -> float | None:
         rate = self.rates.rate(peer)
@@ -603,19 +639,26 @@ class JobScheduler:
                         out.append(w.peer)
         return out
 
-    def wants_slot(self, now: float) -> bool:
-        """Whether a slot freed at a full peer could start something now: a shard not
-        started anywhere, or a straggler due for a copy. May say yes when :meth:`step` then
-        finds nothing (a shard only one banned peer may run): never no when it would."""
+    def wants_slot(self, now: float, peer: Peer | None = None) -> bool:
+        """Whether a slot freed at a full peer (``peer``, when known) could start something
+        now: a shard not started anywhere that it would take, or a straggler due for a copy.
+        May say yes when :meth:`step` then finds nothing (a shard only one banned peer may
+        run): never no when it would."""
         if self.finished:
             return False
-        if self._pool or any(i not in self.done for w in self._workers.values()
-                             for i in w.queue):
+        w = self._workers.get(peer) if peer is not None else None
+        if w is None or w.banned:
+            waiting = bool(self._pool) or any(i not in self.done for o in self._workers.values()
+                                              for i in o.queue)
+        else:
+            waiting = bool(self._pool) or any(i not in self.done for i in w.queue) or (
+                not w.running and self._steal_from(w) is not None)
+        if waiting:
             return True
         return any(shard not in self._checking and shard not in self._no_copies
-                   and (due := self._straggler_due(w.peer, shard, started)) is not None
+                   and (due := self._straggler_due(o.peer, shard, started)) is not None
                    and due <= now
-                   for w in self._usable() for shard, started in w.running.items())
+                   for o in self._usable() for shard, started in o.running.items())
 
     def next_deadline(self, now: float) -> float | None:
         """When :meth:`step` should next run without an event (timeouts, stragglers)."""
