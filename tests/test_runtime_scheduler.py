@@ -454,6 +454,19 @@ def test_service_time_leaves_out_the_wait_behind_the_peers_earlier_task():
     assert small.seconds("a", 0.0, 2.0) == 2.0          # the oldest was forgotten: bounded
 
 
+def test_the_rate_book_keeps_at_most_max_peers_the_least_recent_forgotten():
+    """Every linked worker (fresh keys among them) leaves an entry: bounded (invariant 8)."""
+    rates = RateBook(max_peers=2, clock=lambda: 0.0)
+    rates.observe("a", 2e9, 1.0)
+    rates.reject("b")
+    rates.slower_than("c", 2e9, 10.0)  # held, not heard: "a" is the least recent
+    assert rates.rate("a") is None and "a" not in rates.verified
+    assert rates.rejected == {"b": 1} and rates.rate("c") == 2e8
+    rates.heard("b")  # "b" is the most recent now: "c" goes next
+    rates.observe("d", 1e9, 1.0)
+    assert rates.rate("c") is None and rates.rejected == {"b": 1}
+
+
 def test_a_worker_full_with_other_jobs_gets_nothing_more_until_a_slot_frees():
     rates = RateBook()
     rates.observe("a", 1e9, 1.0)

@@ -98,9 +98,12 @@ class RateBook:
     one). The bound never enters the average, and the hold ends early when the peer is heard
     from, so a stall does not cost a peer its share for good."""
 
-    def __init__(self, alpha: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, alpha: float = 0.5, clock: Callable[[], float] = time.monotonic,
+                 max_peers: int = 4096) -> None:
         self.alpha = alpha
         self.clock = clock
+        self.max_peers = max_peers
+        self._peers: dict[Peer, None] = {}  # every peer with an entry, least recent first
         self._rates: dict[Peer, float] = {}
         self._sized: set[Peer] = set()  # rates measured on shards of MIN_RATED_FLOPS or more
         self._held: dict[Peer, tuple[float, float]] = {}  # peer -> (bound, until)
@@ -111,6 +114,7 @@ class RateBook:
     def observe(self, peer: Peer, flops: float, seconds: float) -> None:
         """A verified shard of ``flops`` took ``seconds`` on ``peer`` (it answers: any hold
         on it ends)."""
+        self._touch(peer)
         self.verified[peer] = self.verified.get(peer, 0) + 1
         self._held.pop(peer, None)
         sized = flops >= MIN_RATED_FLOPS
@@ -138,6 +142,7 @@ class RateBook:
         costing every job a straggler's wait until its link is probed and closed."""
         if flops < MIN_RATED_FLOPS and peer in self._sized:
             return
+        self._touch(peer)
         now = self.clock()
         bound = flops / max(seconds, 1e-6)
         if self._heard.get(peer, -math.inf) >= now - (seconds if ran is None else ran):
@@ -151,10 +156,24 @@ class RateBook:
     def heard(self, peer: Peer) -> None:
         """``peer`` answered a probe or linked again: it is there, so a hold on it ends (a
         peer dealt nothing is never measured again) and counts as a slow answer instead."""
+        self._touch(peer)
         self._heard[peer] = self.clock()
         held = self._held.pop(peer, None)
         if held is not None:
             self._slower(peer, held[0])
+
+    def _touch(self, peer: Peer) -> None:
+        """``peer`` is about to get an entry: at most ``max_peers`` peers are kept (workers
+        linked over time, fresh keys among them), the least recently heard of forgotten
+        first (it is measured again if it returns)."""
+        self._peers.pop(peer, None)
+        self._peers[peer] = None
+        while len(self._peers) > self.max_peers:
+            old = next(iter(self._peers))
+            del self._peers[old]
+            for book in (self._rates, self._held, self._heard, self.verified, self.rejected):
+                book.pop(old, None)
+            self._sized.discard(old)
 
     def _slower(self, peer: Peer, bound: float) -> None:
         old = self._rates.get(peer)
@@ -172,6 +191,7 @@ class RateBook:
 
     def reject(self, peer: Peer) -> None:
         """``peer`` returned a result that failed verification."""
+        self._touch(peer)
         self.rejected[peer] = self.rejected.get(peer, 0) + 1
 
     def rate(self, peer: Peer) -> float | None:
