@@ -36,7 +36,7 @@ async def _terminate(proc) -> int:
 
 async def test_serve_stores_items_and_stops_on_sigterm(tmp_path):
     procs = []
-    client = DHTNode(rpc_timeout=2)
+    client = DHTNode(rpc_timeout=5)  # two server processes on a busy 2-core host: no hurry
     try:
         first, addr1 = await _start(tmp_path / "a")
         procs.append(first)
@@ -46,7 +46,7 @@ async def test_serve_stores_items_and_stops_on_sigterm(tmp_path):
         assert await client.bootstrap([addr2]) >= 1
         key = PeerKey.generate()
         await client.put_mutable(key, b"kept by the servers")
-        reader = DHTNode(rpc_timeout=2)
+        reader = DHTNode(rpc_timeout=5)
         await reader.listen()
         try:
             await reader.bootstrap([addr1])
