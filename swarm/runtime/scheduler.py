@@ -107,7 +107,7 @@ class RateBook:
         self._rates: dict[Peer, float] = {}
         self._sized: set[Peer] = set()  # rates measured on shards of MIN_RATED_FLOPS or more
         self._held: dict[Peer, tuple[float, float]] = {}  # peer -> (bound, until)
-        self._heard: dict[Peer, float] = {}  # peer -> when it last answered a probe
+        self._heard: dict[Peer, float] = {}  # peer -> when it last answered a probe or linked
         self.verified: dict[Peer, int] = {}
         self.rejected: dict[Peer, int] = {}
 
@@ -198,7 +198,9 @@ class RateBook:
         """Measured flops/s (held lower while it is held), or None before the first
         verified shard or hold."""
         rate, bound = self._rates.get(peer), self._bound(peer)
-        return rate if bound is None else bound if rate is None else min(rate, bound)
+        if bound is None or rate is None:
+            return rate if bound is None else bound
+        return min(rate, bound)
 
     def weight(self, peer: Peer, among: Iterable[Peer] = ()) -> float:
         """Relative weight: the measured rate; for a peer measured only on small shards (or
@@ -548,27 +550,26 @@ class JobScheduler:
             return None
         victim = max(victims, key=lambda o: (len(o.queue), repr(o.peer)))
         held = self.holds.get(w.peer, set())
-        allowed = [s for s in victim.queue if not self._avoid(s, w.peer)
-                   and self._sooner(w, victim, s)]
+        allowed = [s for pos, s in enumerate(victim.queue) if not self._avoid(s, w.peer)
+                   and self._sooner(w, victim, s, pos)]
         for shard in reversed(allowed):
             if held.intersection(self.shards[shard].inputs):
                 return victim, shard
         return (victim, allowed[-1]) if allowed else None
 
-    def _sooner(self, thief: _Worker, victim: _Worker, shard: int) -> bool:
-        """Whether ``thief`` would likely finish ``shard`` before ``victim`` got to it and
-        finished it: each runs what it already holds first (this job's and others'), one
-        after another at its measured rate. An idle peer whose one task takes longer (a
-        far or relayed peer, a browser tab) than the victim's whole queue only makes the
-        job wait for it (measured: four jobs of two 192-row bands beside a peer 200 ms
-        away took 425 ms a batch, each job waiting for the band it stole). Unknown rates
-        steal, so a new peer gets measured."""
+    def _sooner(self, thief: _Worker, victim: _Worker, shard: int, pos: int) -> bool:
+        """Whether ``thief`` would likely finish ``shard`` (at ``pos`` in ``victim``'s queue)
+        before ``victim`` got to it and finished it: each runs what it already holds first
+        (this job's and others'), one after another at its measured rate. An idle peer whose
+        one task takes longer (a far or relayed peer, a browser tab) than the victim's whole
+        queue only makes the job wait for it (measured: four jobs of two 192-row bands
+        beside a peer 200 ms away took 425 ms a batch, each job waiting for the band it
+        stole). Unknown rates steal, so a new peer gets measured."""
         mine, theirs = self._expected(thief.peer, shard), self._expected(victim.peer, shard)
         if mine is None or theirs is None:
             return True
         ahead_mine = max(self.inflight(thief.peer), len(thief.running))
-        ahead_theirs = (max(self.inflight(victim.peer), len(victim.running))
-                        + victim.queue.index(shard))
+        ahead_theirs = max(self.inflight(victim.peer), len(victim.running)) + pos
         return (ahead_mine + 1) * mine < (ahead_theirs + 1) * theirs
 
     def _expected(self, peer: Peer, shard: int) -> float | None:
