@@ -443,15 +443,28 @@ def test_randomized_schedules_never_wait_for_the_straggler():
 def test_service_time_leaves_out_the_wait_behind_the_peers_earlier_task():
     clock = ServiceClock()
     # two tasks sent together; the peer runs them one after another, 1 s each
-    assert clock.seconds("w", 0.0, 1.0) == 1.0
-    assert clock.seconds("w", 0.0, 2.0) == 1.0          # not 2.0: it waited for the first
+    assert clock.seconds("w", 0.0, 1.0, turn=1) == 1.0
+    assert clock.seconds("w", 0.0, 2.0, turn=2) == 1.0  # not 2.0: it waited for the first
     assert clock.seconds("v", 0.5, 1.5) == 1.0          # another peer keeps its own clock
     assert clock.seconds("w", 5.0, 5.5) == 0.5          # sent after the last answer: its trip
-    assert clock.seconds("w", 4.0, 5.4) == 0.0          # out of order: never negative
+    assert clock.seconds("w", 4.0, 5.4, turn=2) == pytest.approx(0.7)  # out of order: its share
     small = ServiceClock(max_peers=2)
     for peer in "abc":
         small.seconds(peer, 0.0, 1.0)
     assert small.seconds("a", 0.0, 2.0) == 2.0          # the oldest was forgotten: bounded
+
+
+def test_a_far_peer_answering_a_window_at_once_is_not_credited_with_no_time():
+    """Two small tasks sent together to a peer 1 s away come back 1 ms apart: the second is
+    credited with its share of the round trip, not 1 ms (which made the peer look 1000x
+    faster than it is)."""
+    clock = ServiceClock()
+    assert clock.seconds("far", 0.0, 1.0005, turn=1) == 1.0005
+    assert clock.seconds("far", 0.0, 1.001, turn=2) == pytest.approx(0.5005)
+    rates = RateBook(clock=lambda: 0.0)
+    for answered, turn in ((1.0005, 1), (1.001, 2)):
+        rates.observe("far", 2e9, clock.seconds("far", 0.0, answered, turn=turn))
+    assert rates.rate("far") < 2e9 / 0.5                # was ~1e12 flop/s from the 1 ms sample
 
 
 def test_the_rate_book_keeps_at_most_max_peers_the_least_recent_forgotten():

@@ -599,6 +599,7 @@ class _JobRun:
 
     async def _attempt(self, shard: int, peer: Any, slot: Slot | None = None) -> None:
         core, t0 = self.core, time.perf_counter()
+        turn = 1 if peer == LOCAL else self.req.inflight(peer)  # this task counts from its deal
         try:
             if peer == LOCAL:
                 outs = await asyncio.to_thread(self.local, shard % self.n)
@@ -608,7 +609,7 @@ class _JobRun:
                                             report=core.report.peer(peer), slot=slot)
                 outs = reply.outputs
             seconds = (time.perf_counter() - t0 if peer == LOCAL
-                       else self.req.clock.seconds(peer, t0, time.perf_counter()))
+                       else self.req.clock.seconds(peer, t0, time.perf_counter(), turn))
             self._post(partial(core.answered, shard, peer, outs, seconds, reply,
                                asyncio.get_running_loop().time()))
         except TaskFailure as exc:

@@ -231,19 +231,26 @@ class ServiceClock:
     flight: the second task of a window waits in the peer's queue while the first runs, so its
     round trip counts its neighbour's work too and halves the peer's measured rate (bands
     are then dealt by noise). Its service time starts when the peer's previous answer came.
-    Only times the requester observed are used, never a peer's claim."""
+    A far peer answers a window of small tasks about one round trip after they left, almost
+    at once, so "since the previous answer" would be ~0 for the second one and its rate
+    sample huge: a task is never credited with less than its round trip shared among the
+    ``turn`` tasks at the peer when it left (itself included). For a peer that runs its tasks
+    one after another that floor never binds. Only times the requester observed are used,
+    never a peer's claim."""
 
     def __init__(self, max_peers: int = 4096) -> None:
         self.max_peers = max_peers
         self._last: dict[Peer, float] = {}  # oldest first; forgetting one costs one estimate
 
-    def seconds(self, peer: Peer, sent: float, answered: float) -> float:
-        """Service time of a task sent to ``peer`` at ``sent`` and answered at ``answered``."""
+    def seconds(self, peer: Peer, sent: float, answered: float, turn: int = 1) -> float:
+        """Service time of a task sent to ``peer`` at ``sent`` and answered at ``answered``,
+        ``turn`` tasks being at the peer when it left (itself included)."""
         last = self._last.pop(peer, None)
         self._last[peer] = answered if last is None else max(last, answered)
         if len(self._last) > self.max_peers:
             del self._last[next(iter(self._last))]
-        return answered - (sent if last is None else min(answered, max(sent, last)))
+        since = answered - (sent if last is None else min(answered, max(sent, last)))
+        return max(since, (answered - sent) / max(1, turn))
 
 
 def deal(counts_by_weight: dict[Peer, float], n: int) -> dict[Peer, int]:
