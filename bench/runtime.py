@@ -14,7 +14,8 @@ Rows (same matrices side by side in one run; medians of --repeats):
   requester hashes it each call to find it cached); ``B put once`` passes a
   ``client.put(B)`` ref, as Ray's warm row passes its ``ray.put`` ref.
 - ``64 x (256x4096) @ cached W``: inference-style, W put once, 64 remote calls in flight.
-- ``1x1 round trip``: the small-task overhead (median of many synchronous calls).
+- ``1x1 round trip``: the small-task overhead (median of many synchronous calls, in blocks
+  of :data:`SMALL_BLOCK` per runner).
 - ``floor``: the same work split over ``--workers`` processes of one BLAS thread each,
   every process already holding its operands (no transfer, no checks, no merge): what any
   runtime with that many single-threaded workers could reach on these cores, timed in the
@@ -28,7 +29,10 @@ Rows (same matrices side by side in one run; medians of --repeats):
   ``--require-ray`` makes a skipped Ray row a failed run. Both move arrays through shared
   memory on one machine; swarm also checks every shard (Freivalds), Ray verifies nothing.
 
-On a shared 2-core machine every figure is noisy: compare the ratios in one run.
+On a shared 2-core machine every figure is noisy: compare the ratios in one run. No runner
+pays for another's leftover work: each large call starts :data:`SETTLE_S` after the previous one
+and small calls go in blocks of :data:`SMALL_BLOCK` (numpy's BLAS threads spin ~0.1 s after a
+product; Ray's processes keep working after they answer).
 ``--runs N`` runs the whole benchmark N times, each in a fresh process (own swarm, own
 Ray), and reports per row the median over the runs of each run's own median and ratio,
 with every run's ratio beside it (``make bench`` takes three).
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -62,15 +67,34 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Time each fn once per round, rounds in a row, so load drift hits all of them alike;
-    each round starts one runner later, so none always follows the same one (numpy's BLAS
-    threads spin on for a while after a product and slow whatever runs next)."""
+SETTLE_S = 0.25
+"""Pause before each timed call. numpy's OpenBLAS helper threads spin on after a product
+(measured here: a whole core for the next ~0.1 s, nothing after 0.2 s), and the workers of
+whatever ran next paid for it: swarm's first row after numpy lost 60-70 ms of ~0.5 s."""
+
+
+SMALL_BLOCK = 50
+"""Small calls are timed in blocks of this many per runner, with no pause between blocks:
+a runtime keeps working for a while after answering (Ray's raylet and workers), and swarm's
+1x1 round trip measured 0.90 ms alone but 1.22 ms with a Ray call between each two of its
+calls. A pause does not help here: after 0.25 s idle this VM's round trips are slower for
+the next few hundred calls (1.03 ms against 0.87 ms, swarm alone)."""
+
+
+def interleaved(fns: dict, repeats: int, block: int = 1, settle: float = SETTLE_S,
+                seed: int = 0) -> dict[str, list[float]]:
+    """Time each fn ``block`` times per round, rounds in a row, so load drift hits all of
+    them alike; the order is shuffled each round (seeded), and each runner's turn starts
+    ``settle`` seconds after the previous turn ended, so that it does not pay for that one's
+    leftover work."""
     out: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            out[name] += timed(fns[name], 1)
+    order = random.Random(seed)
+    for _ in range(max(1, repeats // block)):
+        names = list(fns)
+        order.shuffle(names)
+        for name in names:
+            time.sleep(settle)
+            out[name] += timed(fns[name], block)
     return out
 
 
@@ -315,7 +339,7 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
         runners = {"swarm (verified)": lambda: client.matmul(one, one)}
         if ray is not None:
             runners[RAY_SMALL] = lambda: ray.call("small")
-        for name, rt in interleaved(runners, small_calls).items():
+        for name, rt in interleaved(runners, small_calls, block=SMALL_BLOCK, settle=0.0).items():
             results.append({"case": "1x1 matmul round trip", "runner": name,
                             "median_s": statistics.median(rt), "gflops": None,
                             "vs_numpy": None, "p90_s": sorted(rt)[int(0.9 * len(rt))]})
@@ -389,7 +413,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="n=1024, fewer repeats")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", choices=["swarm"], default=None, help="leave Ray out")
     p.add_argument("--ray-python", metavar="PYTHON", default=None,
