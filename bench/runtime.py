@@ -32,7 +32,8 @@ Rows (same matrices side by side in one run; medians of --repeats):
 On a shared 2-core machine every figure is noisy: compare the ratios in one run. No runner
 pays for another's leftover work: each large call starts :data:`SETTLE_S` after the previous one
 and small calls go in blocks of :data:`SMALL_BLOCK` (numpy's BLAS threads spin ~0.1 s after a
-product; Ray's processes keep working after they answer).
+product; Ray's processes keep working after they answer), and none for the VM's memory: fresh
+memory is written and freed before each large call (:func:`touch_memory`).
 ``--runs N`` runs the whole benchmark N times, each in a fresh process (own swarm, own
 Ray), and reports per row the median over the runs of each run's own median and ratio,
 with every run's ratio beside it (``make bench`` takes three).
@@ -81,18 +82,40 @@ calls. A pause does not help here: after 0.25 s idle this VM's round trips are s
 the next few hundred calls (1.03 ms against 0.87 ms, swarm alone)."""
 
 
+TOUCH_BYTES = 256 << 20
+"""Fresh memory written and freed before each large call (:func:`touch_memory`)."""
+
+
+def touch_memory(nbytes: int) -> None:
+    """Write ``nbytes`` of fresh memory and free it, so that the next call's new pages are
+    ones the kernel already holds.
+
+    A VM that hands freed guest memory back to its host (free page reporting; this one's
+    kernel runs with ``page_reporting.page_reporting_order=11``, ~2 s after a free) makes
+    the next first write to it cost ~2.5 ms per MiB (4 GiB took 9.7 s here), so a runner
+    whose memory grows pays for it inside its timings and one that reuses its memory does
+    not: a swarm worker keeps each cold job's B (64 MiB) in its store, and a 64 MiB sealed
+    segment took 153-173 ms to write on such pages against 18-20 ms on reused ones (cold
+    job 662-711 ms against 495-502 ms); Ray's object store reuses the memory of the B it
+    freed. Every runner gets the same: a machine whose memory is in use, as on hardware
+    (bench/runtime.py, one run: swarm cold 0.68x -> 0.79x numpy, Ray cold 0.78x -> 0.84x)."""
+    block = np.ones(nbytes // 4, np.float32)
+    del block
+
+
 def interleaved(fns: dict, repeats: int, block: int = 1, settle: float = SETTLE_S,
-                seed: int = 0) -> dict[str, list[float]]:
+                touch: int = TOUCH_BYTES, seed: int = 0) -> dict[str, list[float]]:
     """Time each fn ``block`` times per round, rounds in a row, so load drift hits all of
     them alike; the order is shuffled each round (seeded), and each runner's turn starts
-    ``settle`` seconds after the previous turn ended, so that it does not pay for that one's
-    leftover work."""
+    ``settle`` seconds after ``touch`` bytes were written (:func:`touch_memory`), so that it
+    pays neither for the previous turn's leftover work nor for the VM's memory."""
     out: dict[str, list[float]] = {name: [] for name in fns}
     order = random.Random(seed)
     for _ in range(max(1, repeats // block)):
         names = list(fns)
         order.shuffle(names)
         for name in names:
+            touch_memory(touch)
             time.sleep(settle)
             out[name] += timed(fns[name], block)
     return out
@@ -339,7 +362,8 @@ def bench_swarm(n: int, batch: int, rows: int, repeats: int, small_calls: int,
         runners = {"swarm (verified)": lambda: client.matmul(one, one)}
         if ray is not None:
             runners[RAY_SMALL] = lambda: ray.call("small")
-        for name, rt in interleaved(runners, small_calls, block=SMALL_BLOCK, settle=0.0).items():
+        for name, rt in interleaved(runners, small_calls, block=SMALL_BLOCK, settle=0.0,
+                                    touch=0).items():
             results.append({"case": "1x1 matmul round trip", "runner": name,
                             "median_s": statistics.median(rt), "gflops": None,
                             "vs_numpy": None, "p90_s": sorted(rt)[int(0.9 * len(rt))]})
@@ -462,7 +486,8 @@ def main() -> int:
     if ray is None:
         results.append({"case": f"matmul n={n} f32", "runner": "ray", "skipped": why})
     meta = {"cpus": os.cpu_count(), "load_1m": os.getloadavg()[0], "workers": args.workers,
-            "numpy": np.__version__, "event_loop": swarm_loop.choice()}
+            "numpy": np.__version__, "event_loop": swarm_loop.choice(),
+            "settle_s": SETTLE_S, "touch_mib": TOUCH_BYTES >> 20}
     skipped = [r for r in results if "skipped" in r]
     failed = 1 if args.require_ray and skipped else 0
     if failed:
