@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgpack
 import numpy as np
@@ -17,16 +18,25 @@ from swarm.runtime.protocol import PutObject, RunTask, TaskArg, TaskFailed, Task
 from swarm.runtime.requester import Arg, Call, Requester
 
 
+@contextlib.asynccontextmanager
+async def served(capacity: int):
+    """An actor host serving one in-memory link: (host, our end, our key, its serve task)."""
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=capacity)
+    me = PeerKey.generate()
+    mine, theirs = memory_pair(me, host.key)
+    serving = asyncio.create_task(host.serve(theirs))
+    try:
+        yield host, mine, me, serving
+    finally:
+        await mine.close()
+        await asyncio.wait_for(serving, 5)
+        await host.close()
+
+
 @pytest.fixture
 async def pair():
-    host = ActorHost(compute.get_backend("numpy"), store_capacity=1 << 20)
-    me, worker = PeerKey.generate(), PeerKey.generate()
-    mine, theirs = memory_pair(me, worker)
-    serving = asyncio.create_task(host.serve(theirs))
-    yield host, mine
-    await mine.close()
-    await asyncio.wait_for(serving, 5)
-    await host.close()
+    async with served(1 << 20) as (host, mine, _, _):
+        yield host, mine
 
 
 async def ask(link, msg):
@@ -69,10 +79,10 @@ async def test_bad_requests_get_a_clear_refusal(pair, msg, kind):
 
 async def test_receipt_hashes_run_on_the_loop_when_small_else_beside_the_results_write(
         pair, monkeypatch):
-    """Small tasks: hashing took less than a thread hop (the 1x1 round trip). Large ones:
-    the inputs' hash, the outputs' hash and the results' shared-memory write run at once;
-    they ran one after another, 55-75 ms after a 2048-row band's product."""
-    import contextlib
+    """Small tasks: hashing took less than a thread hop (the 1x1 round trip). Large ones
+    signed at once (here: the 1 MiB store cannot keep them unsigned): the inputs' hash, the
+    outputs' hash and the results' shared-memory write run at once; they ran one after
+    another, 55-75 ms after a 2048-row band's product."""
     import threading
 
     from swarm.links import shm
@@ -114,6 +124,73 @@ async def test_receipt_hashes_run_on_the_loop_when_small_else_beside_the_results
     assert sorted(ran_in[:2]) == [("in", True), ("out", True)]
     assert sorted(ran_in[2:]) == [("in", False), ("out", False)]
     assert overlapped == [True, True]
+
+
+@pytest.fixture
+async def roomy():
+    async with served(64 << 20) as ends:
+        yield ends
+
+
+async def test_a_large_result_is_signed_only_when_its_requester_rejects_it(roomy):
+    """A receipt is read only when its result is rejected; hashing every large result for
+    one cost 6% of the inference row on two cores. Small results still carry theirs."""
+    from swarm.runtime.evidence import Receipt, input_ids, output_ids
+    from swarm.runtime.protocol import TaskReceipt, Verdict
+
+    host, link, me, _ = roomy
+    small, big = np.eye(2, dtype=np.float32), np.ones((256, 256), np.float32)
+    reply = await ask(link, matmul_task(1, [TaskArg(array=small), TaskArg(array=small)]))
+    assert isinstance(reply, TaskResult) and Receipt.decode(reply.receipt).valid()
+    assert host.stats.receipts == 1
+    task = matmul_task(2, [TaskArg(array=big), TaskArg(array=big)])
+    reply = await ask(link, task)
+    assert isinstance(reply, TaskResult) and np.array_equal(reply.outputs[0], big @ big)
+    assert reply.receipt == b"" and host.stats.receipts == 1  # nothing hashed for it
+    assert host.store.reserved == 3 * big.nbytes               # kept, counted as memory
+    signed = await ask(link, Verdict(2, accepted=False))
+    assert isinstance(signed, TaskReceipt) and signed.task == 2
+    receipt = Receipt.decode(signed.receipt)
+    assert receipt.valid() and receipt.worker == host.key.peer_id and receipt.requester == me.peer_id
+    assert list(receipt.inputs) == input_ids(task.args)
+    assert list(receipt.outputs) == output_ids(reply.outputs)
+    assert host.store.reserved == 0
+    again = await ask(link, Verdict(2, accepted=False))        # signed once, then let go
+    assert isinstance(again, TaskReceipt) and again.receipt == b""
+    unknown = await ask(link, Verdict(99, accepted=False))
+    assert isinstance(unknown, TaskReceipt) and unknown.receipt == b""
+
+
+async def test_an_accepted_result_is_let_go_unsigned(roomy):
+    from swarm.runtime.protocol import TaskReceipt, Verdict
+
+    host, link, _, _ = roomy
+    big = np.ones((256, 256), np.float32)
+    reply = await ask(link, matmul_task(1, [TaskArg(array=big), TaskArg(array=big)]))
+    assert isinstance(reply, TaskResult) and host.store.reserved == 3 * big.nbytes
+    await link.send(Verdict(1, accepted=True))
+    late = await ask(link, Verdict(1, accepted=False))   # answered after the first, in order
+    assert isinstance(late, TaskReceipt) and late.receipt == b""
+    assert host.store.reserved == 0 and host.stats.receipts == 0
+
+
+async def test_unsigned_results_kept_are_the_latest_few_and_go_with_their_link(roomy):
+    """A worker keeps at most UNSIGNED_KEEP results a requester has not judged (invariant
+    8); what a closed link's requester can no longer judge is let go at once."""
+    from swarm.runtime.host import UNSIGNED_KEEP
+    from swarm.runtime.protocol import Verdict
+
+    host, link, _, serving = roomy
+    big = np.ones((128, 128), np.float32)
+    for task in range(1, UNSIGNED_KEEP + 3):
+        reply = await ask(link, matmul_task(task, [TaskArg(array=big), TaskArg(array=big)]))
+        assert isinstance(reply, TaskResult) and reply.receipt == b""
+    assert host.store.reserved == UNSIGNED_KEEP * 3 * big.nbytes
+    for task, signed in ((1, False), (2, False), (3, True), (UNSIGNED_KEEP + 2, True)):
+        assert bool((await ask(link, Verdict(task, accepted=False))).receipt) is signed, task
+    await link.close()
+    await asyncio.wait_for(serving, 5)
+    assert host.store.reserved == 0
 
 
 async def test_tiny_numpy_matmuls_run_on_the_loop_others_on_the_compute_thread(pair):

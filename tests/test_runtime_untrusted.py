@@ -27,8 +27,10 @@ async def swarm_of(*chaos: str | None, **host_options):
     req = Requester(me.peer_id)
     hosts, serving = [], []
     for spec in chaos:
-        host = ActorHost(compute.get_backend("numpy"), chaos=parse(spec), **host_options)
-        mine, theirs = memory_pair(me, PeerKey.generate())
+        key = PeerKey.generate()  # the host signs receipts as the peer at the link's end
+        host = ActorHost(compute.get_backend("numpy"), chaos=parse(spec), key=key,
+                         **host_options)
+        mine, theirs = memory_pair(me, key)
         serving.append(asyncio.create_task(host.serve(theirs)))
         req.attach(mine)
         hosts.append((mine.remote, host))
@@ -61,6 +63,36 @@ async def test_a_worker_refusing_tasks_as_invalid_never_fails_the_job():
             mine = report.peers.get(str(liar))
             assert mine is None or mine.verified == 0
         assert req.rates.rejected.get(liar, 0) >= 1      # counted as misbehaviour
+
+
+async def test_a_liars_large_results_are_proven_by_receipts_it_signs_only_when_asked():
+    """Large results come without receipts (hashing each for one cost 6% of the inference
+    row); the requester asks for the receipt of each result it rejects and gets evidence
+    that proves the lie. The honest worker signs nothing: none of its results was wrong."""
+    from swarm.runtime.evidence import Evidence, check_evidence
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((600, 300)).astype(np.float32)   # bands of 360 KiB and more
+    b = rng.standard_normal((300, 300)).astype(np.float32)
+    async with swarm_of(None, "corrupt=1") as (req, hosts):
+        (honest, honest_host), (liar, liar_host) = hosts
+        reports: asyncio.Queue = asyncio.Queue()
+        req.on_rejected = lambda peer, reason, package: reports.put_nowait((peer, package))
+        c, report = await matmul(req, a, b)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+        rejected = report.peers[str(liar)].rejected
+        assert rejected >= 1
+        for _ in range(rejected):
+            peer, package = await asyncio.wait_for(reports.get(), 15)
+            assert peer == liar and package is not None
+            evidence = Evidence.decode(package.evidence.encode())  # as it travels
+            assert check_evidence(evidence, package.arrays.get).proven
+        assert liar_host.stats.receipts == rejected
+        assert honest_host.stats.receipts == 0 and honest_host.stats.tasks >= 1
+        # every result the requester accepted was let go at once, not kept to the bound
+        await asyncio.gather(*list(req._errands))
+        assert await req.receipt(honest, 10**6) == b""  # answered after the verdicts, in order
+        assert honest_host.store.reserved == 0 and not honest_host._unsigned
 
 
 async def test_held_out_of_order_calls_count_against_max_memory():

@@ -2,8 +2,10 @@
 
 A requester sends :class:`PutObject` for a large input a worker does not hold yet, then
 :class:`RunTask` naming it by id; the worker answers :class:`TaskResult` or
-:class:`TaskFailed`. Nothing here carries code: a task names an installed actor class and
-method, and its parameters are a small msgpack map checked by that method's spec.
+:class:`TaskFailed`. A large result comes without its receipt; the requester's :class:`Verdict`
+lets it go, or asks for the receipt of one it rejected (answered by :class:`TaskReceipt`). Nothing here
+carries code: a task names an installed actor class and method, and its parameters are a
+small msgpack map checked by that method's spec.
 """
 
 from __future__ import annotations
@@ -71,7 +73,30 @@ class TaskResult(wire.Message):
     seconds: float
     """Compute time on the worker (its claim; the requester measures its own round trip)."""
     receipt: bytes = b""
-    """The worker's signed :class:`~swarm.runtime.evidence.Receipt` for these outputs."""
+    """The worker's signed :class:`~swarm.runtime.evidence.Receipt` for these outputs; empty
+    for a large result, whose receipt the requester asks for when it rejects the result."""
+
+
+@wire.message("rt.verdict")
+class Verdict(wire.Message):
+    """The requester's word on a large result that came without its receipt: accepted (the
+    worker lets it go) or rejected (the worker signs it and answers :class:`TaskReceipt`)."""
+
+    task: int
+    """The RunTask's id."""
+    accepted: bool
+    """True: the result passed (or is no longer needed); False: send its receipt."""
+
+
+@wire.message("rt.receipt")
+class TaskReceipt(wire.Message):
+    """The answer to a rejecting :class:`Verdict`."""
+
+    task: int
+    """The RunTask's id."""
+    receipt: bytes = b""
+    """The signed :class:`~swarm.runtime.evidence.Receipt`; empty when the worker no longer
+    holds that result (it keeps the last few, see ``ActorHost``)."""
 
 
 @wire.message("rt.evidence")

@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -50,11 +50,15 @@ from swarm.runtime.protocol import (
     RunTask,
     TaskArg,
     TaskFailed,
+    TaskReceipt,
     TaskResult,
+    Verdict,
 )
 from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ServiceClock, ShardTask
 
 log = logging.getLogger("swarm.runtime.requester")
+RECEIPT_TIMEOUT = 10.0
+"""Seconds a worker has to sign a result it answered when the requester rejected it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,8 @@ class Reply(NamedTuple):
     task: int
     """The task id it was sent under."""
     receipt: bytes
-    """The worker's encoded signed receipt (checked only when the result is rejected)."""
+    """The worker's encoded signed receipt (checked only when the result is rejected);
+    empty for a large result, whose receipt is asked for then (:meth:`Requester.receipt`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,10 @@ class Requester:
         """Jobs that could start a task at a freed slot, oldest first (:meth:`_slot_freed`)."""
         self._readers: set[asyncio.Task] = set()
         self._probes: set[asyncio.Task] = set()
+        self._errands: set[asyncio.Task] = set()
+        """Verdicts being sent and rejected results being reported (:meth:`report`)."""
+        self._receipts: dict[tuple[PeerId, int], asyncio.Future] = {}
+        """Receipts asked for and not answered yet (:meth:`receipt`)."""
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
         """Observer called after each RunTask is sent (progress displays, tests)."""
         self.clock = ServiceClock()
@@ -277,6 +286,12 @@ class Requester:
                     fut = self._pending.get((peer, msg.task))
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
+                    elif isinstance(msg, TaskResult) and msg.outputs and not msg.receipt:
+                        self.accept(peer, [msg.task])  # nobody waits for it: let it go
+                elif isinstance(msg, TaskReceipt):
+                    fut = self._receipts.get((peer, msg.task))
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg.receipt)
                 elif isinstance(msg, Draining):
                     self._draining.add(peer)
                     self._workers_changed()
@@ -289,6 +304,9 @@ class Requester:
                 if p == peer and not fut.done():
                     fut.set_exception(closed)
                     fut.exception()  # retrieved: a call still sending fails on its send instead
+            for (p, _), fut in list(self._receipts.items()):
+                if p == peer and not fut.done():
+                    fut.set_result(b"")
             if self.links.get(peer) is link:
                 del self.links[peer]
                 self.store.forget_peer(peer.raw)
@@ -297,7 +315,7 @@ class Requester:
     async def close(self) -> None:
         for link in list(self.links.values()):
             await link.close("requester closing")
-        for task in [*self._readers, *self._probes]:
+        for task in [*self._readers, *self._probes, *self._errands]:
             task.cancel()
 
     # -- one call -------------------------------------------------------------------------
@@ -432,6 +450,55 @@ class Requester:
         if await link.probe():  # (a silent link closes: the node logs the loss)
             self.rates.heard(peer)  # slow, not silent: its rate says how slow
 
+    def report(self, peer: PeerId, call: Call, reply: Reply | None, reason: str) -> None:
+        """Report a rejected result (:attr:`on_rejected`), with evidence when the worker's
+        receipt binds it to that result; asks for the receipt when the result came without
+        one (a large result: the worker signs only what is rejected). Runs on its own, so a
+        job that ends meanwhile does not stop it."""
+        self._errand(self._report(peer, call, reply, reason))
+
+    def accept(self, peer: PeerId, tasks: Iterable[int]) -> None:
+        """Tell ``peer`` that its results to ``tasks``, sent without receipts, were accepted
+        (or are no longer needed): it lets them go. Sent on the side."""
+        link = self.links.get(peer)
+        if link is not None and not link.closed:
+            self._errand(self._accept(link, list(tasks)))
+
+    @staticmethod
+    async def _accept(link: PeerLink, tasks: list[int]) -> None:
+        with contextlib.suppress(LinkClosed):
+            for task in tasks:
+                await link.send(Verdict(task, True))
+
+    def _errand(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._errands.add(task)
+        task.add_done_callback(self._errands.discard)
+
+    async def _report(self, peer: PeerId, call: Call, reply: Reply | None, reason: str) -> None:
+        package = None
+        if reply is not None:
+            if not reply.receipt:
+                reply = reply._replace(receipt=await self.receipt(peer, reply.task))
+            package = await asyncio.to_thread(evidence_for, self.local, peer, call, reply,
+                                              reason)
+        self._reject(peer, reason, package)
+
+    async def receipt(self, peer: PeerId, task: int) -> bytes:
+        """Ask ``peer`` to sign what it answered to ``task``: the receipt, or empty (it no
+        longer holds that result, will not sign, or did not answer in RECEIPT_TIMEOUT)."""
+        link = self.links.get(peer)
+        if link is None or link.closed or (peer, task) in self._receipts:
+            return b""
+        fut = self._receipts[(peer, task)] = asyncio.get_running_loop().create_future()
+        try:
+            await link.send(Verdict(task, False))
+            return await asyncio.wait_for(fut, RECEIPT_TIMEOUT)
+        except (LinkClosed, TimeoutError):
+            return b""
+        finally:
+            del self._receipts[(peer, task)]
+
     def _reject(self, peer: PeerId, reason: str,
                 evidence: EvidencePackage | None = None) -> None:
         log.warning("rejected a result from %s: %s%s", peer.short(), reason,
@@ -478,6 +545,8 @@ class _JobRun:
         self.running: dict[tuple[int, Any], asyncio.Task] = {}
         self.side: set[asyncio.Task] = set()
         """Checks and tiebreaks in flight."""
+        self.unsigned: set[tuple[Any, int]] = set()
+        """(peer, task) of answers that came without a receipt and got no verdict yet."""
 
     async def run(self, timeout: float | None) -> tuple[list[list[np.ndarray]], JobReport]:
         core, loop = self.core, asyncio.get_running_loop()
@@ -512,6 +581,8 @@ class _JobRun:
             self.req._wanting.pop(self, None)
             for task in [*self.running.values(), *self.side]:
                 task.cancel()
+            for peer in {p for p, _ in self.unsigned}:  # never checked, or no longer needed
+                self.req.accept(peer, [t for p, t in self.unsigned if p == peer])
         core.report.seconds = time.perf_counter() - started
         return core.outputs(), core.report
 
@@ -567,8 +638,11 @@ class _JobRun:
             self.req.probe(action.peer)
         elif isinstance(action, Tiebreak):
             self._side(self._tiebreak(action.call))
-        elif isinstance(action, Reject):
-            self._side(self._reject(action))
+        elif isinstance(action, Reject):  # outlives the job: it may ask for a receipt
+            if action.answer is not None:
+                self.unsigned.discard((action.peer, action.answer.task))
+            self.req.report(action.peer, self.calls[action.shard % self.n], action.answer,
+                            action.reason)
 
     def _side(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -608,6 +682,8 @@ class _JobRun:
                 reply = await self.req.call(peer, self.calls[shard % self.n],
                                             report=core.report.peer(peer), slot=slot)
                 outs = reply.outputs
+                if not reply.receipt:
+                    self.unsigned.add((peer, reply.task))
             seconds = (time.perf_counter() - t0 if peer == LOCAL
                        else self.req.clock.seconds(peer, t0, time.perf_counter(), turn))
             self._post(partial(core.answered, shard, peer, outs, seconds, reply,
@@ -618,22 +694,17 @@ class _JobRun:
             self._post(partial(core.failed, shard, peer, "lost", str(exc)))
 
     async def _check(self, check: Check) -> None:
-        outputs, _, _ = check.answer
+        outputs, _, reply = check.answer
         ok = await self.verify(check.shard % self.n, outputs)
+        if ok and reply is not None and (check.peer, reply.task) in self.unsigned:
+            self.unsigned.discard((check.peer, reply.task))
+            self.req.accept(check.peer, [reply.task])
         self._post(partial(self.core.checked, check, ok, asyncio.get_running_loop().time()))
 
     async def _tiebreak(self, call: int) -> None:
         truth = await asyncio.to_thread(self.local, call)
         self._post(partial(self.core.tiebroken, call, truth))
 
-    async def _reject(self, action: Reject) -> None:
-        """Report a wrong result, with evidence when its receipt binds the worker to it."""
-        package = None
-        if action.answer is not None:
-            package = await asyncio.to_thread(
-                evidence_for, self.req.local, action.peer, self.calls[action.shard % self.n],
-                action.answer, action.reason)
-        self.req._reject(action.peer, action.reason, package)
 
 
 def agree(a: list[np.ndarray], b: list[np.ndarray]) -> bool:

@@ -125,6 +125,33 @@ def test_the_tab_computes_content_addresses_as_native_peers_do(tabs):
     assert got[1] == object_id(np.arange(12, dtype=np.float32).reshape(3, 4)).hex()
 
 
+def test_a_tab_asked_for_a_receipt_says_at_once_it_has_none(tabs):
+    """A requester asks for the receipt of a large result it rejected (a rejecting
+    ``rt.verdict``); a tab signs nothing and says so, so the requester does not wait
+    RECEIPT_TIMEOUT for it. An accepting verdict needs no answer."""
+    from swarm import wire
+    from swarm.runtime.protocol import TaskReceipt, Verdict
+
+    cluster, host, pub, url, b = tabs
+    page = b.page()
+    page.goto(url)
+    asked = [list(bytes(f)) for i, v in enumerate((Verdict(6, True), Verdict(7, False)))
+             for f in wire.encode(v, i + 1)]
+    frames = page.evaluate("""async (asked) => {
+      const { TabHost } = await import('/static/host.js');
+      const sent = [];
+      const channel = { readyState: "open", bufferedAmount: 0, label: "test",
+                        send: (f) => sent.push(Array.from(f)), close: () => {} };
+      const link = new TabHost(null).attach(channel);
+      for (const f of asked) link.receive(new Uint8Array(f).buffer);
+      await link.queue;
+      return sent;
+    }""", asked)
+    decoder = wire.Decoder()
+    got = [m for f in frames for m in decoder.feed(bytes(f))]
+    assert got == [TaskReceipt(7, b"")]
+
+
 def join_tab(b: Browser, url: str, init_script: str | None = None):
     page = b.page(init_script)
     page.goto(url)

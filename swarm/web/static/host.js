@@ -51,6 +51,9 @@ export class TabHost {
       });
     } else if (msg.type === "rt.cancel") {
       // a running task cannot be stopped; a queued one runs anyway (its answer is ignored)
+    } else if (msg.type === "rt.verdict" && !f.get("accepted")) {
+      // a tab signs no receipts: say so at once, so the requester need not wait for one
+      link.send("rt.receipt", { task: f.get("task"), receipt: new Uint8Array(0) });
     }
   }
 
