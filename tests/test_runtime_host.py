@@ -174,6 +174,20 @@ async def test_an_accepted_result_is_let_go_unsigned(roomy):
     assert host.store.reserved == 0 and host.stats.receipts == 0
 
 
+async def test_verdicts_on_results_never_kept_cost_no_hashing_and_no_tasks(roomy):
+    """Whose word: the requester's, on its own link only. What it costs: a rejecting verdict
+    on nothing kept is answered in line (a flood waits on the link's flow control), and only
+    a kept result (at most UNSIGNED_KEEP) is hashed, in a task of its own."""
+    from swarm.runtime.protocol import TaskReceipt, Verdict
+
+    host, link, _, _ = roomy
+    for task in range(200):
+        await link.send(Verdict(10_000 + task, accepted=task % 2 == 0))
+    for task in range(1, 200, 2):
+        assert await asyncio.wait_for(link.recv(), 10) == TaskReceipt(10_000 + task, b"")
+    assert not host._signing and host.stats.receipts == 0 and host.store.reserved == 0
+
+
 async def test_unsigned_results_kept_are_the_latest_few_and_go_with_their_link(roomy):
     """A worker keeps at most UNSIGNED_KEEP results a requester has not judged (invariant
     8); what a closed link's requester can no longer judge is let go at once."""

@@ -172,14 +172,8 @@ class ActorHost:
                 elif isinstance(msg, CancelTask):  # a running task cannot be stopped
                     self._drop(lambda c, t=msg.task: c.link is link and c.msg.task == t)
                     self.changed.set()
-                elif isinstance(msg, Verdict) and msg.accepted:
-                    kept = self._unsigned.pop((link, msg.task), None)
-                    if kept is not None:
-                        self.store.release(kept.nbytes)
-                elif isinstance(msg, Verdict):  # hashing takes a while: not in line
-                    task = asyncio.get_running_loop().create_task(self._receipt(link, msg.task))
-                    self._signing.add(task)
-                    task.add_done_callback(self._signing.discard)
+                elif isinstance(msg, Verdict):
+                    await self._verdict(link, msg)
                 elif fallback is not None:
                     await fallback(link, msg)
         finally:
@@ -370,17 +364,29 @@ class ActorHost:
             self.store.release(self._unsigned.popitem(last=False)[1].nbytes)
         return True
 
-    async def _receipt(self, link: PeerLink, task: int) -> None:
-        """Answer a rejecting Verdict: the kept result's receipt, once; empty when not kept
-        (never sent, judged already, or pushed out by newer results)."""
-        kept = self._unsigned.pop((link, task), None)
-        receipt = b""
-        if kept is not None:
-            try:
-                receipt = self._sign(link, kept.msg,
-                                     *await self._hash(kept.msg, kept.outputs, kept.nbytes))
-            finally:
+    async def _verdict(self, link: PeerLink, msg: Verdict) -> None:
+        """Let an accepted result go; answer a rejected one with its receipt, once, or with
+        none when it is not kept (never sent, judged already, or pushed out by newer
+        results). Only a kept result costs hashing, in a task of its own (at most
+        :data:`UNSIGNED_KEEP` at once); other answers wait in line, so a flood of verdicts
+        is held back by the link's own flow control."""
+        kept = self._unsigned.pop((link, msg.task), None)
+        if msg.accepted:
+            if kept is not None:
                 self.store.release(kept.nbytes)
+        elif kept is None:
+            await self._reply(link, TaskReceipt(msg.task, b""))
+        else:
+            task = asyncio.get_running_loop().create_task(self._receipt(link, msg.task, kept))
+            self._signing.add(task)
+            task.add_done_callback(self._signing.discard)
+
+    async def _receipt(self, link: PeerLink, task: int, kept: _Unsigned) -> None:
+        try:
+            receipt = self._sign(link, kept.msg,
+                                 *await self._hash(kept.msg, kept.outputs, kept.nbytes))
+        finally:
+            self.store.release(kept.nbytes)
         await self._reply(link, TaskReceipt(task, receipt))
 
     def _sign(self, link: PeerLink, msg: RunTask, ins: list[bytes], outs: list[bytes]
