@@ -151,7 +151,8 @@ async def test_a_large_result_is_signed_only_when_its_requester_rejects_it(roomy
     signed = await ask(link, Verdict(2, accepted=False))
     assert isinstance(signed, TaskReceipt) and signed.task == 2
     receipt = Receipt.decode(signed.receipt)
-    assert receipt.valid() and receipt.worker == host.key.peer_id and receipt.requester == me.peer_id
+    assert receipt.valid() and receipt.worker == host.key.peer_id
+    assert receipt.requester == me.peer_id
     assert list(receipt.inputs) == input_ids(task.args)
     assert list(receipt.outputs) == output_ids(reply.outputs)
     assert host.store.reserved == 0

@@ -61,12 +61,13 @@ on small tasks). Larger ones are signed only when asked (:data:`UNSIGNED_KEEP`).
 UNSIGNED_KEEP = 8
 """Large results kept, with their inputs, until their requester's :class:`Verdict` (the
 most recent ones, should a requester never say; their bytes count against
-``--max-memory``). A requester judges a result within its check, milliseconds after it came,
-while the worker is busy with the next task; kept longer, their memory is not there for the
-next tasks' (on a VM that hands freed memory back to its host, fresh pages cost ~2.5 ms per
-MiB: keeping the last eight without verdicts made warm n=4096 jobs 15% slower). Hashing every result for a receipt that is read only when the result is wrong took
-~26 ms of CPU per 2048-row band at n=4096 (two 32 MiB hashes) and 2.2 ms per 256-row
-inference call: on two cores, 6% of the inference row's wall time."""
+``--max-memory``). Why unsigned: a receipt is read only when its result is wrong, and
+hashing every result for one took ~26 ms of CPU per 2048-row band at n=4096 (two 32 MiB
+hashes) and 2.2 ms per 256-row inference call (6% of the inference row on two cores). Why
+until the verdict: a requester judges a result within its check, milliseconds after it came;
+kept longer, their memory is not there for the next tasks' (on a VM that hands freed memory
+back to its host, fresh pages cost ~2.5 ms per MiB: keeping the last eight without
+verdicts made warm n=4096 jobs 15% slower)."""
 INLINE_MATMUL_FLOPS = 1 << 18
 """numpy matmuls of at most this many flops run on the loop (tens of microseconds; the hop
 to the compute thread and back costs ~0.1 ms on a small VM, most of a tiny task)."""
