@@ -79,7 +79,12 @@ def test_term_inflation_through_the_cli(cluster, tmp_path):  # noqa: F811 - the 
 
     node = obs._run(attack(), 60)
     try:
-        time.sleep(3)  # the members' DHT checks run every second
+        # the coordinator reads the members' state items every 5 s (rivals): it saw the lie
+        # and did not count it
+        named = _status(cluster.uri)["coordinator"]
+        coordinator = next(p for p in (pub, w1, w2) if p.peer == named)
+        coordinator.wait_line(lambda s: "ignoring the DHT's state" in s
+                              and mallory.peer_id.short() in s, 30)
         st, took = _wait_status(cluster.uri, lambda s: s["coordinator"] in honest
                                 and s["term"] < 100, 10, "an honest coordinator")
         print(f"honest coordinator named {took:.1f} s after the attack, term {st['term']}")

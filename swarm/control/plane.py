@@ -98,6 +98,8 @@ MAX_JUDGED = 4096
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
 MAX_PENDING_REPORTS = 64
 """Our own liar reports kept to resend to a new coordinator (oldest dropped)."""
+MAX_IGNORED = 256
+"""Coordinators named by ignored DHT state items, logged once each (oldest forgotten)."""
 
 
 def _log_crash(task: asyncio.Task) -> None:
@@ -162,6 +164,8 @@ class ControlPlane:
         self._rivals_after: PeerId | None = None
         """The last member the previous rival check read (the next batch starts after it)."""
         self._tasks: set[asyncio.Task] = set()
+        self._ignored: OrderedDict[PeerId, None] = OrderedDict()
+        """Coordinators named by DHT state items that did not count, logged once each."""
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
         register_validators(node.dht)
@@ -341,7 +345,10 @@ class ControlPlane:
         if self.role is Duty.COORDINATOR:
             batch = rival_batch(self.records, self._rivals_after, self.sync.timing.rival_batch)
             self._rivals_after = batch[-1] if batch else None
-            for state in self.controller.dht_states(await self._dht_states(batch)):
+            found = await self._dht_states(batch)
+            counted = self.controller.dht_states(found)
+            self._say_ignored(s for s in found if s not in counted)
+            for state in counted:
                 self.controller.rival(state, self.clock())
             await self._do(self.controller.actions())
         return True
@@ -418,7 +425,9 @@ class ControlPlane:
     async def _read_states(self) -> None:
         """Learn the current term and coordinator from the state items in the DHT that
         count (entitled signers, terms within the bound: the controller's rules)."""
-        counted = self.controller.dht_states(await self._dht_states())
+        found = await self._dht_states()
+        counted = self.controller.dht_states(found)
+        self._say_ignored(s for s in found if s not in counted)
         for state in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
             cur = self.controller.state
             if cur is None or state.term > cur.term:
@@ -428,6 +437,20 @@ class ControlPlane:
                 except (StaleTerm, NotCoordinator, ProtocolError) as exc:
                     log.info("not following the DHT's state of term %d: %s", state.term, exc)
         await self._do(self.controller.actions())
+
+    def _say_ignored(self, states: Iterable[CoordinatorState]) -> None:
+        """Log, once per named coordinator, a DHT state item that does not count (its
+        signer may not coordinate, its term is out of reach, or it is blocked): operators
+        see the attempt (a member's term inflation), and tests wait for it."""
+        for s in states:
+            if s.coordinator in self._ignored:
+                continue
+            self._ignored[s.coordinator] = None
+            if len(self._ignored) > MAX_IGNORED:
+                self._ignored.popitem(last=False)
+            log.info("ignoring the DHT's state of term %d naming %s: it does not count (a "
+                     "signer that may not coordinate, a term out of reach, or a blocked peer)",
+                     s.term, s.coordinator.short())
 
     # -- actions ---------------------------------------------------------------------------
 
