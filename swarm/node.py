@@ -213,6 +213,9 @@ class Node:
         self._incoming: dict[PeerId, PeerLink] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
+        self._evidence_closed = False
+        """Set once :meth:`stop` has waited for the requester's reports: evidence that comes
+        later is not sent."""
         self.record: MemberRecord | None = None
         self.relay = SignalRelay()
         self.webrtc = None  # a WebRTCEndpoint once started (aiortc is imported lazily)
@@ -262,7 +265,7 @@ class Node:
             self._start_delivery(evidence)
 
     def _start_delivery(self, package: EvidencePackage) -> None:
-        if self._stopping:
+        if self._evidence_closed:
             return
         task = asyncio.get_running_loop().create_task(self._deliver(package))
         self._deliveries.add(task)
@@ -467,7 +470,11 @@ class Node:
         if self._stopping:
             return
         self._stopping = True
-        if self._deliveries:  # evidence outlives a one-shot requester
+        # evidence outlives a one-shot requester: reports still asking for a receipt, then
+        # their deliveries to the coordinator
+        await self.requester.reported(EVIDENCE_WAIT)
+        self._evidence_closed = True
+        if self._deliveries:
             await asyncio.wait(list(self._deliveries), timeout=EVIDENCE_WAIT)
             for task in list(self._deliveries):
                 task.cancel()

@@ -202,6 +202,8 @@ class Requester:
         self._probes: set[asyncio.Task] = set()
         self._errands: set[asyncio.Task] = set()
         """Verdicts being sent and rejected results being reported (:meth:`report`)."""
+        self._reports: set[asyncio.Task] = set()
+        """The reports among them (:meth:`reported`)."""
         self._receipts: dict[tuple[PeerId, int], asyncio.Future] = {}
         """Receipts asked for and not answered yet (:meth:`receipt`)."""
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
@@ -455,7 +457,16 @@ class Requester:
         receipt binds it to that result; asks for the receipt when the result came without
         one (a large result: the worker signs only what is rejected). Runs on its own, so a
         job that ends meanwhile does not stop it."""
-        self._errand(self._report(peer, call, reply, reason))
+        task = self._errand(self._report(peer, call, reply, reason))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def reported(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` s, for rejected results still being reported (a report
+        may wait for its receipt): a one-shot requester that stops right after its job must
+        not cut its evidence off."""
+        if self._reports:
+            await asyncio.wait(list(self._reports), timeout=timeout)
 
     def accept(self, peer: PeerId, tasks: Iterable[int]) -> None:
         """Tell ``peer`` that its results to ``tasks``, sent without receipts, were accepted
@@ -470,10 +481,11 @@ class Requester:
             for task in tasks:
                 await link.send(Verdict(task, True))
 
-    def _errand(self, coro) -> None:
+    def _errand(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._errands.add(task)
         task.add_done_callback(self._errands.discard)
+        return task
 
     async def _report(self, peer: PeerId, call: Call, reply: Reply | None, reason: str) -> None:
         package = None
