@@ -345,10 +345,7 @@ class ControlPlane:
         if self.role is Duty.COORDINATOR:
             batch = rival_batch(self.records, self._rivals_after, self.sync.timing.rival_batch)
             self._rivals_after = batch[-1] if batch else None
-            found = await self._dht_states(batch)
-            counted = self.controller.dht_states(found)
-            self._say_ignored(s for s in found if s not in counted)
-            for state in counted:
+            for state in await self._counted_states(batch):
                 self.controller.rival(state, self.clock())
             await self._do(self.controller.actions())
         return True
@@ -425,9 +422,7 @@ class ControlPlane:
     async def _read_states(self) -> None:
         """Learn the current term and coordinator from the state items in the DHT that
         count (entitled signers, terms within the bound: the controller's rules)."""
-        found = await self._dht_states()
-        counted = self.controller.dht_states(found)
-        self._say_ignored(s for s in found if s not in counted)
+        counted = await self._counted_states()
         for state in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
             cur = self.controller.state
             if cur is None or state.term > cur.term:
@@ -438,12 +433,17 @@ class ControlPlane:
                     log.info("not following the DHT's state of term %d: %s", state.term, exc)
         await self._do(self.controller.actions())
 
-    def _say_ignored(self, states: Iterable[CoordinatorState]) -> None:
-        """Log, once per named coordinator, a DHT state item that does not count (its
-        signer may not coordinate, its term is out of reach, or it is blocked): operators
-        see the attempt (a member's term inflation), and tests wait for it."""
-        for s in states:
-            if s.coordinator in self._ignored:
+    async def _counted_states(self, peers: Iterable[PeerId] | None = None
+                              ) -> list[CoordinatorState]:
+        """The members' (or ``peers``') state items that count (the controller's rules).
+        One that does not (its signer may not coordinate, its term is out of reach, or it is
+        blocked) is logged, once per coordinator it names: operators see the attempt (a
+        member's term inflation), and tests wait for it."""
+        found = await self._dht_states(peers)
+        counted = self.controller.dht_states(found)
+        kept = {id(s) for s in counted}
+        for s in found:
+            if id(s) in kept or s.coordinator in self._ignored:
                 continue
             self._ignored[s.coordinator] = None
             if len(self._ignored) > MAX_IGNORED:
@@ -451,6 +451,7 @@ class ControlPlane:
             log.info("ignoring the DHT's state of term %d naming %s: it does not count (a "
                      "signer that may not coordinate, a term out of reach, or a blocked peer)",
                      s.term, s.coordinator.short())
+        return counted
 
     # -- actions ---------------------------------------------------------------------------
 
