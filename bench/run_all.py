@@ -47,6 +47,10 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                 "beside it); vs_floor: speed relative to the same work split over two bare "
                 "single-threaded processes holding their operands (no transfer, no checks), "
                 "timed in the same rounds"),
+    "tls_offload": ([], ["--mb", "16", "--repeats", "1"], 300,
+                    "TLS record work off the event-loop thread (issue 17): decrypting and "
+                    "encrypting on the loop thread, in a second thread while the loop "
+                    "sleeps, and in a second thread while the loop runs Python (the GIL)"),
     "nat": (["--runs", "3", "--mb", "8"], ["--runs", "1", "--mb", "2"], 1200,
             "WebRTC across NATs (network namespaces, iptables, coturn; needs root): "
             "{public, cone, symmetric} x {same}, with and without TURN"),
@@ -243,6 +247,9 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         _bars(img / "control.png", "control plane on loopback, seconds", list(s),
               {"median": [v["median"] for v in s.values()]}, "s")
         plots.append(("control.png", "join, failover and handoff times"))
+    elif name == "tls_offload":
+        md = [_records([{k: "" if v is None else v for k, v in row.items()}
+                        for row in d["rows"]]), "", f"meta: {json.dumps(d['meta'])}"]
     elif name == "startup":
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
     elif name == "browser":
