@@ -10,6 +10,7 @@ fills up (2), liar reports on anyone's word (3), replayed old blocks (4), charte
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from types import SimpleNamespace
@@ -41,7 +42,7 @@ from swarm.control.machine import (
     Duty,
     counted_states,
 )
-from swarm.control.plane import ControlPlane
+from swarm.control.plane import MAX_IGNORED, ControlPlane
 from swarm.control.state import (
     MAX_ITEM,
     MAX_MESSAGE,
@@ -166,6 +167,27 @@ def test_a_blocked_peers_later_claim_counts_for_nobody():
     view = {p: Candidate(p, 1.0) for p in (w1, w2)}
     assert counted_states([four, three], view, ()) == [three]
     assert counted_states([four, three], view, (), floor=3) == [three]
+
+
+async def test_ignored_state_items_are_logged_once_each_within_a_bound(tmp_path, monkeypatch,
+                                                                       caplog):
+    """A flood of state items that do not count (signers nobody lists, say) is logged once
+    per coordinator named, and the memory of what was logged stays bounded (invariant 8)."""
+    plane = _plane(tmp_path)
+    items = {p: CoordinatorState(SWARM, 5, 1, p)
+             for p in (_pid(f"x{i}") for i in range(MAX_IGNORED + 44))}
+
+    async def state_of(peer: PeerId) -> CoordinatorState:  # what the DHT holds for peer
+        return items[peer]
+
+    monkeypatch.setattr(plane, "_state_of", state_of)
+    with caplog.at_level(logging.INFO, logger="swarm.control"):
+        assert await plane._counted_states(list(items)) == []
+        assert await plane._counted_states(list(items)[-MAX_IGNORED:]) == []
+    logged = [r for r in caplog.records if "ignoring the DHT's state" in r.getMessage()]
+    assert len(logged) == len(items)  # the newest MAX_IGNORED are not logged again
+    assert len(plane._ignored) == MAX_IGNORED
+    await plane.close()
 
 
 # -- finding 2: a blocklist without a cap ---------------------------------------------------
