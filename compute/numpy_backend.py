@@ -10,6 +10,12 @@ from compute.backend import Backend, check_operands, check_precision
 from compute.errors import ComputeError, InvalidInput
 
 
+SMALL_PRODUCT = 1 << 16
+"""Products of at most this many multiply-adds skip the thread cap: BLAS runs them on the
+calling thread anyway, and setting the cap (threadpoolctl) cost ~20 us, as much as a small
+task's product and its receipt together."""
+
+
 class NumpyBackend(Backend):
     """``a @ b`` through numpy's BLAS in float32.
 
@@ -33,7 +39,7 @@ class NumpyBackend(Backend):
         if check_precision(precision) != "f32":
             raise ComputeError("the numpy backend computes in f32 only; f16 needs wgpu")
         a, b = check_operands(a, b)
-        if self._controller is None:
+        if self._controller is None or a.shape[0] * a.shape[1] * b.shape[1] <= SMALL_PRODUCT:
             return a @ b
         with self._controller.limit(limits=self.threads, user_api="blas"):
             return a @ b

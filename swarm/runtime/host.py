@@ -6,8 +6,8 @@ content address is checked), tasks run one at a time on a compute thread so the 
 keeps moving data, and calls to one actor instance run in the caller's order.
 A small result is sent with its signed receipt; a large one is sent at once and kept until
 its requester's :class:`Verdict`, and hashed and signed only if the requester rejected it.
-:meth:`ActorHost.activity` says what is queued or running, per requester; ``changed`` is
-set whenever that may have changed (the node re-announces its member record on it).
+:meth:`ActorHost.activity` says what is queued or running, per requester (the node looks at
+it every few seconds and re-announces its member record when it changed).
 """
 
 from __future__ import annotations
@@ -146,8 +146,6 @@ class ActorHost:
         self._links: set[PeerLink] = set()
         self._runner: asyncio.Task | None = None
         self._current: _Call | None = None
-        self.changed = asyncio.Event()
-        """Set when queued or running work may have changed; the watcher clears it."""
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -172,7 +170,6 @@ class ActorHost:
                     await self._accept(link, msg)
                 elif isinstance(msg, CancelTask):  # a running task cannot be stopped
                     self._drop(lambda c, t=msg.task: c.link is link and c.msg.task == t)
-                    self.changed.set()
                 elif isinstance(msg, Verdict):
                     await self._verdict(link, msg)
                 elif fallback is not None:
@@ -185,7 +182,6 @@ class ActorHost:
             for key in [k for k in self._instances if k[0] == link.remote]:
                 for call in self._instances.pop(key).order.held_calls():
                     self.store.release(call.nbytes)
-            self.changed.set()
 
     def _drop(self, which: Callable[[_Call], bool]) -> None:
         """Take the queued calls ``which`` selects off the queue and free their bytes."""
@@ -241,7 +237,6 @@ class ActorHost:
             if inst.order.stale != stale:   # a duplicate: dropped, holds nothing
                 self.store.release(call.nbytes)
         self._wake.set()
-        self.changed.set()
 
     async def _reserve(self, call: _Call) -> bool:
         """Count the call's inline arrays against ``--max-memory``; refuse it when over."""
@@ -278,7 +273,6 @@ class ActorHost:
                 self.store.release(call.nbytes)
                 self._current = None
                 self._idle.set()
-                self.changed.set()
 
     def activity(self) -> tuple[int, list[tuple[PeerId, int]]]:
         """Tasks queued or running now, and per requester (busiest first, then by id)."""
@@ -459,7 +453,6 @@ class ActorHost:
         self.draining = True
         handback = list(self._queue)
         self._drop(lambda c: True)
-        self.changed.set()
         for call in handback:
             await self._reply(call.link, TaskFailed(call.msg.task, "busy",
                                                     "worker is shutting down"))
