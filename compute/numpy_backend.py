@@ -9,7 +9,6 @@ import numpy as np
 from compute.backend import Backend, check_operands, check_precision
 from compute.errors import ComputeError, InvalidInput
 
-
 SMALL_PRODUCT = 1 << 16
 """Products of at most this many multiply-adds skip the thread cap: BLAS runs them on the
 calling thread anyway, and setting the cap (threadpoolctl) cost ~20 us, as much as a small

@@ -39,3 +39,15 @@ def home(tmp_path: Path) -> Path:
     """A fresh SWARM_HOME for one test."""
     d = tmp_path / "home"
     return d
+
+
+@pytest.fixture
+def even_rates(client):
+    """The module's ``client`` with rates started afresh, for a test that counts how bands
+    were dealt: a stall earlier in the module (a busy CI host) holds a worker's rate down for
+    RATE_HOLD seconds, and such a worker is dealt a band under the inline budget, or none (a
+    stall-free deal is what these tests check, not the deal itself)."""
+    from swarm.runtime.scheduler import RateBook
+
+    client.node.requester.rates = RateBook()
+    return client

@@ -14,7 +14,6 @@ import swarm
 from swarm import api
 from swarm.errors import ActorDiedError, TaskCancelledError
 from swarm.runtime import actors
-from swarm.runtime.scheduler import RateBook
 from tests.links_helpers import mapping_at, memfds
 from tests.test_runtime_local import rand
 
@@ -34,15 +33,6 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 def client():
     with swarm.local(workers=2, threads=1, timeout=60) as c:
         yield c
-
-
-@pytest.fixture
-def even_rates(client):
-    """Rates start afresh for a test that counts how bands were dealt: a stall earlier in
-    the module (a busy CI host) holds a worker's rate down for RATE_HOLD seconds, and these
-    tests check what the deal carries, not the deal."""
-    client.node.requester.rates = RateBook()
-    return client
 
 
 def test_module_put_uses_the_newest_open_client(client, monkeypatch):

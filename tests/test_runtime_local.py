@@ -38,7 +38,8 @@ def test_random_shapes_are_correct(client, seed):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_work_is_spread_and_verified(client):
+def test_work_is_spread_and_verified(even_rates):
+    client = even_rates
     rng = np.random.default_rng(9)
     a, b = rand(rng, 256, 256), rand(rng, 256, 256)
     client.matmul(a, b, timeout=30)
