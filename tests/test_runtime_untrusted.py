@@ -97,6 +97,34 @@ async def test_a_liars_large_results_are_proven_by_receipts_it_signs_only_when_a
         assert honest_host.store.reserved == 0 and not honest_host._unsigned
 
 
+async def test_a_rejection_that_comes_with_the_jobs_last_event_is_still_reported():
+    """Seen in a fresh CI run: a straggler's copy and the liar's original were checked
+    together; the copy's pass finished the job, the liar's rejection waited for a poll that
+    never came, and its report (with the evidence) was lost."""
+    from swarm.runtime.jobcore import Check
+    from swarm.runtime.requester import Arg, Call, _JobRun
+    from swarm.runtime.scheduler import LOCAL
+
+    req = Requester(PeerKey.generate().peer_id)
+    liar = PeerKey.generate().peer_id
+    x = np.eye(2, dtype=np.float32)
+
+    async def verify(i, outputs):
+        return True
+
+    job = _JobRun(req, [Call("matmul", "matmul", (Arg(x), Arg(x)), cost=8.0)],
+                  lambda i: [x @ x], verify, False, None, None)
+    job.core.poll(0.0)
+    job.core.answered(0, LOCAL, [x], 0.0, None)  # the last result: the job is done
+    job.core.checked(Check(0, liar, ([2 * x], 0.1, None)), False)  # and a copy was wrong
+    reports = []
+    req.on_rejected = lambda peer, reason, package: reports.append((peer, reason))
+    outputs, report = await job.run(5)
+    await req.reported(5)
+    assert outputs == [[x]] and report.peers[str(liar)].rejected == 1
+    assert reports == [(liar, "shard 0 failed verification")]
+
+
 async def test_held_out_of_order_calls_count_against_max_memory():
     """60 calls held for an earlier one pinned 240 MiB on a worker with a 1 MiB store; now
     every byte held for others counts against the cap and what is over is refused."""

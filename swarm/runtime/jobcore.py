@@ -243,6 +243,13 @@ class JobCore:
 
     # -- decisions -----------------------------------------------------------------------------
 
+    def rejections_left(self) -> list[Reject]:
+        """Rejections :meth:`poll` has not handed out yet, taken now: the events that finish
+        a job can also reject a copy that lost, and the job's end must not drop the report."""
+        left = [a for a in self._out if isinstance(a, Reject)]
+        self._out = [a for a in self._out if not isinstance(a, Reject)]
+        return left
+
     def poll(self, now: float) -> list[Action]:
         """Actions to carry out now (call after every event and at :meth:`next_wake`)."""
         out, self._out = self._out, []

@@ -593,6 +593,8 @@ class _JobRun:
             self.req._wanting.pop(self, None)
             for task in [*self.running.values(), *self.side]:
                 task.cancel()
+            for action in core.rejections_left():  # reports outlive the job
+                self._act(action)
             for peer in {p for p, _ in self.unsigned}:  # never checked, or no longer needed
                 self.req.accept(peer, [t for p, t in self.unsigned if p == peer])
         core.report.seconds = time.perf_counter() - started
