@@ -20,7 +20,7 @@ from types import ModuleType
 
 from swarm import __version__
 from swarm.commands._common import add_global_options, verbosity
-from swarm.config import data_dir, setup_logging
+from swarm.config import ENV_HOME, data_dir, setup_logging
 from swarm.errors import ConfigError, ConsentRefused, LocalError, RemoteError, SwarmError
 
 EXIT_OK = 0
@@ -119,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     setup_logging(verbosity(args))
     try:
+        args.data_dir_given = bool(args.data_dir or os.environ.get(ENV_HOME))
         args.data_dir = data_dir(args.data_dir)
         if hasattr(args, "ice_server"):  # networked commands: validated before any I/O
             from swarm.links.ice import ice_servers
@@ -140,3 +141,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"swarm {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _stdout_closed()
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback to users
+        return _unexpected(args, exc)
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``swarm status URI | head``): stop quietly, as a
+    Unix tool killed by SIGPIPE does (128 + 13), and keep Python's exit-time flush of
+    stdout from printing a second error."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    return 141
+
+
+def _unexpected(args: argparse.Namespace, exc: Exception) -> int:
+    """An exception no command turned into a message: one line (the traceback at -vv)."""
+    log.debug("traceback", exc_info=exc)
+    if type(exc).__module__.split(".")[0] == "dht":  # the DHT's own errors: a remote failure
+        print(f"swarm {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if isinstance(exc, OSError):  # a port in use, a full disk, a file we may not read
+        print(f"swarm {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    print(f"swarm {args.command}: internal error: {type(exc).__name__}: {exc} (rerun with "
+          f"-vv for the traceback, and please report it)", file=sys.stderr)
+    return EXIT_FAILURE

@@ -1,7 +1,10 @@
 """Conventions every command shares: the data directory and logging.
 
 The data dir holds keys, consent, DHT state and caches, so it is created 0700 and a
-looser one is tightened (with a warning) rather than trusted.
+looser one is tightened (with a warning) rather than trusted. Its ``peer.key`` is a
+member's identity, so a process that serves (``publish``, ``join``, ``dht serve``) holds an
+OS lock on its dir for its whole life (:func:`claim_data_dir`): two members never share
+one identity, and a second one started with the default dir gets its own next to it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import platformdirs
 from swarm.errors import ConfigError
 
 ENV_HOME = "SWARM_HOME"
+LOCK_FILE = "lock"
+MAX_INSTANCES = 16
+"""Default dirs tried by :func:`claim_data_dir`: ``swarm``, ``swarm-2`` ... ``swarm-16``."""
+_held: dict[Path, int] = {}  # locked dirs -> their lock fds, kept open for the process's life
 log = logging.getLogger("swarm.config")
 
 
@@ -39,6 +46,49 @@ def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
         log.warning("data dir %s had mode %o; tightening to 700", path, mode)
         path.chmod(0o700)
     return path
+
+
+def claim_data_dir(path: Path, given: bool) -> Path:
+    """Lock ``path`` (already made by :func:`data_dir`) for this process's life and return
+    it. When another process holds it: a ``given`` dir (``--data-dir``, ``$SWARM_HOME``) is a
+    :class:`ConfigError` naming that process; the default one is passed over for the first
+    free sibling (``swarm-2``, ``swarm-3`` ...), which then holds this instance's own
+    identity. The lock is ``flock`` on ``DIR/lock``: the OS drops it when the process ends,
+    even by SIGKILL, so a crash leaves nothing stale."""
+    holder = _lock(path)
+    if holder is None:
+        return path
+    if given:
+        raise ConfigError(f"data dir {path} is in use by {holder}; stop it or give this one "
+                          f"another --data-dir")
+    for n in range(2, MAX_INSTANCES + 1):
+        sibling = data_dir(path.with_name(f"{path.name}-{n}"))
+        if _lock(sibling) is None:
+            log.info("data dir %s is in use by %s; using %s", path, holder, sibling)
+            return sibling
+    raise ConfigError(f"{MAX_INSTANCES} swarm processes already run from {path} and its "
+                      f"siblings; give this one its own --data-dir")
+
+
+def _lock(path: Path) -> str | None:
+    """Take the lock on ``path``; None once held, else who holds it (for messages)."""
+    if path in _held:
+        return None
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock to take, as before
+        return None
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pid = os.read(fd, 16).decode("ascii", "replace").strip()
+        os.close(fd)
+        return f"process {pid}" if pid.isdigit() else "another process"
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held[path] = fd
+    return None
 
 
 class _Formatter(logging.Formatter):

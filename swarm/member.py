@@ -3,7 +3,9 @@
 ``swarm publish`` and ``swarm join`` both end here: :func:`serve` starts a
 :class:`swarm.node.Node`, (publishes and) verifies the charter, starts the control plane,
 reports readiness, and on SIGTERM/SIGINT leaves gracefully: a coordinator hands off to its
-successor before the node drains its running task and stops.
+successor before the node drains its running task and stops. SIGTERM is a requested stop
+(exit 0, as systemd expects); SIGINT (Ctrl-C) leaves the same way but returns
+:data:`INTERRUPTED`, which the commands turn into exit 130 like every other command.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from swarm.uri import JoinURI
 
 log = logging.getLogger("swarm.member")
 CHARTER_WAIT = 15.0
+INTERRUPTED = "interrupted"
+"""What :func:`serve` returns after a graceful leave started by SIGINT."""
 
 
 @dataclass
@@ -91,8 +95,14 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     stop = stop or asyncio.Event()
     web_server = None
     loop = asyncio.get_running_loop()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await node.start()
         if publication is not None:
@@ -116,7 +126,7 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         for f in (left, stopping):
             f.cancel()
         reason = control.left_reason if control.left.is_set() else await control.leave()
-        return reason
+        return INTERRUPTED if got and got[0] == signal.SIGINT else reason
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

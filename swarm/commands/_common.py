@@ -36,6 +36,15 @@ def verbosity(args: argparse.Namespace) -> int:
             - args.quiet - getattr(args, "quiet_after", 0))
 
 
+def claim_data_dir(args: argparse.Namespace) -> None:
+    """Lock the data dir for a serving process's life (:func:`swarm.config.claim_data_dir`:
+    a second instance beside one on the default dir gets its own) and say which it is."""
+    from swarm.config import claim_data_dir as claim
+
+    args.data_dir = claim(args.data_dir, getattr(args, "data_dir_given", True))
+    print(f"data dir: {args.data_dir}", file=sys.stderr, flush=True)
+
+
 def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
     """``--json``; ``what`` says what stdout then holds."""
     p.add_argument("--json", action="store_true", help=f"print JSON on stdout: {what}")
@@ -77,6 +86,17 @@ def member_event(event: str, ready: Any) -> dict[str, Any]:
             "swarm": uri.swarm_id.hex(), "role": ready.control.role.value,
             "joined_in_s": round(ready.joined_in, 3), "gflops": round(node.tflops * 1000, 3),
             "dht": list(node.dht.address)}
+
+
+def left_code(reason: str) -> int:
+    """The exit code of a member that left for ``reason`` (what :func:`swarm.member.serve`
+    returned): 130 after Ctrl-C, 3 when kicked or blocked, else 0 (SIGTERM included)."""
+    from swarm.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
+    from swarm.member import INTERRUPTED
+
+    if reason == INTERRUPTED:
+        return EXIT_INTERRUPTED
+    return EXIT_REFUSED if reason.startswith(("kicked", "this peer is blocked")) else EXIT_OK
 
 
 def left_event(reason: str, exit_code: int) -> dict[str, Any]:

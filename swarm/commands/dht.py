@@ -83,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         return swarm_loop.run(_items(args, addrs))
     if not 0 <= args.port < 65536:
         raise ConfigError(f"bad port {args.port}")
+    from swarm.commands._common import claim_data_dir
+
+    claim_data_dir(args)  # the node's id and routing table live there
     return swarm_loop.run(_serve(args, addrs))
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from swarm.commands._common import add_json_option, left_event, member_event, print_json
+from swarm.commands._common import (
+    add_json_option,
+    claim_data_dir,
+    left_code,
+    left_event,
+    member_event,
+    print_json,
+)
 
 HELP = "join a swarm by its magnet URI and serve compute tasks until stopped"
 DESCRIPTION = """\
@@ -64,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from swarm.commands._network import bootstrap_addresses
 
     join = uri.parse(args.uri).with_peers(bootstrap_addresses(args))
+    claim_data_dir(args)
     consent.obtain(args.data_dir, join.swarm_id, join.name or join.swarm_id.hex()[:12],
                    yes=args.yes)
 
@@ -90,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
                                          ice_servers=args.ice_servers,
                                          relay_data=args.relay_data, http=http))
     print(f"swarm join: left ({reason})", file=sys.stderr)
-    code = 0
-    if reason.startswith(("kicked", "this peer is blocked")):
-        from swarm.cli import EXIT_REFUSED
-
-        code = EXIT_REFUSED
+    code = left_code(reason)
     if args.json:
         print_json(left_event(reason, code))
     return code

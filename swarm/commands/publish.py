@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from swarm.commands._common import add_json_option, left_event, member_event, print_json
+from swarm.commands._common import (
+    add_json_option,
+    claim_data_dir,
+    left_code,
+    left_event,
+    member_event,
+    print_json,
+)
 
 HELP = "create a swarm owned by your security key, print its join URI, serve it"
 DESCRIPTION = """\
@@ -64,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from swarm.uri import JoinURI
 
     peers = tuple(bootstrap_addresses(args))
+    claim_data_dir(args)
     swarm = owned.load(args.data_dir, args.name)
     if swarm is None:
         auth = owned.open_owner_key(args.owner_key)
@@ -101,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
                                          ice_servers=args.ice_servers,
                                          relay_data=args.relay_data, http=http))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
+    code = left_code(reason)
     if args.json:
-        print_json(left_event(reason, 0))
-    return 0
+        print_json(left_event(reason, code))
+    return code
