@@ -734,20 +734,10 @@ def remote(*args: Any, **kwargs: Any) -> Any:
 
 def _parse_target(target: str) -> tuple[bytes | None, list[tuple[str, int]]]:
     """A join URI (magnet) or ``HOST:PORT[,HOST:PORT...]`` bootstrap addresses."""
-    if not isinstance(target, str) or not target:
-        raise ConfigError("connect() takes a join URI (magnet:?xs=...) or HOST:PORT")
-    if target.startswith("magnet:"):
-        from swarm.uri import parse
+    from swarm.uri import parse_target
 
-        uri = parse(target, require_owner=False)  # no charter is verified here
-        return uri.swarm_id, list(uri.peers)
-    peers = []
-    for part in target.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
-            raise ConfigError(f"bad bootstrap address {part.strip()!r}; use HOST:PORT")
-        peers.append((host.strip("[]"), int(port)))
-    return None, peers
+    uri, peers = parse_target(target)  # the parser and messages of the CLI
+    return (uri.swarm_id, list(uri.peers)) if uri is not None else (None, peers)
 
 
 def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Path | None = None,

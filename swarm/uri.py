@@ -132,6 +132,27 @@ def _hex(part: str, value: str) -> bytes:
         raise URIError(f"{part}: {value[:70]!r} is not hex") from None
 
 
+def not_a_uri(text: str, also: str = "") -> URIError:
+    """The one message every command gives for text that is no join URI (``also``: what
+    else the command takes, e.g. HOST:PORT)."""
+    return URIError(f"{text[:60]!r} is not a join URI: expected {_PREFIX}xs=urn:btpk:... as "
+                    f"`swarm publish` or `swarm status --json` (join_uri) printed it{also}")
+
+
+def parse_target(text: str) -> tuple[JoinURI | None, list[tuple[str, int]]]:
+    """A join URI, or ``HOST:PORT[,HOST:PORT...]`` bootstrap addresses (``swarm submit``
+    and :func:`swarm.connect` take both): (uri, []) or (None, peers). The URI's owner pin
+    is not required: a client verifies no charter."""
+    if not isinstance(text, str) or not text.strip():
+        raise not_a_uri(str(text), " or HOST:PORT")
+    if text.strip().startswith(_PREFIX):
+        return parse(text, require_owner=False), []
+    try:
+        return None, [parse_peer(part.strip()) for part in text.split(",")]
+    except URIError:
+        raise not_a_uri(text, " or HOST:PORT") from None
+
+
 def parse(text: str, require_owner: bool = True) -> JoinURI:
     """Parse a join URI; :class:`URIError` names the part that is wrong.
 
@@ -144,7 +165,7 @@ def parse(text: str, require_owner: bool = True) -> JoinURI:
     if len(text) > MAX_URI:
         raise URIError(f"join URI longer than {MAX_URI} characters")
     if not text.startswith(_PREFIX):
-        raise URIError(f"not a magnet URI (expected it to start with {_PREFIX!r})")
+        raise not_a_uri(text)
     fields: dict[str, str] = {}
     peers: list[tuple[str, int]] = []
     for item in text[len(_PREFIX):].split("&"):

@@ -45,6 +45,28 @@ def claim_data_dir(args: argparse.Namespace) -> None:
     print(f"data dir: {args.data_dir}", file=sys.stderr, flush=True)
 
 
+def open_owner_key(spec: str, *, create: bool = False):
+    """``--owner-key`` opened; a ``soft:PATH`` that does not exist is a usage error unless
+    ``create`` (only ``swarm publish`` founds an owner key: elsewhere a typo in the path
+    must not quietly make a new, useless one)."""
+    from swarm.control import owned
+
+    if not create:
+        check_owner_key(spec)
+    return owned.open_owner_key(spec)
+
+
+def check_owner_key(spec: str) -> None:
+    """Refuse a ``soft:PATH`` owner key that does not exist (before going on the network)."""
+    from pathlib import Path
+
+    from swarm.errors import ConfigError
+
+    if spec.startswith("soft:") and not Path(spec[5:]).expanduser().exists():
+        raise ConfigError(f"--owner-key {spec}: no such key file (only `swarm publish` "
+                          f"creates an owner key; give the path it used)")
+
+
 def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
     """``--json``; ``what`` says what stdout then holds."""
     p.add_argument("--json", action="store_true", help=f"print JSON on stdout: {what}")

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from swarm.commands._common import add_json_option, print_json
+from swarm.commands._common import add_json_option, check_owner_key, open_owner_key, print_json
+
+if TYPE_CHECKING:
+    from identity import PeerId
+
+log = logging.getLogger("swarm.commands")
 
 ROLES = ("owner", "admin", "coordinator")
+_BASE32 = set("abcdefghijklmnopqrstuvwxyz234567")
+_HEX = set("0123456789abcdef")
 
 
 def configure(p: argparse.ArgumentParser, verb: str) -> None:
@@ -16,7 +26,8 @@ def configure(p: argparse.ArgumentParser, verb: str) -> None:
 
     add_network_options(p)
     p.add_argument("uri", help="the swarm's join URI")
-    p.add_argument("peer", help="the peer's id (p... or 64 hex digits)")
+    p.add_argument("peer", help="the peer's id, or any unique start of it (as `swarm status` "
+                                "shows it, e.g. its first 12 characters)")
     p.add_argument("--reason", default="", help="why (shown to operators, at most 200 bytes)")
     p.add_argument("--as", dest="role", choices=ROLES, default="owner",
                    help="act as the owner (FIDO2 key, default), an admin or the coordinator "
@@ -29,19 +40,58 @@ def configure(p: argparse.ArgumentParser, verb: str) -> None:
     add_json_option(p, "what was done")
 
 
+def check_peer_text(text: str) -> None:
+    """A peer id or the start of one: what can be refused before going on the network."""
+    from identity import PeerId
+    from swarm.errors import ConfigError
+
+    try:
+        PeerId.parse(text)
+        return
+    except ValueError:
+        pass
+    low = text.lower()
+    if not low or len(low) > 64 or not (set(low) <= _BASE32 or set(low) <= _HEX):
+        raise ConfigError(f"{text[:70]!r} is not a peer id or the start of one (expected "
+                          f"'p' and base32 letters as `swarm status` shows them)")
+
+
+def resolve_peer(text: str, known: Iterable[PeerId]) -> PeerId:
+    """The peer ``text`` names: a whole id, or the one id among ``known`` (the members and
+    blocked peers seen just now) that starts with it, as git takes a hash's prefix. None or
+    several matching is a usage error listing what there is."""
+    from identity import PeerId
+    from swarm.errors import ConfigError
+
+    try:
+        return PeerId.parse(text)
+    except ValueError:
+        pass
+    low = text.lower()
+    matches = sorted({p for p in known if str(p).startswith(low) or p.raw.hex().startswith(low)},
+                     key=str)
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigError(f"no member or blocked peer of this swarm has an id starting with "
+                          f"{text!r}; `swarm status URI` lists them")
+    shown = ", ".join(str(p)[:16] for p in matches[:8])
+    raise ConfigError(f"{text!r} is ambiguous: {len(matches)} peers start with it ({shown}); "
+                      f"give more characters")
+
+
 def run(args: argparse.Namespace, verb: str) -> int:
 
-    from identity import PeerId, PeerKey
+    from identity import PeerKey
     from swarm import loop as swarm_loop
     from swarm import uri as uri_mod
     from swarm.commands._network import bootstrap_addresses
     from swarm.errors import ConfigError
 
     join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
-    try:
-        target = PeerId.parse(args.peer)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    check_peer_text(args.peer)
+    if args.role == "owner":
+        check_owner_key(args.owner_key)
     peer_key = None
     if args.role != "owner":
         from pathlib import Path
@@ -53,7 +103,7 @@ def run(args: argparse.Namespace, verb: str) -> int:
             peer_key = PeerKey.load(path)
         except KeyFileError as exc:
             raise ConfigError(str(exc)) from None
-    state = swarm_loop.run(_send(join, target, verb, args, peer_key))
+    target, state = swarm_loop.run(_send(join, verb, args, peer_key))
     if args.json:
         # a kick is fire-and-forget; a block or unblock is confirmed in the coordinator's state
         print_json({"action": verb, "peer": str(target), "role": args.role,
@@ -67,7 +117,7 @@ def run(args: argparse.Namespace, verb: str) -> int:
     return 0
 
 
-async def _send(join, target, verb, args, peer_key):
+async def _send(join, verb, args, peer_key):
     import asyncio
 
     from identity import (
@@ -81,7 +131,7 @@ async def _send(join, target, verb, args, peer_key):
         assert_statement,
         sign_as_peer,
     )
-    from swarm.control import observer, owned
+    from swarm.control import observer
     from swarm.errors import ConfigError, SwarmError
 
     cls = {"kick": KickCommand, "block": BlockCommand, "unblock": UnblockCommand}[verb]
@@ -89,13 +139,15 @@ async def _send(join, target, verb, args, peer_key):
         view = await observer.observe(node, join)
         if view.state is None:
             raise SwarmError("the swarm has no coordinator yet; try again in a few seconds")
+        known = [r.peer_id for r, _ in view.members] + [b.peer for b in view.state.blocked]
+        target = resolve_peer(args.peer, known)
         try:
             stmt = cls(swarm=join.pubkey, counter=int(time.time() * 1000), target=target,
                        reason=args.reason, role=Role(args.role), term=view.state.term)
         except IdentityError as exc:
             raise ConfigError(str(exc)) from None
         if args.role == "owner":
-            auth = owned.open_owner_key(args.owner_key)
+            auth = open_owner_key(args.owner_key)
             try:
                 proof = None
                 for cred in view.charter.ownership.owners:
@@ -103,11 +155,14 @@ async def _send(join, target, verb, args, peer_key):
                         proof = await asyncio.to_thread(assert_statement, auth, cred, stmt)
                         break
                     except IdentityError as exc:
-                        last = exc
+                        log.debug("owner key %s: %s", cred.short(), exc)
                 if proof is None:
-                    from swarm.errors import LocalError
+                    from swarm.errors import ConsentRefused
 
-                    raise LocalError(f"this owner key is not the swarm's owner key: {last}")
+                    raise ConsentRefused(
+                        f"not authorised: {args.owner_key} is not an owner key of this swarm "
+                        f"(its owner key is {view.charter.ownership.owner.short()}); give the "
+                        f"--owner-key that `swarm publish` used")
             finally:
                 auth.close()
             signed = Signed(stmt, (proof,))
@@ -118,4 +173,4 @@ async def _send(join, target, verb, args, peer_key):
         print(f"sending {verb} of {target.short()} to coordinator {view.coordinator.short()} "
               f"(term {view.state.term})", file=sys.stderr)
         # kick: nothing to wait for, so the state it was sent under
-        return await observer.send_command(node, join, view, signed, sender) or view.state
+        return target, await observer.send_command(node, join, view, signed, sender) or view.state

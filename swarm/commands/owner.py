@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from swarm.commands._common import add_global_options, add_json_option, print_json, print_table
+from swarm.commands._common import (
+    add_global_options,
+    add_json_option,
+    open_owner_key,
+    print_json,
+    print_table,
+)
 
 HELP = "show or change a swarm's ownership: show, add-admin, remove-admin, transfer"
 DESCRIPTION = """\
@@ -37,7 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     for name, text in (("add-admin", "make PEER an admin"),
                        ("remove-admin", "remove PEER from the admins")):
         s = _action(sub, name, text)
-        s.add_argument("peer", help="the peer's id (p... or 64 hex digits)")
+        s.add_argument("peer", help="the peer's id, or any unique start of it (as `swarm "
+                                    "status` shows it)")
         s.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH")
     t = _action(sub, "transfer", "transfer ownership to another key")
     t.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
@@ -53,6 +60,14 @@ def run(args: argparse.Namespace) -> int:
     from swarm.commands._network import bootstrap_addresses
 
     join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
+    if getattr(args, "peer", None) is not None:
+        from swarm.commands._verbs import check_peer_text
+
+        check_peer_text(args.peer)
+    if args.action != "show":
+        from swarm.commands._common import check_owner_key
+
+        check_owner_key(args.owner_key)
     if args.action == "show":
         return _show(join, args.json)
     return swarm_loop.run(_change(join, args))
@@ -96,7 +111,7 @@ def _show(join, as_json: bool) -> int:
 
 
 async def _change(join, args) -> int:
-    from identity import Charter, IdentityError, OwnershipTransfer, PeerId, Signed
+    from identity import Charter, IdentityError, OwnershipTransfer, Signed
     from identity.statements import MAX_CHARTER_ADMINS
     from swarm.control import charter, observer, owned
     from swarm.errors import ConfigError
@@ -105,7 +120,7 @@ async def _change(join, args) -> int:
     if mine is None:
         raise ConfigError("this data dir did not publish that swarm: ownership changes need "
                           "its swarm key (run with the publisher's --data-dir)")
-    auth = owned.open_owner_key(args.owner_key)
+    auth = open_owner_key(args.owner_key)
     try:
         async with observer.dht_observer(join) as node:
             rec = await charter.fetch(node, join.pubkey, join.owner or None)
@@ -117,10 +132,11 @@ async def _change(join, args) -> int:
             from identity import assert_statement, enrol
 
             if args.action in ("add-admin", "remove-admin"):
-                try:
-                    peer = PeerId.parse(args.peer)
-                except ValueError as exc:
-                    raise ConfigError(str(exc)) from None
+                from swarm.commands._verbs import resolve_peer
+
+                view = await observer.observe(node, join)
+                peer = resolve_peer(args.peer, [r.peer_id for r, _ in view.members]
+                                    + list(head.admins))
                 admins = set(head.admins)
                 if args.action == "add-admin":
                     admins.add(peer)
@@ -133,7 +149,7 @@ async def _change(join, args) -> int:
                                admins=tuple(sorted(admins)))
                 new_head = Signed(stmt, (assert_statement(auth, cred, stmt),))
             else:
-                new_auth = owned.open_owner_key(args.new_owner_key)
+                new_auth = open_owner_key(args.new_owner_key, create=True)
                 try:
                     new_cred = enrol(new_auth)
                     transfer = OwnershipTransfer(swarm=join.pubkey, counter=own.counter + 1,

@@ -11,6 +11,7 @@ from swarm.commands._common import (
     left_code,
     left_event,
     member_event,
+    open_owner_key,
     print_json,
 )
 
@@ -31,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relay-data", type=rate, default=0, metavar="RATE",
                    help="carry other members' links when they have no other path (behind "
                    "NATs, no TURN), at most RATE bytes/s, e.g. 2M (default: off)")
-    p.add_argument("--name", required=True, help="the swarm's name (at most 32 bytes)")
+    p.add_argument("--name", required=True, help="the swarm's name (at most 24 bytes)")
     p.add_argument("--owner-key", default="fido2", metavar="fido2|soft:PATH",
                    help="owner key: a FIDO2 security key (default), or a software key file "
                         "(not hardware-backed; for tests and demos)")
@@ -70,13 +71,21 @@ def run(args: argparse.Namespace) -> int:
     from swarm.control.membership import swarm_id
     from swarm.uri import JoinURI
 
+    # every argument is checked before the data dir is claimed or a key touched
     peers = tuple(bootstrap_addresses(args))
+    owned.check_name(args.name)
+    policy = _policy(args.policy)
+    http = None
+    if args.http:
+        from swarm.web.server import parse_http
+
+        http = parse_http(args.http)
     claim_data_dir(args)
     swarm = owned.load(args.data_dir, args.name)
     if swarm is None:
-        auth = owned.open_owner_key(args.owner_key)
+        auth = open_owner_key(args.owner_key, create=True)
         try:
-            swarm = owned.create(args.data_dir, args.name, auth, _policy(args.policy))
+            swarm = owned.create(args.data_dir, args.name, auth, policy)
         finally:
             auth.close()
     uri = JoinURI(swarm.swarm_key.public_bytes, swarm.charter.name, peers=peers,
@@ -99,11 +108,6 @@ def run(args: argparse.Namespace) -> int:
 
             print_join_link(r.web, sys.stderr)
 
-    http = None
-    if args.http:
-        from swarm.web.server import parse_http
-
-        http = parse_http(args.http)
     reason = swarm_loop.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
                                          host=args.host, publication=pub, ready=ready,
                                          ice_servers=args.ice_servers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -44,36 +45,85 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: Path, name: str):
-    from tokenize import TokenError
-
+    """A .npy file as a 2-D float array, every check made before anything is sent: the
+    header is read first and its shape held against the limits and the file's size (a
+    truncated file claiming 2e6 x 2e6 must not allocate 14 TiB), and the values must be
+    finite in float32 (a NaN would only be found after the work went out)."""
     import numpy as np
+    from numpy.lib import format as npy
 
     from swarm.errors import ConfigError
+    from swarm.runtime.actors import MAX_DIM
 
+    what = f"{name}: {path}"
     try:
-        arr = np.load(path, allow_pickle=False)
+        with open(path, "rb") as f:
+            try:
+                version = npy.read_magic(f)
+                read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read(f)
+            except Exception as exc:  # numpy raises ValueError, SyntaxError, EOFError ...
+                raise ConfigError(f"{what} is not a .npy file (save the array with "
+                                  f"numpy.save; {str(exc)[:80]})") from None
+            if dtype.hasobject:
+                raise ConfigError(f"{what} holds Python objects; save a float32 array")
+            if len(shape) != 2 or not all(0 < d <= MAX_DIM for d in shape):
+                raise ConfigError(f"{what} has shape {shape}; a matmul operand is 2-D with "
+                                  f"each dimension 1..{MAX_DIM}")
+            need = shape[0] * shape[1] * dtype.itemsize
+            have = os.fstat(f.fileno()).st_size - f.tell()
+            if have < need:
+                raise ConfigError(f"{what} is truncated: its header claims {shape} "
+                                  f"({need} bytes) but {have} follow")
+            f.seek(0)
+            arr = np.load(f, allow_pickle=False)
     except FileNotFoundError:
         raise ConfigError(f"{name}: no such file {path}") from None
-    except (ValueError, SyntaxError, TokenError, EOFError, OverflowError) as exc:
-        # numpy parses the header with tokenize/ast: a garbled one raises these.
-        raise ConfigError(f"{name}: {path} is not a plain .npy array ({exc})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} is a directory, not a .npy file") from None
     except OSError as exc:
-        raise ConfigError(f"{name}: cannot read {path}: {exc}") from None
-    if not isinstance(arr, np.ndarray):
-        raise ConfigError(f"{name}: {path} holds several arrays (.npz); save one with np.save")
+        raise ConfigError(f"{name}: cannot read {path}: {exc.strerror or exc}") from None
+    if arr.dtype.kind not in "fiu":
+        raise ConfigError(f"{what} has dtype {arr.dtype}; save a float32 array")
+    with np.errstate(over="ignore", invalid="ignore"):
+        if not np.isfinite(arr.astype(np.float32)).all():
+            raise ConfigError(f"{what} holds NaN, infinite or out-of-range values (float32 "
+                              f"reaches about 3.4e38); nothing was sent")
     return arr
+
+
+def _check_product_range(a, b, a_path: Path, b_path: Path) -> None:
+    """Products that overflow float32 could not be verified (Freivalds' check needs them
+    finite): found here, from one pass over each operand, before anything is sent."""
+    import numpy as np
+
+    from compute.verify import project
+    from swarm.errors import ConfigError
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        b32 = np.ascontiguousarray(b, dtype=np.float32)
+        ones = np.ones((b32.shape[1], 1), np.float32)
+        b_ones, b_norms2 = project(b32, ones)
+        z, a_norms2 = project(np.ascontiguousarray(a, dtype=np.float32), b_ones)
+        ok = (np.isfinite(z).all() and np.isfinite(b_norms2).all()
+              and np.isfinite(a_norms2).all()
+              and np.isfinite(a_norms2.max() * b_norms2.max()))
+    if not ok:
+        raise ConfigError(f"{a_path} @ {b_path}: the values are too large to multiply in "
+                          f"float32 (the product overflows); scale the inputs down")
 
 
 def _with_bootstrap(args: argparse.Namespace) -> str:
     """The target with ``--bootstrap``/``SWARM_BOOTSTRAP`` addresses added to it."""
     from swarm.commands._network import bootstrap_addresses
-    from swarm.uri import parse
+    from swarm.uri import parse_target
 
+    join, _ = parse_target(args.uri)  # the message every command gives for a bad URI
     extra = bootstrap_addresses(args)
     if not extra:
         return args.uri
-    if args.uri.startswith("magnet:"):
-        return str(parse(args.uri, require_owner=False).with_peers(extra))
+    if join is not None:
+        return str(join.with_peers(extra))
     shown = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in extra]
     return ",".join([args.uri, *shown])
 
@@ -89,16 +139,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise ConfigError("--timeout must be > 0 seconds")
+    if args.min_workers < 0:
+        raise ConfigError("--min-workers must be >= 0")
+    target = _with_bootstrap(args)
     a, b = _load(args.a, "A"), _load(args.b, "B")
     try:
         method_spec("matmul", "matmul").check([a, b], {})
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"cannot multiply {args.a} by {args.b}: {exc}") from None
+    _check_product_range(a, b, args.a, args.b)
     if not args.output.parent.exists():
         raise ConfigError(f"output directory {args.output.parent} does not exist")
     started = time.monotonic()
     try:
-        client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
+        client = swarm.connect(target, swarm=args.swarm, data_dir=args.data_dir,
                                min_workers=args.min_workers, timeout=min(args.timeout, 60.0),
                                ice_servers=args.ice_servers)
     except TimeoutError:

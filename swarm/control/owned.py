@@ -24,10 +24,10 @@ from identity import (
     open_authenticator,
 )
 from identity.encoding import decode, encode
+from identity.statements import MAX_NAME  # one limit on a swarm's name: the charter's
 from swarm.errors import ConfigError
 
 _SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
-MAX_NAME = 32  # identity's limit on a charter name (bytes)
 
 
 @dataclass
@@ -86,11 +86,17 @@ def find_by_key(data_dir: Path, swarm_pubkey: bytes) -> OwnedSwarm | None:
     return None
 
 
+def check_name(name: str) -> None:
+    """A swarm's name as the charter will take it (before any key is touched)."""
+    if not name or len(name.encode()) > MAX_NAME or not name.isprintable():
+        raise ConfigError(f"--name must be 1-{MAX_NAME} bytes of printable text "
+                          f"({len(name.encode())} given)")
+
+
 def create(data_dir: Path, name: str, authenticator: Authenticator,
            policy: Policy) -> OwnedSwarm:
     """A new swarm: a fresh swarm key, an owner credential enrolled now, a signed charter."""
-    if not name or len(name.encode()) > MAX_NAME or not name.isprintable():
-        raise ConfigError(f"--name must be 1-{MAX_NAME} bytes of printable text")
+    check_name(name)
     path = folder(data_dir, name)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     swarm_key = PeerKey.load_or_create(path / "swarm.key")

@@ -1,0 +1,154 @@
+"""Issue 35 findings 3 and 4: bad input gets one clear line and the right exit code, never
+a traceback, and is refused before anything is sent or any key is touched.
+
+Every case runs `swarm.cli.main` with HOME and the data dir in a temp dir (one real process
+checks what reaches a terminal); the URIs name a closed loopback port, so a command that
+wrongly went on the network would fail with exit 1 instead of the usage error asserted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.lib import format as npy
+
+from swarm.cli import COMMANDS, EXIT_USAGE, main
+from tests.conftest import run_swarm, subprocess_env
+
+DEAD = "127.0.0.1:9"
+URI = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe={DEAD}"
+PEER = "p" + "a" * 52
+
+
+@pytest.fixture
+def files(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    np.save(d / "ok.npy", np.ones((4, 4), np.float32), allow_pickle=False)
+    np.save(d / "nan.npy", np.array([[np.nan, 1.0], [1.0, 1.0]], np.float32))
+    np.save(d / "f64big.npy", np.full((4, 4), 1e39))  # finite in f64, not in f32
+    np.save(d / "e20.npy", np.full((4, 4), 1e20, np.float32))  # e20 @ e20 overflows f32
+    with open(d / "huge.npy", "wb") as f:  # a header claiming 2e6 x 2e6, 100 bytes after it
+        npy.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                       "shape": (2_000_000, 2_000_000)})
+        f.write(b"\0" * 100)
+    with open(d / "short.npy", "wb") as f:  # within the limits, but cut off
+        npy.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                       "shape": (1000, 1000)})
+        f.write(b"\0" * 100)
+    (d / "text.npy").write_text("A,B\n1,2\n")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SWARM_HOME", str(tmp_path / "data"))
+    monkeypatch.delenv("SWARM_BOOTSTRAP", raising=False)
+
+
+def _bad(tmp_path, *args: str, code: int = EXIT_USAGE) -> str:
+    """Run ``swarm ARGS`` in this process (a traceback would fail the test as an uncaught
+    exception); its stderr, after checking the exit code and that it is one short line."""
+    import contextlib
+    import io
+
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:  # argparse's own errors
+            rc = exc.code
+    text = err.getvalue()
+    assert "Traceback" not in text + out.getvalue(), text
+    assert rc == code, (rc, text[-2000:])
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    assert last.startswith("swarm ") and len(last) < 400, text
+    return last
+
+
+def _submit(d, a: str, b: str = "ok.npy") -> list[str]:
+    return ["submit", URI, "matmul", str(d / a), str(d / b), "-o", str(d / "c.npy")]
+
+
+# Every command with bad arguments: one line, exit 2, no traceback (argparse's own errors
+# included). The list covers every name in COMMANDS (asserted below).
+BAD: dict[str, list[list[str]]] = {
+    "demo": [["--workers", "x"]],
+    "publish": [["--name", "x", "--bootstrap", "garbage"], ["--name", "x", "--policy", "a=b"],
+                ["--name", "x", "--http", "nope"]],
+    "join": [["garbage", "--yes"], ["magnet:?xs=urn:btpk:12", "--yes"], [URI, "--max-memory", "1k"]],
+    "submit": [["garbage", "matmul", "a.npy", "b.npy", "-o", "c.npy"]],
+    "status": [["garbage"], [URI, "--bootstrap", "nohost"]],
+    "kick": [["garbage", PEER], [URI, "not-a-peer!"]],
+    "block": [[URI, "p" * 70]],
+    "unblock": [[URI, "#"]],
+    "owner": [["show", "garbage"], ["add-admin", URI, "!!"]],
+    "bench": [["--sizes", "x"]],
+    "doctor": [["garbage"]],
+    "dht": [["get", "--key", "zz"], ["serve", "--port", "99999"]],
+}
+
+
+def test_the_walk_covers_every_command():
+    assert set(BAD) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [[c, *a] for c, cases in BAD.items() for a in cases],
+                         ids=lambda a: " ".join(a)[:40])
+def test_every_command_refuses_bad_arguments_cleanly(tmp_path, argv):
+    _bad(tmp_path, *argv)
+
+
+def test_one_message_for_a_bad_uri_in_every_command(tmp_path):
+    """Finding 4: `submit garbage` and `status garbage` said different things."""
+    said = {c: _bad(tmp_path, c, *args).split(": ", 1)[1] for c, args in (
+        ("status", ["garbage"]), ("join", ["garbage", "--yes"]), ("kick", ["garbage", PEER]),
+        ("submit", ["garbage", "matmul", "a", "b", "-o", "c"]))}
+    assert all("'garbage' is not a join URI" in s for s in said.values()), said
+    assert len({s.removesuffix(" or HOST:PORT").strip() for s in said.values()}) <= 2, said
+
+
+@pytest.mark.parametrize(("a", "b", "says"), [
+    ("nan.npy", "ok.npy", "NaN"),
+    ("f64big.npy", "ok.npy", "out-of-range"),
+    ("e20.npy", "e20.npy", "too large to multiply"),
+    ("huge.npy", "ok.npy", "each dimension"),
+    ("short.npy", "ok.npy", "truncated"),
+    ("text.npy", "ok.npy", "is not a .npy file"),
+    ("missing.npy", "ok.npy", "no such file"),
+])
+def test_bad_input_files_are_refused_before_anything_is_sent(tmp_path, files, a, b, says):
+    """Finding 3: NaN/overflow (an InvalidInput traceback after the work went out), a
+    truncated header claiming 14.6 TiB (_ArrayMemoryError), numpy's allow_pickle hint."""
+    err = _bad(tmp_path, *_submit(files, a, b))
+    assert says in err
+    assert "allow_pickle" not in err
+    assert not (files / "c.npy").exists()
+
+
+def test_a_long_name_is_refused_before_any_key_is_touched(tmp_path):
+    """Finding 3: 25-32 bytes passed owned.py's limit (32) but not the charter's (24): the
+    key was made and touched, then MalformedStatement."""
+    key = tmp_path / "owner.key"
+    err = _bad(tmp_path, "publish", "--name", "n" * 25, "--owner-key", f"soft:{key}")
+    assert "1-24 bytes" in err
+    assert not key.exists()
+    assert not (tmp_path / "data" / "owned").exists()
+
+
+def test_a_typo_in_an_owner_key_path_creates_nothing(tmp_path):
+    """Finding 4: only `publish` may create an owner key; kick names the missing file."""
+    key = tmp_path / "typo.key"
+    err = _bad(tmp_path, "kick", URI, PEER, "--owner-key", f"soft:{key}")
+    assert "no such key file" in err
+    assert not key.exists()
+    err = _bad(tmp_path, "owner", "add-admin", URI, PEER, "--owner-key", f"soft:{key}")
+    assert not key.exists()
+
+
+def test_a_real_process_prints_one_line_and_no_traceback(tmp_path, files):
+    env = subprocess_env(HOME=str(tmp_path / "home"), SWARM_HOME=str(tmp_path / "data"))
+    res = run_swarm(*_submit(files, "huge.npy"), env=env)
+    assert res.returncode == EXIT_USAGE, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
