@@ -25,7 +25,9 @@ def files(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
     np.save(d / "ok.npy", np.ones((4, 4), np.float32), allow_pickle=False)
-    np.save(d / "nan.npy", np.array([[np.nan, 1.0], [1.0, 1.0]], np.float32))
+    a = np.ones((4, 4), np.float32)
+    a[1, 2] = np.nan
+    np.save(d / "nan.npy", a)
     np.save(d / "f64big.npy", np.full((4, 4), 1e39))  # finite in f64, not in f32
     np.save(d / "e20.npy", np.full((4, 4), 1e20, np.float32))  # e20 @ e20 overflows f32
     with open(d / "huge.npy", "wb") as f:  # a header claiming 2e6 x 2e6, 100 bytes after it
@@ -115,7 +117,7 @@ def test_one_message_for_a_bad_uri_in_every_command(tmp_path):
     ("e20.npy", "e20.npy", "too large to multiply"),
     ("huge.npy", "ok.npy", "each dimension"),
     ("short.npy", "ok.npy", "truncated"),
-    ("text.npy", "ok.npy", "is not a .npy file"),
+    ("text.npy", "ok.npy", "is not a plain .npy array"),
     ("missing.npy", "ok.npy", "no such file"),
 ])
 def test_bad_input_files_are_refused_before_anything_is_sent(tmp_path, files, a, b, says):

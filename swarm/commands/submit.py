@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -45,10 +46,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: Path, name: str):
-    """A .npy file as a 2-D float array, every check made before anything is sent: the
-    header is read first and its shape held against the limits and the file's size (a
-    truncated file claiming 2e6 x 2e6 must not allocate 14 TiB), and the values must be
-    finite in float32 (a NaN would only be found after the work went out)."""
+    """A .npy file's array, loaded only after its header was read and its shape held
+    against the limits and the file's size (a truncated file claiming 2e6 x 2e6 must not
+    allocate 14 TiB). Its dtype, rank and values are checked by the caller."""
     import numpy as np
     from numpy.lib import format as npy
 
@@ -63,14 +63,15 @@ def _load(path: Path, name: str):
                 read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
                 shape, _, dtype = read(f)
             except Exception as exc:  # numpy raises ValueError, SyntaxError, EOFError ...
-                raise ConfigError(f"{what} is not a .npy file (save the array with "
+                raise ConfigError(f"{what} is not a plain .npy array (save one with "
                                   f"numpy.save; {str(exc)[:80]})") from None
             if dtype.hasobject:
-                raise ConfigError(f"{what} holds Python objects; save a float32 array")
-            if len(shape) != 2 or not all(0 < d <= MAX_DIM for d in shape):
+                raise ConfigError(f"{what} is not a plain .npy array: it holds Python "
+                                  f"objects (never unpickled); save a float32 array")
+            if len(shape) > 3 or not all(d <= MAX_DIM for d in shape):
                 raise ConfigError(f"{what} has shape {shape}; a matmul operand is 2-D with "
                                   f"each dimension 1..{MAX_DIM}")
-            need = shape[0] * shape[1] * dtype.itemsize
+            need = math.prod(shape) * dtype.itemsize
             have = os.fstat(f.fileno()).st_size - f.tell()
             if have < need:
                 raise ConfigError(f"{what} is truncated: its header claims {shape} "
@@ -83,24 +84,23 @@ def _load(path: Path, name: str):
         raise ConfigError(f"{what} is a directory, not a .npy file") from None
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror or exc}") from None
-    if arr.dtype.kind not in "fiu":
-        raise ConfigError(f"{what} has dtype {arr.dtype}; save a float32 array")
-    with np.errstate(over="ignore", invalid="ignore"):
-        if not np.isfinite(arr.astype(np.float32)).all():
-            raise ConfigError(f"{what} holds NaN, infinite or out-of-range values (float32 "
-                              f"reaches about 3.4e38); nothing was sent")
     return arr
 
 
 def _check_product_range(a, b, a_path: Path, b_path: Path) -> None:
-    """Products that overflow float32 could not be verified (Freivalds' check needs them
-    finite): found here, from one pass over each operand, before anything is sent."""
+    """Operands must be finite in float32, and so must their product, or it could not be
+    verified (Freivalds' check needs it finite): found here, from one pass over each
+    operand, before anything is sent."""
     import numpy as np
 
     from compute.verify import project
     from swarm.errors import ConfigError
 
     with np.errstate(over="ignore", invalid="ignore"):
+        for path, x in ((a_path, a), (b_path, b)):
+            if not np.isfinite(x.astype(np.float32)).all():
+                raise ConfigError(f"{path} holds NaN, infinite or out-of-range values "
+                                  f"(float32 reaches about 3.4e38); nothing was sent")
         b32 = np.ascontiguousarray(b, dtype=np.float32)
         ones = np.ones((b32.shape[1], 1), np.float32)
         b_ones, b_norms2 = project(b32, ones)
