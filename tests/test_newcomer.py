@@ -146,3 +146,96 @@ def test_two_members_on_one_machine_with_the_default_dir(tour):
 def _save(path: Path, arr) -> Path:
     np.save(path, arr, allow_pickle=False)
     return path
+
+
+def _short(peer: str) -> str:
+    return peer[:12]  # what `swarm status` and the web panel show
+
+
+def test_the_readme_tour(tour, tmp_path):
+    """The README's tour with default data dirs, as a newcomer runs it: every exit code,
+    no traceback, and the swarm outliving its publisher for status and submit."""
+    home = tour.home
+    pub = tour.publish()
+    w1, w2 = tour.join("w1"), tour.join("w2")
+    everyone = {pub.peer, w1.peer, w2.peer}
+    tour.status(lambda s: {m["peer_id"] for m in s["members"]} == everyone
+                and s["coordinator"] in everyone, 90)
+
+    # status as a table, its ids the 12-character ones; piped into `head` it stops quietly
+    res = tour.run("status", tour.uri)
+    assert_clean(res, code=0)
+    assert _short(w1.peer) in res.stdout
+    piped = subprocess.run(f"{' '.join(map(repr, swarm_cmd('status', tour.uri)))} | head -n 1",
+                           shell=True, capture_output=True, text=True, env=tour.env,
+                           cwd=home, timeout=60)
+    assert piped.stdout.startswith("swarm 'lab'"), piped
+    assert_clean(piped.stderr)
+
+    # submit, and the product is right; "waiting for workers: n/N" while it waits
+    rng = np.random.default_rng(35)
+    a = _save(home / "a.npy", rng.standard_normal((96, 64), dtype=np.float32))
+    b = _save(home / "b.npy", rng.standard_normal((64, 80), dtype=np.float32))
+    res = tour.run("submit", tour.uri, "matmul", str(a), str(b), "-o", str(home / "c.npy"),
+                   "--min-workers", "2", timeout=120)
+    assert_clean(res, code=0)
+    np.testing.assert_allclose(np.load(home / "c.npy"), np.load(a) @ np.load(b),
+                               rtol=1e-4, atol=1e-3)
+    assert "waiting for workers: " in res.stderr or "shard" in res.stdout
+
+    owner = f"soft:{home / 'owner.key'}"
+    # the wrong owner key: exit 3, "not authorised", no CTAP jargon
+    from identity import open_authenticator
+
+    open_authenticator(f"soft:{home / 'other.key'}").close()
+    res = tour.run("kick", tour.uri, _short(w2.peer), "--owner-key", f"soft:{home / 'other.key'}")
+    assert_clean(res, code=3)
+    assert "not authorised" in res.stderr and "CTAP" not in res.stderr
+    assert "NO_CREDENTIALS" not in res.stderr and "INELIGIBLE" not in res.stderr
+    # an ambiguous prefix is refused, listing the matches
+    res = tour.run("block", tour.uri, "p", "--owner-key", owner)
+    assert_clean(res, code=2)
+    assert "ambiguous" in res.stderr and _short(w1.peer) in res.stderr
+
+    # kick by short id: w2 leaves with 3 and may rejoin (the same free dir, swarm-3, so
+    # the same identity); block it by short id (3 again), unblock it by short id
+    res = tour.run("kick", tour.uri, _short(w2.peer), "--owner-key", owner)
+    assert_clean(res, code=0)
+    assert w2.wait_exit(60) == 3
+    w2b = tour.join("w2b")
+    assert w2b.peer == w2.peer
+    tour.status(lambda s: w2.peer in {m["peer_id"] for m in s["members"]}, 60)
+    res = tour.run("block", tour.uri, _short(w2.peer), "--owner-key", owner, "--reason", "x")
+    assert_clean(res, code=0)
+    assert w2b.wait_exit(60) == 3
+    res = tour.run("unblock", tour.uri, _short(w2.peer), "--owner-key", owner)
+    assert_clean(res, code=0)
+    assert f"unblocked {_short(w2.peer)}" in res.stdout
+
+    # the publisher leaves (SIGTERM: 0); status and submit with the original URI still work
+    pub.signal(signal.SIGTERM)
+    assert pub.wait_exit(60) == 0
+    st = tour.status(lambda s: s["coordinator"] == w1.peer, 90)
+    assert w1.peer in {m["peer_id"] for m in st["members"]}
+    res = tour.run("submit", tour.uri, "matmul", str(a), str(b), "-o", str(home / "c2.npy"),
+                   timeout=120)
+    assert_clean(res, code=0)
+    np.testing.assert_allclose(np.load(home / "c2.npy"), np.load(a) @ np.load(b),
+                               rtol=1e-4, atol=1e-3)
+    # bad input through a real process: one line, exit 2
+    bad = _save(home / "nan.npy", np.full((96, 64), np.nan, np.float32))
+    res = tour.run("submit", tour.uri, "matmul", str(bad), str(b), "-o", str(home / "x.npy"))
+    assert_clean(res, code=2)
+    res = tour.run("status", "garbage")
+    assert_clean(res, code=2)
+    w1.signal(signal.SIGTERM)
+    assert w1.wait_exit(60) == 0
+
+
+def test_nothing_answering_says_what_to_do(tour):
+    """Finding 2: when no peer answers, the error names --bootstrap and join_uri."""
+    dead = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe=127.0.0.1:9"
+    for cmd in (["status", dead], ["kick", dead, "p" + "a" * 11, "--owner-key", "fido2"]):
+        res = tour.run(*cmd)
+        assert_clean(res, code=1)
+        assert "--bootstrap" in res.stderr and "join_uri" in res.stderr, res.stderr

@@ -66,3 +66,44 @@ def rate(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("a byte rate is >= 0")
     return value
+
+
+def with_remembered(join, data_dir):
+    """``join`` with the members this data dir saw live last time added after its own
+    peers (at most the URI's limit), so a client still reaches the swarm when every peer
+    the URI names is gone. Members keep the same list (:mod:`swarm.control.membership`)."""
+    from swarm.control.membership import load_seen_peers
+    from swarm.uri import MAX_PEERS, JoinURI
+
+    seen = load_seen_peers(data_dir, join.swarm_id)
+    peers = tuple(dict.fromkeys([*join.peers, *seen]))[:MAX_PEERS]
+    return JoinURI(join.pubkey, join.name, join.salt, peers, join.owner)
+
+
+def remember(data_dir, sid: bytes, addrs) -> None:
+    """Keep the DHT addresses of the members just seen live (freshest first, bounded;
+    best effort: a read-only data dir loses only the memory)."""
+    from swarm.control.membership import load_seen_peers, save_seen_peers
+
+    addrs = [tuple(a) for a in addrs if a]
+    if not addrs:
+        return
+    try:
+        save_seen_peers(data_dir, sid, [*addrs, *load_seen_peers(data_dir, sid)])
+    except OSError as exc:
+        import logging
+
+        logging.getLogger("swarm.commands").debug("cannot remember peers: %s", exc)
+
+
+def unreachable(exc: Exception, tried: int) -> Exception:
+    """``exc`` from a failed bootstrap, said as what to do about it."""
+    from swarm.errors import RemoteError
+
+    if "no bootstrap" not in str(exc):
+        return exc
+    return RemoteError(
+        f"no peer of the swarm answered ({tried} tried: the URI's and those this data dir "
+        f"saw before); its members may have left or moved. Ask a member for a fresh URI "
+        f"(`swarm status --json` prints join_uri) or give a running DHT node with "
+        f"--bootstrap HOST:PORT")

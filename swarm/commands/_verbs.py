@@ -85,10 +85,11 @@ def run(args: argparse.Namespace, verb: str) -> int:
     from identity import PeerKey
     from swarm import loop as swarm_loop
     from swarm import uri as uri_mod
-    from swarm.commands._network import bootstrap_addresses
-    from swarm.errors import ConfigError
+    from swarm.commands._network import bootstrap_addresses, unreachable, with_remembered
+    from swarm.errors import ConfigError, RemoteError
 
-    join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
+    join = with_remembered(uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args)),
+                           args.data_dir)
     check_peer_text(args.peer)
     if args.role == "owner":
         check_owner_key(args.owner_key)
@@ -103,7 +104,10 @@ def run(args: argparse.Namespace, verb: str) -> int:
             peer_key = PeerKey.load(path)
         except KeyFileError as exc:
             raise ConfigError(str(exc)) from None
-    target, state = swarm_loop.run(_send(join, verb, args, peer_key))
+    try:
+        target, state = swarm_loop.run(_send(join, verb, args, peer_key))
+    except RemoteError as exc:
+        raise unreachable(exc, len(join.peers)) from None
     if args.json:
         # a kick is fire-and-forget; a block or unblock is confirmed in the coordinator's state
         print_json({"action": verb, "peer": str(target), "role": args.role,
@@ -131,12 +135,14 @@ async def _send(join, verb, args, peer_key):
         assert_statement,
         sign_as_peer,
     )
+    from swarm.commands._network import remember
     from swarm.control import observer
     from swarm.errors import ConfigError, SwarmError
 
     cls = {"kick": KickCommand, "block": BlockCommand, "unblock": UnblockCommand}[verb]
     async with observer.dht_observer(join) as node:
         view = await observer.observe(node, join)
+        remember(args.data_dir, join.swarm_id, view.addrs.values())
         if view.state is None:
             raise SwarmError("the swarm has no coordinator yet; try again in a few seconds")
         known = [r.peer_id for r, _ in view.members] + [b.peer for b in view.state.blocked]

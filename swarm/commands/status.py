@@ -39,14 +39,22 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm import loop as swarm_loop
     from swarm import uri
-    from swarm.commands._network import bootstrap_addresses
+    from swarm.commands._network import (
+        bootstrap_addresses,
+        remember,
+        unreachable,
+        with_remembered,
+    )
     from swarm.control import observer
+    from swarm.errors import RemoteError
 
-    join = uri.parse(args.uri).with_peers(bootstrap_addresses(args))
+    join = with_remembered(uri.parse(args.uri).with_peers(bootstrap_addresses(args)),
+                           args.data_dir)
 
     async def look() -> dict:
         async with observer.dht_observer(join) as node:
             view = await observer.observe(node, join)
+            remember(args.data_dir, join.swarm_id, view.addrs.values())
             data = view.to_json()
             data["join_uri"] = str(await observer.join_uri(node, join, view))
             if args.reach:
@@ -58,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
                     m["reach"] = how.get(r.peer_id, "unreachable")
             return data
 
-    data = swarm_loop.run(look())
+    try:
+        data = swarm_loop.run(look())
+    except RemoteError as exc:
+        raise unreachable(exc, len(join.peers)) from None
     if args.json:
         print_json(data)
         return 0

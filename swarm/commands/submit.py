@@ -113,19 +113,29 @@ def _check_product_range(a, b, a_path: Path, b_path: Path) -> None:
                           f"float32 (the product overflows); scale the inputs down")
 
 
-def _with_bootstrap(args: argparse.Namespace) -> str:
-    """The target with ``--bootstrap``/``SWARM_BOOTSTRAP`` addresses added to it."""
-    from swarm.commands._network import bootstrap_addresses
-    from swarm.uri import parse_target
+def _target(args: argparse.Namespace) -> tuple[str, bytes | None]:
+    """What to connect to: the URI (or HOST:PORT list) with ``--bootstrap``/``SWARM_BOOTSTRAP``
+    addresses first and the members this data dir saw before last, and the swarm's id
+    (None when HOST:PORT comes without ``--swarm``: connect() then says what is missing)."""
+    from swarm.commands._network import bootstrap_addresses, with_remembered
+    from swarm.control.membership import load_seen_peers
+    from swarm.uri import MAX_PEERS, parse_target
 
-    join, _ = parse_target(args.uri)  # the message every command gives for a bad URI
+    join, peers = parse_target(args.uri)  # the message every command gives for a bad URI
     extra = bootstrap_addresses(args)
-    if not extra:
-        return args.uri
     if join is not None:
-        return str(join.with_peers(extra))
-    shown = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in extra]
-    return ",".join([args.uri, *shown])
+        return str(with_remembered(join.with_peers(extra), args.data_dir)), join.swarm_id
+    sid = None
+    if args.swarm:
+        try:
+            sid = bytes.fromhex(args.swarm)
+        except ValueError:
+            from swarm.errors import ConfigError
+
+            raise ConfigError(f"--swarm {args.swarm[:50]!r}: expected 40 hex digits") from None
+    seen = load_seen_peers(args.data_dir, sid) if sid and len(sid) == 20 else []
+    peers = list(dict.fromkeys([*extra, *peers, *seen]))[:MAX_PEERS]
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in peers), sid
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--timeout must be > 0 seconds")
     if args.min_workers < 0:
         raise ConfigError("--min-workers must be >= 0")
-    target = _with_bootstrap(args)
+    target, sid = _target(args)
     a, b = _load(args.a, "A"), _load(args.b, "B")
     try:
         method_spec("matmul", "matmul").check([a, b], {})
@@ -153,12 +163,18 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         client = swarm.connect(target, swarm=args.swarm, data_dir=args.data_dir,
-                               min_workers=args.min_workers, timeout=min(args.timeout, 60.0),
+                               min_workers=0, timeout=min(args.timeout, 60.0),
                                ice_servers=args.ice_servers)
     except TimeoutError:
         raise RemoteError(f"no worker of the swarm answered within "
                           f"{min(args.timeout, 60.0):g} s (is anybody joined?)") from None
+    except RemoteError as exc:
+        from swarm.commands._network import unreachable
+
+        raise unreachable(exc, target.count("x.pe=") or target.count(",") + 1) from None
     with client:
+        _wait_for_workers(client, args.min_workers, min(args.timeout, 60.0))
+        _remember_members(client, args.data_dir, sid)
         left = max(1.0, args.timeout - (time.monotonic() - started))
         opts = {"verify": args.verify, "precision": args.precision, "timeout": left}
         c = _run_with_progress(client, a, b, opts, quiet=args.json)
@@ -166,6 +182,44 @@ def run(args: argparse.Namespace) -> int:
     np.save(args.output, c, allow_pickle=False)
     _print_report(report, args, c.shape, time.monotonic() - started)
     return 0
+
+
+def _wait_for_workers(client, count: int, timeout: float) -> None:
+    """Wait until ``count`` workers are linked, saying how many there are as it changes
+    ("waiting for workers: 1/3" on stderr), not in silence."""
+    import time
+
+    from swarm.errors import RemoteError
+
+    deadline = time.monotonic() + timeout
+    shown, delay = -1, 0.05
+    while True:
+        linked = len(client._loop.run(client.node.connect_workers(), timeout))
+        if linked >= count:
+            if shown >= 0:
+                print(f"workers: {linked}/{count}, starting", file=sys.stderr, flush=True)
+            return
+        if linked != shown:
+            print(f"waiting for workers: {linked}/{count}", file=sys.stderr, flush=True)
+            shown = linked
+        if time.monotonic() > deadline:
+            raise RemoteError(f"only {linked} of the {count} workers asked for (--min-workers) "
+                              f"answered within {timeout:g} s (is anybody joined?)")
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _remember_members(client, data_dir, sid: bytes | None) -> None:
+    """Keep the live members' DHT addresses for the next command (best effort)."""
+    from swarm.commands._network import remember
+
+    if sid is None:
+        return
+    try:
+        records = client._loop.run(client.node.members(), 10)
+    except Exception:  # noqa: BLE001 - only the memory is lost
+        return
+    remember(data_dir, sid, [r.dht for r in records if r.dht])
 
 
 def _run_with_progress(client, a, b, opts, quiet: bool):
@@ -206,5 +260,6 @@ def _print_report(report, args, shape, seconds: float) -> None:
     print_table(("peer", *cols), [
         (r["peer"] if r["peer"] == "local" else r["peer"][:12], *(r[k] for k in keys))
         for r in rows], right=cols, title=f"{args.output}: {shape[0]}x{shape[1]} in "
-                                          f"{seconds:.2f} s ({report.shards} shards, "
+                                          f"{seconds:.2f} s ({report.shards} shard"
+                                          f"{'' if report.shards == 1 else 's'}, "
                                           f"verify={args.verify})")
