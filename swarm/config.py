@@ -91,6 +91,10 @@ def _lock(path: Path) -> str | None:
     return None
 
 
+MAX_LINE = 200
+"""Log lines are cut to this below -vv: a line the user reads is one line, not a dump."""
+
+
 class _Formatter(logging.Formatter):
     """One line per record, journald-friendly: `<N>` syslog priority prefix when not a tty."""
 
@@ -103,6 +107,8 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        if len(line) > MAX_LINE and logging.getLogger().level > logging.DEBUG:
+            line = line[:MAX_LINE - 26] + f"... ({len(line)} chars; -vv)"
         if self.journald:
             return f"<{self._PRIORITY.get(record.levelno, 6)}>{line}"
         return line

@@ -180,9 +180,10 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
             outs, job_s = await job
             err = max(float(np.max(np.abs(o - a @ b))) for o, b in zip(outs, bs, strict=True))
             scale = float(np.max(np.abs(a @ bs[0])))
-            report = client.last_report
             chaos = peers["chaos"]
-            peer_rows = {k: vars(v) for k, v in (report.peers.items() if report else [])}
+            peer_rows: dict[str, dict] = {}  # every job of the demo, summed per peer
+            add_report(peer_rows, client.last_report)
+            jobs_run = JOBS
             caught = peer_rows.get(chaos, {}).get("rejected", 0)
             blocked = False
             for extra in range(MAX_EXTRA_JOBS + 1):
@@ -202,9 +203,9 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
                 ref = client.matmul.remote(ax, b)
                 out = await asyncio.to_thread(get, ref, timeout=120)
                 err = max(err, float(np.max(np.abs(out - ax @ b))))
-                more = client.last_report
-                caught += vars(more.peers[chaos]).get("rejected", 0) \
-                    if more and chaos in more.peers else 0
+                add_report(peer_rows, client.last_report)
+                jobs_run += 1
+                caught = peer_rows.get(chaos, {}).get("rejected", 0)
                 say(f"one more verified job while the chaos worker is not blocked yet "
                     f"(wrong results caught so far: {caught})")
         finally:
@@ -217,10 +218,19 @@ async def _scenario(uri: str, size: int, procs: dict[str, SwarmProcess], peers: 
         "coordinator_before": coord_before, "term_before": term_before,
         "coordinator_after": str(st2.coordinator), "term_after": st2.state.term,
         "failover_s": round(failover, 3), "job_s": round(job_s, 3), "correct": correct,
-        "max_error": err, "peers": peer_rows, "chaos_worker": chaos,
+        "max_error": err, "peers": peer_rows, "jobs_total": jobs_run, "chaos_worker": chaos,
         "wrong_results_caught": caught, "chaos_blocked": blocked,
         "total_s": round(time.monotonic() - started, 2),
     }
+
+
+def add_report(rows: dict[str, dict], report) -> None:
+    """Add one job's per-peer report to ``rows`` (peer -> summed counters), so the demo's
+    table covers every job it ran, not the first only."""
+    for peer, r in (report.peers.items() if report else ()):
+        row = rows.setdefault(str(peer), {})
+        for key, value in vars(r).items():
+            row[key] = round(row.get(key, 0) + value, 6)
 
 
 def catch_rows(size: int, workers: int) -> int:

@@ -168,3 +168,19 @@ def test_tables_print_peer_text_as_is(capsys):
                 title="[b]blocked")
     out = capsys.readouterr().out
     assert "[/bold] [red]x[/red] :smile:" in out and "[b]blocked" in out and "-" in out
+
+
+def test_log_lines_stay_short_below_debug():
+    """Issue 35 finding 6: a successful demo printed ~600-character WARNING lines."""
+    import io
+    import logging
+
+    from swarm.config import MAX_LINE
+
+    for verbosity, cut in ((0, True), (2, False)):
+        out = io.StringIO()
+        setup_logging(verbosity, stream=out)
+        logging.getLogger("swarm.test").warning("x" * 700)
+        line = out.getvalue().rstrip("\n")
+        assert (len(line) <= MAX_LINE) is cut and "x" * 100 in line
+    setup_logging(0)

@@ -21,6 +21,9 @@ def test_demo_survives_the_coordinator_and_catches_the_liar(tmp_path):
     assert r["term_after"] > r["term_before"]
     assert r["wrong_results_caught"] > 0
     assert r["peers"][r["chaos_worker"]]["verified"] == 0
+    # the table covers the whole demo: it shows every wrong result caught (issue 35)
+    assert r["peers"][r["chaos_worker"]]["rejected"] == r["wrong_results_caught"]
+    assert r["jobs_total"] >= r["jobs"]
     assert r["chaos_blocked"]  # reported to the (new) coordinator, which blocked it
     assert len(r["members"]) == 4
 
@@ -43,3 +46,20 @@ def test_the_demos_extra_job_gives_every_worker_a_band_at_uneven_rates():
             rates.observe(peer, MIN_RATED_FLOPS * speed, 1.0)
         bands = plan_bands(catch_rows(size, members), size, size, workers=workers, rates=rates)
         assert set(bands.owners) == set(workers)
+
+
+def test_the_demos_table_sums_every_job():
+    """Issue 35 finding 7: the table said "rejected 1" (the first job) and then "wrong
+    results caught: 2" (all jobs)."""
+    from types import SimpleNamespace
+
+    from swarm.demo_run import add_report
+    from swarm.runtime.jobcore import PeerReport
+
+    rows: dict[str, dict] = {}
+    add_report(rows, SimpleNamespace(peers={"pa": PeerReport(shards=3, verified=2, rejected=1),
+                                            "pb": PeerReport(shards=1, verified=1)}))
+    add_report(rows, None)  # a job without a report adds nothing
+    add_report(rows, SimpleNamespace(peers={"pa": PeerReport(shards=1, rejected=1)}))
+    assert rows["pa"]["rejected"] == 2 and rows["pa"]["shards"] == 4
+    assert rows["pb"] == {**vars(PeerReport(shards=1, verified=1))}

@@ -131,6 +131,8 @@ def test_two_members_on_one_machine_with_the_default_dir(tour):
     assert w.peer != pub.peer
     st = tour.status(lambda s: {m["peer_id"] for m in s["members"]} == {pub.peer, w.peer})
     assert st["coordinator"] in {pub.peer, w.peer}
+    # a role change is news, not a warning: nothing to act on at the default verbosity
+    assert not [line for p in (pub, w) for line in p.err if "-> coordinator" in line]
     # an explicit dir in use is refused, naming the process that holds it
     res = tour.run("join", tour.uri, "--yes", "--data-dir", str(tour.default_dir))
     assert_clean(res, code=2)

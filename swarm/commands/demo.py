@@ -57,6 +57,8 @@ def _print(r: dict) -> None:
     if r["job_s"] < r["failover_s"]:
         print("       (done before the new coordinator was elected: jobs run peer to peer and "
               "do not wait for one; the dead coordinator's shards were redone elsewhere)")
+    jobs = r.get("jobs_total", r["jobs"])
+    print(f"  every job of the demo ({jobs}), per peer:")
     print(f"  {'peer':<14}{'shards':>7}{'verified':>9}{'rejected':>9}{'failed':>7}")
     for peer, p in sorted(r["peers"].items()):
         tag = "  <- chaos worker" if peer == r["chaos_worker"] else ""

@@ -510,8 +510,7 @@ class ControlPlane:
             elif isinstance(act, control.RoleChanged):
                 self.sync.role(act.new is Duty.COORDINATOR, self.clock())
                 self.role_changes.append((self.wall(), act.new, act.term))
-                level = logging.WARNING if act.new is Duty.COORDINATOR else logging.INFO
-                log.log(level, "%s: %s -> %s at term %d", self.key.peer_id.short(),
+                log.info("%s: %s -> %s at term %d", self.key.peer_id.short(),
                         act.old.value, act.new.value, act.term)
             elif isinstance(act, control.Left):
                 self.left_reason = act.reason
