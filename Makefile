@@ -3,20 +3,27 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# `make demo` needs only the runtime (what `pip install swarm-compute` installs); the test
+# extras (playwright, libtorrent, hypothesis, ruff) come with `make test` on top of it.
+RUNTIME_STAMP := $(VENV)/.runtime
 
 .PHONY: demo test lint bench clean nat-tools browser
 
 # The NAT system tests (tests/system/test_nat*.py) need these commands (Debian packages).
 NAT_TOOLS := iptables:iptables turnserver:coturn conntrack:conntrack
 
-$(STAMP): pyproject.toml
+$(RUNTIME_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# the distribution was called `swarm` before; its files would shadow swarm-compute's
 	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y swarm 2>/dev/null || true
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/swarm demo
 
 # Installs the NAT test tools as root; otherwise says what is missing (those tests then skip,

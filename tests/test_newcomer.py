@@ -241,3 +241,19 @@ def test_nothing_answering_says_what_to_do(tour):
         res = tour.run(*cmd)
         assert_clean(res, code=1)
         assert "--bootstrap" in res.stderr and "join_uri" in res.stderr, res.stderr
+
+
+def test_make_demo_installs_only_the_runtime(tmp_path):
+    """Finding 9: a first `make demo` installed the test extras (playwright, libtorrent,
+    hypothesis, ruff) that the demo never uses."""
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run(["make", "-n", "-B", "-C", str(root), "demo",
+                          f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    installs = [line for line in res.stdout.splitlines() if "pip install" in line]
+    assert installs and all("[test" not in line for line in installs), res.stdout
+    res = subprocess.run(["make", "-n", "-B", "-C", str(root), "test",
+                          f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True,
+                         timeout=30)
+    assert "'.[test]'" in res.stdout, res.stdout  # `make test` still brings them
