@@ -257,3 +257,16 @@ def test_make_demo_installs_only_the_runtime(tmp_path):
                           f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True,
                          timeout=30)
     assert "'.[test]'" in res.stdout, res.stdout  # `make test` still brings them
+
+
+def test_the_readme_quotes_the_current_headline_figures():
+    """Finding 9: the README's headline figures disagreed with docs/benchmarks.md (tuned
+    WebRTC 210-250 vs 160 MB/s, tiled/naive ~7x vs 5.2x ...). The README's list is the
+    benchmarks' "Headline ratios" list, line for line: after `make bench` copy it over."""
+    root = Path(__file__).resolve().parent.parent
+    bench = (root / "docs" / "benchmarks.md").read_text()
+    theirs = bench.split("## Headline ratios\n", 1)[1].strip().split("\n\n", 1)[0]
+    readme = (root / "README.md").read_text()
+    ours = readme.split("<!-- headline: from docs/benchmarks.md -->\n", 1)[1]
+    ours = ours.split("<!-- /headline -->", 1)[0].strip()
+    assert ours == theirs, "README.md's headline list differs from docs/benchmarks.md's"
