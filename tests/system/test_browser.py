@@ -57,9 +57,21 @@ def test_this_time_joins_as_a_browser_member(tabs):
     page.get_by_role("button", name="This time", exact=True).wait_for()
     for label in ("Always", "This time", "Not now"):
         assert page.get_by_role("button", name=label, exact=True).count() == 1
+    # issue 35: "This time" is the first, highlighted choice (not the most permissive one);
+    # at 900 px the card keeps a margin; the page names its own icon (no /favicon.ico 404)
+    assert page.locator("#consent button").first.inner_text() == "This time"
+    primary = page.evaluate("() => [...document.querySelectorAll('#consent button')].map("
+                            "(b) => getComputedStyle(b).backgroundColor)")
+    assert primary[0] != primary[1] and primary[1] == primary[2], primary
+    page.set_viewport_size({"width": 900, "height": 700})
+    box = page.evaluate("() => { const r = document.querySelector('main')"
+                        ".getBoundingClientRect(); return [r.left, r.right]; }")
+    assert box[0] >= 8 and box[1] <= 892, box
+    assert page.evaluate("document.querySelector('link[rel=icon]').href").startswith("data:")
     page.get_by_role("button", name="This time", exact=True).click()
     state = wait_state(page, ("joined", "refused", "failed", "declined-gpu", "left"))
     assert state == "joined", page.locator("#state").inner_text()
+    assert page.locator("#done").inner_text() == "0"  # the node's check is no job's shard
     tab = page.evaluate("window.swarmTab.peer")
     st = cluster.wait_status(host, lambda s: any(m["peer_id"] == tab for m in s["members"]),
                              60, "the tab as a member")
@@ -74,6 +86,8 @@ def test_this_time_joins_as_a_browser_member(tabs):
     rows = panel.locator("#members tbody tr").all_inner_texts()
     assert any(tab[:12] in r and "browser" in r for r in rows), rows
     assert any("native" in r and "coordinator" in r for r in rows), rows
+    for empty in ("#jobs", "#blocked"):  # no job, nobody blocked: "none", not bare headers
+        assert panel.locator(f"{empty} tbody").inner_text().strip() == "none"
 
 
 def submit(host, tmp_path, uri: str, m: int = 768, k: int = 256, n: int = 256,

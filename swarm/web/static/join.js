@@ -71,9 +71,10 @@ async function start(config) {
   $("peer").textContent = me.peerId;
   $("backend").textContent = `${backend.name}${backend.detail ? ` (${backend.detail})` : ""}`;
   $("speed").textContent = `${(tflops * 1000).toFixed(2)} GFLOPS measured`;
-  const host = new TabHost(backend, (event) => {
-    if (event === "task-done") $("done").textContent = String(host.stats.tasks);
-  });
+  // Tasks run before "joined" are the node's check of this tab, not shards of any job.
+  let checkTasks = null;
+  const showDone = () => { $("done").textContent = String(checkTasks === null ? 0 : host.stats.tasks - checkTasks); };
+  const host = new TabHost(backend, (event) => { if (event === "task-done") showDone(); });
   window.swarmTab = { peer: me.peerId, host, backend: backend.name, tflops };
   watchPause(host);
   const verify = await verifier(fromHex(config.server));
@@ -117,6 +118,7 @@ async function start(config) {
       }
     } else if (body.t === "joined") {
       window.swarmTab.checkSeconds = body.check_seconds;
+      checkTasks = host.stats.tasks; showDone();
       setState("joined", `Joined as ${me.peerId.slice(0, 12)}: computing for the swarm.`);
     } else if (body.t === "refused") {
       setState("refused", `Refused by the node: ${body.reason}`);

@@ -7,6 +7,14 @@ const short = (p) => (p ? p.slice(0, 12) : "none");
 
 function rows(table, items, cells) {
   const body = $(table).querySelector("tbody");
+  if (!items.length) { // an empty table says so, not bare headers
+    const td = document.createElement("td");
+    td.textContent = "none"; td.className = "none";
+    td.colSpan = $(table).querySelectorAll("thead th").length;
+    const tr = document.createElement("tr"); tr.append(td);
+    body.replaceChildren(tr);
+    return;
+  }
   body.replaceChildren(...items.map((item) => {
     const tr = document.createElement("tr");
     for (const [text, cls] of cells(item)) {
