@@ -125,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from swarm.links.ice import ice_servers
 
             args.ice_servers = ice_servers(args.ice_server, os.environ)
-        return int(args._run(args) or EXIT_OK)
+        code = int(args._run(args) or EXIT_OK)
+        sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit
+        return code
     except ConfigError as exc:
         print(f"swarm {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -148,14 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _stdout_closed() -> int:
-    """The reader of stdout went away (``swarm status URI | head``): stop quietly, as a
-    Unix tool killed by SIGPIPE does (128 + 13), and keep Python's exit-time flush of
-    stdout from printing a second error."""
+    """The reader of stdout went away (``swarm status URI | head``): stop quietly with 1,
+    as rich does for its tables, and keep Python's exit-time flush of stdout from printing
+    a second error."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError:
         pass
-    return 141
+    return EXIT_FAILURE
 
 
 def _unexpected(args: argparse.Namespace, exc: Exception) -> int:

@@ -154,3 +154,30 @@ def test_a_real_process_prints_one_line_and_no_traceback(tmp_path, files):
     res = run_swarm(*_submit(files, "huge.npy"), env=env)
     assert res.returncode == EXIT_USAGE, res.stderr
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_ctrl_c_is_130_and_sigterm_a_clean_stop_for_dht_serve(tmp_path):
+    """Finding 4: SIGINT is 130 everywhere (a serving command too); SIGTERM stays 0, as
+    systemd expects. A second server on the same --data-dir is refused (its lock)."""
+    import signal
+    import subprocess
+
+    from tests.conftest import swarm_cmd
+
+    env = subprocess_env(HOME=str(tmp_path / "home"))
+    for sig, want in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):
+        p = subprocess.Popen(swarm_cmd("dht", "serve", "--data-dir", str(tmp_path / "d")),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert p.stdout.readline().startswith("listening on"), p.stderr.read()
+            if sig == signal.SIGINT:
+                second = run_swarm("dht", "serve", "--data-dir", str(tmp_path / "d"), env=env)
+                assert second.returncode == EXIT_USAGE and "in use by process" in second.stderr
+            p.send_signal(sig)
+            assert p.wait(30) == want
+            assert "Traceback" not in p.stderr.read()
+        finally:
+            p.kill()
+            p.wait(10)
+            p.stdout.close()
+            p.stderr.close()

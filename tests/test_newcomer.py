@@ -168,6 +168,12 @@ def test_the_readme_tour(tour, tmp_path):
     res = tour.run("status", tour.uri)
     assert_clean(res, code=0)
     assert _short(w1.peer) in res.stdout
+    r, w = os.pipe()  # a reader that is gone before the first line: quietly 1
+    os.close(r)
+    closed = subprocess.run(swarm_cmd("status", tour.uri), stdout=w, stderr=subprocess.PIPE,
+                            text=True, env=tour.env, cwd=home, timeout=60)
+    os.close(w)
+    assert closed.returncode == 1 and closed.stderr == "", closed.stderr
     piped = subprocess.run(f"{' '.join(map(repr, swarm_cmd('status', tour.uri)))} | head -n 1",
                            shell=True, capture_output=True, text=True, env=tour.env,
                            cwd=home, timeout=60)

@@ -107,8 +107,14 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
         raise LocalError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a SIGTERM right after
-        loop.add_signal_handler(sig, stop.set)  # `listening` must still stop cleanly
+        loop.add_signal_handler(sig, on_signal, sig)  # `listening` must still stop cleanly
     host, port = node.address
     if args.json:
         print_json({"event": "listening", "host": host, "port": port})
@@ -129,7 +135,9 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
         await node.stop()
     if args.json:
         print_json({"event": "stopped"})
-    return 0
+    from swarm.cli import EXIT_INTERRUPTED
+
+    return EXIT_INTERRUPTED if got[:1] == [signal.SIGINT] else 0  # SIGTERM: a clean stop
 
 
 def json_to_bencodable(value: object) -> object:
