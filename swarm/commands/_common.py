@@ -41,8 +41,10 @@ def claim_data_dir(args: argparse.Namespace) -> None:
     a second instance beside one on the default dir gets its own) and say which it is."""
     from swarm.config import claim_data_dir as claim
 
-    args.data_dir = claim(args.data_dir, getattr(args, "data_dir_given", True))
-    print(f"data dir: {args.data_dir}", file=sys.stderr, flush=True)
+    asked = args.data_dir
+    args.data_dir = claim(asked, getattr(args, "data_dir_given", True))
+    why = "" if args.data_dir == asked else f" ({asked} is in use by another swarm process)"
+    print(f"data dir: {args.data_dir}{why}", file=sys.stderr, flush=True)
 
 
 def open_owner_key(spec: str, *, create: bool = False):

@@ -57,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm import loop as swarm_loop
     from swarm import uri as uri_mod
-    from swarm.commands._network import bootstrap_addresses
+    from swarm.commands._network import bootstrap_addresses, unreachable, with_remembered
+    from swarm.errors import RemoteError
 
-    join = uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args))
+    join = with_remembered(uri_mod.parse(args.uri).with_peers(bootstrap_addresses(args)),
+                           args.data_dir)
     if getattr(args, "peer", None) is not None:
         from swarm.commands._verbs import check_peer_text
 
@@ -68,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
         from swarm.commands._common import check_owner_key
 
         check_owner_key(args.owner_key)
-    if args.action == "show":
-        return _show(join, args.json)
-    return swarm_loop.run(_change(join, args))
+    try:
+        if args.action == "show":
+            return _show(join, args.json)
+        return swarm_loop.run(_change(join, args))
+    except RemoteError as exc:
+        raise unreachable(exc, len(join.peers)) from None
 
 
 def ownership_json(rec, pinned: bool) -> dict:
