@@ -181,3 +181,26 @@ def test_ctrl_c_is_130_and_sigterm_a_clean_stop_for_dht_serve(tmp_path):
             p.wait(10)
             p.stdout.close()
             p.stderr.close()
+
+
+def test_any_unique_prefix_names_a_peer_and_an_ambiguous_one_lists_the_matches():
+    """Finding 5: `swarm status` shows 12-character ids; kick/block/unblock took only
+    whole ones ("expected 'p' + 52 base32 chars")."""
+    from identity import PeerKey
+    from swarm.commands._verbs import check_peer_text, resolve_peer
+    from swarm.errors import ConfigError
+
+    peers = [PeerKey.generate().peer_id for _ in range(6)]
+    for p in peers:
+        assert resolve_peer(str(p)[:12], peers) == p
+        assert resolve_peer(str(p)[:12].upper(), peers) == p
+        assert resolve_peer(str(p), []) == p  # a whole id needs no list
+        check_peer_text(str(p)[:5])
+    with pytest.raises(ConfigError, match="ambiguous: 6 peers") as err:
+        resolve_peer("p", peers)
+    assert str(peers[0])[:16] in str(err.value)
+    with pytest.raises(ConfigError, match="no member or blocked peer"):
+        resolve_peer("pzzzzzzzzzzz", peers)
+    for bad in ("", "p!", "x" * 70):
+        with pytest.raises(ConfigError, match="not a peer id"):
+            check_peer_text(bad)

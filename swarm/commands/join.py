@@ -20,7 +20,10 @@ Asks for consent ("Always join" is remembered for this swarm; --yes joins non-in
 benchmarks the compute backends, announces this machine to the swarm and serves tasks until
 SIGTERM/SIGINT, then leaves gracefully: the running task finishes, queued ones go back, and
 if this machine coordinates the swarm it hands the role to the healthiest member first.
-Prints `peer: <PeerId>` on stderr once joined. Identity and consent live in the data dir.
+Prints `peer: <PeerId>` on stderr once joined. Identity and consent live in the data dir,
+which it locks while it runs: a second instance on the default dir gets its own (and so its
+own identity; `data dir: PATH` on stderr says which). Exit status: 0 after SIGTERM, 130 after
+SIGINT (Ctrl-C), 3 when kicked or blocked.
 """
 
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -22,6 +22,9 @@ enrols the owner key (touch your security key), signs the charter with it, puts 
 charter in the DHT, prints the join URI alone on the first line of stdout (--json: a JSON
 object with it, one per line as events happen), then serves as
 the swarm's first node until SIGINT/SIGTERM. Give the URI to the people who should join.
+Locks its data dir while it runs (a second instance on the default dir gets its own) and
+prints `data dir: PATH` on stderr. Exit status after a graceful leave: 0 on SIGTERM, 130 on
+SIGINT (Ctrl-C).
 """
 
 
