@@ -103,7 +103,7 @@ def unreachable(exc: Exception, tried: int) -> Exception:
     if "no bootstrap" not in str(exc):
         return exc
     return RemoteError(
-        f"no peer of the swarm answered ({tried} tried: the URI's and those this data dir "
-        f"saw before); its members may have left or moved. Ask a member for a fresh URI "
-        f"(`swarm status --json` prints join_uri) or give a running DHT node with "
+        f"cannot reach the swarm: no peer answered ({tried} tried: the URI's and those this "
+        f"data dir saw before); its members may have left or moved. Ask a member for a fresh "
+        f"URI (`swarm status --json` prints join_uri) or give a running DHT node with "
         f"--bootstrap HOST:PORT")
