@@ -204,3 +204,18 @@ def test_any_unique_prefix_names_a_peer_and_an_ambiguous_one_lists_the_matches()
     for bad in ("", "p!", "x" * 70):
         with pytest.raises(ConfigError, match="not a peer id"):
             check_peer_text(bad)
+
+
+def test_the_report_says_1_shard(capsys, tmp_path):
+    """Finding 4: the table's title said "1 shards"."""
+    from types import SimpleNamespace
+
+    from swarm.commands.submit import _print_report
+    from swarm.runtime.jobcore import PeerReport
+
+    args = SimpleNamespace(json=False, output=tmp_path / "c.npy", verify="freivalds",
+                           precision="f32")
+    for shards, said in ((1, "(1 shard,"), (2, "(2 shards,")):
+        report = SimpleNamespace(shards=shards, peers={"local": PeerReport(shards=shards)})
+        _print_report(report, args, (4, 4), 0.5)
+        assert said in capsys.readouterr().out
