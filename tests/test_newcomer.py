@@ -123,6 +123,7 @@ def tour(tmp_path):
     t.close(tmp_path)
 
 
+@pytest.mark.slow
 def test_two_members_on_one_machine_with_the_default_dir(tour):
     """Finding 1: a join beside the publisher, same user, default options, just works: its
     own dir and identity, and both say which dir they use; the dir stays locked."""
@@ -158,6 +159,7 @@ def _short(peer: str) -> str:
     return peer[:12]  # what `swarm status` and the web panel show
 
 
+@pytest.mark.slow
 def test_the_readme_tour(tour, tmp_path):
     """The README's tour with default data dirs, as a newcomer runs it: every exit code,
     no traceback, and the swarm outliving its publisher for status and submit."""
