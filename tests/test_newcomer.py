@@ -209,6 +209,10 @@ def test_the_readme_tour(tour, tmp_path):
     assert_clean(res, code=3)
     assert "not authorised" in res.stderr and "CTAP" not in res.stderr
     assert "NO_CREDENTIALS" not in res.stderr and "INELIGIBLE" not in res.stderr
+    res = tour.run("owner", "add-admin", tour.uri, _short(w1.peer), "--owner-key",
+                   f"soft:{home / 'other.key'}")
+    assert_clean(res, code=3)
+    assert "not authorised" in res.stderr and "NO_CREDENTIALS" not in res.stderr
     # an ambiguous prefix is refused, listing the matches
     res = tour.run("block", tour.uri, "p", "--owner-key", owner)
     assert_clean(res, code=2)

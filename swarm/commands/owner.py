@@ -117,6 +117,7 @@ def _show(join, as_json: bool) -> int:
 
 async def _change(join, args) -> int:
     from identity import Charter, IdentityError, OwnershipTransfer, Signed
+    from identity.errors import AuthenticatorError
     from identity.statements import MAX_CHARTER_ADMINS
     from swarm.control import charter, observer, owned
     from swarm.errors import ConfigError
@@ -172,6 +173,11 @@ async def _change(join, args) -> int:
             targets = tuple([await node.put_immutable(h) for h in history])
             await charter.publish(node, mine.swarm_key, new_head, targets)
             check = await charter.fetch(node, join.pubkey, join.owner or None)
+    except AuthenticatorError:  # the key holds no credential of this swarm (CTAP detail)
+        from swarm.errors import ConsentRefused
+
+        raise ConsentRefused(f"not authorised: {args.owner_key} is not an owner key of this "
+                             f"swarm; give the --owner-key that `swarm publish` used") from None
     except IdentityError as exc:
         raise ConfigError(f"the ownership change does not verify: {exc}") from None
     finally:
