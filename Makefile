@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # `make demo` needs only the runtime (what `pip install swarm-compute` installs); the test
 # extras (playwright, libtorrent, hypothesis, ruff) come with `make test` on top of it.
 RUNTIME_STAMP := $(VENV)/.runtime
+# pip byte-compiles what it installs on one core; compileall -j 0 uses them all (a fresh
+# install of the runtime took 82-87 s with pip's, 52-64 s so, side by side on 2 busy cores)
+COMPILE := $(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 
 .PHONY: demo test lint bench clean nat-tools browser
 
@@ -16,11 +19,13 @@ $(RUNTIME_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# the distribution was called `swarm` before; its files would shadow swarm-compute's
 	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y swarm 2>/dev/null || true
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e .
+	$(COMPILE)
 	touch $(RUNTIME_STAMP)
 
 $(STAMP): $(RUNTIME_STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
+	$(COMPILE)
 	touch $(STAMP)
 
 demo: $(RUNTIME_STAMP)
