@@ -87,3 +87,14 @@ def test_layers_inside_swarm(where):
         bad = {m for m in _imported_modules(py)
                if any(m == f or m.startswith(f + ".") for f in SWARM_FORBIDDEN[where])}
         assert not bad, f"{py.relative_to(ROOT)} imports {sorted(bad)} (a layer above it)"
+
+
+def test_the_product_never_imports_the_testing_package():
+    """swarm/testing drives the product's cores (the simulator); nothing in the product may
+    lean on it, so that the product ships and runs without it."""
+    for py in sorted((ROOT / "swarm").rglob("*.py")):
+        if py.is_relative_to(ROOT / "swarm" / "testing"):
+            continue
+        bad = {m for m in _imported_modules(py) if m == "swarm.testing"
+               or m.startswith("swarm.testing.")}
+        assert not bad, f"{py.relative_to(ROOT)} imports {sorted(bad)}"
