@@ -297,6 +297,8 @@ class Channel:
         """Arrays sent through shared memory (tests assert the path is used)."""
         self.received = 0
         """Arrays received through shared memory."""
+        self.received_bytes = 0
+        """Their bytes (a link counts them against what it holds for its application)."""
         self.mapped: list[int] = []
         """The peer's descriptors we mapped and have not yet told it about (ShmDone)."""
 
@@ -321,6 +323,7 @@ class Channel:
         """The peer's segment ``fd`` as a zero-copy uint8 array (ProtocolError if bad)."""
         out = map_array(self.peer_pid, fd, nbytes)
         self.received += 1
+        self.received_bytes += nbytes
         self.mapped.append(fd)
         return out
 
