@@ -174,3 +174,49 @@ async def test_an_application_that_does_not_read_holds_at_most_a_window():
         await asyncio.wait_for(sender, 10)
     finally:
         await net.close()
+
+
+async def test_a_replayed_circuit_hello_is_refused():
+    """Issue 34: a relay that keeps a dialer's hello and plays it again (now, or after the
+    dialer's link has lived a while) gets a refusal: a hello carries its signing time and
+    is taken once within MAX_SKEW. Before, the replay became a second circuit link from the
+    dialer that replaced its live one and then died of silence."""
+    from swarm.links.circuit import MAX_SKEW, CircuitClose, CircuitIncoming, CircuitOpen
+
+    net = _Net(rate=50 << 20)
+    hellos = []
+    handle = net.relay.handle
+
+    async def recording(link, msg):
+        if isinstance(msg, CircuitOpen):
+            hellos.append(msg.hello)
+        return await handle(link, msg)
+
+    net.relay.handle = recording
+    try:
+        link = await net.dial()
+        theirs = await asyncio.wait_for(net.accepted.get(), 5)
+        assert len(hellos) == 1
+        ep_w = net.ends["W"][0]
+        to_w = net.links[net.keys["W"].peer_id]      # the relay's own link to W
+        refusals: asyncio.Queue = asyncio.Queue()
+        real = net.relay.handle
+
+        async def watching(link_, msg):
+            if isinstance(msg, CircuitClose) and msg.circuit >= 1 << 40:
+                refusals.put_nowait(msg.reason)
+                return True
+            return await real(link_, msg)
+
+        net.relay.handle = watching
+        a_id = net.keys["A"].peer_id
+        await to_w.send(CircuitIncoming(a_id, 1 << 40, hellos[0]))          # at once
+        assert "replayed" in await asyncio.wait_for(refusals.get(), 5)
+        later = ep_w.clock
+        ep_w.clock = lambda: later() + 2 * MAX_SKEW                          # much later
+        await to_w.send(CircuitIncoming(a_id, (1 << 40) + 1, hellos[0]))
+        assert "stale" in await asyncio.wait_for(refusals.get(), 5)
+        assert net.accepted.empty() and not theirs.closed and not link.closed
+        assert await link.ping(5) > 0                                          # still live
+    finally:
+        await net.close()
