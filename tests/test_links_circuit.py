@@ -20,15 +20,16 @@ from swarm.links.echo import Bulk, Echo
 class _Net:
     """A and W each linked to relay R; every link end read by a pump."""
 
-    def __init__(self, rate: int, tamper=None) -> None:
+    def __init__(self, rate: int, tamper=None, names: str = "AW", max_circuits: int = 64
+                 ) -> None:
         self.keys = {n: PeerKey.generate() for n in "AWRX"}
         self.links = {}
-        self.relay = DataRelay(self.links, rate)
+        self.relay = DataRelay(self.links, rate, max_circuits)
         self.accepted: asyncio.Queue = asyncio.Queue()
         self.seen: list[bytes] = []
         self.tasks = []
         self.ends = {}
-        for name in "AW":
+        for name in names:
             mine, relays = memory_pair(self.keys[name], self.keys["R"])
             self.links[self.keys[name].peer_id] = relays
             ep = CircuitEndpoint(self.keys[name], on_link=self.accepted.put_nowait)
@@ -48,8 +49,8 @@ class _Net:
         async for msg in link:
             await ep.handle(link, msg)
 
-    async def dial(self):
-        ep, relay_link = self.ends["A"]
+    async def dial(self, name: str = "A"):
+        ep, relay_link = self.ends[name]
         return await ep.connect(relay_link, self.keys["W"].peer_id, timeout=5)
 
     async def close(self) -> None:
@@ -218,5 +219,25 @@ async def test_a_replayed_circuit_hello_is_refused():
         assert "stale" in await asyncio.wait_for(refusals.get(), 5)
         assert net.accepted.empty() and not theirs.closed and not link.closed
         assert await link.ping(5) > 0                                          # still live
+    finally:
+        await net.close()
+
+
+async def test_a_full_relay_gives_a_newcomer_its_fair_share():
+    """Issue 34: throw-away keys at MAX_PER_SENDER circuits each had filled a relay for
+    everybody. When full, a dialer under its fair share takes the newest circuit of the one
+    holding the most (told why); one at or over its share is refused, clearly."""
+    net = _Net(rate=50 << 20, names="AWX", max_circuits=8)
+    try:
+        hog = [await net.dial("X") for _ in range(8)]      # the relay is full
+        for _ in hog:
+            await asyncio.wait_for(net.accepted.get(), 5)
+        mine = await net.dial("A")                          # refused on the old relay
+        assert await mine.ping(5) > 0
+        gone = await asyncio.wait_for(hog[-1].wait_closed(), 5)
+        assert "fair share" in gone.reason
+        assert not any(link.closed for link in hog[:-1])
+        with pytest.raises(ConnectionError, match="fair share"):
+            await net.dial("X")
     finally:
         await net.close()

@@ -292,3 +292,34 @@ async def test_activity_counts_queued_and_running_work_per_requester():
             await mine.close()
         await asyncio.wait_for(asyncio.gather(*serving), 5)
         await host.close()
+
+
+async def test_one_requesters_calls_held_out_of_order_take_only_its_share():
+    """Issue 34: calls that wait for an earlier call of their actor (which never comes)
+    were capped only in total, so one requester's could fill ``--max-memory`` and every
+    other requester heard "busy". Now each requester's held calls get a share (a quarter
+    of the store: swarm.runtime.host.HELD_SHARE)."""
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=1 << 20)
+    hog, other = PeerKey.generate(), PeerKey.generate()
+    hog_link, hog_theirs = memory_pair(hog, host.key)
+    other_link, other_theirs = memory_pair(other, host.key)
+    serving = [asyncio.create_task(host.serve(x)) for x in (hog_theirs, other_theirs)]
+    try:
+        x = np.ones((64, 256), np.float32)                  # 64 KiB inline
+        w = np.ones((256, 4), np.float32)
+        refused = None
+        for seq in range(1, 16):                            # seq 0 never comes
+            await hog_link.send(matmul_task(seq, [TaskArg(array=x), TaskArg(array=w)],
+                                            instance=1, seq=seq))
+            if seq * (x.nbytes + w.nbytes) > (1 << 20) // 4:
+                refused = await asyncio.wait_for(hog_link.recv(), 5)
+                break
+        assert isinstance(refused, TaskFailed) and refused.kind == "busy"
+        assert "share" in refused.message
+        reply = await ask(other_link, matmul_task(1, [TaskArg(array=x), TaskArg(array=x.T)]))
+        assert isinstance(reply, TaskResult)                # everyone else is still served
+    finally:
+        for link in (hog_link, other_link):
+            await link.close()
+        await asyncio.wait_for(asyncio.gather(*serving), 5)
+        await host.close()

@@ -393,10 +393,11 @@ class DataRelay:
             why = "this member does not relay data"
         elif target is None or target.closed or msg.to == link.remote:
             why = f"no link to {msg.to.short()}"
-        elif len(self._route) >= 2 * self.max_circuits:
-            why = f"relaying {self.max_circuits} circuits already"
         elif self._opened_by.get(link.remote, 0) >= MAX_PER_SENDER:
             why = f"relaying {MAX_PER_SENDER} circuits for you already"
+        elif len(self._route) >= 2 * self.max_circuits and not await self._make_room(link):
+            why = (f"relaying {self.max_circuits} circuits already, none beyond its dialer's "
+                   f"fair share of {self._share(link.remote)}")
         else:
             cid = next(self._ids)
             self._route[(id(link), msg.circuit)] = _Hop(target, cid)
@@ -408,6 +409,33 @@ class DataRelay:
             await target.send(CircuitIncoming(link.remote, cid, msg.hello))
             return
         await link.send(CircuitClose(msg.circuit, why))
+
+    def _share(self, dialer: PeerId) -> int:
+        """Circuits each dialer may hold when the relay is full (max-min fair)."""
+        dialers = len(self._opened_by) + (dialer not in self._opened_by)
+        return max(1, self.max_circuits // dialers)
+
+    async def _make_room(self, link: PeerLink) -> bool:
+        """The relay is full: a dialer under its fair share takes the newest circuit of the
+        dialer holding the most, if that one is over its share (issue 34: eight throw-away
+        keys at eight circuits each had filled all 64 for everybody)."""
+        share = self._share(link.remote)
+        if self._opened_by.get(link.remote, 0) >= share:
+            return False
+        top = max(self._opened_by, key=self._opened_by.__getitem__)
+        if self._opened_by[top] <= share:
+            return False
+        newest = next(key for key in reversed(self._dialer)
+                      if self._dialer[key] == top and key in self._route
+                      and self._route[key].link.remote != top)
+        hop = self._route[newest]                    # towards the receiver
+        back = self._route[(id(hop.link), hop.circuit)]  # towards the dialer
+        self._drop(hop.link, hop.circuit)
+        why = f"relay full: {top.short()} held more than its fair share of {share} circuits"
+        for end, circuit in ((hop.link, hop.circuit), (back.link, back.circuit)):
+            if not end.closed:
+                await _quiet(end.send(CircuitClose(circuit, why)))
+        return True
 
     def _drop(self, link: PeerLink, circuit: int) -> None:
         hop = self._route.pop((id(link), circuit), None)

@@ -29,8 +29,9 @@ a duplicate of the one descriptor. A weight sent to every co-located worker is w
 and the loop keeps moving other links' data while it is written.
 
 Bounds: a sender keeps at most :data:`MAX_OPEN` descriptors (and :data:`MAX_OPEN_BYTES`)
-waiting for a ShmDone; past that it sends over TLS, so a receiver that never answers costs
-it nothing unbounded. A receiver only maps what the decoder's limits already accept.
+waiting for a ShmDone per link, :data:`MAX_OPEN_PER_PROCESS` per peer process and
+:data:`MAX_OPEN_TOTAL` in all; past that it sends over TLS, so a receiver that never answers
+costs it nothing unbounded. A receiver only maps what the decoder's limits already accept.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ MAX_OPEN = 64
 """Descriptors a sender keeps open waiting for the receiver's ShmDone."""
 MAX_OPEN_BYTES = 1 << 30
 """Bytes a sender keeps in shared memory waiting for ShmDone."""
+MAX_OPEN_PER_PROCESS = 2 * MAX_OPEN
+"""Descriptors waiting for ShmDone from one peer process over all of its links (a requester
+opening many links, or many keys in one process, gets one share: issue 34)."""
+MAX_OPEN_TOTAL = 1024
+"""Descriptors waiting for ShmDone from all peers together (past it, arrays go in-band)."""
+_waiting_by_pid: dict[int, int] = {}
 PLACE_MIN = 1 << 20
 """Received segments this large keep a descriptor while needed (see :class:`Segment`);
 smaller ones cost little to copy."""
@@ -305,7 +312,9 @@ class Channel:
     def spill(self, data: memoryview) -> int | None:
         """Put ``data`` in a sealed segment (a prepared one when :data:`SEGMENTS` holds it);
         its fd, or None to send it over the link."""
-        if len(self._open) >= MAX_OPEN or self._open_bytes + len(data) > MAX_OPEN_BYTES:
+        if (len(self._open) >= MAX_OPEN or self._open_bytes + len(data) > MAX_OPEN_BYTES
+                or _waiting_by_pid.get(self.peer_pid, 0) >= MAX_OPEN_PER_PROCESS
+                or sum(_waiting_by_pid.values()) >= MAX_OPEN_TOTAL):
             return None
         fd = SEGMENTS.take(data)
         if fd is None:
@@ -318,6 +327,7 @@ class Channel:
         """Keep our descriptor ``fd`` open until the peer's ShmDone names it."""
         self._open[fd] = nbytes
         self._open_bytes += nbytes
+        _waiting_by_pid[self.peer_pid] = _waiting_by_pid.get(self.peer_pid, 0) + 1
 
     def resolve(self, fd: int, nbytes: int) -> np.ndarray:
         """The peer's segment ``fd`` as a zero-copy uint8 array (ProtocolError if bad)."""
@@ -334,6 +344,9 @@ class Channel:
             if size is not None:
                 self._open_bytes -= size
                 os.close(fd)
+                left = _waiting_by_pid.pop(self.peer_pid, 1) - 1
+                if left > 0:
+                    _waiting_by_pid[self.peer_pid] = left
 
     def close(self) -> None:
         """The link is gone: close every descriptor still waiting."""
