@@ -238,20 +238,21 @@ _F16_MIN = 2.0**-14
 """Smallest normal f16 (a GPU may flush f16 subnormals too)."""
 
 
-def _rounded_inputs(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(|x|, how far an honest backend's copy of ``x`` may be from it, whether that copy may
-    be infinite), float64. f32: subnormals may be flushed. f16: numpy rounds to nearest even
-    (wgpu_backend's casts), and f16 subnormals may be flushed in turn."""
-    x64 = x.astype(np.float64)
+def _rounded_inputs(x: np.ndarray, x_abs: np.ndarray, precision: str
+                    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(how far an honest backend's copy of ``x`` may be from it, where that copy may be
+    infinite), float64; None for none at all. ``x_abs`` is ``|x|`` in float64. f32:
+    subnormals may be flushed. f16: numpy rounds to nearest even (wgpu_backend's casts),
+    and f16 subnormals may be flushed in turn."""
     if precision != "f16":
-        return np.abs(x64), np.where(np.abs(x64) < _FLT_MIN, np.abs(x64), 0.0), \
-            np.zeros(x.shape, bool)
+        sub = (x_abs < _FLT_MIN) & (x_abs > 0)
+        return (np.where(sub, x_abs, 0.0) if sub.any() else None), None
     with np.errstate(over="ignore"):
         r = x.astype(np.float16).astype(np.float64)
     inf = ~np.isfinite(r)
     r = np.where(inf, 0.0, r)
-    d = np.abs(r - x64) + np.where(np.abs(r) < _F16_MIN, np.abs(r), 0.0)
-    return np.abs(x64), np.where(inf, 0.0, d), inf
+    d = np.abs(r - x_abs * np.sign(x)) + np.where(np.abs(r) < _F16_MIN, np.abs(r), 0.0)
+    return np.where(inf, 0.0, d), (inf if inf.any() else None)
 
 
 def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str
@@ -289,15 +290,27 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
     rank = np.nan_to_num(residual.max(axis=1), nan=np.inf, posinf=np.inf)
     rank[~finite_c.all(axis=1)] = np.inf       # rows with a NaN or inf come first
     rows = np.argsort(-rank, kind="stable")[:MAX_SUSPECT_ROWS]
-    a_abs, da, a_inf = _rounded_inputs(a[rows], precision)
-    b_abs, db, b_inf = _rounded_inputs(b, precision)
-    exact = a[rows].astype(np.float64) @ b.astype(np.float64)
-    a_up, b_up = a_abs + da, b_abs + db
-    reach = a_up @ b_up                       # what any honest partial sum is made of
-    bound = (a_abs @ db + da @ b_up + gamma * reach) * slack + 4 * k * _FLT_MIN \
-        + 4 * (k + 2) * 2.0**-53 * (a_abs @ b_abs)   # the float64 exact product's rounding
+    a64, b64 = a[rows].astype(np.float64), b.astype(np.float64)
+    exact = a64 @ b64
+    a_abs, b_abs = np.abs(a64, out=a64), np.abs(b64, out=b64)   # (no more copies of b)
+    da, a_inf = _rounded_inputs(a[rows], a_abs, precision)
+    db, b_inf = _rounded_inputs(b, b_abs, precision)
+    plain = a_abs @ b_abs
+    if da is None and db is None:             # every input as sent (f32, no subnormal)
+        reach, spread = plain, 0.0
+    else:
+        a_up = a_abs if da is None else a_abs + da
+        b_up = b_abs if db is None else b_abs + db
+        reach = a_up @ b_up                   # what any honest partial sum is made of
+        spread = (0.0 if db is None else a_abs @ db) + (0.0 if da is None else da @ b_up)
+    bound = (spread + gamma * reach) * slack + 4 * k * _FLT_MIN \
+        + 4 * (k + 2) * 2.0**-53 * plain      # the float64 exact product's own rounding
     may_overflow = (1 + gamma) * reach * slack + 4 * k * _FLT_MIN >= _FLT_MAX
-    inf_input = a_inf.any(axis=1)[:, None] | b_inf.any(axis=0)[None, :]
+    inf_input = np.zeros(exact.shape, bool)
+    if a_inf is not None:
+        inf_input |= a_inf.any(axis=1)[:, None]
+    if b_inf is not None:
+        inf_input |= b_inf.any(axis=0)[None, :]
     claimed = c[rows]
     finite = np.isfinite(claimed)
     excess = np.where(finite, np.abs(np.where(finite, claimed, 0.0) - exact) * (1 - 2.0**-52)

@@ -256,9 +256,10 @@ class ActorHost:
         if len(held) < MAX_HELD and nbytes + call.nbytes <= share:
             return True
         await self._reply(call.link, TaskFailed(
-            call.msg.task, "busy", f"you hold {len(held)} calls ({nbytes} bytes) waiting for "
-            f"earlier ones of their actors; one requester's share is {MAX_HELD} calls and "
-            f"{share} bytes: send the earlier calls first"))
+            call.msg.task, "busy", f"worker memory for calls held out of order is shared: "
+            f"you hold {len(held)} ({nbytes} bytes) waiting for earlier calls of their actors, "
+            f"one requester's share is {MAX_HELD} calls and {share} bytes (1/{HELD_SHARE} of "
+            f"--max-memory); send the earlier calls first"))
         return False
 
     async def _reserve(self, call: _Call) -> bool:
