@@ -194,3 +194,36 @@ def test_a_lie_on_ordinary_inputs_is_always_proven(seed, bad, precision):
     i, j = int(rng.integers(m)), int(rng.integers(n))
     c[i, j] = bad if not np.isfinite(bad) else c[i, j] + bad
     assert judge(a, b, c, precision) == "proven"
+
+
+def test_real_backends_on_crafted_inputs_are_never_proven():
+    """The crafted cases above, computed by the real backends here (numpy, and wgpu's tiled
+    and naive kernels: a GPU, or Mesa's llvmpipe), f16 where the adapter has it."""
+    import compute
+    from compute.wgpu_backend import WgpuBackend
+
+    producers = [("numpy", lambda a, b, p: a @ b, "f32")]
+    try:
+        gpu = WgpuBackend.shared()
+    except compute.BackendUnavailable as exc:
+        pytest.skip(f"no wgpu adapter here: {exc.reason}")
+    producers += [("tiled", lambda a, b, p: gpu.matmul(a, b, p, kernel="tiled"), "f32"),
+                  ("naive", lambda a, b, p: gpu.matmul(a, b, kernel="naive"), "f32")]
+    if gpu.f16_available:
+        producers.append(("f16", lambda a, b, p: gpu.matmul(a, b, p, kernel="tiled"), "f16"))
+    rng = np.random.default_rng(9)
+    cases = [
+        (np.array([[1.71e19, 1.71e19]]), np.array([[1e19], [1e19]])),        # overflows
+        (np.array([[3e38, 3e38, -3e38, -3e38]]), np.ones((4, 3))),           # inf - inf
+        (np.array([[1e-40, 1.0]]), np.array([[1e30, 0.0], [0.0, 0.0]])),     # subnormal in
+        (np.full((2, 1000), 1e-20), np.full((1000, 2), 1e-20)),              # underflow
+        (np.array([[70000.0, 1.0]]), np.ones((2, 1))),                        # f16 inf
+        (rng.uniform(1e-7, 3e-6, (8, 16)), np.ones((16, 8))),                 # f16 subnormal
+    ]
+    for name, produce, precision in producers:
+        for a, b in cases:
+            a, b = a.astype(np.float32), b.astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                c = produce(a, b, precision)
+            verdicts = [judge(a, b, c, precision) for _ in range(5)]
+            assert "proven" not in verdicts, (name, a.shape, verdicts)
