@@ -323,3 +323,41 @@ async def test_one_requesters_calls_held_out_of_order_take_only_its_share():
             await link.close()
         await asyncio.wait_for(asyncio.gather(*serving), 5)
         await host.close()
+
+
+async def test_objects_received_through_shared_memory_keep_no_descriptor():
+    """Issue 34: an array of 1 MiB or more received through shared memory kept a descriptor
+    until collected, and only a requester ever let go of it: a worker storing objects up to
+    a large --max-memory held one descriptor per object (1 MiB each: 4,096 per 4 GiB).
+    The worker keeps the mapping and closes the descriptor."""
+    from swarm.links import shm, tls
+    from tests.links_helpers import memfds
+
+    if not shm.supported():
+        pytest.skip("no shared memory here")
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=64 << 20)
+    me = PeerKey.generate()
+    links: asyncio.Queue = asyncio.Queue()
+    server = await tls.listen(host.key, on_link=links.put_nowait)
+    before = memfds()
+    dialer = await tls.connect(me, "127.0.0.1", server.port, expect=host.key.peer_id)
+    listener = await asyncio.wait_for(links.get(), 5)
+    serving = asyncio.create_task(host.serve(listener))
+    try:
+        for i in range(12):
+            x = np.full((512, 512), float(i), np.float32)        # 1 MiB each
+            await dialer.send(PutObject(object_id(x).raw, x))
+        async with asyncio.timeout(10):
+            while len(host.store) < 12 or dialer.shm is None or dialer.shm.waiting:
+                await asyncio.sleep(0.01)
+        assert dialer.shm.sent == 12                            # they came by shared memory
+        assert memfds() - before <= 2                           # not one per object
+        x = np.full((512, 512), 3.0, np.float32)
+        reply = await ask(dialer, matmul_task(1, [TaskArg(oid=object_id(x).raw),
+                                                  TaskArg(array=np.eye(512, dtype=np.float32))]))
+        assert isinstance(reply, TaskResult) and np.array_equal(reply.outputs[0], x)
+    finally:
+        await dialer.close()
+        await asyncio.wait_for(serving, 5)
+        server.close()
+        await host.close()

@@ -265,6 +265,17 @@ def segment_of(arr: np.ndarray) -> Segment | None:
     return base
 
 
+def mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr`` lives in a received mapping (which holds a descriptor while it lives:
+    Python's mmap keeps a duplicate of the one it was made from)."""
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return isinstance(base, mmap.mmap)
+
+
 def settle(arr: np.ndarray) -> None:
     """``arr`` stays where it is: close the descriptor its segment kept (the mapping stays)."""
     seg = segment_of(arr)
@@ -476,4 +487,4 @@ SEGMENTS = Segments()
 
 __all__ = ["Channel", "ENV", "Offer", "ShmAck", "ShmDone", "answer", "check_answer",
            "SEGMENTS", "Segment", "Segments", "colocated", "make_offer", "map_array",
-           "segment_of", "settle", "supported"]
+           "mapped", "segment_of", "settle", "supported"]

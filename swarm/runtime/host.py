@@ -205,6 +205,9 @@ class ActorHost:
         if oid.raw != msg.oid:
             log.warning("object %s does not match its content; dropped", msg.oid[:6].hex())
             return
+        if shm.mapped(arr):  # a private copy: a mapping holds a descriptor while it lives,
+            arr = np.array(arr)  # and stored objects live up to --max-memory's worth of
+            # them (issue 34: one descriptor, or two, per object of 1 MiB or more)
         self.store.put(wire.restore_precision(arr) if wire.precision_of(arr) else arr, oid)
         self.stats.objects_received += 1
         self.stats.bytes_received += arr.nbytes
@@ -218,7 +221,11 @@ class ActorHost:
             await self._reply(link, TaskFailed(msg.task, "invalid",
                                                f"no installed actor method {msg.actor}.{msg.method}"))
             return
-        nbytes = sum(a.array.nbytes for a in msg.args if a.array is not None)
+        nbytes = 0
+        for arg in msg.args:
+            if arg.array is not None:
+                nbytes += arg.array.nbytes
+                shm.settle(arg.array)  # held until the call runs: no descriptor needed
         call = _Call(link, msg, nbytes)
         if msg.seq < 0 or msg.instance == 0:
             if not await self._reserve(call):
