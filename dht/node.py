@@ -88,6 +88,13 @@ replica already sent its first page during the lookup, and reading all of the re
 twenty multiplied a big swarm's membership traffic by twenty. Three keep a withholding or
 failing replica from hiding entries that the others hold."""
 MAX_ENTRY_ADDRS = 64  # BEP 5 addresses a krpc-mode get_peers asks for their own entries
+MAX_VALUES_PER_SOURCE = 8
+"""BEP 5 addresses from one responder's answer that a listing contacts (issue 34: one
+KRPC node's 200 unsigned values had made a reader send ~78x that answer's bytes to
+addresses it chose)."""
+SILENT_S = 600.0
+"""Seconds an address from BEP 5 values that did not answer is left alone."""
+MAX_SILENT = 4096
 MAX_OWN = 16  # entries one address may answer with (itself and the browser tabs it hosts)
 MAX_OWN_TOPICS = 64
 DEAD_FOR = 60.0
@@ -170,6 +177,7 @@ class DHTNode(Server):
         self._dead: dict[bytes, float] = {}
         self._own: dict[bytes, dict[PeerId, Announcement]] = {}  # see own_announcements
         self._keys_at: dict[tuple[str, int], tuple[PeerId, ...]] = {}  # see _entries_at
+        self._silent: dict[tuple[str, int], float] = {}  # BEP 5 values that never answered
         self.external = ExternalAddress()
 
     clock = staticmethod(time.time)
@@ -713,7 +721,13 @@ class DHTNode(Server):
         for last time."""
         if self.protocol.speaks_swarm(addr) is False:
             return []
-        ok, data = await self.protocol.request(addr, "own", topic)
+        ok, data = await self.protocol.request(
+            addr, "own", topic, unproven=self.protocol.speaks_swarm(addr) is None)
+        if not ok and self.protocol.speaks_swarm(addr) is None:
+            self._silent.pop(addr, None)     # never answered anything: leave it alone
+            self._silent[addr] = self.clock()
+            while len(self._silent) > MAX_SILENT:
+                self._silent.pop(next(iter(self._silent)))
         if ok and isinstance(data, dict) and reply_error(data) is None:
             raw = data.get("peers")
             entries = []
@@ -769,9 +783,12 @@ class DHTNode(Server):
         more = [(n, r) for n, r in res.responses if r.more][:MAX_PAGE_SOURCES]
         await asyncio.gather(*(rest_of(n, r) for n, r in more))
         if self.krpc:
-            addrs = dict.fromkeys(v for _, r in res.responses for v in r.values)
+            addrs = dict.fromkeys(v for _, r in res.responses
+                                  for v in r.values[:MAX_VALUES_PER_SOURCE])
             addrs.update(dict.fromkeys(self.store.peers(target, now)))
             addrs.pop(self.address, None)
+            for addr in [a for a in addrs if self._silent.get(a, -SILENT_S) > now - SILENT_S]:
+                del addrs[addr]
             for found in await asyncio.gather(*(self._entries_at(a, topic) for a in
                                                 list(addrs)[:MAX_ENTRY_ADDRS])):
                 merge(found)

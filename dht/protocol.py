@@ -124,8 +124,13 @@ class DHTProtocol(KademliaProtocol):
         while len(self._swarm_at) > MAX_CODECS:
             self._swarm_at.pop(next(iter(self._swarm_at)))
 
-    async def request(self, address: tuple[str, int], name: str, *args: Any) -> tuple[bool, Any]:
+    async def request(self, address: tuple[str, int], name: str, *args: Any,
+                      unproven: bool = False) -> tuple[bool, Any]:
         """Send one request; (True, reply) or (False, None) on timeout. No routing changes.
+
+        ``unproven``: the address came from someone else's unsigned word (BEP 5 values) and
+        has never answered us: no padding and no second-codec ping go to it (issue 34), so
+        what we send there is no larger than what named it.
 
         The codec follows :meth:`speaks_swarm`: KRPC to a mainline node (a request it has no
         KRPC form for is not sent: (False, None)), the swarm framing to a swarm node, and to
@@ -142,7 +147,7 @@ class DHTProtocol(KademliaProtocol):
                 return False, None  # a mainline node drops the swarm framing unanswered
         elif swarm is False or (swarm is None and self.dht.krpc):
             return await self._krpc_request(address, name, args)
-        return await self._swarm_request(address, name, args)
+        return await self._swarm_request(address, name, args, unproven)
 
     async def ping_any(self, address: tuple[str, int]) -> tuple[bool, Any]:
         """Ping an address in both codecs at once (a bootstrap node may be a mainline node
@@ -164,13 +169,15 @@ class DHTProtocol(KademliaProtocol):
             await asyncio.gather(*tries, return_exceptions=True)
         return result
 
-    async def _swarm_request(self, address: tuple[str, int], name: str, args: tuple
-                             ) -> tuple[bool, Any]:
+    async def _swarm_request(self, address: tuple[str, int], name: str, args: tuple,
+                             unproven: bool = False) -> tuple[bool, Any]:
         # QUIC's answer to the reflection budget: a first request to a node that may not
         # know our address yet is padded, so that a full reply fits 3x its size and needs
         # no retry round trip; the padding rides in the cookie slot (an invalid cookie).
+        # Never to an address only someone else named (``unproven``): padding there is
+        # reflection, whoever named it.
         extra: tuple = ()
-        if name in PADDED and address not in self._known_by:
+        if name in PADDED and address not in self._known_by and not unproven:
             extra = (bytes(PAD_BYTES),)
         for attempt in range(2):
             try:
@@ -184,7 +191,7 @@ class DHTProtocol(KademliaProtocol):
             result = await future
             if result[0]:
                 self.rtt.sample(clock() - started)
-            elif address not in self._swarm_at:
+            elif address not in self._swarm_at and not unproven:
                 # maybe a mainline node (they drop this framing): one KRPC ping tells
                 self.dht._spawn(self._krpc_request(address, "ping", ()))
             cookie = result[1].get("retry") if isinstance(result[1], dict) else None
