@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from threadpoolctl import ThreadpoolController
 
+from models import gguf_weights
 from models.llama import Llama
 from models.sampling import Sampler, Sampling
 from models.tokenizer_bpe import BPETokenizer
@@ -37,8 +38,11 @@ class Piece:
 
 @dataclass
 class Usage:
+    """Filled in as a generation runs (OpenAI's usage figures, and why it stopped)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -74,18 +78,22 @@ class Generator:
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256,
                temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                stop: Sequence[str] = (), usage: Usage | None = None) -> Iterator[Piece]:
-        """Generate after ``prompt`` (text, or token ids already encoded)."""
+        """Generate after ``prompt`` (text, or token ids already encoded). The request is
+        checked here, before the first piece is asked for."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.check(ids, max_tokens)
         try:
             sampler = Sampler(Sampling(temperature, top_p, seed))
         except ValueError as e:
             raise GenerationError(str(e)) from None
-        stops = [s for s in stop if s]
-        if len(stops) != len(stop) or not all(isinstance(s, str) for s in stops):
-            raise GenerationError("stop strings must be non-empty strings")
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise GenerationError("stop must be a list of non-empty strings")
         usage = usage if usage is not None else Usage()
         usage.prompt_tokens, usage.completion_tokens = len(ids), 0
+        return self._run(ids, max_tokens, sampler, list(stop), usage)
+
+    def _run(self, ids: list[int], max_tokens: int, sampler: Sampler, stops: list[str],
+             usage: Usage) -> Iterator[Piece]:
         cache = self.model.new_cache(len(ids) + min(max_tokens, 256))
         logits = self.model.forward(ids, cache)
         out: list[int] = []
@@ -94,15 +102,18 @@ class Generator:
             token = sampler(logits)
             usage.completion_tokens += 1
             if token in self.stop_ids:
+                usage.finish_reason = "stop"
                 yield Piece(self.tokenizer.decode(out)[sent:], token, "stop")  # held text
                 return
             out.append(token)
             text = self.tokenizer.decode(out)
             hit = _first_stop(text, stops, sent)
             if hit is not None:
+                usage.finish_reason = "stop"
                 yield Piece(text[sent:hit], token, "stop")
                 return
             if len(out) >= max_tokens:
+                usage.finish_reason = "length"
                 yield Piece(text[sent:], token, "length")
                 return
             safe = _safe_end(text, stops)
@@ -118,6 +129,16 @@ class Generator:
             text.append(piece.text)
             reason = piece.finish_reason
         return "".join(text), reason or "length"
+
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@functools.cache
+def smollm2() -> Generator:
+    """The chat model, loaded once per process (weights: models.gguf_weights.load)."""
+    w = gguf_weights.load()
+    return Generator(Llama(w), BPETokenizer(w.vocab))
 
 
 @functools.cache

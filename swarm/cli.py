@@ -36,6 +36,7 @@ COMMANDS: tuple[str, ...] = (
     "publish",
     "join",
     "submit",
+    "generate",
     "status",
     "kick",
     "block",

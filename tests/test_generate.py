@@ -91,7 +91,8 @@ def test_streamed_text_never_splits_a_character():
     (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
     (dict(top_p=1.5), "top_p"),
     (dict(seed=-1), "seed"),
-    (dict(stop=[""]), "stop strings"),
+    (dict(stop=[""]), "stop must be a list of non-empty strings"),
+    (dict(stop="x"), "stop must be a list"),
 ])
 def test_bad_requests_are_refused(gen, kw, needle):
     with pytest.raises(GenerationError, match=needle):
