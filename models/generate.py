@@ -95,7 +95,8 @@ class Generator:
     def _run(self, ids: list[int], max_tokens: int, sampler: Sampler, stops: list[str],
              usage: Usage) -> Iterator[Piece]:
         cache = self.model.new_cache(len(ids) + min(max_tokens, 256))
-        logits = self.model.forward(ids, cache)
+        with _blas().limit(limits=1, user_api="blas"):
+            logits = self.model.forward(ids, cache)
         out: list[int] = []
         sent = 0  # characters of the decoded text already yielded
         while True:
@@ -143,9 +144,10 @@ def smollm2() -> Generator:
 
 @functools.cache
 def _blas() -> ThreadpoolController:
-    """Decode steps run BLAS on one thread: a [1, 576] product is too small to split, and
-    OpenBLAS's threads spin against each other when the cores are busy (measured on 2 busy
-    cores: 68 ms a token on one thread, 488 ms on two)."""
+    """Generation runs BLAS on one thread (its calls only, never the caller's code between
+    pieces): a [1, 576] product is too small to split, and OpenBLAS's threads spin against
+    each other when the cores are busy. Measured on 2 busy cores: a decode step 68 ms on one
+    thread, 488 ms on two; 547 prompt positions 3.9-5.4 s on one, 30-32 s on two."""
     return ThreadpoolController()
 
 

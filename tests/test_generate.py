@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from models import gguf_weights
 from models.generate import GenerationError, Generator, _safe_end
@@ -17,6 +18,13 @@ from models.tokenizer_bpe import BPETokenizer
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
 
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """As models.generate runs: two BLAS threads on busy cores are several times slower."""
+    with threadpool_limits(1, user_api="blas"):
+        yield
 
 @pytest.fixture(scope="module")
 def gen() -> Generator:

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from models import gguf_weights
 from models.executor import LocalExecutor, Weight
@@ -15,6 +16,13 @@ from tests.conftest import ROOT
 
 REFERENCE = json.loads((ROOT / "bench" / "llama_reference.json").read_text())
 
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """As models.generate runs: two BLAS threads on busy cores are several times slower."""
+    with threadpool_limits(1, user_api="blas"):
+        yield
 
 @pytest.fixture(scope="module")
 def model() -> Llama:
