@@ -38,3 +38,33 @@ def test_hf_order_inverts_the_converters_permute():
     hf = rng.standard_normal((d, 5)).astype(np.float32)  # [out, in], Hugging Face's order
     permuted = hf.reshape(n_heads, 2, d // n_heads // 2, 5).swapaxes(1, 2).reshape(d, 5)
     assert np.array_equal(gguf_weights.hf_order(permuted.T, n_heads).T, hf)
+
+
+def _tiny(address: str) -> gguf_weights.LlamaWeights:
+    from models.executor import digest_of
+
+    c = gguf_weights.LlamaConfig(1, 4, 8, 2, 1, 1e4, 1e-5, 6, 16)
+    rng = np.random.default_rng(2)
+    tensors = {"token_embd.weight": rng.standard_normal((4, 6)).astype(np.float32),
+               "output_norm.weight": np.ones(4, np.float32)}
+    vocab = gguf_weights.Vocabulary(["a", "b"], [1, 3], ["a b"], 1, 1, "{{ x }}", "smollm")
+    return gguf_weights.LlamaWeights(address, c, tensors,
+                                     {"token_embd.weight": digest_of(tensors["token_embd.weight"])},
+                                     vocab)
+
+
+def test_the_cache_round_trips_and_a_partial_one_is_never_read(tmp_path, monkeypatch):
+    monkeypatch.setenv(gguf_weights.CACHE_ENV, str(tmp_path))
+    weights = _tiny("ab" * 32)
+    target = tmp_path / f"{weights.address}.v{gguf_weights._CACHE_FORMAT}"
+    (tmp_path / ".partial-x").mkdir()  # a writer that died: ignored, never renamed into place
+    gguf_weights._write_cache(target, weights)
+    back = gguf_weights._load_cached(tmp_path / "unused.gguf", weights.address)
+    assert back.config == weights.config and back.vocab == weights.vocab
+    assert back.digests == weights.digests
+    for name, arr in weights.tensors.items():
+        assert np.array_equal(back.tensors[name], arr)
+        assert not back.tensors[name].flags.writeable
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-x", target.name]
+    gguf_weights._write_cache(target, weights)  # a second writer loses the race quietly
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-x", target.name]
