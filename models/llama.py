@@ -11,6 +11,8 @@ sit side by side (GGUF's permuted Q/K, see models.gguf_weights), query head h re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from models.executor import Executor, LocalExecutor, Product
@@ -107,51 +109,84 @@ class Llama:
                 all_logits: bool = False) -> np.ndarray:
         """Feed ``ids`` after what ``cache`` holds; return the logits of the last position
         ([vocab]) or, with ``all_logits``, of every new position ([len(ids), vocab])."""
-        ids = np.asarray(ids, dtype=np.int64)
+        return self.forward_batch([(ids, cache)], all_logits=all_logits)[0]
+
+    def forward_batch(self, batch: list[tuple[np.ndarray | list[int], KVCache]], *,
+                      all_logits: bool = False) -> list[np.ndarray]:
+        """Several sequences in one pass: their rows go through each weight product
+        together (one product per weight for the whole batch), attention runs per sequence
+        against its own cache. Returns each sequence's logits as ``forward`` does."""
         c, w = self.config, self.weights
-        n = len(ids)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        if ids.min() < 0 or ids.max() >= c.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
-        cache.reserve(n)
-        start = cache.length
-        end = start + n
-        cos, sin = rope_tables(c, np.arange(start, end))
+        if not batch:
+            raise ValueError("forward_batch needs at least one sequence")
+        if len({id(cache) for _, cache in batch}) != len(batch):
+            raise ValueError("each sequence in a batch needs its own cache")
+        seqs = [_Seq.start(np.asarray(ids, dtype=np.int64), cache, c) for ids, cache in batch]
         hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
         group = nh // nkv
         scale = np.float32(1.0 / np.sqrt(hd))
-        # causal mask over the cached positions plus the new ones: new token t sees [0, start+t]
-        mask = np.where(np.arange(end)[None, :] <= np.arange(start, end)[:, None],
-                        np.float32(0), np.float32(-np.inf))
-        x = np.ascontiguousarray(self._head.array[:, ids].T)  # [n, d]
+        ids = np.concatenate([s.ids for s in seqs])
+        x = np.ascontiguousarray(self._head.array[:, ids].T)  # [rows, d]
+        bounds = np.cumsum([0] + [len(s.ids) for s in seqs])
         for i in range(c.n_layers):
             lw = self._layers[i]
             h = rms_norm(x, w.layer(i, "attn_norm"), c.norm_eps)
-            q, k, v = self._mm(Product(h, lw["attn_q"]), Product(h, lw["attn_k"]),
-                               Product(h, lw["attn_v"]))
-            q = apply_rope(q.reshape(n, nh, hd), cos, sin)
-            k = apply_rope(k.reshape(n, nkv, hd), cos, sin)
-            v = v.reshape(n, nkv, hd)
-            cache.k[i, :, start:end] = k.transpose(1, 0, 2)
-            cache.v[i, :, start:end] = v.transpose(1, 0, 2)
-            keys, values = cache.k[i, :, :end], cache.v[i, :, :end]  # [nkv, end, hd]
-            qg = q.transpose(1, 0, 2).reshape(nkv, group * n, hd)  # heads grouped by KV head
-            scores = (qg @ keys.transpose(0, 2, 1)).reshape(nkv, group, n, end) * scale
-            scores += mask
-            scores -= scores.max(axis=-1, keepdims=True)
-            p = np.exp(scores)
-            p /= p.sum(axis=-1, keepdims=True)
-            attn = (p.reshape(nkv, group * n, end) @ values).reshape(nh, n, hd)
-            attn = attn.transpose(1, 0, 2).reshape(n, nh * hd)
-            (o,) = self._mm(Product(np.ascontiguousarray(attn), lw["attn_output"]))
+            q_all, k_all, v_all = self._mm(Product(h, lw["attn_q"]), Product(h, lw["attn_k"]),
+                                           Product(h, lw["attn_v"]))
+            attn = np.empty_like(q_all)
+            for s, lo, hi in zip(seqs, bounds[:-1], bounds[1:], strict=True):
+                n, cache = hi - lo, s.cache
+                q = apply_rope(q_all[lo:hi].reshape(n, nh, hd), s.cos, s.sin)
+                k = apply_rope(k_all[lo:hi].reshape(n, nkv, hd), s.cos, s.sin)
+                cache.k[i, :, s.begin:s.end] = k.transpose(1, 0, 2)
+                cache.v[i, :, s.begin:s.end] = v_all[lo:hi].reshape(n, nkv, hd).transpose(1, 0, 2)
+                keys, values = cache.k[i, :, :s.end], cache.v[i, :, :s.end]  # [nkv, end, hd]
+                qg = q.transpose(1, 0, 2).reshape(nkv, group * n, hd)  # heads by KV head
+                scores = (qg @ keys.transpose(0, 2, 1)).reshape(nkv, group, n, s.end) * scale
+                scores += s.mask
+                scores -= scores.max(axis=-1, keepdims=True)
+                p = np.exp(scores)
+                p /= p.sum(axis=-1, keepdims=True)
+                out = (p.reshape(nkv, group * n, s.end) @ values).reshape(nh, n, hd)
+                attn[lo:hi] = out.transpose(1, 0, 2).reshape(n, nh * hd)
+            (o,) = self._mm(Product(attn, lw["attn_output"]))
             x = x + o
             h = rms_norm(x, w.layer(i, "ffn_norm"), c.norm_eps)
             gate, up = self._mm(Product(h, lw["ffn_gate"]), Product(h, lw["ffn_up"]))
             (down,) = self._mm(Product(silu(gate) * up, lw["ffn_down"]))
             x = x + down
-        cache.length = end
-        out = x if all_logits else x[-1:]
-        out = rms_norm(out, w.tensors["output_norm.weight"], c.norm_eps)
+        for s in seqs:
+            s.cache.length = s.end
+        rows = np.arange(len(ids)) if all_logits else bounds[1:] - 1
+        out = rms_norm(x[rows], w.tensors["output_norm.weight"], c.norm_eps)
         (logits,) = self._mm(Product(out, self._head))
-        return logits if all_logits else logits[0]
+        if all_logits:
+            return [logits[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        return list(logits)
+
+
+@dataclass
+class _Seq:
+    """One sequence's part of a pass: its new ids, where they go in its cache, its RoPE
+    angles and causal mask (new token t sees cached positions [0, begin + t])."""
+
+    ids: np.ndarray
+    cache: KVCache
+    begin: int
+    end: int
+    cos: np.ndarray
+    sin: np.ndarray
+    mask: np.ndarray
+
+    @classmethod
+    def start(cls, ids: np.ndarray, cache: KVCache, c: LlamaConfig) -> _Seq:
+        if len(ids) == 0:
+            raise ValueError("forward needs at least one token")
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
+        cache.reserve(len(ids))
+        begin, end = cache.length, cache.length + len(ids)
+        cos, sin = rope_tables(c, np.arange(begin, end))
+        mask = np.where(np.arange(end)[None, :] <= np.arange(begin, end)[:, None],
+                        np.float32(0), np.float32(-np.inf))
+        return cls(ids, cache, begin, end, cos, sin, mask)

@@ -148,3 +148,29 @@ def test_the_context_is_a_hard_limit(model):
     cache.length = model.config.context_length - 1
     with pytest.raises(ValueError, match="context of 8192 tokens"):
         cache.reserve(2)
+
+
+def test_a_batch_of_sequences_equals_each_alone(model):
+    """Three sequences at different points (a prompt, a decode step, a second chunk) in one
+    pass: one product per weight for all their rows, each its own cache and positions."""
+    docs = [d["ids"] for d in REFERENCE["documents"]]
+    alone, caches = [], []
+    for ids, fed in ((docs[0][:12], 0), (docs[1][:9], 8), (docs[2][:20], 15)):
+        ref_cache, cache = model.new_cache(), model.new_cache(capacity=4)
+        if fed:
+            model.forward(ids[:fed], ref_cache)
+            model.forward(ids[:fed], cache)
+        alone.append(model.forward(ids[fed:], ref_cache, all_logits=True))
+        caches.append((ids[fed:], cache))
+    ex = Recording()
+    together = Llama(model.weights, ex).forward_batch(caches, all_logits=True)
+    assert len(ex.calls) == 4 * 30 + 1  # one pass for all three
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_allclose(b, a, atol=2e-4)
+    assert [c.length for _, c in caches] == [12, 9, 20]
+    last = Llama(model.weights).forward_batch(
+        [([5], model.new_cache()), ([7, 8], model.new_cache())])
+    assert [x.shape for x in last] == [(49152,), (49152,)]
+    cache = model.new_cache()
+    with pytest.raises(ValueError, match="its own cache"):
+        model.forward_batch([([1], cache), ([2], cache)])
