@@ -69,6 +69,23 @@ def numpy_run(model, ids: list[int], n_decode: int, threads: int) -> dict:
     return {"prefill_s": prefill, "decode_s": statistics.median(steps)}
 
 
+def batch_run(model, prompts: list[list[int]], n_decode: int) -> dict:
+    """Concurrent sequences decoded together (models.llama.forward_batch), one BLAS thread:
+    total tokens/s over the batch."""
+    from threadpoolctl import threadpool_limits
+
+    caches = [model.new_cache(len(p) + n_decode) for p in prompts]
+    with threadpool_limits(1, user_api="blas"):
+        logits = model.forward_batch(list(zip(prompts, caches, strict=True)))
+        steps = []
+        for _ in range(n_decode):
+            nxt = [[int(np.argmax(lg))] for lg in logits]
+            t = time.perf_counter()
+            logits = model.forward_batch(list(zip(nxt, caches, strict=True)))
+            steps.append(time.perf_counter() - t)
+    return {"decode_s": statistics.median(steps)}
+
+
 def llama_run(model_path: str, ids: list[int], n_decode: int, threads: int) -> dict | str:
     py = ROOT / LLAMA_PYTHON if not os.path.isabs(LLAMA_PYTHON) else Path(LLAMA_PYTHON)
     if not py.exists():
@@ -145,6 +162,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded (greedy)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16, help="concurrent sequences (<= 16)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -182,6 +200,17 @@ def main() -> None:
         if base and "decode_tok_s" in r:
             r["decode_vs_llama_cpp"] = round(r["decode_tok_s"] / base["decode_tok_s"], 2)
             r["prefill_vs_llama_cpp"] = round(r["prefill_tok_s"] / base["prefill_tok_s"], 2)
+    docs = json.loads((ROOT / "bench" / "llama_reference.json").read_text())["documents"]
+    prompts = [d["ids"][i:i + 16] for i in range(0, 64, 16) for d in docs][:args.batch]
+    single = [batch_run(model, prompts[:1], args.decode // 2) for _ in range(args.runs)]
+    many = [batch_run(model, prompts, args.decode // 2) for _ in range(args.runs)]
+    one_s = statistics.median(r["decode_s"] for r in single)
+    many_s = statistics.median(r["decode_s"] for r in many)
+    rows.append({"engine": f"numpy 1 thread, {len(prompts)} sequences together",
+                 "decode_tok_s": round(len(prompts) / many_s, 1),
+                 "decode_ms_per_token": round(many_s * 1e3, 2),
+                 "note": f"a step for all; batch 1 in the same run: {1 / one_s:.1f} tok/s, "
+                         f"{len(prompts) / many_s * one_s:.1f}x"})
     layers = layer_products(weights, args.runs)
     requester_ms = requester_share(weights, ids, args.decode)
     c = weights.config
