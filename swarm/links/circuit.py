@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from dht.replay import NonceWindow, Replayed
 from identity.keys import PeerId, PeerKey, verify
+from identity.replay import NonceWindow, Replayed
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links.base import FramedLink, LinkOptions, PeerLink, _Channel

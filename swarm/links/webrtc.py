@@ -47,12 +47,13 @@ from aiortc import (
 )
 
 from identity.keys import PeerId, PeerKey
+from identity.replay import NonceWindow
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError, RemoteError
 from swarm.links.base import FramedLink, LinkOptions, _Channel
 from swarm.links.signaling import (
     MAX_SIGNAL,
-    ReplayGuard,
+    MAX_SKEW,
     Signal,
     Tuning,
     local_path_only,
@@ -376,7 +377,7 @@ class WebRTCEndpoint:
         self.tuning = Tuning() if tuned and _TUNABLE else None
         self.options = options
         self.connect_timeout = connect_timeout
-        self.guard = ReplayGuard()
+        self.guard = NonceWindow(MAX_SKEW)
         self._answers: dict[bytes, asyncio.Future[Signal]] = {}
         self._dialing: dict[bytes, PeerId] = {}
         self._handshakes = asyncio.Semaphore(max_handshakes)
