@@ -608,10 +608,6 @@ class DHTNode(Server):
             self._store_quietly(partial(self.store.put_immutable, value, self.clock()))
         return bdecode(value)
 
-    def unpublish(self, target: bytes) -> None:
-        """Stop re-putting an item this node published (it then expires from the DHT)."""
-        self.store.forget_published(target)
-
     # -- announcements ------------------------------------------------------------------------
 
     async def announce(self, topic: bytes, record: bytes, ttl: float = 600.0) -> Announcement:
