@@ -61,6 +61,7 @@ from swarm.links.signaling import (
     sdp_fingerprint,
     seal,
 )
+from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +382,7 @@ class WebRTCEndpoint:
         self._answers: dict[bytes, asyncio.Future[Signal]] = {}
         self._dialing: dict[bytes, PeerId] = {}
         self._handshakes = asyncio.Semaphore(max_handshakes)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Supervisor(log, "WebRTC answer")
         self._pcs: set[RTCPeerConnection] = set()
         self._closed = False
         signaler.on_message(self._inbox)
@@ -466,9 +467,7 @@ class WebRTCEndpoint:
         if self._handshakes.locked():
             self._refused(signal.sender, RemoteError("too many handshakes at once"))
             return
-        task = asyncio.ensure_future(self._answer(signal, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._answer(signal, addr))
 
     async def _answer(self, offer: Signal, addr: Address) -> None:
         async with self._handshakes:
@@ -610,8 +609,7 @@ class WebRTCEndpoint:
     async def close(self) -> None:
         """Refuse new signals and close every connection this endpoint made."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         await asyncio.gather(*(pc.close() for pc in list(self._pcs)), return_exceptions=True)
         self._pcs.clear()
 
