@@ -18,7 +18,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from dht.lookup import LookupResult, lookup
 from dht.messages import MAX_PAYLOAD, Envelope, ReplayGuard
 from dht.protocol import DHTProtocol
 from dht.routing import NearestRoutingTable
+from dht.stats import Stats
 from dht.store import ITEM_TTL, MAX_ITEMS, MAX_PER_TOPIC, ItemStore, Published
 from dht.tokens import TokenIssuer
 from dht.validators import Validator, Validators
@@ -98,24 +98,6 @@ MAX_SILENT = 4096
 MAX_OWN = 16  # entries one address may answer with (itself and the browser tabs it hosts)
 MAX_OWN_TOPICS = 64
 DEAD_FOR = 60.0
-
-
-@dataclass
-class Stats:
-    """Counters for benchmarks and status output."""
-
-    lookups: int = 0
-    """Iterative lookups run."""
-    listings: int = 0
-    """Topic listings run (:meth:`DHTNode.get_peers`; each is one of the lookups)."""
-    lookup_rpcs: int = 0
-    """Requests those lookups sent."""
-    requests: int = 0
-    """Request datagrams this node sent (both codecs, retries and writes included)."""
-    bytes_in: int = 0
-    """UDP payload bytes received on the DHT socket (control messages ride on it too)."""
-    bytes_out: int = 0
-    """UDP payload bytes sent on the DHT socket."""
 
 
 def _not_here(name: str, instead: str):
@@ -305,7 +287,8 @@ class DHTNode(Server):
         if self.protocol is None or self._stopped:
             raise DHTError("the node is not listening (call listen() first)")
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background; :meth:`settle` waits for it, a failure is logged."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -373,7 +356,7 @@ class DHTNode(Server):
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
                               own_id=self.node.id, skip=self._recently_failed(),
-                              slow_after=self._slow_after(), keep=self._spawn,
+                              slow_after=self._slow_after(), keep=self.spawn,
                               admit=self._admit if self.require_bep42 else None)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
@@ -536,7 +519,7 @@ class DHTNode(Server):
                  for n, r in res.responses
                  if r.token and (r.mutable is None or r.mutable.seq < best.seq)]
         if stale:
-            self._spawn(self._send_writes(stale))
+            self.spawn(self._send_writes(stale))
         if (local is None or local.seq < best.seq) and self._self_is_close(target,
                                                                            res.responses):
             self._store_quietly(partial(self.store.put_mutable, best, None, now))
@@ -620,14 +603,10 @@ class DHTNode(Server):
         missing = [(n, "put", (r.token, "i", value, None)) for n, r in res.responses
                    if r.token and r.immutable is None]
         if missing:
-            self._spawn(self._send_writes(missing))
+            self.spawn(self._send_writes(missing))
         if self._self_is_close(target, res.responses):
             self._store_quietly(partial(self.store.put_immutable, value, self.clock()))
         return bdecode(value)
-
-    def unpublish(self, target: bytes) -> None:
-        """Stop re-putting an item this node published (it then expires from the DHT)."""
-        self.store.forget_published(target)
 
     # -- announcements ------------------------------------------------------------------------
 
@@ -853,7 +832,7 @@ class DHTNode(Server):
             try:
                 result = callback(sender, addr, payload)
                 if inspect.isawaitable(result):
-                    self._spawn(result)
+                    self.spawn(result)
             except Exception:
                 log.exception("message callback failed")
 

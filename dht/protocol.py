@@ -20,7 +20,8 @@ import asyncio
 import inspect
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 import umsgpack
 from kademlia.node import Node
@@ -30,14 +31,17 @@ from rpcudp.protocol import RPCProtocol
 
 from dht import errors, krpc
 from dht.addresses import RoundTrips
-from dht.announce import check_topic, topic_target
+from dht.announce import Announcement, check_topic, topic_target
 from dht.bencode import bdecode, bencode
 from dht.core import RequestCore
 from dht.errors import BencodeError, DHTError, ItemError
 from dht.items import MutableItem
-from dht.messages import Envelope
+from dht.messages import Envelope, ReplayGuard
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
+from dht.stats import Stats
+from dht.store import ItemStore
+from dht.tokens import TokenIssuer
 from dht.wire import (
     KRPC_FORMS,
     REQUESTS,
@@ -50,9 +54,7 @@ from dht.wire import (
     mutable_to_wire,
     node_to_wire,
 )
-
-if TYPE_CHECKING:
-    from dht.node import DHTNode
+from identity import PeerId
 
 log = logging.getLogger(__name__)
 _NO_REPLY = object()
@@ -76,10 +78,46 @@ class _Counted:
         return getattr(self._transport, name)
 
 
+class ProtocolHost(Protocol):
+    """What the protocol needs of the node that owns it (:class:`dht.node.DHTNode` is one).
+    Attributes are read when used, not copied: ``krpc`` turns on when a mainline node
+    answers, and the node may change its id (``node``) for BEP 42."""
+
+    node: Node
+    store: ItemStore
+    ksize: int
+    rpc_timeout: float
+    require_bep42: bool
+    krpc: bool
+    tokens: TokenIssuer
+    replay: ReplayGuard
+    stats: Stats
+
+    def clock(self) -> float: ...
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background, supervised by the node."""
+
+    def deliver(self, sender: PeerId, addr: tuple[str, int], payload: bytes) -> None:
+        """A verified message arrived."""
+
+    def own_announcements(self, topic: bytes, now: float) -> list[Announcement]: ...
+
+    def met_mainline(self, addr: tuple[str, int]) -> None:
+        """``addr`` answered only in KRPC."""
+
+    def note_alive(self, node: Node) -> None: ...
+
+    def note_failed(self, node: Node) -> None: ...
+
+    def note_external(self, reporter: tuple[str, int], seen: str) -> None:
+        """A KRPC answer from ``reporter`` saw us at IP ``seen``."""
+
+
 class DHTProtocol(KademliaProtocol):
     """One node's RPC endpoint. Handlers are ``rpc_<name>(addr, nodeid, *args)``."""
 
-    def __init__(self, dht: DHTNode) -> None:
+    def __init__(self, dht: ProtocolHost) -> None:
         KademliaProtocol.__init__(self, dht.node, dht.store, dht.ksize)
         self._wait_timeout = dht.rpc_timeout
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
@@ -193,7 +231,7 @@ class DHTProtocol(KademliaProtocol):
                 self.rtt.sample(clock() - started)
             elif address not in self._swarm_at and not unproven:
                 # maybe a mainline node (they drop this framing): one KRPC ping tells
-                self.dht._spawn(self._krpc_request(address, "ping", ()))
+                self.dht.spawn(self._krpc_request(address, "ping", ()))
             cookie = result[1].get("retry") if isinstance(result[1], dict) else None
             if attempt or name not in RETRYABLE or not isinstance(cookie, bytes):
                 if result[0] and name in RETRYABLE:
@@ -480,7 +518,7 @@ class DHTProtocol(KademliaProtocol):
             finally:
                 self._challenges.discard(addr)
 
-        self.dht._spawn(verify())
+        self.dht.spawn(verify())
 
     def rpc_ping(self, sender, nodeid):
         self._welcome(sender, nodeid)

@@ -11,11 +11,12 @@ import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from identity.keys import PeerKey
+from identity.replay import NonceWindow
 from swarm import wire
 from swarm.errors import AuthenticationError, ProtocolError
 from swarm.links import LinkOptions, webrtc
 from swarm.links.echo import Bulk, Echo, Flush, Flushed
-from swarm.links.signaling import ReplayGuard, Signal, SignedSignal, open_signal, seal
+from swarm.links.signaling import MAX_SKEW, Signal, SignedSignal, open_signal, seal
 from tests.links_helpers import echo_peer
 
 LOOPBACK = ["127.0.0.1"]
@@ -141,7 +142,7 @@ async def test_a_dtls_certificate_other_than_the_signed_one_is_refused(make_peer
         mallory.endpoint._closed = True  # mallory handles the answer herself
         await mallory.signaler.send(b.key.peer_id, b.addr, seal(mallory.key, offer))
         answer = open_signal(await asyncio.wait_for(answers.get(), 10), mallory.key.peer_id,
-                             ReplayGuard())
+                             NonceWindow(MAX_SKEW))
         await real.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
         peer, exc = await asyncio.wait_for(b.refused.get(), 15)
         assert peer == mallory.key.peer_id and isinstance(exc, AuthenticationError)

@@ -31,11 +31,12 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from dht.replay import NonceWindow, Replayed
 from identity.keys import PeerId, PeerKey, verify
+from identity.replay import NonceWindow, Replayed
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links.base import FramedLink, LinkOptions, PeerLink, _Channel
+from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class CircuitEndpoint:
         self._pending: dict[tuple[int, int], tuple[PeerId, X25519PrivateKey, bytes,
                                                    asyncio.Future[bytes]]] = {}
         self._links: dict[tuple[int, int], CircuitLink] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Supervisor(log, "circuit link handler")
 
     async def connect(self, relay: PeerLink, peer: PeerId,
                       timeout: float = CONNECT_TIMEOUT) -> CircuitLink:
@@ -316,15 +317,12 @@ class CircuitEndpoint:
         await relay.send(CircuitAccept(msg.circuit, hello))
         result = self.on_link(link)
         if asyncio.iscoroutine(result):
-            task = asyncio.ensure_future(result)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(result)
 
     async def close(self) -> None:
         for link in list(self._links.values()):
             await link.close("shutting down")
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
 
 
 # -- the relay -------------------------------------------------------------------------

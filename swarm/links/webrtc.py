@@ -47,12 +47,13 @@ from aiortc import (
 )
 
 from identity.keys import PeerId, PeerKey
+from identity.replay import NonceWindow
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError, RemoteError
 from swarm.links.base import FramedLink, LinkOptions, _Channel
 from swarm.links.signaling import (
     MAX_SIGNAL,
-    ReplayGuard,
+    MAX_SKEW,
     Signal,
     Tuning,
     local_path_only,
@@ -60,6 +61,7 @@ from swarm.links.signaling import (
     sdp_fingerprint,
     seal,
 )
+from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -376,11 +378,11 @@ class WebRTCEndpoint:
         self.tuning = Tuning() if tuned and _TUNABLE else None
         self.options = options
         self.connect_timeout = connect_timeout
-        self.guard = ReplayGuard()
+        self.guard = NonceWindow(MAX_SKEW)
         self._answers: dict[bytes, asyncio.Future[Signal]] = {}
         self._dialing: dict[bytes, PeerId] = {}
         self._handshakes = asyncio.Semaphore(max_handshakes)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Supervisor(log, "WebRTC answer")
         self._pcs: set[RTCPeerConnection] = set()
         self._closed = False
         signaler.on_message(self._inbox)
@@ -465,9 +467,7 @@ class WebRTCEndpoint:
         if self._handshakes.locked():
             self._refused(signal.sender, RemoteError("too many handshakes at once"))
             return
-        task = asyncio.ensure_future(self._answer(signal, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._answer(signal, addr))
 
     async def _answer(self, offer: Signal, addr: Address) -> None:
         async with self._handshakes:
@@ -609,8 +609,7 @@ class WebRTCEndpoint:
     async def close(self) -> None:
         """Refuse new signals and close every connection this endpoint made."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         await asyncio.gather(*(pc.close() for pc in list(self._pcs)), return_exceptions=True)
         self._pcs.clear()
 

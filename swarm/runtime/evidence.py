@@ -7,7 +7,7 @@ builds :class:`Evidence` (the receipt plus the parameters) and ships it with the
 content address, to the coordinator, which re-checks with :func:`check_evidence` and acts
 on proof alone: a report that cannot be re-checked is not evidence, whoever sends it.
 
-What the verdicts mean:
+What the findings mean (the coordinator acts on a proven one):
 
 ``proven``
     the receipt is the accused worker's signature over these very inputs and this output,
@@ -170,7 +170,7 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Finding:
     """What :func:`check_evidence` found."""
 
     kind: str
@@ -184,7 +184,7 @@ class Verdict:
 
 
 def check_evidence(evidence: Evidence,
-                   fetch_array: Callable[[bytes], np.ndarray | None]) -> Verdict:
+                   fetch_array: Callable[[bytes], np.ndarray | None]) -> Finding:
     """Re-check ``evidence`` with arrays from ``fetch_array(content address)``.
 
     Every array is checked against its address (``fetch_array`` may return anything), then
@@ -192,16 +192,16 @@ def check_evidence(evidence: Evidence,
     """
     r = evidence.receipt
     if not r.valid():
-        return Verdict("unproven", "the receipt's signature is not the worker's")
+        return Finding("unproven", "the receipt's signature is not the worker's")
     if params_digest(evidence.params) != r.params:
-        return Verdict("unproven", "the parameters do not match the receipt")
+        return Finding("unproven", "the parameters do not match the receipt")
     if (r.actor, r.method) != ("matmul", "matmul") or len(r.inputs) != 2 or len(r.outputs) != 1:
-        return Verdict("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
+        return Finding("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
     arrays = []
     for oid in (*r.inputs, *r.outputs):
         arr = fetch_array(oid)
         if not isinstance(arr, np.ndarray) or object_id(arr) != ObjectId(oid):
-            return Verdict("unproven", f"array {oid[:6].hex()} is missing or does not match "
+            return Finding("unproven", f"array {oid[:6].hex()} is missing or does not match "
                                        "its address")
         arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
     a, b, c = arrays
@@ -212,20 +212,20 @@ def check_evidence(evidence: Evidence,
         check_matmul([a, b], params)
         precision = params.get("precision", "f32")
         if not isinstance(c, np.ndarray) or c.shape != (a.shape[0], b.shape[1]):
-            return Verdict("proven", f"{r.worker.short()} signed a result of the wrong shape")
+            return Finding("proven", f"{r.worker.short()} signed a result of the wrong shape")
         a, b = check_operands(a, b)
         with contextlib.suppress(compute.InvalidInput), \
                 np.errstate(over="ignore", invalid="ignore"):  # overflows f32: judged below
             if compute.verify_matmul(a, b, c, precision=precision):
-                return Verdict("correct", "the signed result is right: the report was false")
+                return Finding("correct", "the signed result is right: the report was false")
         wrong = _beyond_worst_case(a, b, np.asarray(c, np.float64), precision)
     except (ValueError, TypeError, compute.InvalidInput) as exc:
-        return Verdict("unproven", f"the inputs are not a valid matmul: {exc}")
+        return Finding("unproven", f"the inputs are not a valid matmul: {exc}")
     if wrong is None:
-        return Verdict("unproven", "every suspect element is within what some honest "
+        return Finding("unproven", "every suspect element is within what some honest "
                                    "backend can produce for these inputs (rounding in any "
                                    "order, overflow, flushed subnormals, f16)")
-    return Verdict("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
+    return Finding("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
 
 
 MAX_SUSPECT_ROWS = 32
