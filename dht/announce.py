@@ -18,7 +18,9 @@ from dht.errors import ItemError
 from dht.items import KEY_LEN, SIG_LEN, Signer
 from identity import PeerId, verify
 
-MAX_RECORD = 1024
+MAX_RECORD = 900
+"""Bytes of a record: with its signature and expiry (93 bytes bencoded, see :func:`entry_value`)
+it still fits one BEP 44 value (:data:`dht.items.MAX_VALUE`). Member records keep to it."""
 MAX_TOPIC = 64
 MAX_TTL = 2 * 3600.0  # a node keeps an entry at most this long, whatever it claims
 _DOMAIN = b"swarm-dht-announce\x00"

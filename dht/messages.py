@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from dht import errors
 from dht.errors import ItemError
 from dht.items import KEY_LEN, SIG_LEN, Signer
-from dht.replay import NonceWindow, Replayed
 from identity import PeerId, verify
+from identity.replay import NonceWindow, Replayed
 
 MAX_PAYLOAD = 4096
 NONCE_LEN = 16
@@ -77,7 +77,7 @@ class Envelope:
 
 class ReplayGuard:
     """Accepts each validly signed message once, within ``window_s`` of the local clock;
-    the nonces are kept per sender and in total by :class:`dht.replay.NonceWindow` (a
+    the nonces are kept per sender and in total by :class:`identity.replay.NonceWindow` (a
     flooding key, or a flood of fresh keys, locks nobody else out)."""
 
     def __init__(self, window_s: float = WINDOW_S, max_entries: int = 100_000,

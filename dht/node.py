@@ -18,7 +18,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from dht.lookup import LookupResult, lookup
 from dht.messages import MAX_PAYLOAD, Envelope, ReplayGuard
 from dht.protocol import DHTProtocol
 from dht.routing import NearestRoutingTable
+from dht.stats import Stats
 from dht.store import ITEM_TTL, MAX_ITEMS, MAX_PER_TOPIC, ItemStore, Published
 from dht.tokens import TokenIssuer
 from dht.validators import Validator, Validators
@@ -88,27 +88,16 @@ replica already sent its first page during the lookup, and reading all of the re
 twenty multiplied a big swarm's membership traffic by twenty. Three keep a withholding or
 failing replica from hiding entries that the others hold."""
 MAX_ENTRY_ADDRS = 64  # BEP 5 addresses a krpc-mode get_peers asks for their own entries
+MAX_VALUES_PER_SOURCE = 8
+"""BEP 5 addresses from one responder's answer that a listing contacts (issue 34: one
+KRPC node's 200 unsigned values had made a reader send ~78x that answer's bytes to
+addresses it chose)."""
+SILENT_S = 600.0
+"""Seconds an address from BEP 5 values that did not answer is left alone."""
+MAX_SILENT = 4096
 MAX_OWN = 16  # entries one address may answer with (itself and the browser tabs it hosts)
 MAX_OWN_TOPICS = 64
 DEAD_FOR = 60.0
-
-
-@dataclass
-class Stats:
-    """Counters for benchmarks and status output."""
-
-    lookups: int = 0
-    """Iterative lookups run."""
-    listings: int = 0
-    """Topic listings run (:meth:`DHTNode.get_peers`; each is one of the lookups)."""
-    lookup_rpcs: int = 0
-    """Requests those lookups sent."""
-    requests: int = 0
-    """Request datagrams this node sent (both codecs, retries and writes included)."""
-    bytes_in: int = 0
-    """UDP payload bytes received on the DHT socket (control messages ride on it too)."""
-    bytes_out: int = 0
-    """UDP payload bytes sent on the DHT socket."""
 
 
 def _not_here(name: str, instead: str):
@@ -170,6 +159,7 @@ class DHTNode(Server):
         self._dead: dict[bytes, float] = {}
         self._own: dict[bytes, dict[PeerId, Announcement]] = {}  # see own_announcements
         self._keys_at: dict[tuple[str, int], tuple[PeerId, ...]] = {}  # see _entries_at
+        self._silent: dict[tuple[str, int], float] = {}  # BEP 5 values that never answered
         self.external = ExternalAddress()
 
     clock = staticmethod(time.time)
@@ -297,7 +287,8 @@ class DHTNode(Server):
         if self.protocol is None or self._stopped:
             raise DHTError("the node is not listening (call listen() first)")
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background; :meth:`settle` waits for it, a failure is logged."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -365,7 +356,7 @@ class DHTNode(Server):
             seeds = self.protocol.router.find_neighbors(Node(target), self.ksize)
         result = await lookup(target, seeds, query, k=self.ksize, alpha=self.alpha,
                               own_id=self.node.id, skip=self._recently_failed(),
-                              slow_after=self._slow_after(), keep=self._spawn,
+                              slow_after=self._slow_after(), keep=self.spawn,
                               admit=self._admit if self.require_bep42 else None)
         self.stats.lookups += 1
         self.stats.lookup_rpcs += result.rpcs
@@ -528,7 +519,7 @@ class DHTNode(Server):
                  for n, r in res.responses
                  if r.token and (r.mutable is None or r.mutable.seq < best.seq)]
         if stale:
-            self._spawn(self._send_writes(stale))
+            self.spawn(self._send_writes(stale))
         if (local is None or local.seq < best.seq) and self._self_is_close(target,
                                                                            res.responses):
             self._store_quietly(partial(self.store.put_mutable, best, None, now))
@@ -612,14 +603,10 @@ class DHTNode(Server):
         missing = [(n, "put", (r.token, "i", value, None)) for n, r in res.responses
                    if r.token and r.immutable is None]
         if missing:
-            self._spawn(self._send_writes(missing))
+            self.spawn(self._send_writes(missing))
         if self._self_is_close(target, res.responses):
             self._store_quietly(partial(self.store.put_immutable, value, self.clock()))
         return bdecode(value)
-
-    def unpublish(self, target: bytes) -> None:
-        """Stop re-putting an item this node published (it then expires from the DHT)."""
-        self.store.forget_published(target)
 
     # -- announcements ------------------------------------------------------------------------
 
@@ -713,7 +700,13 @@ class DHTNode(Server):
         for last time."""
         if self.protocol.speaks_swarm(addr) is False:
             return []
-        ok, data = await self.protocol.request(addr, "own", topic)
+        ok, data = await self.protocol.request(
+            addr, "own", topic, unproven=self.protocol.speaks_swarm(addr) is None)
+        if not ok and self.protocol.speaks_swarm(addr) is None:
+            self._silent.pop(addr, None)     # never answered anything: leave it alone
+            self._silent[addr] = self.clock()
+            while len(self._silent) > MAX_SILENT:
+                self._silent.pop(next(iter(self._silent)))
         if ok and isinstance(data, dict) and reply_error(data) is None:
             raw = data.get("peers")
             entries = []
@@ -769,9 +762,12 @@ class DHTNode(Server):
         more = [(n, r) for n, r in res.responses if r.more][:MAX_PAGE_SOURCES]
         await asyncio.gather(*(rest_of(n, r) for n, r in more))
         if self.krpc:
-            addrs = dict.fromkeys(v for _, r in res.responses for v in r.values)
+            addrs = dict.fromkeys(v for _, r in res.responses
+                                  for v in r.values[:MAX_VALUES_PER_SOURCE])
             addrs.update(dict.fromkeys(self.store.peers(target, now)))
             addrs.pop(self.address, None)
+            for addr in [a for a in addrs if self._silent.get(a, -SILENT_S) > now - SILENT_S]:
+                del addrs[addr]
             for found in await asyncio.gather(*(self._entries_at(a, topic) for a in
                                                 list(addrs)[:MAX_ENTRY_ADDRS])):
                 merge(found)
@@ -836,7 +832,7 @@ class DHTNode(Server):
             try:
                 result = callback(sender, addr, payload)
                 if inspect.isawaitable(result):
-                    self._spawn(result)
+                    self.spawn(result)
             except Exception:
                 log.exception("message callback failed")
 

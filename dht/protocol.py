@@ -20,7 +20,8 @@ import asyncio
 import inspect
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 import umsgpack
 from kademlia.node import Node
@@ -30,14 +31,17 @@ from rpcudp.protocol import RPCProtocol
 
 from dht import errors, krpc
 from dht.addresses import RoundTrips
-from dht.announce import check_topic, topic_target
+from dht.announce import Announcement, check_topic, topic_target
 from dht.bencode import bdecode, bencode
 from dht.core import RequestCore
 from dht.errors import BencodeError, DHTError, ItemError
 from dht.items import MutableItem
-from dht.messages import Envelope
+from dht.messages import Envelope, ReplayGuard
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
+from dht.stats import Stats
+from dht.store import ItemStore
+from dht.tokens import TokenIssuer
 from dht.wire import (
     KRPC_FORMS,
     REQUESTS,
@@ -50,9 +54,7 @@ from dht.wire import (
     mutable_to_wire,
     node_to_wire,
 )
-
-if TYPE_CHECKING:
-    from dht.node import DHTNode
+from identity import PeerId
 
 log = logging.getLogger(__name__)
 _NO_REPLY = object()
@@ -76,10 +78,46 @@ class _Counted:
         return getattr(self._transport, name)
 
 
+class ProtocolHost(Protocol):
+    """What the protocol needs of the node that owns it (:class:`dht.node.DHTNode` is one).
+    Attributes are read when used, not copied: ``krpc`` turns on when a mainline node
+    answers, and the node may change its id (``node``) for BEP 42."""
+
+    node: Node
+    store: ItemStore
+    ksize: int
+    rpc_timeout: float
+    require_bep42: bool
+    krpc: bool
+    tokens: TokenIssuer
+    replay: ReplayGuard
+    stats: Stats
+
+    def clock(self) -> float: ...
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background, supervised by the node."""
+
+    def deliver(self, sender: PeerId, addr: tuple[str, int], payload: bytes) -> None:
+        """A verified message arrived."""
+
+    def own_announcements(self, topic: bytes, now: float) -> list[Announcement]: ...
+
+    def met_mainline(self, addr: tuple[str, int]) -> None:
+        """``addr`` answered only in KRPC."""
+
+    def note_alive(self, node: Node) -> None: ...
+
+    def note_failed(self, node: Node) -> None: ...
+
+    def note_external(self, reporter: tuple[str, int], seen: str) -> None:
+        """A KRPC answer from ``reporter`` saw us at IP ``seen``."""
+
+
 class DHTProtocol(KademliaProtocol):
     """One node's RPC endpoint. Handlers are ``rpc_<name>(addr, nodeid, *args)``."""
 
-    def __init__(self, dht: DHTNode) -> None:
+    def __init__(self, dht: ProtocolHost) -> None:
         KademliaProtocol.__init__(self, dht.node, dht.store, dht.ksize)
         self._wait_timeout = dht.rpc_timeout
         self.router = NearestRoutingTable(self, dht.ksize, dht.node)
@@ -124,8 +162,13 @@ class DHTProtocol(KademliaProtocol):
         while len(self._swarm_at) > MAX_CODECS:
             self._swarm_at.pop(next(iter(self._swarm_at)))
 
-    async def request(self, address: tuple[str, int], name: str, *args: Any) -> tuple[bool, Any]:
+    async def request(self, address: tuple[str, int], name: str, *args: Any,
+                      unproven: bool = False) -> tuple[bool, Any]:
         """Send one request; (True, reply) or (False, None) on timeout. No routing changes.
+
+        ``unproven``: the address came from someone else's unsigned word (BEP 5 values) and
+        has never answered us: no padding and no second-codec ping go to it (issue 34), so
+        what we send there is no larger than what named it.
 
         The codec follows :meth:`speaks_swarm`: KRPC to a mainline node (a request it has no
         KRPC form for is not sent: (False, None)), the swarm framing to a swarm node, and to
@@ -142,7 +185,7 @@ class DHTProtocol(KademliaProtocol):
                 return False, None  # a mainline node drops the swarm framing unanswered
         elif swarm is False or (swarm is None and self.dht.krpc):
             return await self._krpc_request(address, name, args)
-        return await self._swarm_request(address, name, args)
+        return await self._swarm_request(address, name, args, unproven)
 
     async def ping_any(self, address: tuple[str, int]) -> tuple[bool, Any]:
         """Ping an address in both codecs at once (a bootstrap node may be a mainline node
@@ -164,13 +207,15 @@ class DHTProtocol(KademliaProtocol):
             await asyncio.gather(*tries, return_exceptions=True)
         return result
 
-    async def _swarm_request(self, address: tuple[str, int], name: str, args: tuple
-                             ) -> tuple[bool, Any]:
+    async def _swarm_request(self, address: tuple[str, int], name: str, args: tuple,
+                             unproven: bool = False) -> tuple[bool, Any]:
         # QUIC's answer to the reflection budget: a first request to a node that may not
         # know our address yet is padded, so that a full reply fits 3x its size and needs
         # no retry round trip; the padding rides in the cookie slot (an invalid cookie).
+        # Never to an address only someone else named (``unproven``): padding there is
+        # reflection, whoever named it.
         extra: tuple = ()
-        if name in PADDED and address not in self._known_by:
+        if name in PADDED and address not in self._known_by and not unproven:
             extra = (bytes(PAD_BYTES),)
         for attempt in range(2):
             try:
@@ -184,9 +229,9 @@ class DHTProtocol(KademliaProtocol):
             result = await future
             if result[0]:
                 self.rtt.sample(clock() - started)
-            elif address not in self._swarm_at:
+            elif address not in self._swarm_at and not unproven:
                 # maybe a mainline node (they drop this framing): one KRPC ping tells
-                self.dht._spawn(self._krpc_request(address, "ping", ()))
+                self.dht.spawn(self._krpc_request(address, "ping", ()))
             cookie = result[1].get("retry") if isinstance(result[1], dict) else None
             if attempt or name not in RETRYABLE or not isinstance(cookie, bytes):
                 if result[0] and name in RETRYABLE:
@@ -473,7 +518,7 @@ class DHTProtocol(KademliaProtocol):
             finally:
                 self._challenges.discard(addr)
 
-        self.dht._spawn(verify())
+        self.dht.spawn(verify())
 
     def rpc_ping(self, sender, nodeid):
         self._welcome(sender, nodeid)

@@ -7,7 +7,6 @@ checked from its PeerId alone, and the election tiebreak is a plain bytes compar
 from __future__ import annotations
 
 import base64
-import os
 import stat
 from dataclasses import dataclass
 from functools import total_ordering
@@ -18,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from identity.errors import KeyFileError
+from identity.files import write_private
 
 _PREFIX = "p"  # printable form: "p" + base32 (lowercase, no padding) of the 32 key bytes
 SHORT_LEN = 12
@@ -139,12 +139,7 @@ class PeerKey:
         pem = self._key.private_bytes(serialization.Encoding.PEM,
                                       serialization.PrivateFormat.PKCS8,
                                       serialization.NoEncryption())
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        os.replace(tmp, path)
+        write_private(path, pem)
 
     @classmethod
     def load(cls, path: Path) -> PeerKey:

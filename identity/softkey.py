@@ -37,6 +37,7 @@ from fido2.webauthn import Aaguid, AttestedCredentialData, AuthenticatorData
 
 from identity.encoding import decode
 from identity.errors import KeyFileError, MalformedStatement
+from identity.files import write_private
 
 SOFT_AAGUID = Aaguid(bytes.fromhex("73776172 6d2d736f 66742d6b 65792d31".replace(" ", "")))
 """The AAGUID every software authenticator reports (ASCII ``swarm-soft-key-1``)."""
@@ -92,21 +93,11 @@ class _Secret:
         return data[2], data[3]
 
     def _create(self) -> None:
-        """Write a complete new file under a temporary name, then link it in place: another
-        process racing us either sees no file or a whole one."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.new")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(cbor.encode({1: _FILE_VERSION, 2: os.urandom(32), 3: 0}))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, self.path)
-        except FileExistsError:
-            pass  # created meanwhile by another process: load that one
-        finally:
-            tmp.unlink()
+        """Write a complete new file, put in place only where none stands: another process
+        racing us either sees no file or a whole one (and when it made one first, we load
+        that one)."""
+        write_private(self.path, cbor.encode({1: _FILE_VERSION, 2: os.urandom(32), 3: 0}),
+                      exclusive=True)
 
     def next_counter(self) -> int:
         """Raise and persist the counter before the signature leaves the device."""

@@ -12,7 +12,6 @@ Exceptions (all in :mod:`swarm.errors`)::
     +-- LocalError             something failed on this machine
     +-- RemoteError            a peer answered with an error or broke the protocol
         +-- ProtocolError      malformed or oversized frame; the link is closed
-        +-- VerificationError  a peer's result failed verification (e.g. Freivalds)
         +-- AuthenticationError  a peer is not who it claims/was expected to be
         +-- LinkClosed         a peer link closed (also a ConnectionError); .reason, .error
         +-- TaskError          a task failed on every attempt it was allowed
@@ -43,7 +42,6 @@ from swarm.errors import (
     TaskCancelledError,
     TaskError,
     URIError,
-    VerificationError,
 )
 
 __version__ = "0.1.0"
@@ -101,6 +99,5 @@ __all__ = [
     "StaleTerm",
     "SwarmError",
     "URIError",
-    "VerificationError",
     "__version__",
 ]

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -444,6 +444,46 @@ class Client:
                              f"{', '.join(known) or 'none'} (name one with "
                              "client.actor(cls, name=...))")
         return handle
+
+    # -- models -----------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[dict], *, max_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] = (), chat: bool = True, usage: Any = None,
+                 executor: Any = None) -> Iterator[str]:
+        """Stream SmolLM2-135M-Instruct's text for ``prompt`` as it is decoded (pieces of
+        text; they join to the whole). ``chat`` puts a string prompt through the model's
+        chat template as the user's message (a list of ``{"role", "content"}`` messages always
+        goes through it); ``chat=False`` continues the raw text. Greedy at ``temperature``
+        0, else sampled (``top_p``, ``seed``: the same seed gives the same text). Stops at
+        the end of the model's turn, at any of ``stop``, or after ``max_tokens``. A bad
+        request raises ``models.generate.GenerationError`` (a ValueError) before any work;
+        ``usage`` (a ``models.generate.Usage``) is filled with the token counts.
+
+        The forward pass runs in this process (numpy) unless ``executor`` (a
+        ``models.executor.Executor``) is given to run its weight products elsewhere."""
+        self._check_open()
+        from models.generate import GenerationError, Generator, smollm2
+        from models.llama import Llama
+        from models.tokenizer_bpe import ChatError
+
+        gen = smollm2()
+        if executor is not None:
+            gen = Generator(Llama(gen.model.weights, executor), gen.tokenizer)
+        if isinstance(prompt, str) and not chat:
+            ids: str | list[int] = prompt
+        else:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) \
+                else list(prompt)
+            if isinstance(prompt, str) and not prompt:
+                raise GenerationError("the prompt is empty: give some text to continue")
+            try:
+                ids = gen.chat_prompt(messages)
+            except ChatError as exc:
+                raise GenerationError(str(exc)) from None
+        pieces = gen.stream(ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                            seed=seed, stop=stop, usage=usage)
+        return (p.text for p in pieces if p.text)
 
     # -- lifecycle --------------------------------------------------------------------------
 

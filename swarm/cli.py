@@ -35,6 +35,7 @@ COMMANDS: tuple[str, ...] = (
     "demo",
     "publish",
     "join",
+    "generate",
     "submit",
     "status",
     "kick",

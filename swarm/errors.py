@@ -47,10 +47,6 @@ class NotCoordinator(RemoteError):
     """A command that only the coordinator may act on reached a peer that is not it."""
 
 
-class VerificationError(RemoteError):
-    """A peer's result failed verification; the work is redone elsewhere."""
-
-
 class AuthenticationError(RemoteError):
     """A peer is not who it claims or was expected to be (wrong key, bad or replayed
     signature, a DTLS fingerprint that does not match the signed one); the link is refused."""

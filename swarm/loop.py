@@ -1,17 +1,22 @@
-"""One event-loop runner for every command and entry point.
+"""One event-loop runner for every command and entry point, and one keeper of background tasks.
 
 Every ``swarm`` command, worker process and the client's private loop thread get their loop
 here, so workers run on the same loop as the benchmarked links: uvloop where it is installed
 (about twice the throughput of asyncio's own loop on TLS links), asyncio otherwise.
 ``SWARM_LOOP=asyncio`` forces the standard loop (debugging, or to compare); any other value
 than ``asyncio``, ``uvloop`` or empty is a ConfigError, raised before anything runs.
+
+:class:`Supervisor` holds the tasks an object starts beside its own work (a server's link
+handlers, an endpoint's answers), so that none runs unowned: each failure is logged, and the
+owner's close cancels what is left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from swarm.errors import ConfigError
@@ -74,4 +79,52 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         prof.dump_stats(f"{profile}.{os.getpid()}")
 
 
-__all__ = ["ENV", "choice", "factory", "new_loop", "run"]
+class Supervisor:
+    """The background tasks of one owner. ``spawn`` starts one; a task that fails is logged
+    (as ``"<what> failed"``) and handed to its ``on_error``; a finished task is forgotten.
+    ``cancel`` stops all (for an owner that cannot wait), ``close`` stops and awaits all,
+    ``settle`` waits for those started so far and any they start."""
+
+    def __init__(self, log: logging.Logger, what: str = "background task") -> None:
+        self._log = log
+        self._what = what
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, aw: Awaitable[Any], *,
+              on_error: Callable[[BaseException], object] | None = None) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(aw)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if t.cancelled() or t.exception() is None:
+                return
+            exc = t.exception()
+            self._log.error("%s failed: %r", self._what, exc)
+            if on_error is not None:
+                on_error(exc)  # type: ignore[arg-type]
+
+        task.add_done_callback(done)
+        return task
+
+    def cancel(self) -> list[asyncio.Task[Any]]:
+        """Cancel every task; returns them."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def close(self) -> None:
+        """Cancel every task and wait until all have ended."""
+        while self._tasks:
+            await asyncio.gather(*self.cancel(), return_exceptions=True)
+
+    async def settle(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+__all__ = ["ENV", "Supervisor", "choice", "factory", "new_loop", "run"]

@@ -126,11 +126,6 @@ def message(type_name: str) -> Callable[[type], type]:
     return register
 
 
-def message_types() -> dict[str, type]:
-    """The registered message types by wire name (a copy)."""
-    return dict(_REGISTRY)
-
-
 # -- schemas ---------------------------------------------------------------------------
 
 def _schema(cls: type) -> dict[str, tuple[Any, bool]]:

@@ -33,6 +33,7 @@ from identity import (
 from identity.keys import PeerId
 from identity.statements import Policy
 from swarm.control import machine as control
+from swarm.control.core import MAX_IGNORED
 from swarm.control.election import Candidate
 from swarm.control.machine import (
     MAX_SEEN_REPORTS,
@@ -42,7 +43,7 @@ from swarm.control.machine import (
     Duty,
     counted_states,
 )
-from swarm.control.plane import MAX_IGNORED, ControlPlane
+from swarm.control.plane import ControlPlane
 from swarm.control.state import (
     MAX_ITEM,
     MAX_MESSAGE,
@@ -169,24 +170,19 @@ def test_a_blocked_peers_later_claim_counts_for_nobody():
     assert counted_states([four, three], view, (), floor=3) == [three]
 
 
-async def test_ignored_state_items_are_logged_once_each_within_a_bound(tmp_path, monkeypatch,
+async def test_ignored_state_items_are_logged_once_each_within_a_bound(tmp_path,
                                                                        caplog):
     """A flood of state items that do not count (signers nobody lists, say) is logged once
     per coordinator named, and the memory of what was logged stays bounded (invariant 8)."""
     plane = _plane(tmp_path)
-    items = {p: CoordinatorState(SWARM, 5, 1, p)
-             for p in (_pid(f"x{i}") for i in range(MAX_IGNORED + 44))}
-
-    async def state_of(peer: PeerId) -> CoordinatorState:  # what the DHT holds for peer
-        return items[peer]
-
-    monkeypatch.setattr(plane, "_state_of", state_of)
+    items = [CoordinatorState(SWARM, 5, 1, p)
+             for p in (_pid(f"x{i}") for i in range(MAX_IGNORED + 44))]
     with caplog.at_level(logging.INFO, logger="swarm.control"):
-        assert await plane._counted_states(list(items)) == []
-        assert await plane._counted_states(list(items)[-MAX_IGNORED:]) == []
+        assert plane.core._counted(items) == []
+        assert plane.core._counted(items[-MAX_IGNORED:]) == []
     logged = [r for r in caplog.records if "ignoring the DHT's state" in r.getMessage()]
     assert len(logged) == len(items)  # the newest MAX_IGNORED are not logged again
-    assert len(plane._ignored) == MAX_IGNORED
+    assert len(plane.core.ignored) == MAX_IGNORED
     await plane.close()
 
 
@@ -322,8 +318,9 @@ async def test_a_forwarded_unblock_travels_with_the_owners_proof_and_is_checked(
 
     b.node.dht.send_message = send
     b.addrs[c.key.peer_id] = ("127.0.0.1", 9)
-    b._unblocked(x, unblock())
-    await b._do([control.ForwardUnblocks((x,), c.key.peer_id)])
+    b.core.unblocked(x, unblock())
+    b.controller._actions.append(control.ForwardUnblocks((x,), c.key.peer_id))
+    await b._do(b.core.pump())
     await asyncio.gather(*b._tasks)
     assert [unseal(SWARM, m).kind for m in sent] == ["fwd"]
     # c coordinates term 2 with x blocked since before the unblock (set up directly here; the
@@ -337,7 +334,7 @@ async def test_a_forwarded_unblock_travels_with_the_owners_proof_and_is_checked(
     await c._on_message(b.key.peer_id, ("127.0.0.1", 9), forged)
     assert x in ctl.blocked()  # b's own signature is no owner's
     await c._on_message(b.key.peer_id, ("127.0.0.1", 9), sent[0])
-    assert x not in ctl.blocked() and x in c._unblock_proofs
+    assert x not in ctl.blocked() and x in c.core.unblock_proofs
     await b.close()
     await c.close()
 
@@ -404,11 +401,11 @@ def test_owner_commands_check_the_authenticator_sign_counter(tmp_path):
 
     first, second = block(int(now * 1000)), block(int(now * 1000) + 1)
     plane = _plane(tmp_path)
-    plane._admit(second, now)
+    plane.core.admit(second, now)
     with pytest.raises(StaleTerm, match="sign counter"):  # signed earlier: a cloned key
-        plane._admit(first, now)
+        plane.core.admit(first, now)
     with pytest.raises(StaleTerm, match="replayed"):
-        plane._admit(second, now)
+        plane.core.admit(second, now)
 
 
 def test_a_controller_keeps_no_unchecked_state_from_fresh_reports():
@@ -473,9 +470,11 @@ async def test_a_suspected_member_is_not_asked_in_dht_lookups(tmp_path):
     plane = _plane(tmp_path)
     dead = PeerKey.generate().peer_id
     plane.records[dead] = MemberRecord(dead, 1.0, dht=("127.0.0.1", 9))
-    plane._note_suspects()
+    plane.core._note_suspects()
+    plane._do_now(plane.core.pump())
     assert node_id_of(dead.raw) not in plane.node.dht._recently_failed()
     plane.controller.suspects[dead] = 0.0
-    plane._note_suspects()
+    plane.core._note_suspects()
+    plane._do_now(plane.core.pump())
     assert node_id_of(dead.raw) in plane.node.dht._recently_failed()
     await plane.close()

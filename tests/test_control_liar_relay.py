@@ -46,6 +46,7 @@ async def test_a_follower_passes_a_liar_report_on_to_its_coordinator(tmp_path):
     plane, sent = await _plane(tmp_path, me)
     state = CoordinatorState(swarm=SWARM, term=3, seq=1, coordinator=coord.peer_id)
     plane.controller.members([Candidate(coord.peer_id, 1.0)], plane.clock())
+    plane.addrs[coord.peer_id] = ("127.0.0.1", 2)
     assert plane.controller.heartbeat(state, coord.peer_id, plane.clock())
     await plane._on_message(reporter.peer_id, ("127.0.0.1", 1), _report(reporter, liar))
     await asyncio.gather(*list(plane._tasks))

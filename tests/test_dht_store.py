@@ -172,3 +172,21 @@ def test_replay_guard():
     # old nonces are forgotten only once they could no longer pass the window check
     guard.admit(Envelope.seal(key, key.peer_id, me, b"later", T0 + 200), me, T0 + 200)
     assert len(guard) == 1
+
+
+def test_the_largest_record_an_announcement_takes_fits_its_bep44_copy():
+    """An entry also travels as its peer's BEP 44 value (``entry_value``, for mainline
+    nodes), which holds at most 1000 bytes; a record the announcement accepts but whose copy
+    is then refused would be published half. The member record's limit is this one."""
+    from dht.announce import MAX_RECORD, entry_value
+    from dht.bencode import bencode
+    from dht.items import MAX_VALUE
+    from identity import PeerKey
+    from swarm.control.membership import MAX_RECORD as MEMBER_RECORD
+
+    key = PeerKey.generate()
+    biggest = Announcement.create(key, key.peer_id, b"t", b"r" * MAX_RECORD, 1000.0)
+    assert len(bencode(entry_value(biggest))) <= MAX_VALUE
+    assert MEMBER_RECORD == MAX_RECORD
+    with pytest.raises(ItemError):
+        Announcement.create(key, key.peer_id, b"t", b"r" * (MAX_RECORD + 1), 1000.0)

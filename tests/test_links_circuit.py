@@ -20,15 +20,16 @@ from swarm.links.echo import Bulk, Echo
 class _Net:
     """A and W each linked to relay R; every link end read by a pump."""
 
-    def __init__(self, rate: int, tamper=None) -> None:
+    def __init__(self, rate: int, tamper=None, names: str = "AW", max_circuits: int = 64
+                 ) -> None:
         self.keys = {n: PeerKey.generate() for n in "AWRX"}
         self.links = {}
-        self.relay = DataRelay(self.links, rate)
+        self.relay = DataRelay(self.links, rate, max_circuits)
         self.accepted: asyncio.Queue = asyncio.Queue()
         self.seen: list[bytes] = []
         self.tasks = []
         self.ends = {}
-        for name in "AW":
+        for name in names:
             mine, relays = memory_pair(self.keys[name], self.keys["R"])
             self.links[self.keys[name].peer_id] = relays
             ep = CircuitEndpoint(self.keys[name], on_link=self.accepted.put_nowait)
@@ -48,8 +49,8 @@ class _Net:
         async for msg in link:
             await ep.handle(link, msg)
 
-    async def dial(self):
-        ep, relay_link = self.ends["A"]
+    async def dial(self, name: str = "A"):
+        ep, relay_link = self.ends[name]
         return await ep.connect(relay_link, self.keys["W"].peer_id, timeout=5)
 
     async def close(self) -> None:
@@ -142,5 +143,101 @@ async def test_one_dialer_gets_a_bounded_share_of_the_relay():
                 break
             await asyncio.sleep(0.02)
         assert (await net.dial()).remote == net.keys["W"].peer_id
+    finally:
+        await net.close()
+
+
+async def test_an_application_that_does_not_read_holds_at_most_a_window():
+    """Issue 34, the same rule for circuit links: decoded messages held for an application
+    that does not read stop the reader at ``window`` bytes (the circuit's own frame queue
+    and the relay's links then hold the rest back), not at 64 messages."""
+    net = _Net(rate=400 << 20)
+    try:
+        link = await net.dial()
+        theirs = await asyncio.wait_for(net.accepted.get(), 5)
+        window = theirs.options.window
+        chunk = np.zeros(1 << 20, np.uint8)
+
+        async def send_all():
+            for _ in range(24):
+                await link.send(Bulk(chunk))
+
+        sender = asyncio.create_task(send_all())
+
+        async def stalled():
+            while not theirs._stalled:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(stalled(), 20)
+        assert sum(m.data.nbytes for m in theirs._queue._items) <= window + (1 << 20)
+        for _ in range(24):
+            assert (await asyncio.wait_for(theirs.recv(), 10)).data.nbytes == 1 << 20
+        await asyncio.wait_for(sender, 10)
+    finally:
+        await net.close()
+
+
+async def test_a_replayed_circuit_hello_is_refused():
+    """Issue 34: a relay that keeps a dialer's hello and plays it again (now, or after the
+    dialer's link has lived a while) gets a refusal: a hello carries its signing time and
+    is taken once within MAX_SKEW. Before, the replay became a second circuit link from the
+    dialer that replaced its live one and then died of silence."""
+    from swarm.links.circuit import MAX_SKEW, CircuitClose, CircuitIncoming, CircuitOpen
+
+    net = _Net(rate=50 << 20)
+    hellos = []
+    handle = net.relay.handle
+
+    async def recording(link, msg):
+        if isinstance(msg, CircuitOpen):
+            hellos.append(msg.hello)
+        return await handle(link, msg)
+
+    net.relay.handle = recording
+    try:
+        link = await net.dial()
+        theirs = await asyncio.wait_for(net.accepted.get(), 5)
+        assert len(hellos) == 1
+        ep_w = net.ends["W"][0]
+        to_w = net.links[net.keys["W"].peer_id]      # the relay's own link to W
+        refusals: asyncio.Queue = asyncio.Queue()
+        real = net.relay.handle
+
+        async def watching(link_, msg):
+            if isinstance(msg, CircuitClose) and msg.circuit >= 1 << 40:
+                refusals.put_nowait(msg.reason)
+                return True
+            return await real(link_, msg)
+
+        net.relay.handle = watching
+        a_id = net.keys["A"].peer_id
+        await to_w.send(CircuitIncoming(a_id, 1 << 40, hellos[0]))          # at once
+        assert "replayed" in await asyncio.wait_for(refusals.get(), 5)
+        later = ep_w.clock
+        ep_w.clock = lambda: later() + 2 * MAX_SKEW                          # much later
+        await to_w.send(CircuitIncoming(a_id, (1 << 40) + 1, hellos[0]))
+        assert "stale" in await asyncio.wait_for(refusals.get(), 5)
+        assert net.accepted.empty() and not theirs.closed and not link.closed
+        assert await link.ping(5) > 0                                          # still live
+    finally:
+        await net.close()
+
+
+async def test_a_full_relay_gives_a_newcomer_its_fair_share():
+    """Issue 34: throw-away keys at MAX_PER_SENDER circuits each had filled a relay for
+    everybody. When full, a dialer under its fair share takes the newest circuit of the one
+    holding the most (told why); one at or over its share is refused, clearly."""
+    net = _Net(rate=50 << 20, names="AWX", max_circuits=8)
+    try:
+        hog = [await net.dial("X") for _ in range(8)]      # the relay is full
+        for _ in hog:
+            await asyncio.wait_for(net.accepted.get(), 5)
+        mine = await net.dial("A")                          # refused on the old relay
+        assert await mine.ping(5) > 0
+        gone = await asyncio.wait_for(hog[-1].wait_closed(), 5)
+        assert "fair share" in gone.reason
+        assert not any(link.closed for link in hog[:-1])
+        with pytest.raises(ConnectionError, match="fair share"):
+            await net.dial("X")
     finally:
         await net.close()

@@ -152,3 +152,59 @@ async def test_relay_cannot_forge_or_redirect():
         assert any("relayed as from" in str(e) for e in refused), refused
     finally:
         await c.close()
+
+
+async def test_one_relay_refusing_many_times_does_not_make_a_peer_unreachable():
+    """Issue 34: a signal goes out through every relay; only a refusal from a relay it went
+    through counts, once per relay. One relay answering with as many refusals as there are
+    relays (or a relay the signal never went through) had failed the dial at once. Real
+    TLS links to two relays and a third member."""
+    from swarm.links import tls
+    from swarm.links.relay import RelayRefused
+
+    me, target = PeerKey.generate(), PeerKey.generate()
+    relays = [PeerKey.generate() for _ in range(3)]
+    servers, theirs, mine = [], [], []
+    try:
+        for key in relays:
+            got: asyncio.Queue = asyncio.Queue()
+            servers.append(await tls.listen(key, on_link=got.put_nowait))
+            mine.append(await tls.connect(me, "127.0.0.1", servers[-1].port, expect=key.peer_id))
+            theirs.append(await asyncio.wait_for(got.get(), 5))
+        unreachable = []
+        signaler = RelaySignaler(me, lambda to: mine[:2],
+                                 on_unreachable=lambda peer, why: unreachable.append(why))
+        await signaler.send(target.peer_id, ("relay", 0), b"a signed offer")
+        for link in theirs[:2]:                  # each relay got the signal once
+            assert isinstance(await asyncio.wait_for(link.recv(), 5), RelaySignal)
+        # relay 0 refuses twice, relay 2 (never asked) refuses too
+        for link in (theirs[0], theirs[0], theirs[2]):
+            await link.send(RelayRefused(target.peer_id, "no link (a lie)"))
+        for link in (mine[0], mine[0], mine[2]):
+            msg = await asyncio.wait_for(link.recv(), 5)
+            assert await signaler.handle(link, msg)
+        assert unreachable == []
+        await theirs[1].send(RelayRefused(target.peer_id, "no link to it"))
+        assert await signaler.handle(mine[1], await asyncio.wait_for(mine[1].recv(), 5))
+        assert unreachable == ["no link to it"]  # every relay asked refused: now it is
+    finally:
+        for link in mine + theirs:
+            await link.close()
+        for server in servers:
+            server.close()
+
+
+async def test_a_dead_duplicate_link_does_not_detach_a_peer_whose_link_is_open():
+    """Issue 34: the newest link to a peer is the one a relay uses; when it closes, an older
+    one still open takes over instead of the peer being dropped from the relay's table."""
+    relay = SignalRelay()
+    r, p = PeerKey.generate(), PeerKey.generate()
+    real_mine, real = memory_pair(r, p)
+    fake_mine, fake = memory_pair(r, p)
+    relay.attach(real_mine)
+    relay.attach(fake_mine)
+    assert relay.links[p.peer_id] is fake_mine
+    await fake_mine.close("silent")
+    assert relay.links[p.peer_id] is real_mine
+    await real_mine.close()
+    assert p.peer_id not in relay.links

@@ -295,3 +295,27 @@ def test_whether_shared_memory_is_supported_is_asked_of_proc_once(monkeypatch):
     assert len(asked) == 1
     monkeypatch.setenv(shm.ENV, "0")
     assert not shm.supported()
+
+
+def test_one_peer_process_with_many_links_gets_one_share_of_descriptors():
+    """Issue 34: the per-link bound alone let one requester (many links, or many keys in
+    one process) that never releases hold 64 of the worker's descriptors per link. Links to
+    one peer process share MAX_OPEN_PER_PROCESS; the rest goes in-band."""
+    limit = getattr(shm, "MAX_OPEN_PER_PROCESS", 2 * shm.MAX_OPEN)
+    peer = 4_000_001                               # a pid no other test's links use
+    channels = [shm.Channel(peer) for _ in range(6)]
+    data = memoryview(bytes(1 << 16))
+    try:
+        for channel in channels:
+            for _ in range(shm.MAX_OPEN):
+                channel.spill(data)
+        assert sum(c.waiting for c in channels) == limit
+        other = shm.Channel(peer + 1)            # another process keeps its own share
+        assert other.spill(data) is not None
+        other.close()
+        channels[0].close()                       # released: room again
+        assert channels[2].spill(data) is not None
+    finally:
+        for channel in channels:
+            channel.close()
+    assert all(c.waiting == 0 for c in channels)

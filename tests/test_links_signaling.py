@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from identity.keys import PeerKey
+from identity.replay import NonceWindow, Replayed
 from swarm.errors import AuthenticationError, ProtocolError
 from swarm.links.signaling import (
     MAX_SKEW,
-    ReplayGuard,
     Signal,
     SignedSignal,
     Tuning,
@@ -38,7 +38,7 @@ def _signal(**kw) -> Signal:
 
 
 def test_a_good_signal_opens_once():
-    guard = ReplayGuard()
+    guard = NonceWindow(MAX_SKEW)
     data = seal(A, _signal())
     got = open_signal(data, B.peer_id, guard, sender=A.peer_id)
     assert got.sender == A.peer_id and got.tuning == {"sctp_chunk": 16000}
@@ -58,7 +58,7 @@ def test_a_good_signal_opens_once():
 ])
 def test_bad_signals_are_refused(make, match):
     with pytest.raises((AuthenticationError, ProtocolError), match=match):
-        open_signal(make(), B.peer_id, ReplayGuard())
+        open_signal(make(), B.peer_id, NonceWindow(MAX_SKEW))
 
 
 def test_a_forged_signature_is_refused():
@@ -66,17 +66,17 @@ def test_a_forged_signature_is_refused():
     (body,) = encode(signed, msg_id=0)
     forged = encode(SignedSignal(body, M.sign(body)), msg_id=0)[0]
     with pytest.raises(AuthenticationError, match="bad signature"):
-        open_signal(forged, B.peer_id, ReplayGuard())
+        open_signal(forged, B.peer_id, NonceWindow(MAX_SKEW))
     # swapping the SDP (say, to a MITM's fingerprint) under A's signature breaks it too
     good = seal(A, signed)
     tampered = good.replace(FP.encode(), ("EE:" * 31 + "EE").encode())
     with pytest.raises(AuthenticationError, match="bad signature"):
-        open_signal(tampered, B.peer_id, ReplayGuard())
+        open_signal(tampered, B.peer_id, NonceWindow(MAX_SKEW))
 
 
 def test_a_relay_claiming_another_sender_is_refused():
     with pytest.raises(AuthenticationError, match="relayed as from"):
-        open_signal(seal(A, _signal()), B.peer_id, ReplayGuard(), sender=M.peer_id)
+        open_signal(seal(A, _signal()), B.peer_id, NonceWindow(MAX_SKEW), sender=M.peer_id)
 
 
 def test_sealing_refuses_oversized_or_foreign_signals():
@@ -97,20 +97,20 @@ def test_tuning_is_only_accepted_within_bounds():
     assert Tuning.accept({"sctp_chunk": 16000, "dtls_buffer": 1000}) is None
 
 
-def test_replay_guard_forgets_old_nonces_when_full():
-    guard = ReplayGuard(capacity=3)
+def test_the_signal_window_forgets_old_nonces_when_full():
+    guard = NonceWindow(MAX_SKEW, 3)
     for i in range(3):
-        guard.check(A.peer_id, bytes([i]) * 16, 1000.0, 1000.0)
-    guard.check(A.peer_id, b"x" * 16, 1200.0, 1200.0)  # the old ones expired and were pruned
-    with pytest.raises(AuthenticationError, match="replayed"):
-        guard.check(A.peer_id, b"x" * 16, 1200.0, 1200.0)
+        guard.admit(A.peer_id.raw, bytes([i]) * 16, 1000.0, 1000.0)
+    guard.admit(A.peer_id.raw, b"x" * 16, 1200.0, 1200.0)  # the old ones expired and were pruned
+    with pytest.raises(Replayed, match="replayed"):
+        guard.admit(A.peer_id.raw, b"x" * 16, 1200.0, 1200.0)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=5000))
 def test_fuzz_open_signal_raises_only_clear_errors(data):
     with pytest.raises((ProtocolError, AuthenticationError)):
-        open_signal(data, B.peer_id, ReplayGuard())
+        open_signal(data, B.peer_id, NonceWindow(MAX_SKEW))
 
 
 @settings(max_examples=100, deadline=None)
@@ -121,7 +121,7 @@ def test_fuzz_a_bit_flip_never_changes_what_is_accepted(data):
     pos = data.draw(st.integers(0, len(good) - 1))
     good[pos] ^= 1 << data.draw(st.integers(0, 7))
     try:
-        got = open_signal(bytes(good), B.peer_id, ReplayGuard())
+        got = open_signal(bytes(good), B.peer_id, NonceWindow(MAX_SKEW))
     except (ProtocolError, AuthenticationError):
         return
     assert got == signal  # only unsigned framing (the outer msg id) may change unnoticed
@@ -145,7 +145,7 @@ def test_one_flooding_sender_does_not_lock_other_senders_out():
     """Nonces are bounded per sender: a key that floods fresh signals fills only its own
     share, and a full table never refuses an honest sender (invariant 8). The flooder's
     forgotten nonces still cannot be replayed."""
-    guard = ReplayGuard(capacity=200)
+    guard = NonceWindow(MAX_SKEW, 200)
     now = time.time()
     first = seal(M, _signal(sender=M.peer_id, timestamp=now))
     open_signal(first, B.peer_id, guard, now=now)

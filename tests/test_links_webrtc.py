@@ -11,11 +11,12 @@ import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from identity.keys import PeerKey
+from identity.replay import NonceWindow
 from swarm import wire
 from swarm.errors import AuthenticationError, ProtocolError
 from swarm.links import LinkOptions, webrtc
 from swarm.links.echo import Bulk, Echo, Flush, Flushed
-from swarm.links.signaling import ReplayGuard, Signal, SignedSignal, open_signal, seal
+from swarm.links.signaling import MAX_SKEW, Signal, SignedSignal, open_signal, seal
 from tests.links_helpers import echo_peer
 
 LOOPBACK = ["127.0.0.1"]
@@ -141,7 +142,7 @@ async def test_a_dtls_certificate_other_than_the_signed_one_is_refused(make_peer
         mallory.endpoint._closed = True  # mallory handles the answer herself
         await mallory.signaler.send(b.key.peer_id, b.addr, seal(mallory.key, offer))
         answer = open_signal(await asyncio.wait_for(answers.get(), 10), mallory.key.peer_id,
-                             ReplayGuard())
+                             NonceWindow(MAX_SKEW))
         await real.setRemoteDescription(RTCSessionDescription(answer.sdp, "answer"))
         peer, exc = await asyncio.wait_for(b.refused.get(), 15)
         assert peer == mallory.key.peer_id and isinstance(exc, AuthenticationError)
@@ -276,3 +277,70 @@ def test_relay_candidates_skip_unreachable_remote_hosts():
     conn._pair_remote_candidate(aioice.Candidate("3", 1, "udp", 1, "10.215.0.1", 7000, "relay"))
     pairs = {(p.local_candidate.type, p.remote_candidate.type) for p in conn._check_list}
     assert pairs == {("host", "host"), ("host", "relay"), ("relay", "relay")}
+
+
+async def _overrun(channel, nbytes: int, link=None) -> None:
+    """A lying peer: valid 64 KiB messages written straight to the data channel, with no
+    regard for the credit it was granted (it books them, so the grants it gets back stay
+    in range). The receiver's application reads none: its reader stops at the window."""
+    for i in range(nbytes // (64 << 10)):
+        for frame in wire.encode(Bulk(np.zeros(64 << 10, np.uint8)), i + 1):
+            if link is not None:
+                link._credit -= len(frame)
+            channel.send(bytes(frame))
+        await asyncio.sleep(0)
+
+
+async def test_a_peer_sending_beyond_its_credit_is_cut_off(make_peer):
+    """Issue 34: the receiver counts what arrives against the window it granted (its
+    application reads nothing here); a peer that sends 4x the window is closed with a
+    ProtocolError and never held beyond the window."""
+    opts = LinkOptions(window=1 << 20)
+    a, b = await make_peer(options=opts), await make_peer(options=opts)
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    peak = 0
+
+    async def watch():
+        nonlocal peak
+        while not other.closed:
+            peak = max(peak, sum(map(len, other._frames._items)))
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    await _overrun(link.channel, 4 << 20, link)
+    exc = await asyncio.wait_for(other.wait_closed(), 10)
+    await watcher
+    assert isinstance(exc.error, ProtocolError) and "window" in exc.reason
+    assert peak <= (1 << 20) + wire.MAX_FRAME
+    await asyncio.wait_for(link.wait_closed(), 10)
+
+
+async def test_a_tab_channel_overrunning_its_credit_is_cut_off(make_peer):
+    """The same rule on a web relay's per-requester channel (swarm.web.relay.channel_link):
+    the node's end counts the tab's frames against the credit it granted."""
+    from swarm.web.relay import channel_link
+
+    opts = LinkOptions(window=1 << 20)
+    a, b = await make_peer(options=opts), await make_peer(options=opts)
+    link = await a.endpoint.connect(b.key.peer_id, b.addr)
+    other = await asyncio.wait_for(b.links.get(), 10)
+    wrapped: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    @other.pc.on("datachannel")
+    def _extra(channel):
+        if channel.label == "tab":
+            wrapped.set_result(channel_link(b.key.peer_id, a.key.peer_id, other.pc, channel,
+                                            opts))
+
+    raw = link.pc.createDataChannel("tab", ordered=True)
+    opened = asyncio.Event()
+    raw.on("open", opened.set)
+    await asyncio.wait_for(opened.wait(), 10)
+    tab = await asyncio.wait_for(wrapped, 10)
+
+    await _overrun(raw, 4 << 20)
+    exc = await asyncio.wait_for(tab.wait_closed(), 10)
+    assert isinstance(exc.error, ProtocolError) and "window" in exc.reason
+    assert not link.closed and not other.closed     # the tab's connection itself lives on
+    await link.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import logging
 import warnings
 
 import pytest
@@ -50,3 +51,39 @@ def test_no_entry_point_calls_asyncio_run_directly():
                     and node.func.value.id in ("asyncio", "uvloop")):
                 offenders.append(f"{py.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, f"use swarm.loop.run instead of asyncio.run: {offenders}"
+
+
+# -- Supervisor: the one keeper of background tasks ------------------------------------
+
+async def test_a_failure_is_logged_and_handed_on_and_the_task_forgotten(caplog):
+    seen: list[BaseException] = []
+    tasks = swarm_loop.Supervisor(logging.getLogger("test.supervisor"), "handler")
+
+    async def boom() -> None:
+        raise ValueError("broken handler")
+
+    with caplog.at_level(logging.ERROR, "test.supervisor"):
+        task = tasks.spawn(boom(), on_error=seen.append)
+        await tasks.settle()
+    assert task.done() and len(tasks) == 0
+    assert [type(e) for e in seen] == [ValueError]
+    assert "handler failed" in caplog.text and "broken handler" in caplog.text
+
+
+async def test_cancel_stops_every_task_and_close_awaits_them():
+    tasks = swarm_loop.Supervisor(logging.getLogger("test.supervisor"))
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    first = tasks.spawn(forever())
+    await started.wait()
+    cancelled = tasks.cancel()
+    assert cancelled == [first]
+    second = tasks.spawn(forever())
+    await tasks.close()
+    assert first.cancelled() and second.cancelled() and len(tasks) == 0
+    with pytest.raises(asyncio.CancelledError):
+        await first

@@ -181,11 +181,11 @@ async def test_a_peer_not_coordinating_refuses_evidence_out_loud(tmp_path):
     plane.controller._set_state(Duty.HANDING_OFF, plane.clock(), why="test")
     await plane._on_evidence(Link(), EvidenceMsg(package.evidence.encode()))
     assert sent == [EvidenceAck(package.evidence.key, False)]
-    assert package.evidence.key not in plane._judged    # not judged, so not lost either
+    assert package.evidence.key not in plane.core.judged    # not judged, so not lost either
     plane.controller._set_state(Duty.COORDINATOR, plane.clock(), why="test")
     await plane._on_evidence(Link(), EvidenceMsg(package.evidence.encode()))
     assert sent[-1] == EvidenceAck(package.evidence.key, True)
-    assert package.evidence.key in plane._judged
+    assert package.evidence.key in plane.core.judged
     await plane.close()
 
 

@@ -292,3 +292,72 @@ async def test_activity_counts_queued_and_running_work_per_requester():
             await mine.close()
         await asyncio.wait_for(asyncio.gather(*serving), 5)
         await host.close()
+
+
+async def test_one_requesters_calls_held_out_of_order_take_only_its_share():
+    """Issue 34: calls that wait for an earlier call of their actor (which never comes)
+    were capped only in total, so one requester's could fill ``--max-memory`` and every
+    other requester heard "busy". Now each requester's held calls get a share (a quarter
+    of the store: swarm.runtime.host.HELD_SHARE)."""
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=1 << 20)
+    hog, other = PeerKey.generate(), PeerKey.generate()
+    hog_link, hog_theirs = memory_pair(hog, host.key)
+    other_link, other_theirs = memory_pair(other, host.key)
+    serving = [asyncio.create_task(host.serve(x)) for x in (hog_theirs, other_theirs)]
+    try:
+        x = np.ones((64, 256), np.float32)                  # 64 KiB inline
+        w = np.ones((256, 4), np.float32)
+        refused = None
+        for seq in range(1, 16):                            # seq 0 never comes
+            await hog_link.send(matmul_task(seq, [TaskArg(array=x), TaskArg(array=w)],
+                                            instance=1, seq=seq))
+            if seq * (x.nbytes + w.nbytes) > (1 << 20) // 4:
+                refused = await asyncio.wait_for(hog_link.recv(), 5)
+                break
+        assert isinstance(refused, TaskFailed) and refused.kind == "busy"
+        assert "share" in refused.message
+        reply = await ask(other_link, matmul_task(1, [TaskArg(array=x), TaskArg(array=x.T)]))
+        assert isinstance(reply, TaskResult)                # everyone else is still served
+    finally:
+        for link in (hog_link, other_link):
+            await link.close()
+        await asyncio.wait_for(asyncio.gather(*serving), 5)
+        await host.close()
+
+
+async def test_objects_received_through_shared_memory_keep_no_descriptor():
+    """Issue 34: an array of 1 MiB or more received through shared memory kept a descriptor
+    until collected, and only a requester ever let go of it: a worker storing objects up to
+    a large --max-memory held one descriptor per object (1 MiB each: 4,096 per 4 GiB).
+    The worker keeps the mapping and closes the descriptor."""
+    from swarm.links import shm, tls
+    from tests.links_helpers import memfds
+
+    if not shm.supported():
+        pytest.skip("no shared memory here")
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=64 << 20)
+    me = PeerKey.generate()
+    links: asyncio.Queue = asyncio.Queue()
+    server = await tls.listen(host.key, on_link=links.put_nowait)
+    before = memfds()
+    dialer = await tls.connect(me, "127.0.0.1", server.port, expect=host.key.peer_id)
+    listener = await asyncio.wait_for(links.get(), 5)
+    serving = asyncio.create_task(host.serve(listener))
+    try:
+        for i in range(12):
+            x = np.full((512, 512), float(i), np.float32)        # 1 MiB each
+            await dialer.send(PutObject(object_id(x).raw, x))
+        async with asyncio.timeout(10):
+            while len(host.store) < 12 or dialer.shm is None or dialer.shm.waiting:
+                await asyncio.sleep(0.01)
+        assert dialer.shm.sent == 12                            # they came by shared memory
+        assert memfds() - before <= 2                           # not one per object
+        x = np.full((512, 512), 3.0, np.float32)
+        reply = await ask(dialer, matmul_task(1, [TaskArg(oid=object_id(x).raw),
+                                                  TaskArg(array=np.eye(512, dtype=np.float32))]))
+        assert isinstance(reply, TaskResult) and np.array_equal(reply.outputs[0], x)
+    finally:
+        await dialer.close()
+        await asyncio.wait_for(serving, 5)
+        server.close()
+        await host.close()

@@ -1,5 +1,5 @@
 """The control plane simulated at tens of members (issue 19 b): real Controllers, real
-signatures, a simulated clock, network and DHT (:mod:`swarm.control.sim`). Seeded, no
+signatures, a simulated clock, network and DHT (:mod:`swarm.testing.sim`). Seeded, no
 sockets, no sleeps; each case runs in well under a second of wall time."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from swarm.control.machine import Duty
-from swarm.control.sim import PollingAdapter, Sim, SyncAdapter, scenario
 from swarm.control.sync import Digest, Fetch, Sync, SyncTiming
+from swarm.testing.sim import PollingAdapter, Sim, SyncAdapter, scenario
 
 K = 8
 """DHT replication in these small swarms (below the real 20, so that a swarm of 20 is

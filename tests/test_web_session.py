@@ -244,3 +244,36 @@ def test_http_option_parses_host_and_port():
     for bad in ("8080", "host:", ":80", "h:99999", "h:x"):
         with pytest.raises(ConfigError, match="HOST:PORT"):
             parse_http(bad)
+
+
+async def test_a_rebound_host_name_reaches_no_route(web):
+    """Issue 34, DNS rebinding: a page served as evil.example whose name now resolves to the
+    node sends matching Origin and Host headers; every route refuses its Host name (421),
+    while the node's address and localhost are served."""
+    import aiohttp
+
+    server, _ = web
+    evil = "evil.example"
+    async with aiohttp.ClientSession() as http:
+        for path in ("", "status.json", "config.json", "static/join.js"):
+            async with http.get(f"{server.url}{path}", headers={"Host": evil}) as r:
+                assert r.status == 421, path
+        with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+            await http.ws_connect(f"{server.url}ws", origin=f"http://{evil}",
+                                  headers={"Host": evil})
+        assert err.value.status == 421
+        for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}"):
+            async with http.get(f"{server.url}status.json", headers={"Host": host}) as r:
+                assert r.status == 200, host
+
+
+def test_host_names_allowed_are_addresses_localhost_and_the_operators():
+    from swarm.web.hosts import allowed_names, host_allowed
+
+    names = allowed_names("node.lan", ["swarm.example.org"])
+    for ok in ("127.0.0.1:8080", "[::1]:8080", "10.0.0.5", "localhost", "a.localhost:1",
+               "NODE.lan:8080", "swarm.example.org.", "swarm.example.org:443"):
+        assert host_allowed(ok, names), ok
+    for bad in ("evil.example", "evil.example:8080", "localhost.evil.example", "", None,
+                "127.0.0.1.evil.example"):
+        assert not host_allowed(bad, names), bad

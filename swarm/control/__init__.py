@@ -1,8 +1,14 @@
 """The control plane: who is in the swarm, who coordinates, who is kicked or blocked, who owns it.
 
-Sans-IO cores, fed events and ``now``, and one thin asyncio adapter:
+One sans-IO core, fed events and ``now``, and one thin asyncio adapter:
 
 ==================  ==================================================================
+``core.py``         :class:`ControlCore`, the control plane of one node: typed events in
+                    (messages, reads answered, ticks), typed actions out (reads, puts,
+                    sends, disconnects, persists); message dispatch, command checks, the
+                    proofs kept to forward, evidence and liar-report bookkeeping, the
+                    member view, the order of a term claim. The plane and the simulator
+                    (:mod:`swarm.testing.sim`) drive this same core
 ``machine.py``      :class:`Controller`, the coordinator state machine (duties, terms,
                     heartbeats, claims, handoff, kicks, blocks, liar reports and their
                     :class:`Judgement` hook); :func:`counted_states`, the rule for which
@@ -20,12 +26,12 @@ Sans-IO cores, fed events and ``now``, and one thin asyncio adapter:
 ``membership.py``   :class:`MemberRecord`, the signed announcements under the swarm topic
                     (its :class:`Health`); the peers seen, kept in the data dir
 ``observer.py``     a read-only view of a swarm for ``swarm status`` and owner commands,
-                    by the members' own rules; a fresh ``join_uri`` of live peers
+                    by the core's own state read; a fresh ``join_uri`` of live peers
 ``owned.py``        swarms this machine published (swarm key, owner credential, chain)
 ``sync.py``         :class:`Sync`: what a node reads from the DHT and when (heartbeat
                     digests; members fetch what changed; DHT fallback on silence)
-``plane.py``        :class:`ControlPlane`, the asyncio adapter: frames, sends, receives,
-                    persists
+``plane.py``        :class:`ControlPlane`, the asyncio adapter: carries out the core's
+                    actions on the DHT and the data dir, feeds back their answers
 ==================  ==================================================================
 
 Duties of one node (``machine.Duty``; the table ``machine._TRANSITIONS`` is the law)::

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dht import errors as dht_errors
-from dht.errors import ItemError
+from dht.errors import DHTError, ItemError
 from dht.items import MutableItem
 from identity import (
     ChainError,
@@ -42,7 +42,7 @@ from identity import (
     genesis,
     verify_chain,
 )
-from swarm.control.state import StateItem
+from swarm.control.state import StateItem, resolve
 from swarm.errors import CharterError, ProtocolError
 
 log = logging.getLogger("swarm.control.charter")
@@ -203,6 +203,24 @@ async def fetch(dht_node, swarm_pubkey: bytes, owner_pin: bytes | None = None,
                            "seen: an old charter (rollback) refused")
     head = Signed.decode(value[b"h"])
     return CharterRecord(ownership, head, tuple(value[b"p"]), item.seq)
+
+
+async def fetch_state(dht_node, peer, swarm_id: bytes, known=None):
+    """``peer``'s coordinator-state item with its blocklist pages (pages ``known``, a state
+    held already, has are not fetched); None when it is missing or unusable. The one read
+    of a state item that members, observers and clients share."""
+    async def page(target: bytes) -> bytes | None:
+        value = await dht_node.get_immutable(target)
+        return value if isinstance(value, bytes) else None
+
+    try:
+        raw = await dht_node.get_mutable(peer.raw, state_salt(swarm_id))
+        if raw is None:
+            return None
+        return await resolve(StateItem.decode(raw.value), page, known)
+    except (DHTError, ProtocolError, ValueError) as exc:
+        log.debug("state item of %s unusable: %s", peer.short(), exc)
+        return None
 
 
 def _floor_path(data_dir: Path, swarm_pubkey: bytes) -> Path:

@@ -14,7 +14,8 @@ the previous coordinator endorsed it (handoff), or when it is the peer its own e
 picks once the old coordinator is set aside; commands from lower terms are refused
 (:class:`swarm.control.election.TermGuard`).
 
-The asyncio adapter (:mod:`swarm.control.plane`) does the I/O: DHT puts, messages, timers.
+:class:`swarm.control.core.ControlCore` drives it and turns its actions into the reads,
+puts and messages its adapters (:mod:`swarm.control.plane`, the simulator) carry out.
 """
 
 from __future__ import annotations

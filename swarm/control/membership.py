@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgpack
 
+from dht.announce import MAX_RECORD
 from dht.items import mutable_target
 from identity.keys import PeerId
 from swarm.control.election import Candidate, Fitness
@@ -33,7 +34,6 @@ from swarm.errors import ProtocolError
 
 log = logging.getLogger("swarm.control.membership")
 
-MAX_RECORD = 900
 RECORD_VERSION = 1
 SWARM_SALT = b"swarm"
 ROLES = ("worker", "requester", "coordinator", "owner")

@@ -16,9 +16,9 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.machine import counted_states
+from swarm.control.core import newest_counted
 from swarm.control.membership import MemberRecord, candidate, membership_topic, swarm_id
-from swarm.control.state import CoordinatorState, StateItem, resolve, seal
+from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
 from swarm.netaddr import source_address
 from swarm.uri import JoinURI
@@ -112,27 +112,13 @@ def jobs(records) -> list[dict]:
 async def counted_coordinator_state(node: DHTNode, sid: bytes,
                                     members: list[tuple[MemberRecord, float]],
                                     ) -> CoordinatorState | None:
-    """The newest coordinator state that counts (:func:`counted_states`) among ``members``'
-    items, with its whole blocklist (the rule members, newcomers, observers and clients
-    share)."""
-
-    async def page(target: bytes) -> bytes | None:
-        value = await node.get_immutable(target)
-        return value if isinstance(value, bytes) else None
-
-    async def state_of(peer: PeerId) -> CoordinatorState | None:
-        try:
-            item = await node.get_mutable(peer.raw, charter.state_salt(sid))
-            if item is None:
-                return None
-            return await resolve(StateItem.decode(item.value), page)
-        except (DHTError, ProtocolError, ValueError):
-            return None
-
-    states = [s for s in await asyncio.gather(*(state_of(r.peer_id) for r, _ in members))
+    """The newest coordinator state that counts among ``members``' items, with its whole
+    blocklist: the core's own read (:func:`swarm.control.charter.fetch_state`) and rule
+    (:func:`swarm.control.core.newest_counted`), as members, newcomers and clients use."""
+    states = [s for s in await asyncio.gather(*(charter.fetch_state(node, r.peer_id, sid)
+                                                for r, _ in members))
               if s is not None and s.swarm == sid]
-    view = {r.peer_id: candidate(r, e) for r, e in members}
-    return max(counted_states(states, view, ()), key=lambda s: (s.term, s.seq), default=None)
+    return newest_counted(states, {r.peer_id: candidate(r, e) for r, e in members})
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:

@@ -71,8 +71,10 @@ class LinkOptions:
     recv_queue: int = 64
     """Decoded messages held for :meth:`PeerLink.recv`; when full, reading stops."""
     window: int = 16 << 20
-    """Bytes a sender may have in flight unconsumed, on links whose transport has no
-    receive-side backpressure (WebRTC data channels)."""
+    """Bytes of decoded messages held for :meth:`PeerLink.recv` before reading stops (at
+    least one message), and bytes a sender may have in flight unconsumed on links whose
+    transport has no receive-side backpressure (WebRTC data channels: a peer that sends
+    more than it was granted is closed)."""
     limits: wire.Limits = field(default_factory=wire.Limits)
     """What the decoder accepts from the peer."""
 
@@ -104,11 +106,18 @@ class LinkStats:
 
 
 class _Channel:
-    """A bounded FIFO between tasks whose close wakes everybody with a LinkClosed."""
+    """A bounded FIFO between tasks whose close wakes everybody with a LinkClosed.
 
-    def __init__(self, maxsize: int) -> None:
+    Bounded in items and, where ``max_bytes`` is given, in the bytes of the items it holds
+    (each :meth:`put` says how many; one item is always taken, however large)."""
+
+    def __init__(self, maxsize: int, max_bytes: int | None = None) -> None:
         self._items: collections.deque[Any] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()
         self._maxsize = maxsize
+        self._max_bytes = max_bytes
+        self.nbytes = 0
+        """Bytes of the items held (as their producers counted them)."""
         self._getters: list[asyncio.Future[None]] = []
         self._putters: list[asyncio.Future[None]] = []
         self._closed: LinkClosed | None = None
@@ -129,19 +138,27 @@ class _Channel:
         waiters.append(fut)
         await fut
 
-    async def put(self, item: Any) -> None:
-        while len(self._items) >= self._maxsize and self._closed is None:
+    def full(self) -> bool:
+        return len(self._items) >= self._maxsize or (
+            self._max_bytes is not None and bool(self._items) and self.nbytes >= self._max_bytes)
+
+    async def put(self, item: Any, nbytes: int = 0) -> None:
+        while self.full() and self._closed is None:
             await self._wait(self._putters)
         if self._closed is not None:
             raise self._closed.again()
-        self._items.append(item)
-        self._wake(self._getters)
+        self._append(item, nbytes)
 
-    def put_nowait(self, item: Any) -> None:
+    def put_nowait(self, item: Any, nbytes: int = 0) -> None:
         """Append ignoring the bound (for producers bounded otherwise, e.g. by credit)."""
         if self._closed is None:
-            self._items.append(item)
-            self._wake(self._getters)
+            self._append(item, nbytes)
+
+    def _append(self, item: Any, nbytes: int) -> None:
+        self._items.append(item)
+        self._sizes.append(nbytes)
+        self.nbytes += nbytes
+        self._wake(self._getters)
 
     async def get(self) -> Any:
         """The next item; after close, the items left and then LinkClosed."""
@@ -150,8 +167,16 @@ class _Channel:
                 raise self._closed.again()
             await self._wait(self._getters)
         item = self._items.popleft()
+        self.nbytes -= self._sizes.popleft()
         self._wake(self._putters)
         return item
+
+    def drop(self, exc: LinkClosed) -> None:
+        """Close and forget what is held (a peer that overran its grant gets nothing read)."""
+        self._items.clear()
+        self._sizes.clear()
+        self.nbytes = 0
+        self.close(exc)
 
     def close(self, exc: LinkClosed) -> None:
         if self._closed is None:
@@ -231,7 +256,8 @@ class FramedLink(PeerLink):
         self.remote = remote
         self.options = options or LinkOptions()
         self._decoder = wire.Decoder(self.options.limits)
-        self._queue = _Channel(self.options.recv_queue)
+        self._queue = _Channel(self.options.recv_queue, self.options.window)
+        self._queued_mark = 0  # bytes received (shared memory too) at the last one queued
         self._send_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._ping_seq = itertools.count(1)
@@ -489,16 +515,23 @@ class FramedLink(PeerLink):
             self._mark_closed(LinkClosed(f"closed by peer: {msg.reason}"))
             await self._shutdown()
             return False
-        elif len(self._queue) >= self.options.recv_queue:
+        else:
+            # Held for the application: bounded by ``recv_queue`` messages and ``window``
+            # bytes (issue 34: 64 messages of up to 2 GiB each had been held for an
+            # application that did not read). A message's bytes are those read since the
+            # last one queued (arrays received in place or in shared memory included).
+            seen = self._bytes_received + (self.shm.received_bytes if self.shm else 0)
+            nbytes, self._queued_mark = seen - self._queued_mark, seen
+            if not self._queue.full():
+                await self._queue.put(msg, nbytes)
+                return True
             # our own application is slow: while we wait for it, the peer's silence is ours
             self._stalled = True
             try:
-                await self._queue.put(msg)
+                await self._queue.put(msg, nbytes)
             finally:
                 self._stalled = False
                 self._last_rx = self._last_progress = time.monotonic()
-        else:
-            await self._queue.put(msg)
         return True
 
     def _shm_answered(self, msg: shm.ShmAck) -> None:

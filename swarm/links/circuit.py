@@ -32,16 +32,20 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from identity.keys import PeerId, PeerKey, verify
+from identity.replay import NonceWindow, Replayed
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links.base import FramedLink, LinkOptions, PeerLink, _Channel
+from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
 
-_DOMAIN = b"swarm circuit v1\x00"
+_DOMAIN = b"swarm circuit v2\x00"
 MAX_CIRCUITS = 64
 """Circuits one relay carries at once, and circuit links one peer holds at once."""
 MAX_PER_SENDER = 8
+MAX_SKEW = 60.0
+"""Seconds a dialer's hello may be from our clock; within that each is taken once."""
 """Circuits one relay carries at once for the same dialer."""
 CONNECT_TIMEOUT = 10.0
 _RELAY_IDS = 1 << 31
@@ -57,7 +61,8 @@ class CircuitOpen(wire.Message):
     circuit: int
     """The dialer's number for this circuit."""
     hello: bytes
-    """The dialer's ephemeral X25519 key and signature (:func:`_hello`)."""
+    """The dialer's ephemeral X25519 key, the time it signed (ms since the epoch) and its
+    signature over both (:meth:`CircuitEndpoint.connect`)."""
 
 
 @wire.message("circuit.incoming")
@@ -117,6 +122,13 @@ def _split(hello: bytes) -> tuple[bytes, bytes]:
     if len(hello) != 32 + 64:
         raise ProtocolError("circuit hello malformed")
     return hello[:32], hello[32:]
+
+
+def _split_dialer(hello: bytes) -> tuple[bytes, bytes, bytes]:
+    """(ephemeral key, signing time as 8 bytes, signature) of a dialer's hello."""
+    if len(hello) != 32 + 8 + 64:
+        raise ProtocolError("circuit hello malformed")
+    return hello[:32], hello[32:40], hello[40:]
 
 
 def _keys(eph: X25519PrivateKey, other: bytes, dialer: PeerId, receiver: PeerId,
@@ -198,15 +210,20 @@ class CircuitEndpoint:
 
     def __init__(self, key: PeerKey, on_link: Callable[[CircuitLink], Awaitable[None] | None],
                  accept: Callable[[PeerId], bool] = lambda _: True,
-                 options: LinkOptions | None = None) -> None:
+                 options: LinkOptions | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.key = key
         self.on_link = on_link
         self.accept = accept
         self.options = options
+        self.clock = clock
+        """Wall clock (hellos carry their signing time)."""
+        self._hellos = NonceWindow(MAX_SKEW, max_entries=4096, max_per_sender=64)
+        """Dialers' ephemeral keys seen within :data:`MAX_SKEW` (a hello is taken once)."""
         self._pending: dict[tuple[int, int], tuple[PeerId, X25519PrivateKey, bytes,
                                                    asyncio.Future[bytes]]] = {}
         self._links: dict[tuple[int, int], CircuitLink] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Supervisor(log, "circuit link handler")
 
     async def connect(self, relay: PeerLink, peer: PeerId,
                       timeout: float = CONNECT_TIMEOUT) -> CircuitLink:
@@ -215,7 +232,9 @@ class CircuitEndpoint:
         cid = secrets.randbelow(_RELAY_IDS)  # relays number from _RELAY_IDS up: no clash
         eph = X25519PrivateKey.generate()
         eph_d = _raw(eph.public_key())
-        hello = eph_d + self.key.sign(_transcript(b"d", self.key.peer_id, peer, eph_d))
+        at = int(self.clock() * 1000).to_bytes(8, "big")
+        hello = eph_d + at + self.key.sign(_transcript(b"d", self.key.peer_id, peer, eph_d,
+                                                       at))
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         slot = (id(relay), cid)
         self._pending[slot] = (peer, eph, eph_d, fut)
@@ -268,10 +287,19 @@ class CircuitEndpoint:
 
     async def _incoming(self, relay: PeerLink, msg: CircuitIncoming) -> None:
         try:
-            eph_d, sig = _split(msg.hello)
-            if not verify(msg.sender, sig, _transcript(b"d", msg.sender, self.key.peer_id,
-                                                       eph_d)):
-                raise AuthenticationError(f"circuit hello is not {msg.sender.short()}'s")
+            eph_d, at, sig = _split_dialer(msg.hello)
+            now = self.clock()
+            sent = int.from_bytes(at, "big") / 1000
+            try:
+                self._hellos.check_time(sent, now)
+                if not verify(msg.sender, sig, _transcript(b"d", msg.sender, self.key.peer_id,
+                                                           eph_d, at)):
+                    raise AuthenticationError(f"circuit hello is not {msg.sender.short()}'s")
+                # a relay replaying a captured hello (issue 34): the replayed circuit
+                # would have replaced the dialer's live one, then died of silence
+                self._hellos.admit(msg.sender.raw, eph_d, sent, now)
+            except Replayed as exc:
+                raise AuthenticationError(f"circuit hello {exc}") from None
             if not self.accept(msg.sender):
                 raise AuthenticationError("peer not accepted (blocked)")
             if len(self._links) >= MAX_CIRCUITS:
@@ -289,15 +317,12 @@ class CircuitEndpoint:
         await relay.send(CircuitAccept(msg.circuit, hello))
         result = self.on_link(link)
         if asyncio.iscoroutine(result):
-            task = asyncio.ensure_future(result)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(result)
 
     async def close(self) -> None:
         for link in list(self._links.values()):
             await link.close("shutting down")
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
 
 
 # -- the relay -------------------------------------------------------------------------
@@ -366,10 +391,11 @@ class DataRelay:
             why = "this member does not relay data"
         elif target is None or target.closed or msg.to == link.remote:
             why = f"no link to {msg.to.short()}"
-        elif len(self._route) >= 2 * self.max_circuits:
-            why = f"relaying {self.max_circuits} circuits already"
         elif self._opened_by.get(link.remote, 0) >= MAX_PER_SENDER:
             why = f"relaying {MAX_PER_SENDER} circuits for you already"
+        elif len(self._route) >= 2 * self.max_circuits and not await self._make_room(link):
+            why = (f"relaying {self.max_circuits} circuits already, none beyond its dialer's "
+                   f"fair share of {self._share(link.remote)}")
         else:
             cid = next(self._ids)
             self._route[(id(link), msg.circuit)] = _Hop(target, cid)
@@ -381,6 +407,33 @@ class DataRelay:
             await target.send(CircuitIncoming(link.remote, cid, msg.hello))
             return
         await link.send(CircuitClose(msg.circuit, why))
+
+    def _share(self, dialer: PeerId) -> int:
+        """Circuits each dialer may hold when the relay is full (max-min fair)."""
+        dialers = len(self._opened_by) + (dialer not in self._opened_by)
+        return max(1, self.max_circuits // dialers)
+
+    async def _make_room(self, link: PeerLink) -> bool:
+        """The relay is full: a dialer under its fair share takes the newest circuit of the
+        dialer holding the most, if that one is over its share (issue 34: eight throw-away
+        keys at eight circuits each had filled all 64 for everybody)."""
+        share = self._share(link.remote)
+        if self._opened_by.get(link.remote, 0) >= share:
+            return False
+        top = max(self._opened_by, key=self._opened_by.__getitem__)
+        if self._opened_by[top] <= share:
+            return False
+        newest = next(key for key in reversed(self._dialer)
+                      if self._dialer[key] == top and key in self._route
+                      and self._route[key].link.remote != top)
+        hop = self._route[newest]                    # towards the receiver
+        back = self._route[(id(hop.link), hop.circuit)]  # towards the dialer
+        self._drop(hop.link, hop.circuit)
+        why = f"relay full: {top.short()} held more than its fair share of {share} circuits"
+        for end, circuit in ((hop.link, hop.circuit), (back.link, back.circuit)):
+            if not end.closed:
+                await _quiet(end.send(CircuitClose(circuit, why)))
+        return True
 
     def _drop(self, link: PeerLink, circuit: int) -> None:
         hop = self._route.pop((id(link), circuit), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from swarm import loop as swarm_loop
 from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links.base import LinkOptions, PeerLink
+from swarm.loop import Supervisor
 
 
 @wire.message("echo.echo")
@@ -104,12 +106,10 @@ async def _wait_stdin_closed() -> None:
 async def _main(args: argparse.Namespace) -> None:
     key = PeerKey.from_seed(bytes.fromhex(args.seed)) if args.seed else PeerKey.generate()
     options = LinkOptions(frame_timeout=args.frame_timeout)
-    links: set[asyncio.Task[None]] = set()
+    links = Supervisor(logging.getLogger(__name__), "echo link")
 
     def on_link(link: PeerLink) -> None:
-        task = asyncio.ensure_future(serve(link))
-        links.add(task)
-        task.add_done_callback(links.discard)
+        links.spawn(serve(link))
 
     if args.kind == "tls":
         from swarm.links import tls

@@ -48,6 +48,8 @@ _P = 2**255 - 19
 MAX_BOXED = MAX_SIGNAL + 32 + 16
 """Largest sealed payload a relay passes on (a signed signal + ephemeral key + tag)."""
 RELAY_ADDR = ("relay", 0)
+MAX_LINKS_PER_PEER = 4
+"""Links to one peer a relay remembers (the newest is used, older ones stand by)."""
 """The address a relayed signal is reported from (there is no network address to answer)."""
 
 
@@ -148,6 +150,7 @@ class SignalRelay:
     def __init__(self, rate: float = 20.0, burst: int = 40,
                  clock: Callable[[], float] = time.monotonic, max_senders: int = 4096) -> None:
         self.links: dict[PeerId, PeerLink] = {}
+        self._all: dict[PeerId, list[PeerLink]] = {}  # every attached link still open, oldest first
         self.rate, self.burst, self.clock = rate, burst, clock
         self.max_senders = max_senders
         self._buckets: dict[PeerId, _Bucket] = {}
@@ -155,11 +158,25 @@ class SignalRelay:
         self.refused = 0
 
     def attach(self, link: PeerLink) -> None:
-        """Make ``link``'s peer reachable through this relay until the link closes."""
+        """Make ``link``'s peer reachable through this relay until the link closes.
+
+        The newest link to a peer is the one used; when it closes, an older one still open
+        takes over (issue 34: a replayed circuit that died of silence had dropped a peer
+        whose real link was open)."""
+        older = self._all.setdefault(link.remote, [])
+        older[:] = [x for x in older if not x.closed][-(MAX_LINKS_PER_PEER - 1):]
+        older.append(link)
         self.links[link.remote] = link
         link.add_close_callback(lambda _: self._detach(link))
 
     def _detach(self, link: PeerLink) -> None:
+        alive = [x for x in self._all.get(link.remote, []) if x is not link and not x.closed]
+        if alive:
+            self._all[link.remote] = alive
+            if self.links.get(link.remote) is link:
+                self.links[link.remote] = alive[-1]
+            return
+        self._all.pop(link.remote, None)
         if self.links.get(link.remote) is link:
             del self.links[link.remote]
         self._buckets.pop(link.remote, None)
@@ -232,20 +249,21 @@ class RelaySignaler:
         self.relays = relays
         self.on_unreachable = on_unreachable
         self._callbacks: list[Inbox] = []
-        self._waiting: dict[PeerId, int] = {}
+        self._waiting: dict[PeerId, set[PeerLink]] = {}
+        """Per receiver, the relay links a signal went through that have not refused it."""
 
     async def send(self, to: PeerId, addr: tuple[str, int], payload: bytes) -> None:
         links = [link for link in self.relays(to) if not link.closed and link.remote != to]
         if not links:
             self._unreachable(to, "no relay to reach it through")
             return
-        self._waiting[to] = len(links)
+        self._waiting[to] = set(links)
         sealed = box(to, payload)
         for link in links:
             try:
                 await link.send(RelaySignal(to, sealed))
             except ConnectionError as exc:
-                self._refused(to, f"relay {link.remote.short()} gone: {exc}")
+                self._refused(link, to, f"relay {link.remote.short()} gone: {exc}")
 
     def on_message(self, callback: Inbox) -> Inbox:
         self._callbacks.append(callback)
@@ -255,10 +273,15 @@ class RelaySignaler:
         if self.on_unreachable is not None:
             self.on_unreachable(to, reason)
 
-    def _refused(self, to: PeerId, reason: str) -> None:
-        left = self._waiting.get(to, 0) - 1
-        if left > 0:
-            self._waiting[to] = left
+    def _refused(self, link: PeerLink, to: PeerId, reason: str) -> None:
+        """``link``'s relay refused our signal to ``to``. Each relay counts once, and only
+        one the signal went through (issue 34: one relay answering with as many refusals
+        as there were relays had failed the dial and marked the peer unreachable)."""
+        left = self._waiting.get(to)
+        if left is None or link not in left:
+            return
+        left.discard(link)
+        if left:
             return
         self._waiting.pop(to, None)
         self._unreachable(to, reason)
@@ -268,7 +291,7 @@ class RelaySignaler:
         if isinstance(msg, RelayRefused):
             log.info("relay %s refused a signal to %s: %s", link.remote.short(),
                      msg.to.short(), msg.reason)
-            self._refused(msg.to, msg.reason)
+            self._refused(link, msg.to, msg.reason)
             return True
         if not isinstance(msg, RelayedSignal):
             return False

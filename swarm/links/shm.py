@@ -29,8 +29,9 @@ a duplicate of the one descriptor. A weight sent to every co-located worker is w
 and the loop keeps moving other links' data while it is written.
 
 Bounds: a sender keeps at most :data:`MAX_OPEN` descriptors (and :data:`MAX_OPEN_BYTES`)
-waiting for a ShmDone; past that it sends over TLS, so a receiver that never answers costs
-it nothing unbounded. A receiver only maps what the decoder's limits already accept.
+waiting for a ShmDone per link, :data:`MAX_OPEN_PER_PROCESS` per peer process and
+:data:`MAX_OPEN_TOTAL` in all; past that it sends over TLS, so a receiver that never answers
+costs it nothing unbounded. A receiver only maps what the decoder's limits already accept.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ MAX_OPEN = 64
 """Descriptors a sender keeps open waiting for the receiver's ShmDone."""
 MAX_OPEN_BYTES = 1 << 30
 """Bytes a sender keeps in shared memory waiting for ShmDone."""
+MAX_OPEN_PER_PROCESS = 2 * MAX_OPEN
+"""Descriptors waiting for ShmDone from one peer process over all of its links (a requester
+opening many links, or many keys in one process, gets one share: issue 34)."""
+MAX_OPEN_TOTAL = 1024
+"""Descriptors waiting for ShmDone from all peers together (past it, arrays go in-band)."""
+_waiting_by_pid: dict[int, int] = {}
 PLACE_MIN = 1 << 20
 """Received segments this large keep a descriptor while needed (see :class:`Segment`);
 smaller ones cost little to copy."""
@@ -258,6 +265,17 @@ def segment_of(arr: np.ndarray) -> Segment | None:
     return base
 
 
+def mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr`` lives in a received mapping (which holds a descriptor while it lives:
+    Python's mmap keeps a duplicate of the one it was made from)."""
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return isinstance(base, mmap.mmap)
+
+
 def settle(arr: np.ndarray) -> None:
     """``arr`` stays where it is: close the descriptor its segment kept (the mapping stays)."""
     seg = segment_of(arr)
@@ -297,13 +315,17 @@ class Channel:
         """Arrays sent through shared memory (tests assert the path is used)."""
         self.received = 0
         """Arrays received through shared memory."""
+        self.received_bytes = 0
+        """Their bytes (a link counts them against what it holds for its application)."""
         self.mapped: list[int] = []
         """The peer's descriptors we mapped and have not yet told it about (ShmDone)."""
 
     def spill(self, data: memoryview) -> int | None:
         """Put ``data`` in a sealed segment (a prepared one when :data:`SEGMENTS` holds it);
         its fd, or None to send it over the link."""
-        if len(self._open) >= MAX_OPEN or self._open_bytes + len(data) > MAX_OPEN_BYTES:
+        if (len(self._open) >= MAX_OPEN or self._open_bytes + len(data) > MAX_OPEN_BYTES
+                or _waiting_by_pid.get(self.peer_pid, 0) >= MAX_OPEN_PER_PROCESS
+                or sum(_waiting_by_pid.values()) >= MAX_OPEN_TOTAL):
             return None
         fd = SEGMENTS.take(data)
         if fd is None:
@@ -316,11 +338,13 @@ class Channel:
         """Keep our descriptor ``fd`` open until the peer's ShmDone names it."""
         self._open[fd] = nbytes
         self._open_bytes += nbytes
+        _waiting_by_pid[self.peer_pid] = _waiting_by_pid.get(self.peer_pid, 0) + 1
 
     def resolve(self, fd: int, nbytes: int) -> np.ndarray:
         """The peer's segment ``fd`` as a zero-copy uint8 array (ProtocolError if bad)."""
         out = map_array(self.peer_pid, fd, nbytes)
         self.received += 1
+        self.received_bytes += nbytes
         self.mapped.append(fd)
         return out
 
@@ -331,6 +355,9 @@ class Channel:
             if size is not None:
                 self._open_bytes -= size
                 os.close(fd)
+                left = _waiting_by_pid.pop(self.peer_pid, 1) - 1
+                if left > 0:
+                    _waiting_by_pid[self.peer_pid] = left
 
     def close(self) -> None:
         """The link is gone: close every descriptor still waiting."""
@@ -460,4 +487,4 @@ SEGMENTS = Segments()
 
 __all__ = ["Channel", "ENV", "Offer", "ShmAck", "ShmDone", "answer", "check_answer",
            "SEGMENTS", "Segment", "Segments", "colocated", "make_offer", "map_array",
-           "segment_of", "settle", "supported"]
+           "mapped", "segment_of", "settle", "supported"]

@@ -4,8 +4,8 @@ An SDP offer or answer travels inside a :class:`Signal` signed by the sender's p
 signature binds sender, receiver, session, a fresh nonce and timestamp, the SDP and the DTLS
 certificate fingerprint in it, so a relay (a DHT node, a UDP path) can drop or delay
 signaling but cannot forge, redirect, replay or re-key it. The checks are sans-IO
-(:func:`open_signal` takes ``now`` and a :class:`ReplayGuard`) so they are tested without a
-network.
+(:func:`open_signal` takes ``now`` and a :class:`~identity.replay.NonceWindow` of
+:data:`MAX_SKEW`) so they are tested without a network.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from dht.replay import NonceWindow, Replayed
 from identity.keys import PeerId, PeerKey, verify
+from identity.replay import NonceWindow, Replayed
 from swarm import wire
 from swarm.errors import AuthenticationError, ProtocolError
 
@@ -88,23 +88,7 @@ def seal(key: PeerKey, signal: Signal) -> bytes:
     return frame
 
 
-class ReplayGuard:
-    """Remembers recent nonces so that a captured signal cannot be played again: each
-    sender's nonces are bounded on their own (:class:`dht.replay.NonceWindow`), so one
-    flooding key cannot fill the table and lock every other sender out."""
-
-    def __init__(self, max_skew: float = MAX_SKEW, capacity: int = 100_000) -> None:
-        self.window = NonceWindow(max_skew, capacity)
-
-    def check(self, sender: PeerId, nonce: bytes, timestamp: float, now: float) -> None:
-        """Raise AuthenticationError for a stale or replayed signal; remember it otherwise."""
-        try:
-            self.window.admit(sender.raw, nonce, timestamp, now)
-        except Replayed as exc:
-            raise AuthenticationError(f"signal {exc}") from None
-
-
-def open_signal(data: bytes, me: PeerId, guard: ReplayGuard,
+def open_signal(data: bytes, me: PeerId, guard: NonceWindow,
                 now: float | None = None, sender: PeerId | None = None) -> Signal:
     """Verify signed signal bytes addressed to ``me``; ``sender`` is the relay's claim.
 
@@ -127,7 +111,11 @@ def open_signal(data: bytes, me: PeerId, guard: ReplayGuard,
         raise ProtocolError("signal kind, session or nonce malformed")
     if sdp_fingerprint(signal.sdp) != signal.fingerprint:
         raise AuthenticationError("the signed fingerprint is not the one in the SDP")
-    guard.check(signal.sender, signal.nonce, signal.timestamp, time.time() if now is None else now)
+    try:  # each sender's nonces are bounded on their own: one flooding key locks nobody out
+        guard.admit(signal.sender.raw, signal.nonce, signal.timestamp,
+                    time.time() if now is None else now)
+    except Replayed as exc:
+        raise AuthenticationError(f"signal {exc}") from None
     return signal
 
 

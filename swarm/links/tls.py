@@ -40,6 +40,7 @@ from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links import shm
 from swarm.links.base import FramedLink, Goodbye, LinkOptions
+from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -487,18 +488,13 @@ async def listen(key: PeerKey, host: str = "127.0.0.1", port: int = 0, *,
     with a goodbye saying so.
     """
     ctx = make_context(key, server=True)
-    tasks: set[asyncio.Task[None]] = set()
+    handlers = Supervisor(log, "TLS link handler")  # links made outlive the server
     opts = options or LinkOptions()
 
     def spawn(stream: _Stream) -> None:
-        task = asyncio.ensure_future(handle(stream))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
-                               or _crashed(stream, t.exception()))
+        handlers.spawn(handle(stream), on_error=lambda _exc: _crashed(stream))
 
-    def _crashed(stream: _Stream, exc: BaseException | None) -> None:
-        log.error("TLS link handler failed: %r", exc)
+    def _crashed(stream: _Stream) -> None:
         if stream.transport is not None:
             stream.transport.abort()
 

@@ -34,7 +34,7 @@ import socket
 import time
 import types
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiortc import (
     RTCConfiguration,
@@ -47,12 +47,13 @@ from aiortc import (
 )
 
 from identity.keys import PeerId, PeerKey
+from identity.replay import NonceWindow
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError, RemoteError
 from swarm.links.base import FramedLink, LinkOptions, _Channel
 from swarm.links.signaling import (
     MAX_SIGNAL,
-    ReplayGuard,
+    MAX_SKEW,
     Signal,
     Tuning,
     local_path_only,
@@ -60,6 +61,7 @@ from swarm.links.signaling import (
     sdp_fingerprint,
     seal,
 )
+from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +93,48 @@ class Credit(wire.Message):
 # -- the link --------------------------------------------------------------------------
 
 
+class CreditInbox(_Channel):
+    """Frames a data channel delivered, counted on receipt against the credit granted.
+
+    A data channel queues every message at once (no receive-side backpressure), so only the
+    sender's honesty had bounded it: 128 MiB sent against a 16 MiB window were all held
+    (issue 34). ``owed`` is what arrived and was not yet granted back; a peer that takes
+    more than ``window`` (plus a frame: honest grants are sent even on no credit) is cut
+    off with a ProtocolError and what it sent is dropped."""
+
+    def __init__(self, window: int) -> None:
+        super().__init__(1 << 30)
+        self.window = window
+        self.owed = 0
+        self.on_overrun: Callable[[LinkClosed], None] | None = None
+        """The link's abort (its reader may be waiting on its own application, not here)."""
+
+    def put_nowait(self, item: Any, nbytes: int = 0) -> None:
+        if self._closed is not None:
+            return
+        self.owed += len(item)
+        if self.owed > self.window + wire.MAX_FRAME:
+            exc = ProtocolError(f"the peer sent {self.owed} bytes unconsumed against a "
+                                f"window of {self.window}")
+            closed = LinkClosed(f"protocol error from peer: {exc}", exc)
+            self.drop(closed)
+            if self.on_overrun is not None:
+                self.on_overrun(closed)
+            return
+        super().put_nowait(item, len(item))
+
+    def granted(self, nbytes: int) -> None:
+        """Credit for ``nbytes`` went back to the peer: it may send that much again."""
+        self.owed -= nbytes
+
+
 class WebRTCLink(FramedLink):
     """A PeerLink over one aiortc data channel."""
 
     kind = "webrtc"
 
     def __init__(self, local: PeerId, remote: PeerId, pc: RTCPeerConnection,
-                 channel: RTCDataChannel, frames: _Channel, tuned: bool,
+                 channel: RTCDataChannel, frames: CreditInbox, tuned: bool,
                  options: LinkOptions | None = None) -> None:
         super().__init__(local, remote, options)
         window = self.options.window
@@ -106,6 +143,7 @@ class WebRTCLink(FramedLink):
         self.tuned = tuned
         """Whether swarm-only transport tuning is in use on this link."""
         self._frames = frames
+        frames.on_overrun = lambda exc: self._abort(exc.reason, exc.error)
         self._window = window
         self._credit = window
         self._credit_event = asyncio.Event()
@@ -121,7 +159,8 @@ class WebRTCLink(FramedLink):
             (grant,) = wire.encode(Credit(self._consumed), msg_id=0)
             self.channel.send(grant)  # outside the send lock, never waits for credit ...
             self._credit -= len(grant)  # ... but is debited like every frame, so the peer's
-            self._consumed = 0          # grant for it keeps the accounts exact
+            self._frames.granted(self._consumed)  # grant for it keeps the accounts exact
+            self._consumed = 0
         return frame
 
     async def _write_frames(self, frames: list[wire.Frame]) -> None:
@@ -339,11 +378,11 @@ class WebRTCEndpoint:
         self.tuning = Tuning() if tuned and _TUNABLE else None
         self.options = options
         self.connect_timeout = connect_timeout
-        self.guard = ReplayGuard()
+        self.guard = NonceWindow(MAX_SKEW)
         self._answers: dict[bytes, asyncio.Future[Signal]] = {}
         self._dialing: dict[bytes, PeerId] = {}
         self._handshakes = asyncio.Semaphore(max_handshakes)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Supervisor(log, "WebRTC answer")
         self._pcs: set[RTCPeerConnection] = set()
         self._closed = False
         signaler.on_message(self._inbox)
@@ -357,7 +396,7 @@ class WebRTCEndpoint:
         certificate is not the signed one).
         """
         pc = self._new_pc()
-        frames = _Channel(1 << 30)  # bounded by the sender's credit window instead
+        frames = CreditInbox((self.options or LinkOptions()).window)  # counted against credit
         opened = _opening()
         self._watch_pc(pc, frames, opened)
         channel = pc.createDataChannel("swarm", ordered=True)
@@ -428,14 +467,12 @@ class WebRTCEndpoint:
         if self._handshakes.locked():
             self._refused(signal.sender, RemoteError("too many handshakes at once"))
             return
-        task = asyncio.ensure_future(self._answer(signal, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._answer(signal, addr))
 
     async def _answer(self, offer: Signal, addr: Address) -> None:
         async with self._handshakes:
             pc = self._new_pc()
-            frames = _Channel(1 << 30)
+            frames = CreditInbox((self.options or LinkOptions()).window)
             opened = _opening()
             channels: list[RTCDataChannel] = []
             self._watch_pc(pc, frames, opened)
@@ -556,7 +593,7 @@ class WebRTCEndpoint:
             raise
 
     def _link(self, peer: PeerId, pc: RTCPeerConnection, channel: RTCDataChannel,
-              frames: _Channel, tuned: bool) -> WebRTCLink:
+              frames: CreditInbox, tuned: bool) -> WebRTCLink:
         link = WebRTCLink(self.key.peer_id, peer, pc, channel, frames, tuned, self.options)
         link.add_close_callback(lambda _: self._pcs.discard(pc))
         link._start()
@@ -572,8 +609,7 @@ class WebRTCEndpoint:
     async def close(self) -> None:
         """Refuse new signals and close every connection this endpoint made."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         await asyncio.gather(*(pc.close() for pc in list(self._pcs)), return_exceptions=True)
         self._pcs.clear()
 
@@ -670,6 +706,6 @@ class UDPSignaler(asyncio.DatagramProtocol):
             self.transport.close()
 
 
-__all__ = ["CONNECT_TIMEOUT", "Credit", "DHTSignaler", "Signaler", "UDPSignaler",
+__all__ = ["CONNECT_TIMEOUT", "Credit", "CreditInbox", "DHTSignaler", "Signaler", "UDPSignaler",
            "WebRTCEndpoint", "WebRTCLink",
            "selected_path", "turn_cannot_reach"]

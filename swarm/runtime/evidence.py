@@ -7,7 +7,7 @@ builds :class:`Evidence` (the receipt plus the parameters) and ships it with the
 content address, to the coordinator, which re-checks with :func:`check_evidence` and acts
 on proof alone: a report that cannot be re-checked is not evidence, whoever sends it.
 
-What the verdicts mean:
+What the findings mean (the coordinator acts on a proven one):
 
 ``proven``
     the receipt is the accused worker's signature over these very inputs and this output,
@@ -22,6 +22,7 @@ What the verdicts mean:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable
@@ -169,7 +170,7 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Finding:
     """What :func:`check_evidence` found."""
 
     kind: str
@@ -183,7 +184,7 @@ class Verdict:
 
 
 def check_evidence(evidence: Evidence,
-                   fetch_array: Callable[[bytes], np.ndarray | None]) -> Verdict:
+                   fetch_array: Callable[[bytes], np.ndarray | None]) -> Finding:
     """Re-check ``evidence`` with arrays from ``fetch_array(content address)``.
 
     Every array is checked against its address (``fetch_array`` may return anything), then
@@ -191,16 +192,16 @@ def check_evidence(evidence: Evidence,
     """
     r = evidence.receipt
     if not r.valid():
-        return Verdict("unproven", "the receipt's signature is not the worker's")
+        return Finding("unproven", "the receipt's signature is not the worker's")
     if params_digest(evidence.params) != r.params:
-        return Verdict("unproven", "the parameters do not match the receipt")
+        return Finding("unproven", "the parameters do not match the receipt")
     if (r.actor, r.method) != ("matmul", "matmul") or len(r.inputs) != 2 or len(r.outputs) != 1:
-        return Verdict("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
+        return Finding("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
     arrays = []
     for oid in (*r.inputs, *r.outputs):
         arr = fetch_array(oid)
         if not isinstance(arr, np.ndarray) or object_id(arr) != ObjectId(oid):
-            return Verdict("unproven", f"array {oid[:6].hex()} is missing or does not match "
+            return Finding("unproven", f"array {oid[:6].hex()} is missing or does not match "
                                        "its address")
         arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
     a, b, c = arrays
@@ -211,50 +212,115 @@ def check_evidence(evidence: Evidence,
         check_matmul([a, b], params)
         precision = params.get("precision", "f32")
         if not isinstance(c, np.ndarray) or c.shape != (a.shape[0], b.shape[1]):
-            return Verdict("proven", f"{r.worker.short()} signed a result of the wrong shape")
+            return Finding("proven", f"{r.worker.short()} signed a result of the wrong shape")
         a, b = check_operands(a, b)
-        if compute.verify_matmul(a, b, c, precision=precision):
-            return Verdict("correct", "the signed result is right: the report was false")
+        with contextlib.suppress(compute.InvalidInput), \
+                np.errstate(over="ignore", invalid="ignore"):  # overflows f32: judged below
+            if compute.verify_matmul(a, b, c, precision=precision):
+                return Finding("correct", "the signed result is right: the report was false")
         wrong = _beyond_worst_case(a, b, np.asarray(c, np.float64), precision)
     except (ValueError, TypeError, compute.InvalidInput) as exc:
-        return Verdict("unproven", f"the inputs are not a valid matmul: {exc}")
+        return Finding("unproven", f"the inputs are not a valid matmul: {exc}")
     if wrong is None:
-        return Verdict("unproven", "every suspect element is within the worst-case rounding "
-                                   "of some f32 summation order (crafted inputs?)")
-    return Verdict("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
+        return Finding("unproven", "every suspect element is within what some honest "
+                                   "backend can produce for these inputs (rounding in any "
+                                   "order, overflow, flushed subnormals, f16)")
+    return Finding("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
 
 
 MAX_SUSPECT_ROWS = 32
-"""Rows re-computed exactly when judging evidence (those Freivalds flags first)."""
+"""Rows re-computed exactly when judging evidence (non-finite ones first, then those
+Freivalds flags)."""
+_FLT_MAX = float(np.finfo(np.float32).max)
+_FLT_MIN = 2.0**-126
+"""Smallest normal f32: a GPU may flush anything below it to zero, inputs and results."""
+_F16_MIN = 2.0**-14
+"""Smallest normal f16 (a GPU may flush f16 subnormals too)."""
+
+
+def _rounded_inputs(x: np.ndarray, x_abs: np.ndarray, precision: str
+                    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(how far an honest backend's copy of ``x`` may be from it, where that copy may be
+    infinite), float64; None for none at all. ``x_abs`` is ``|x|`` in float64. f32:
+    subnormals may be flushed. f16: numpy rounds to nearest even (wgpu_backend's casts),
+    and f16 subnormals may be flushed in turn."""
+    if precision != "f16":
+        sub = (x_abs < _FLT_MIN) & (x_abs > 0)
+        return (np.where(sub, x_abs, 0.0) if sub.any() else None), None
+    with np.errstate(over="ignore"):
+        r = x.astype(np.float16).astype(np.float64)
+    inf = ~np.isfinite(r)
+    r = np.where(inf, 0.0, r)
+    d = np.abs(r - x_abs * np.sign(x)) + np.where(np.abs(r) < _F16_MIN, np.abs(r), 0.0)
+    return np.where(inf, 0.0, d), (inf if inf.any() else None)
 
 
 def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str
                        ) -> str | None:
-    """An element of ``c`` that no honest f32 product can produce, in words, or None.
+    """An element of ``c`` that no honest product can produce, in words, or None.
 
-    Freivalds' threshold is a *probabilistic* rounding model; inputs crafted to make every
-    rounding error point the same way (a large partial sum that absorbs many small terms)
-    can push an honest sequential sum past it. Blocking needs more: the flagged rows are
-    recomputed exactly (float64) and an element must differ by more than the worst case of
-    f32 accumulation in any order, ``gamma_K * sum_t |a_it| |b_tj|`` with
-    ``gamma_K = K u / (1 - K u)`` (Higham), plus f16 input rounding where asked.
+    Freivalds' threshold is a *probabilistic* rounding model, and a requester can craft
+    inputs that push an honest result past it (issue 34): a large partial sum that absorbs
+    many small terms, an exact value over FLT_MAX (the honest f32 result is inf), products
+    that underflow or subnormals a GPU flushes to zero, f16 inputs over 65504 or below its
+    normal range. Blocking needs more, judged exactly on the flagged rows (float64, whose
+    own rounding is charged too): the honest backend's inputs lie within ``da``/``db`` of
+    the sent ones (:func:`_rounded_inputs`), it sums in f32 in any order, with FMA or not,
+    so a finite honest element is within::
+
+        |a| db + da (|b| + db) + gamma_K (|a| + da)(|b| + db) + 4 K FLT_MIN
+
+    of the exact one (``gamma_K = K u / (1 - K u)``, Higham; the last term is underflow
+    and flushing, one FLT_MIN per operation). A finite element beyond that is a lie. A
+    non-finite element is a lie when no partial sum of any order can reach FLT_MAX (an
+    overflow is the only way finite inputs give inf or NaN) and no input rounds to inf;
+    otherwise it proves nothing.
     """
     m, k = a.shape
-    u = 2.0**-24
-    if k * u >= 0.5:
+    if k * 2.0**-24 >= 0.5:
         return None
-    gamma = k * u / (1 - k * u) + (3 * 2.0**-11 if precision == "f16" else 0.0)
-    r = draw_vectors(b.shape[1], ROUNDS)
-    residual = np.abs(residuals(a, b, c.astype(np.float32), r)).max(axis=1)
-    rows = np.argsort(-residual)[:MAX_SUSPECT_ROWS]
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
+    slack = 1.0 + 8 * (k + 2) * 2.0**-53   # the float64 sums below, each of >= 0 terms
+    finite_c = np.isfinite(c)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = draw_vectors(b.shape[1], ROUNDS)
+        residual = np.abs(residuals(a, b, np.where(finite_c, c, 0).astype(np.float32), r))
+    rank = np.nan_to_num(residual.max(axis=1), nan=np.inf, posinf=np.inf)
+    rank[~finite_c.all(axis=1)] = np.inf       # rows with a NaN or inf come first
+    rows = np.argsort(-rank, kind="stable")[:MAX_SUSPECT_ROWS]
     a64, b64 = a[rows].astype(np.float64), b.astype(np.float64)
     exact = a64 @ b64
-    bound = gamma * (np.abs(a64) @ np.abs(b64))
-    excess = np.abs(c[rows] - exact) - bound
+    a_abs, b_abs = np.abs(a64, out=a64), np.abs(b64, out=b64)   # (no more copies of b)
+    da, a_inf = _rounded_inputs(a[rows], a_abs, precision)
+    db, b_inf = _rounded_inputs(b, b_abs, precision)
+    plain = a_abs @ b_abs
+    if da is None and db is None:             # every input as sent (f32, no subnormal)
+        reach, spread = plain, 0.0
+    else:
+        a_up = a_abs if da is None else a_abs + da
+        b_up = b_abs if db is None else b_abs + db
+        reach = a_up @ b_up                   # what any honest partial sum is made of
+        spread = (0.0 if db is None else a_abs @ db) + (0.0 if da is None else da @ b_up)
+    bound = (spread + gamma * reach) * slack + 4 * k * _FLT_MIN \
+        + 4 * (k + 2) * 2.0**-53 * plain      # the float64 exact product's own rounding
+    may_overflow = (1 + gamma) * reach * slack + 4 * k * _FLT_MIN >= _FLT_MAX
+    inf_input = np.zeros(exact.shape, bool)
+    if a_inf is not None:
+        inf_input |= a_inf.any(axis=1)[:, None]
+    if b_inf is not None:
+        inf_input |= b_inf.any(axis=0)[None, :]
+    claimed = c[rows]
+    finite = np.isfinite(claimed)
+    excess = np.where(finite, np.abs(np.where(finite, claimed, 0.0) - exact) * (1 - 2.0**-52)
+                      - bound, np.inf)
+    # an honest overflow gives inf or NaN; an input rounded to inf gives anything
+    excess[(may_overflow & ~finite) | inf_input] = -np.inf
     if not np.any(excess > 0):
         return None
     i, j = np.unravel_index(int(np.argmax(excess)), excess.shape)
-    return (f"element ({int(rows[i])}, {int(j)}) is {float(c[rows[i], j])!r}, exactly "
+    return (f"element ({int(rows[i])}, {int(j)}) is {float(claimed[i, j])!r}, exactly "
             f"{float(exact[i, j])!r}, worst-case rounding {float(bound[i, j]):.3g}")
 
 

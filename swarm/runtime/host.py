@@ -53,7 +53,12 @@ CRASH_EXIT = 70
 MAX_INSTANCES = 256
 """Actor instances one requester may create on this worker."""
 MAX_HELD = 1024
-"""Out-of-order calls held for one actor instance."""
+"""Out-of-order calls held for one actor instance, and for one requester over all of its
+instances."""
+HELD_SHARE = 4
+"""One requester's out-of-order calls may hold at most ``1/HELD_SHARE`` of ``--max-memory``
+(issue 34: calls that can never run, held in a cap shared by all, had made the worker answer
+"busy" to every other requester)."""
 INLINE_RECEIPT_BYTES = 64 << 10
 """Results over at most this many array bytes (inputs and outputs) go with their receipt,
 signed on the loop (hashing them takes microseconds; a hop to a thread and back costs more
@@ -200,6 +205,9 @@ class ActorHost:
         if oid.raw != msg.oid:
             log.warning("object %s does not match its content; dropped", msg.oid[:6].hex())
             return
+        if shm.mapped(arr):  # a private copy: a mapping holds a descriptor while it lives,
+            arr = np.array(arr)  # and stored objects live up to --max-memory's worth of
+            # them (issue 34: one descriptor, or two, per object of 1 MiB or more)
         self.store.put(wire.restore_precision(arr) if wire.precision_of(arr) else arr, oid)
         self.stats.objects_received += 1
         self.stats.bytes_received += arr.nbytes
@@ -213,7 +221,11 @@ class ActorHost:
             await self._reply(link, TaskFailed(msg.task, "invalid",
                                                f"no installed actor method {msg.actor}.{msg.method}"))
             return
-        nbytes = sum(a.array.nbytes for a in msg.args if a.array is not None)
+        nbytes = 0
+        for arg in msg.args:
+            if arg.array is not None:
+                nbytes += arg.array.nbytes
+                shm.settle(arg.array)  # held until the call runs: no descriptor needed
         call = _Call(link, msg, nbytes)
         if msg.seq < 0 or msg.instance == 0:
             if not await self._reserve(call):
@@ -230,6 +242,8 @@ class ActorHost:
                 await self._reply(link, TaskFailed(msg.task, "invalid",
                                                    "call is too far ahead of the actor's order"))
                 return
+            if msg.seq != inst.order.next_seq and not await self._held_share(call):
+                return
             if not await self._reserve(call):
                 return
             stale = inst.order.stale
@@ -237,6 +251,23 @@ class ActorHost:
             if inst.order.stale != stale:   # a duplicate: dropped, holds nothing
                 self.store.release(call.nbytes)
         self._wake.set()
+
+    async def _held_share(self, call: _Call) -> bool:
+        """Whether one more call held out of order fits its requester's share (refused
+        clearly otherwise; the share frees as its earlier calls arrive)."""
+        peer = call.link.remote
+        held = [c for (p, _, _), inst in self._instances.items() if p == peer
+                for c in inst.order.held_calls()]
+        share = self.store.capacity // HELD_SHARE
+        nbytes = sum(c.nbytes for c in held)
+        if len(held) < MAX_HELD and nbytes + call.nbytes <= share:
+            return True
+        await self._reply(call.link, TaskFailed(
+            call.msg.task, "busy", f"worker memory for calls held out of order is shared: "
+            f"you hold {len(held)} ({nbytes} bytes) waiting for earlier calls of their actors, "
+            f"one requester's share is {MAX_HELD} calls and {share} bytes (1/{HELD_SHARE} of "
+            f"--max-memory); send the earlier calls first"))
+        return False
 
     async def _reserve(self, call: _Call) -> bool:
         """Count the call's inline arrays against ``--max-memory``; refuse it when over."""

@@ -28,8 +28,8 @@ from identity.keys import PeerId, PeerKey
 from swarm import wire
 from swarm.errors import LinkClosed, ProtocolError
 from swarm.links import tls
-from swarm.links.base import LinkOptions, LinkStats, PeerLink, _Channel
-from swarm.links.webrtc import WebRTCLink
+from swarm.links.base import LinkOptions, LinkStats, PeerLink
+from swarm.links.webrtc import CreditInbox, WebRTCLink
 
 log = logging.getLogger("swarm.web.relay")
 OPEN_TIMEOUT = 10.0
@@ -73,7 +73,7 @@ class ChannelLink(WebRTCLink):
 def channel_link(local: PeerId, remote: PeerId, pc: RTCPeerConnection,
                  channel: RTCDataChannel, options: LinkOptions | None = None) -> ChannelLink:
     """Wrap an open data channel of ``pc`` as a link to ``remote`` (started)."""
-    frames = _Channel(1 << 30)  # bounded by the sender's credit window instead
+    frames = CreditInbox((options or LinkOptions()).window)  # counted against credit granted
     channel.on("message", lambda data: frames.put_nowait(data if isinstance(data, bytes)
                                                          else b""))  # text: decoder refuses
     channel.on("close", lambda: frames.close(LinkClosed("connection lost: channel closed")))

@@ -26,6 +26,7 @@ from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links import tls
 from swarm.links.base import PeerLink
 from swarm.runtime.protocol import PutObject, RunTask, TaskFailed, TaskResult
+from swarm.web.hosts import allowed_names, host_guard
 from swarm.web.relay import OPEN_TIMEOUT, RelayOpen, RelayOpened, channel_link, pipe
 from swarm.web.session import ANNOUNCE_TTL, STEP_TIMEOUT, TabSession, parse_join
 
@@ -57,8 +58,10 @@ class WebServer:
     """Serves tabs for one running member (``member.serve`` starts and stops it)."""
 
     def __init__(self, node, info: SwarmInfo, host: str, port: int,
-                 observe=None) -> None:
+                 observe=None, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.node = node
+        self.allowed_hosts = allowed_hosts
+        """Host names to answer besides addresses, localhost and ``host`` (swarm.web.hosts)."""
         self.info = info
         self.host, self.port = host, port
         self._observe = observe
@@ -77,7 +80,8 @@ class WebServer:
     async def start(self) -> None:
         self.relay = await tls.listen(self.node.key, self.node.config.host, 0,
                                       on_link=self._relay, accept=self.node._accepts)
-        app = web.Application(client_max_size=64 * 1024)
+        app = web.Application(client_max_size=64 * 1024, middlewares=[
+            host_guard(allowed_names(self.host, self.allowed_hosts))])  # DNS rebinding
         app.router.add_get("/", self._page("join.html"))
         app.router.add_get("/status", self._page("status.html"))
         app.router.add_get("/config.json", self._config)

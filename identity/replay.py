@@ -1,8 +1,9 @@
 """One replay window for signed, nonce-carrying messages (sans-IO, fed ``now``).
 
-Shared by the DHT's authenticated datagrams (:class:`dht.messages.ReplayGuard`) and WebRTC
-signaling (:class:`swarm.links.signaling.ReplayGuard`): each checks its own signature and
-addressing first, then asks :class:`NonceWindow` whether the (sender, nonce) is fresh.
+Below everything that takes signed messages from peers: the DHT's authenticated datagrams
+(:class:`dht.messages.ReplayGuard`), WebRTC signaling (:func:`swarm.links.signaling.open_signal`)
+and circuit hellos (:mod:`swarm.links.circuit`). Each checks its own signature and addressing
+first, then asks :class:`NonceWindow` whether the (sender, nonce) is fresh.
 """
 
 from __future__ import annotations

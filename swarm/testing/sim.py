@@ -1,7 +1,8 @@
 """A one-process simulation of a swarm's control plane at 100-1,000 members (sans-IO).
 
-What is real: every member runs the real :class:`~swarm.control.machine.Controller` with its
-own ed25519 key; control messages are sealed with :func:`swarm.control.state.seal` and
+What is real: every member runs the real :class:`~swarm.control.core.ControlCore` (the one
+:class:`swarm.control.plane.ControlPlane` drives: the same dispatch, claims, proofs and
+reads) with its own ed25519 key; control messages are sealed with :func:`swarm.control.state.seal` and
 wrapped in a per-recipient :class:`dht.messages.Envelope` (a real signature each), and the
 recipient's :class:`dht.messages.ReplayGuard` and :func:`~swarm.control.state.unseal`
 verify them; membership announcements are real signed :class:`dht.announce.Announcement` s
@@ -19,11 +20,11 @@ the target, which answer with the value (a topic's announcements paged at the DH
 ``MAX_PAGE_SOURCES`` replicas). The charter is modelled as a
 counter in an item of :data:`CHARTER_BYTES` (its FIDO2 proof is not re-created here).
 
-How each member decides its DHT reads is its adapter, the one point to swap:
-:class:`SyncAdapter` drives the real :class:`swarm.control.sync.Sync` core as
-:class:`swarm.control.plane.ControlPlane` does (heartbeats carry digests; members fetch what
-changed); :class:`PollingAdapter` replays the policy before issue 19 (every member listed the
-whole membership topic every second, read its coordinator's state item every second and the
+How each member decides its DHT reads is the one point to swap (the core's ``reads``):
+:class:`SyncAdapter` gives each core the real :class:`swarm.control.sync.Sync` core, as the
+plane does (heartbeats carry digests; members fetch what changed); :class:`PollingAdapter`
+gives it :class:`Polling`, the policy before issue 19 (every member listed the whole
+membership topic every second, read its coordinator's state item every second and the
 charter every five) for the before figures.
 
 Wall time: the DHT is charged arithmetically, so the cost is the cores and the signatures;
@@ -38,7 +39,8 @@ import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import msgpack
 
@@ -51,29 +53,14 @@ from dht.node import MAX_PAGE_SOURCES
 from dht.store import MAX_PER_TOPIC
 from dht.wire import announcement_to_wire, mutable_to_wire
 from identity.keys import PeerId, PeerKey
-from swarm.control import machine as control
+from swarm.control import core as cc
 from swarm.control.charter import state_salt, validate_state_item
-from swarm.control.election import Candidate
+from swarm.control.core import TICK, ControlCore
 from swarm.control.machine import Command, Controller, Duty, Timing
-from swarm.control.membership import (
-    ANNOUNCE_TTL,
-    MemberRecord,
-    announced,
-    candidate,
-    membership_topic,
-)
-from swarm.control.plane import TICK
-from swarm.control.state import CoordinatorState, StateItem, resolve, seal, unseal
-from swarm.control.sync import (
-    Digest,
-    Fetch,
-    Mode,
-    Sync,
-    SyncTiming,
-    rival_batch,
-    view_digest,
-)
-from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, membership_topic
+from swarm.control.state import CoordinatorState, StateItem, resolve
+from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming
+from swarm.errors import ProtocolError
 
 EPOCH = 1_800_000_000.0
 """Unix time at simulated time 0 (announcement expiry and message windows use it)."""
@@ -325,144 +312,133 @@ class Charter:
     admins: tuple[PeerId, ...] = ()
     policy: dict = field(default_factory=lambda: {"require_hardware": False})
 
+    def ownership(self) -> SimpleNamespace:
+        """What a verified charter gives the core (the fields it reads)."""
+        return SimpleNamespace(
+            counter=self.counter, sign_counts={},
+            admins={p: SimpleNamespace(expires=None) for p in self.admins},
+            policy=SimpleNamespace(require_hardware=self.policy["require_hardware"]))
+
 
 class Member:
-    """One simulated member: its key, its DHT id, its real controller."""
+    """One simulated member: its key, its DHT id, its real control core."""
 
     def __init__(self, sim: Sim, index: int, key: PeerKey, tflops: float) -> None:
         self.sim, self.index, self.key = sim, index, key
         self.peer_id = key.peer_id
         self.node_id = mutable_target(key.public_bytes)[:20]
         self.record = MemberRecord(self.peer_id, tflops, dht=("10.0.0.1", 1 + index))
-        self.controller = Controller(self.peer_id, sim.swarm_id, 0.0, sim.timing)
+        self.core = ControlCore(key, sim.swarm_id, 0.0, timing=sim.timing)
+        """Its control core (a fresh one each time it joins: :meth:`Sim.join`)."""
         self.replay = ReplayGuard()
-        self.charter = 0
         self.alive = True
-        self.rivals_after: PeerId | None = None
-        """Where this member's next rival check starts (as a coordinator)."""
         self.started = False
+
+    @property
+    def controller(self) -> Controller:
+        return self.core.controller
+
+    @property
+    def charter(self) -> int:
+        """The highest charter counter this member accepted."""
+        return self.core.charter_floor
 
     def __repr__(self) -> str:
         return f"Member({self.index}, {self.peer_id.short()})"
 
 
-class PollingAdapter:
-    """The adapter's policy before issue 19 (:mod:`swarm.control.plane` at that time),
-    played on the simulated clock: every member lists the membership topic every
-    :data:`VIEW_INTERVAL`, reads its coordinator's state item (all members' items while it
-    follows nobody; a coordinator: all, for rivals) as often, and fetches the charter every
-    :data:`CHARTER_REFRESH`; heartbeats carry no digest."""
+class Polling:
+    """The read policy before issue 19 (:mod:`swarm.control.plane` at that time), in the
+    :class:`~swarm.control.sync.Sync` core's shape: every member lists the membership topic
+    every :data:`VIEW_INTERVAL`, reads its coordinator's state item (all members' items while
+    it follows nobody; a coordinator: all, for rivals) as often, and fetches the charter
+    every :data:`CHARTER_REFRESH`; heartbeats' digests are ignored, no hello is sent."""
 
-    name = "poll"
     VIEW_INTERVAL = 1.0
     CHARTER_REFRESH = 5.0
+
+    def __init__(self, now: float, phase: float) -> None:
+        self.timing = SyncTiming(rival_batch=1 << 30)
+        self.coordinating = False
+        self.counts: dict[Fetch, int] = dict.fromkeys(Fetch, 0)
+        self._next = {Fetch.VIEW: now + phase, Fetch.STATE: now + phase + 0.5,
+                      Fetch.CHARTER: now + phase * self.CHARTER_REFRESH}
+
+    def heard(self, digest: Digest | None, now: float) -> None:
+        """Polling finds changes on its own timers."""
+
+    def have(self, view: bytes | None = None, charter: int | None = None) -> None:
+        """Polling reads whatever it holds."""
+
+    def role(self, coordinating: bool, now: float) -> None:
+        self.coordinating = coordinating
+
+    def nudged(self, now: float) -> None:
+        """Polling reads the topic every second anyway."""
+
+    def done(self, fetch: Fetch, now: float, ok: bool = True) -> None:
+        """Polling's timers do not wait for reads."""
+
+    def mode(self, now: float) -> Mode:
+        return Mode.COORDINATING if self.coordinating else Mode.FOLLOWING
+
+    def due(self, now: float) -> list[Fetch]:
+        out = []
+        for fetch, period in ((Fetch.VIEW, self.VIEW_INTERVAL),
+                              (Fetch.STATE, self.VIEW_INTERVAL),
+                              (Fetch.CHARTER, self.CHARTER_REFRESH)):
+            if now >= self._next[fetch]:
+                self._next[fetch] += period
+                if fetch is Fetch.STATE and self.coordinating:
+                    fetch = Fetch.RIVALS  # a coordinator's state check: every rival's item
+                self.counts[fetch] += 1
+                out.append(fetch)
+        return out
+
+
+class PollingAdapter:
+    """Members read the DHT by the :class:`Polling` policy (the before figures)."""
+
+    name = "poll"
 
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
 
-    def start(self, m: Member) -> None:
-        s = self.sim
-        phase = s.rng.random()
-        s.every(m, TICK, phase * TICK, lambda: s.tick(m))
-        s.every(m, self.VIEW_INTERVAL, phase, lambda: s.refresh_view(m))
-        s.every(m, self.VIEW_INTERVAL, phase + 0.5, lambda: self.check_dht(m))
-        s.every(m, self.CHARTER_REFRESH, phase * self.CHARTER_REFRESH,
-                lambda: s.refresh_charter(m))
-
-    def check_dht(self, m: Member) -> None:
-        """``_check_dht`` of that time: state items, then a coordinator's rivals."""
-        c = m.controller
-        if c.state is None:
-            self.sim.read_states(m)
-        elif c.role is Duty.COORDINATOR:
-            self.sim.rivals(m)
-        else:
-            self.sim.catch_up(m)
-
-    def digest(self, m: Member) -> bytes:
-        return b""
-
-    def heard(self, m: Member, digest: bytes) -> None:
-        """Polling finds changes on its own timers."""
-
-    def role_changed(self, m: Member, role: Duty) -> None:
-        """Polling does the same whatever the role."""
-
-    def nudged(self, m: Member) -> None:
-        """Polling reads the topic every second anyway (and sends no hellos)."""
+    def reads(self, m: Member, now: float) -> Polling:
+        return Polling(now, self.sim.rng.random())
 
 
 class SyncAdapter:
-    """Today's adapter policy: the sans-IO :class:`swarm.control.sync.Sync` core decides
-    every DHT read (heartbeats carry its :class:`~swarm.control.sync.Digest`); this only
-    starts the reads it asks for and reports them back, as :mod:`swarm.control.plane`
-    does."""
+    """Today's read policy: the sans-IO :class:`swarm.control.sync.Sync` core decides every
+    DHT read (heartbeats carry its :class:`~swarm.control.sync.Digest`), timed as
+    :class:`swarm.control.core.ControlCore` times it (silence at half the failover)."""
 
     name = "sync"
 
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
-        self.cores: dict[int, Sync] = {}
 
-    def start(self, m: Member) -> None:
-        """A core per member, timed as plane.py times it (silence at half the failover)."""
+    def reads(self, m: Member, now: float) -> Sync:
         s = self.sim
-        self.cores[m.index] = Sync(s.loop.now, SyncTiming(silence=s.timing.failover / 2),
-                                   rng=random.Random(s.rng.random()))
-        s.every(m, TICK, s.rng.random() * TICK, lambda: self.tick(m))
-
-    def tick(self, m: Member) -> None:
-        s, core = self.sim, self.cores[m.index]
-        for fetch in core.due(s.loop.now):
-            self.fetch(m, fetch)
-        s.tick(m)
-
-    def fetch(self, m: Member, fetch: Fetch) -> None:
-        s, core, c = self.sim, self.cores[m.index], m.controller
-
-        def done() -> None:
-            core.have(view=view_digest(c.view), charter=m.charter)
-            core.done(fetch, s.loop.now, True)
-        if fetch is Fetch.VIEW:
-            s.refresh_view(m, done)
-        elif fetch is Fetch.CHARTER:
-            s.refresh_charter(m, done)
-        else:
-            if fetch is Fetch.RIVALS:
-                s.rivals(m, core.timing.rival_batch)
-            elif c.state is None:
-                s.read_states(m)
-            else:
-                s.catch_up(m)
-            coord = c.state.coordinator if c.state is not None else None
-            if fetch is Fetch.STATE and coord not in (None, m.peer_id) \
-                    and core.mode(s.loop.now) is Mode.SILENT:  # as plane.py's _hello
-                s.send(m, coord, "membership", seal(m.key, s.swarm_id, "hello", b""))
-            done()
-
-    def digest(self, m: Member) -> bytes:
-        view = m.controller.view
-        return Digest(view_digest(view), len(view), m.charter).encode()
-
-    def heard(self, m: Member, digest: bytes) -> None:
-        self.cores[m.index].heard(Digest.decode(digest) if digest else None,
-                                  self.sim.loop.now)
-
-    def role_changed(self, m: Member, role: Duty) -> None:
-        self.cores[m.index].role(role is Duty.COORDINATOR, self.sim.loop.now)
-
-    def nudged(self, m: Member) -> None:
-        self.cores[m.index].nudged(self.sim.loop.now)
+        return Sync(now, SyncTiming(silence=s.timing.failover / 2),
+                    rng=random.Random(s.rng.random()))
 
 
 Adapter = PollingAdapter | SyncAdapter
+
+MESSAGE_KINDS = {"hb": "heartbeat", "kick": "heartbeat", "hello": "membership",
+                 "handoff": "election", "liar": "state", "fwd": "state", "fwdauto": "state",
+                 "cmd": "state"}
+"""The traffic kind each control message counts under."""
 
 
 # -- the simulation --------------------------------------------------------------------------
 
 
 class Sim:
-    """N members over a simulated network and DHT, each with a real Controller."""
+    """N members over a simulated network and DHT, each with a real :class:`ControlCore`
+    (the one :class:`swarm.control.plane.ControlPlane` drives), its actions carried out
+    here."""
 
     def __init__(self, members: int, *, seed: int = 1, latency: float = 0.02,
                  jitter: float = 0.03, loss: float = 0.0, timing: Timing | None = None,
@@ -479,21 +455,25 @@ class Sim:
         self.topic = membership_topic(self.swarm_id)
         self.salt = state_salt(self.swarm_id)
         self.charter = Charter()
+        self.adapter = adapter(self)
         keys = [PeerKey.from_seed(self.rng.randbytes(32)) for _ in range(members)]
         self.members = [Member(self, i, k, round(self.rng.uniform(0.5, 5.0), 3))
                         for i, k in enumerate(keys)]
         self.by_peer = {m.peer_id: m for m in self.members}
         self.dht = SimDHT(self.net, [m.node_id for m in self.members], k, alpha)
-        self.adapter = adapter(self)
-        self._view: tuple[int, list[Candidate]] = (-1, [])
-        self._view_expires = float("inf")
-        self._decoded: dict[bytes, tuple[Candidate, float]] = {}
-        """Each announcement as the election sees it, and its expiry (Unix time)."""
+        self._listed: tuple[int, tuple[tuple[MemberRecord, float], ...]] = (-1, ())
+        self._decoded: dict[bytes, MemberRecord] = {}
+        """Each announcement's record, decoded (and its signature checked) once."""
         self._items: dict[bytes, StateItem] = {}
         self.watch: Callable[[Member], None] | None = None
         """Called after each event that may change a member's controller."""
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def new_core(self, m: Member, now: float) -> ControlCore:
+        return ControlCore(m.key, self.swarm_id, now, timing=self.timing,
+                           announce_ttl=self.announce_ttl,
+                           reads=self.adapter.reads(m, now))
 
     def wall(self) -> float:
         return EPOCH + self.loop.now
@@ -509,11 +489,12 @@ class Sim:
         return [m for m in self.members if m.alive and m.started
                 and m.controller.role is not Duty.STOPPED]
 
-    def tick(self, m: Member) -> None:
-        m.controller.tick(self.loop.now)
-        self.do(m)
+    def feed(self, m: Member, event) -> None:
+        """One event for ``m``'s core, now; its actions carried out."""
+        if m.alive:
+            self.do(m, m.core.handle(event, self.loop.now, self.wall()))
 
-    # -- membership and DHT reads -------------------------------------------------------------
+    # -- membership --------------------------------------------------------------------------
 
     def announce(self, m: Member) -> None:
         """Announce ``m`` (a real signed record) for the node's ``announce_ttl``."""
@@ -521,52 +502,69 @@ class Sim:
                                   self.wall() + self.announce_ttl)
         self.dht.announce(m.index, self.topic, ann, self.wall())
 
-    def view(self) -> list[Candidate]:
-        """The live members as a full listing decodes them (once per change of the store:
-        each announcement's record decoded and its signature checked once)."""
-        wall = self.wall()
-        if self._view[0] != self.dht.version or self._view_expires < wall:
+    def listed(self) -> tuple[tuple[MemberRecord, float], ...]:
+        """The live announcements as a full listing decodes them (rebuilt once per change
+        of the store: each announcement's record decoded and its signature checked once)."""
+        if self._listed[0] != self.dht.version:
             out = []
             for ann in self.dht.topics[self.topic].values():
-                if ann.expires_at < wall:
-                    continue
-                if ann.signature not in self._decoded:
+                rec = self._decoded.get(ann.signature)
+                if rec is None:
                     ann.check(self.topic)
-                    rec = MemberRecord.decode(ann.record, ann.peer_id)
-                    self._decoded[ann.signature] = (candidate(rec, announced(
-                        ann.expires_at, EPOCH, 0.0, self.announce_ttl)), ann.expires_at)
-                out.append(self._decoded[ann.signature])
-            self._view = (self.dht.version, [c for c, _ in out])
-            self._view_expires = min((e for _, e in out), default=float("inf"))
-        return self._view[1]
+                    rec = self._decoded[ann.signature] = MemberRecord.decode(ann.record,
+                                                                             ann.peer_id)
+                out.append((rec, ann.expires_at))
+            self._listed = (self.dht.version, tuple(out))
+        wall = self.wall()
+        return tuple(x for x in self._listed[1] if x[1] >= wall)
 
-    def refresh_view(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
-        """List the membership topic; the controller gets the view when the lookup ends."""
-        anns, took = self.dht.get_peers(m.index, self.topic, self.wall())
-        view = self.view()
+    # -- carrying out a core's actions ---------------------------------------------------------
 
-        def done() -> None:
-            if not m.alive:
-                return
-            blocked = m.controller.blocked()
-            m.controller.members([c for c in view if c.peer_id not in blocked],
-                                 self.loop.now)
-            self.do(m)
-            then()
-        self.loop.after(took, done)
+    def do(self, m: Member, actions: list) -> None:
+        """Carry out ``m``'s core's actions (what the plane's ``_do_now`` does, on the
+        modelled network and DHT)."""
+        for act in actions:
+            if isinstance(act, cc.ReadView):
+                _, took = self.dht.get_peers(m.index, self.topic, self.wall())
+                listed = self.listed()
+                self.loop.after(took, lambda listed=listed: self.feed(m, cc.ViewRead(listed, m.record)))
+            elif isinstance(act, cc.ReadStates):
+                kind = "election" if act.purpose is cc.Purpose.CLAIM_CAS else "state"
+                found = (self.state_of(m, p, kind, act.known) for p in act.peers)
+                self.feed(m, cc.StatesRead(act, tuple(s for s in found if s is not None)))
+            elif isinstance(act, cc.ResolveItem):
+                self.resolve_item(m, act)
+            elif isinstance(act, cc.ReadCharter):
+                ch = self.charter.ownership()
+                took = self.dht.lookup(m.index, mutable_target(self.swarm_key.public_bytes,
+                                                               b"swarm"), "charter",
+                                       lambda r: CHARTER_BYTES)
+                self.loop.after(took, lambda ch=ch: self.feed(m, cc.CharterRead(ch)))
+            elif isinstance(act, cc.PutItem):
+                self.put_item(m, act)
+            elif isinstance(act, cc.Send):
+                for page in act.pages:
+                    self.dht.put_immutable(m.index, page.target, page.encode(), "state")
+                kind = MESSAGE_KINDS.get(msgpack.unpackb(act.payload)["k"], "state")
+                for peer in act.to:
+                    self.send(m, peer, kind, act.payload)
+        if self.watch is not None:
+            self.watch(m)
 
-    def state_of(self, m: Member, peer: PeerId, kind: str) -> CoordinatorState | None:
+    def state_of(self, m: Member, peer: PeerId, kind: str,
+                 known: CoordinatorState | None = None) -> CoordinatorState | None:
         item, _ = self.dht.get_mutable(m.index, mutable_target(peer.raw, self.salt), kind)
         if item is None:
             return None
         try:
             if item.signature not in self._items:  # decoded once for all readers
                 self._items[item.signature] = StateItem.decode(item.value)
-            return _run(self._resolve(m, self._items[item.signature], kind))
+            return _run(self._resolve(m, self._items[item.signature], kind, known))
         except ProtocolError:
             return None
 
     async def _resolve(self, m: Member, item: StateItem, kind: str,
+                       known: CoordinatorState | None,
                        took: list[float] | None = None) -> CoordinatorState:
         """The real :func:`~swarm.control.state.resolve`, its page reads from the modelled
         DHT (their lookup times added to ``took``)."""
@@ -575,117 +573,30 @@ class Sim:
             if took is not None:
                 took.append(t)
             return value
-        return await resolve(item, page, m.controller.state)
+        return await resolve(item, page, known)
 
-    def all_states(self, m: Member, kind: str) -> list[CoordinatorState]:
-        """Every member's state item (the adapter's ``_dht_states``: one get per member)."""
-        found = (self.state_of(m, c.peer_id, kind) for c in self.view())
-        return [s for s in found if s is not None]
+    def resolve_item(self, m: Member, act: cc.ResolveItem) -> None:
+        took: list[float] = []
+        state, why = None, ""
+        try:
+            state = _run(self._resolve(m, act.item, "state", act.known, took))
+        except ProtocolError as exc:
+            why = str(exc)
+        self.loop.after(sum(took), lambda: self.feed(m, cc.ItemResolved(act, state, why)))
 
-    def read_states(self, m: Member) -> None:
-        c = m.controller
-        counted = c.dht_states(self.all_states(m, "state"))
-        for st in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
-            if c.state is None or st.term > c.state.term:
-                try:
-                    c.heartbeat(st, st.coordinator, self.loop.now, heard=False)
-                except (StaleTerm, NotCoordinator, ProtocolError):
-                    pass
-        self.do(m)
-
-    def catch_up(self, m: Member) -> None:
-        st = m.controller.state
-        if st is None or st.coordinator == m.peer_id:
-            return
-        newer = self.state_of(m, st.coordinator, "state")
-        if newer is not None and newer.coordinator == st.coordinator and newer.seq > st.seq:
-            try:
-                m.controller.heartbeat(newer, newer.coordinator, self.loop.now, heard=False)
-            except (StaleTerm, NotCoordinator, ProtocolError):
-                pass
-            self.do(m)
-
-    def refresh_charter(self, m: Member, then: Callable[[], None] = lambda: None) -> None:
-        """Fetch the charter; a newer one reaches the controller when the lookup ends."""
-        ch = self.charter
-        took = self.dht.lookup(m.index, mutable_target(self.swarm_key.public_bytes,
-                                                       b"swarm"), "charter",
-                               lambda r: CHARTER_BYTES)
-
-        def done() -> None:
-            if not m.alive:
-                return
-            if ch.counter > m.charter:
-                m.charter = ch.counter
-                m.controller.charter_changed(ch.admins, ch.policy, self.loop.now)
-                self.do(m)
-            then()
-        self.loop.after(took, done)
-
-    def rivals(self, m: Member, batch: int | None = None) -> None:
-        """A coordinator's look for a rival's state item (every member's item, or the next
-        ``batch`` of them round robin, as plane.py's ``_check_rivals``)."""
-        c = m.controller
-        if c.role is Duty.COORDINATOR:
-            peers = [v.peer_id for v in self.view()]
-            if batch is not None:
-                peers = rival_batch(peers, m.rivals_after, batch)
-                m.rivals_after = peers[-1] if peers else None
-            found = (self.state_of(m, p, "state") for p in peers)
-            for st in c.dht_states([s for s in found if s is not None]):
-                c.rival(st, self.loop.now)
-            self.do(m)
-
-    # -- actions -----------------------------------------------------------------------------
-
-    def do(self, m: Member) -> None:
-        """Carry out the controller's actions (what the adapter's ``_do`` does)."""
-        for act in m.controller.actions():
-            if isinstance(act, control.PutState):
-                self.put_state(m, act)
-            elif isinstance(act, control.SendHeartbeat):
-                msg = seal(m.key, self.swarm_id, "hb", act.state.encode_item(),
-                           act.endorsement, digest=self.adapter.digest(m))
-                self.put_pages(m, act.state)
-                for peer in act.to:
-                    self.send(m, peer, "heartbeat", msg)
-            elif isinstance(act, control.SendHandoff):
-                msg = seal(m.key, self.swarm_id, "handoff", act.state.encode_item())
-                self.send(m, act.to, "handoff", msg)
-            elif isinstance(act, control.SendKick):
-                msg = seal(m.key, self.swarm_id, "kick", act.order.encode())
-                for peer in act.to:
-                    self.send(m, peer, "kick", msg)
-            elif isinstance(act, control.RoleChanged):
-                self.adapter.role_changed(m, act.new)
-        if self.watch is not None:
-            self.watch(m)
-
-    def put_pages(self, m: Member, state: CoordinatorState) -> None:
-        for page in state.pages():
-            if page.target not in self.dht.immutable:
-                self.dht.put_immutable(m.index, page.target, page.encode(), "state")
-
-    def put_state(self, m: Member, act: control.PutState) -> None:
-        c = m.controller
-        took = 0.0
-        if act.claim:
-            top = c.claim_conflict(act.state, self.all_states(m, "election"))
-            if top is not None:
-                c.claim_result(False, self.loop.now, f"{top.coordinator.short()} holds "
-                                                     f"term {top.term}", beaten_by=top)
-                self.do(m)
-                return
-        self.put_pages(m, act.state)
-        ok, why = True, ""
+    def put_item(self, m: Member, act: cc.PutItem) -> None:
+        for page in act.pages:
+            self.dht.put_immutable(m.index, page.target, page.encode(), "state")
+        ok, why, took, stored = True, "", 0.0, None
         try:
             item = MutableItem.create(m.key, act.state.encode_item(), act.state.seq, self.salt)
             took = self.dht.put_mutable(m.index, item, "election" if act.claim else "state")
         except ItemError as exc:
             ok, why = False, str(exc)
-        if act.claim:
-            self.loop.after(took, lambda: (c.claim_result(ok, self.loop.now, why),
-                                           self.do(m)))
+            if act.claim and exc.code == 302:
+                held = self.dht.mutable.get(mutable_target(m.key.public_bytes, self.salt))
+                stored = held.seq if held is not None else None
+        self.loop.after(took, lambda: self.feed(m, cc.PutDone(act, ok, why, stored)))
 
     def send(self, m: Member, peer: PeerId, kind: str, msg: bytes) -> None:
         """A control message in a per-recipient signed envelope (the DHT's messages)."""
@@ -694,51 +605,19 @@ class Sim:
             return
         env = Envelope.seal(m.key, m.peer_id, dst.node_id, msg, self.wall())
         nbytes = _packed(["message", [b"\0" * 20, env.to_wire()]])
-        self.net.send(m.index, dst.index, kind, nbytes, lambda: self.receive(dst, env))
+        self.net.send(m.index, dst.index, kind, nbytes,
+                      lambda: self.receive(dst, env, m.peer_id, m.record.dht))
         self.net.send(dst.index, m.index, kind, _packed({"ok": True}))
 
-    def receive(self, m: Member, env: Envelope) -> None:
-        """The recipient's side: replay guard, unseal, blocklist pages, then the controller
-        (after the page lookups, when the state names pages this member lacks)."""
-        if not m.alive:
+    def receive(self, m: Member, env: Envelope, sender: PeerId, addr: tuple[str, int]) -> None:
+        """The recipient's side: the DHT's replay guard, then the core."""
+        if not m.alive or not m.started:
             return
-        c = m.controller
         try:
             m.replay.admit(env, m.node_id, self.wall())
-            msg = unseal(self.swarm_id, env.payload)
-            if msg.kind == "hello":  # as plane.py: a member we do not list, read soon
-                if c.role is Duty.COORDINATOR and msg.sender not in c.view:
-                    self.adapter.nudged(m)
-                return
-            if msg.kind not in ("hb", "handoff"):
-                return
-            item = StateItem.decode(msg.body)
-            head = item.head if msg.kind == "hb" else replace(item.head,
-                                                              coordinator=msg.sender)
-            if why := c.implausible(head):
-                raise NotCoordinator(why)
-            took: list[float] = []
-            state = _run(self._resolve(m, item, "state", took))
-        except (StaleTerm, NotCoordinator, ProtocolError, ItemError):
+        except ItemError:
             return
-
-        def apply() -> None:
-            if not m.alive:
-                return
-            try:
-                if msg.kind == "hb":
-                    c.heartbeat(state, msg.sender, self.loop.now)
-                    if c.coordinator == msg.sender:
-                        self.adapter.heard(m, msg.digest)
-                else:
-                    c.handoff_offer(state, msg.sender, self.loop.now, msg.endorsement)
-            except (StaleTerm, NotCoordinator, ProtocolError):
-                pass
-            self.do(m)
-        if took:
-            self.loop.after(sum(took), apply)
-        else:
-            apply()
+        self.feed(m, cc.MessageReceived(sender, addr, env.payload))
 
     # -- scenarios ---------------------------------------------------------------------------
 
@@ -750,12 +629,13 @@ class Sim:
 
     def join(self, m: Member) -> None:
         """``m`` starts now: it announces itself (and again before a third of the lifetime
-        has passed, less up to a fifth at random, as nodes do) and its adapter runs."""
+        has passed, less up to a fifth at random, as nodes do), its core starts and ticks."""
         m.started = True
-        m.controller = Controller(m.peer_id, self.swarm_id, self.loop.now, self.timing)
+        m.core = self.new_core(m, self.loop.now)
         self.every(m, self.announce_ttl / 3 * self.rng.uniform(0.8, 1.0), 0.0,
                    lambda: self.announce(m))
-        self.adapter.start(m)
+        self.feed(m, cc.Start())
+        self.every(m, TICK, self.rng.random() * TICK, lambda: self.feed(m, cc.Tick()))
 
     def coordinator(self) -> Member | None:
         """The member every live member follows, when they all agree."""
@@ -792,7 +672,7 @@ class Sim:
             if target.peer_id in m.controller.blocked() else None
         coord.controller.command(Command("block", target.peer_id, "sim", "owner",
                                          int(self.wall()), coord.controller.term), t0)
-        self.do(coord)
+        self.do(coord, coord.core.pump())
         try:
             done = self.loop.run_until(t0 + limit, lambda: not waiting)
         finally:

@@ -1,0 +1,128 @@
+"""Where a model's matrix products run: the one seam between a forward pass and the swarm.
+
+A forward pass never multiplies matrices itself. It hands an :class:`Executor` a list of
+:class:`Product` s, ``x @ w`` each, and gets the results back in order. All products in one call
+are independent of each other, so an executor may run them at once (a layer's Q/K/V, the gate
+and up projections of an FFN, or one matrix-vector product per sequence in a decode step).
+
+    from models.executor import LocalExecutor, Product, Weight
+
+    w = Weight.of(np.ones((384, 1152), np.float32))   # content-addressed, [in, out]
+    (y,) = LocalExecutor().matmuls([Product(x, w)])   # y == x @ w.array
+
+Two kinds of right-hand operand:
+
+* :class:`Weight`: a model parameter, the same for every call. It carries a content address
+  (``digest``), so a remote executor sends it to a worker once and names it afterwards.
+* a plain ``np.ndarray``: an activation (an attention score or value matrix); it travels with
+  the call every time.
+
+Contract, for every executor:
+
+* ``x`` is float32 ``[m, k]`` (``m`` >= 1: a batch of tokens, or one row for a decode step);
+  the right-hand operand is float32 ``[k, n]``; the result is float32 ``[m, n]``, C-contiguous.
+* Results are checked before they are returned: an executor that runs products elsewhere
+  verifies each one (or raises); callers never see an unchecked value (DESIGN.md invariant 10).
+* An executor raises :class:`ExecutorError` (or a subclass) when it cannot produce a checked
+  result; it never returns a partial or unverified list.
+* ``prepare(weights)`` is an optional hint to place weights ahead of the first call (upload,
+  pin); ``matmuls`` must work without it.
+
+:class:`LocalExecutor` (numpy, this process) is the reference every other executor is tested
+against. The swarm's executor lives in the ``swarm`` package (this package never imports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import blake3
+import numpy as np
+
+
+class ExecutorError(RuntimeError):
+    """An executor could not produce a checked result for a product."""
+
+
+def digest_of(array: np.ndarray) -> str:
+    """The content address of an array: BLAKE3 over dtype, shape and bytes (hex)."""
+    h = blake3.blake3(f"{array.dtype.str}{array.shape}".encode())
+    h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Weight:
+    """A model parameter used as a right-hand operand: float32 ``[in, out]``, read-only."""
+
+    array: np.ndarray
+    """The matrix, float32, C-contiguous, ``[k, n]`` (a Linear layer's stored ``[out, in]``,
+    transposed once at load)."""
+    name: str = ""
+    """A readable label for logs and reports (e.g. ``encoder.layer.0.attention.qkv``)."""
+    digest: str = field(default="")
+    """Content address (:func:`digest_of`); filled in by :meth:`of`."""
+
+    @classmethod
+    def of(cls, array: np.ndarray, name: str = "") -> Weight:
+        """Wrap ``array`` (copied to float32 C order, made read-only) with its digest."""
+        a = np.array(array, dtype=np.float32, order="C", copy=True)
+        if a.ndim != 2:
+            raise ValueError(f"a weight is a 2-D matrix, got shape {a.shape}")
+        a.setflags(write=False)
+        return cls(a, name, digest_of(a))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.array.shape  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, eq=False)
+class Product:
+    """One matrix product ``x @ w`` to compute."""
+
+    x: np.ndarray
+    """Left operand, float32 ``[m, k]`` (activations)."""
+    w: Weight | np.ndarray
+    """Right operand, float32 ``[k, n]``: a :class:`Weight` (cached by content address) or an
+    activation array (sent with every call)."""
+
+    def right(self) -> np.ndarray:
+        return self.w.array if isinstance(self.w, Weight) else self.w
+
+    def check(self) -> None:
+        """Raise ValueError unless the operands meet the contract above."""
+        b = self.right()
+        if self.x.dtype != np.float32 or b.dtype != np.float32:
+            raise ValueError(f"products are float32, got {self.x.dtype} @ {b.dtype}")
+        if self.x.ndim != 2 or b.ndim != 2 or self.x.shape[1] != b.shape[0]:
+            raise ValueError(f"shapes do not chain: {self.x.shape} @ {b.shape}")
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs independent matrix products and returns checked results, in order."""
+
+    def prepare(self, weights: Sequence[Weight]) -> None:
+        """Optional hint: these weights will be used; place them now."""
+        ...
+
+    def matmuls(self, products: Sequence[Product]) -> list[np.ndarray]:
+        """``[p.x @ p.w for p in products]``, each float32 ``[m, n]`` and checked."""
+        ...
+
+
+class LocalExecutor:
+    """The reference: numpy in this process (its BLAS threads)."""
+
+    def prepare(self, weights: Sequence[Weight]) -> None:
+        return None
+
+    def matmuls(self, products: Sequence[Product]) -> list[np.ndarray]:
+        out = []
+        for p in products:
+            p.check()
+            out.append(np.ascontiguousarray(p.x @ p.right()))
+        return out

@@ -1,0 +1,103 @@
+"""`swarm generate`: stream a chat model's reply to a prompt, token by token."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from swarm.commands._common import add_json_option, print_json
+
+HELP = "stream SmolLM2-135M-Instruct's reply to a prompt as it is generated"
+DESCRIPTION = """\
+Joins the swarm named by URI as a requester and streams SmolLM2-135M-Instruct's reply to
+PROMPT on stdout as it is decoded. The prompt is the user's message in the model's chat
+template (--raw: plain text to continue). Greedy by default; --temperature above 0 samples
+(--top-p, --seed: the same seed gives the same text). Generation stops at the end of the
+model's turn, at a --stop string, or after --max-tokens.
+
+  swarm generate 'magnet:?xs=urn:btpk:...' "What is the capital of France?"
+  swarm generate URI "Write a haiku" --temperature 0.8 --seed 7 --max-tokens 64 --json
+
+Today the forward pass runs on this machine (numpy); the swarm's executor for the model's
+weight products is the next step. Exit status: 0 done, 1 the swarm could not be reached,
+2 a bad request (empty prompt, a prompt over the context, --max-tokens out of range, a bad
+--temperature or --top-p).
+"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from swarm.commands._network import add_network_options
+
+    add_network_options(p)
+    p.add_argument("uri", metavar="URI", help="join URI (magnet:?xs=...) or HOST:PORT bootstrap")
+    p.add_argument("prompt", metavar="PROMPT", help="the user's message (or text, with --raw)")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                   help="generate at most N tokens (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 (default) picks the likeliest token; up to 2 samples more freely")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample only from the likeliest tokens whose mass reaches P")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop before TEXT (repeatable)")
+    p.add_argument("--raw", action="store_true", help="continue PROMPT as plain text, "
+                   "without the chat template")
+    p.add_argument("--swarm", metavar="ID", help="swarm id (40 hex) when URI is HOST:PORT")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="give up joining after S seconds (default 60)")
+    add_json_option(p, "the text, finish reason, token counts and speed")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    import swarm
+    from models.generate import GenerationError, Usage, smollm2
+    from swarm.commands.submit import _with_bootstrap
+    from swarm.errors import ConfigError, RemoteError
+
+    if args.timeout <= 0:
+        raise ConfigError("--timeout must be > 0 seconds")
+    if not args.prompt:
+        raise ConfigError("the prompt is empty: give some text to continue")
+    gen = smollm2()
+    # the whole request is checked before joining: a bad one costs no network round trip
+    try:
+        ids = gen.tokenizer.encode(args.prompt) if args.raw else gen.chat_prompt(
+            [{"role": "user", "content": args.prompt}])
+        gen.stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
+                   top_p=args.top_p, seed=args.seed, stop=args.stop)
+    except GenerationError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
+                               min_workers=0, timeout=args.timeout,
+                               ice_servers=args.ice_servers)
+    except TimeoutError:
+        raise RemoteError(f"could not join the swarm within {args.timeout:g} s") from None
+    usage = Usage()
+    text: list[str] = []
+    started = time.monotonic()
+    first = None
+    with client:
+        for piece in client.generate(args.prompt, chat=not args.raw,
+                                     max_tokens=args.max_tokens, temperature=args.temperature,
+                                     top_p=args.top_p, seed=args.seed, stop=args.stop,
+                                     usage=usage):
+            first = first or time.monotonic()
+            text.append(piece)
+            if not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    seconds = time.monotonic() - started
+    if args.json:
+        print_json({"model": "SmolLM2-135M-Instruct", "text": "".join(text),
+                    "finish_reason": usage.finish_reason,
+                    "usage": {"prompt_tokens": usage.prompt_tokens,
+                              "completion_tokens": usage.completion_tokens,
+                              "total_tokens": usage.prompt_tokens + usage.completion_tokens},
+                    "seconds": round(seconds, 3),
+                    "first_text_s": round((first or time.monotonic()) - started, 3)})
+    else:
+        sys.stdout.write("\n")
+    return 0
