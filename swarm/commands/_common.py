@@ -112,15 +112,17 @@ def member_event(event: str, ready: Any) -> dict[str, Any]:
             "dht": list(node.dht.address)}
 
 
-def left_code(reason: str) -> int:
-    """The exit code of a member that left for ``reason`` (what :func:`swarm.member.serve`
-    returned): 130 after Ctrl-C, 3 when kicked or blocked, else 0 (SIGTERM included)."""
-    from swarm.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
+def interrupted_exit(reason: str) -> None:
+    """After a member's graceful leave: a leave that Ctrl-C started ends like every other
+    interrupted command (``KeyboardInterrupt``: "interrupted", exit 130); SIGTERM's is a
+    clean 0, as systemd expects."""
     from swarm.member import INTERRUPTED
 
     if reason == INTERRUPTED:
-        return EXIT_INTERRUPTED
-    return EXIT_REFUSED if reason.startswith(("kicked", "this peer is blocked")) else EXIT_OK
+        raise KeyboardInterrupt
+
+
+INTERRUPTED_CODE = 128 + 2  # what the shell reports after SIGINT; `left` events carry it
 
 
 def left_event(reason: str, exit_code: int) -> dict[str, Any]:

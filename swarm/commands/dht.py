@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 import logging
 
-from swarm.commands._common import add_global_options, add_json_option, print_json
+from swarm.commands._common import (
+    INTERRUPTED_CODE,
+    add_global_options,
+    add_json_option,
+    print_json,
+)
 from swarm.commands._network import add_network_options, bootstrap_addresses
 from swarm.errors import ConfigError, LocalError, RemoteError
 
@@ -86,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     from swarm.commands._common import claim_data_dir
 
     claim_data_dir(args)  # the node's id and routing table live there
-    return swarm_loop.run(_serve(args, addrs))
+    if swarm_loop.run(_serve(args, addrs)) == INTERRUPTED_CODE:
+        raise KeyboardInterrupt  # "interrupted", as every command says after Ctrl-C
+    return 0
 
 
 async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
@@ -135,9 +142,7 @@ async def _serve(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
         await node.stop()
     if args.json:
         print_json({"event": "stopped"})
-    from swarm.cli import EXIT_INTERRUPTED
-
-    return EXIT_INTERRUPTED if got[:1] == [signal.SIGINT] else 0  # SIGTERM: a clean stop
+    return INTERRUPTED_CODE if got[:1] == [signal.SIGINT] else 0  # SIGTERM: a clean stop
 
 
 def json_to_bencodable(value: object) -> object:

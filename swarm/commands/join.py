@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from swarm.commands._common import (
+    INTERRUPTED_CODE,
     add_json_option,
     claim_data_dir,
-    left_code,
+    interrupted_exit,
     left_event,
     member_event,
     print_json,
@@ -101,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
                                          ice_servers=args.ice_servers,
                                          relay_data=args.relay_data, http=http))
     print(f"swarm join: left ({reason})", file=sys.stderr)
-    code = left_code(reason)
+    code = 0
+    if reason.startswith(("kicked", "this peer is blocked")):
+        from swarm.cli import EXIT_REFUSED
+
+        code = EXIT_REFUSED
     if args.json:
-        print_json(left_event(reason, code))
+        print_json(left_event(reason, INTERRUPTED_CODE if reason == member.INTERRUPTED else code))
+    interrupted_exit(reason)
     return code

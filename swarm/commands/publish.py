@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from swarm.commands._common import (
+    INTERRUPTED_CODE,
     add_json_option,
     claim_data_dir,
-    left_code,
+    interrupted_exit,
     left_event,
     member_event,
     open_owner_key,
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                                          ice_servers=args.ice_servers,
                                          relay_data=args.relay_data, http=http))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
-    code = left_code(reason)
     if args.json:
-        print_json(left_event(reason, code))
-    return code
+        print_json(left_event(reason, INTERRUPTED_CODE if reason == member.INTERRUPTED else 0))
+    interrupted_exit(reason)
+    return 0

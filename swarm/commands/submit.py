@@ -138,6 +138,11 @@ def _target(args: argparse.Namespace) -> tuple[str, bytes | None]:
     return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in peers), sid
 
 
+def _with_bootstrap(args: argparse.Namespace) -> str:
+    """Just the target of :func:`_target` (`swarm generate` joins the same way)."""
+    return _target(args)[0]
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
