@@ -36,6 +36,7 @@ COMMANDS: tuple[str, ...] = (
     "publish",
     "join",
     "submit",
+    "embed",
     "status",
     "kick",
     "block",
