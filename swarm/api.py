@@ -112,6 +112,28 @@ class _LoopThread:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class _RunningLoop:
+    """A loop that already runs elsewhere (a member's), in :class:`_LoopThread`'s shape."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def submit(self, coro: Coroutine) -> cf.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine, timeout: float | None = None) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        """The loop is its owner's: nothing to stop."""
+
+
+def attach(node: Node, loop: asyncio.AbstractEventLoop) -> Client:
+    """A :class:`Client` on a node that already runs on ``loop`` (a member's, for its web
+    API). Call it from a thread other than the loop's: the client's calls block."""
+    return Client(node, _RunningLoop(loop))
+
+
 _REF_PREFIX = secrets.token_bytes(24)
 _ref_serial = itertools.count(1)
 
@@ -331,7 +353,8 @@ class Client:
         self._node.requester.store.pin(oid)
 
     def _release(self, oid: ObjectId) -> None:
-        if not self._closed:
+        if not self._closed and not self._loop.loop.is_closed():  # (an attached client's
+            # loop may close first: it is its member's)
             self._loop.loop.call_soon_threadsafe(self._node.requester.store.unpin, oid)
 
     async def _resolve(self, x: Operand) -> tuple[np.ndarray, ObjectId | None]:
