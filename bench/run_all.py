@@ -60,6 +60,11 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                 "control plane: join, failover after SIGKILL, handoff after SIGTERM"),
     "startup": (["--runs", "30"], ["--runs", "5"], 300,
                 "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
+    "embed": (["--runs", "3"], ["--quick"], 2400,
+              "all-MiniLM-L6-v2 sentences/s: sentence-transformers (torch CPU, 2 threads, its own "
+              "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified, "
+              "round robin in one run; check % = CPU in Freivalds checks over the verified "
+              "job's CPU (requester + workers)"),
     "browser": (["--joins", "5", "--jobs", "3", "--shots", "docs/img"],
                 ["--joins", "2", "--jobs", "1", "--shots", "docs/img"], 600,
                 "browser tabs (headless Chromium, WebGPU on SwiftShader) as workers beside a "
@@ -252,6 +257,8 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
                         for row in d["rows"]]), "", f"meta: {json.dumps(d['meta'])}"]
     elif name == "startup":
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
+    elif name == "embed":
+        md = [_records(d["rows"]), "", f"meta: {json.dumps(d['meta'])}"]
     elif name == "browser":
         md = ["Joining (medians):", "", _records(d["join"]), "",
               "Shard round trip per worker, from `swarm submit --json`:", "",
