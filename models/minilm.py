@@ -234,9 +234,13 @@ def _attention(qkv: np.ndarray, real: np.ndarray, mask: np.ndarray,
     head = DIM // HEADS
     padded = np.zeros((n * longest, 3 * DIM), np.float32)
     padded[real.reshape(-1)] = qkv
-    q, k, v = (padded[:, i * DIM:(i + 1) * DIM].reshape(n, longest, HEADS, head)
-               .transpose(0, 2, 1, 3) for i in range(3))
-    scores = q @ k.transpose(0, 1, 3, 2) * np.float32(1.0 / math.sqrt(head))
+    # contiguous [n, heads, longest, 32] operands: numpy's stacked matmul on strided views
+    # skips BLAS (1.6 s a layer at 32 x 128 tokens here, against ~40 ms contiguous)
+    q, k, v = (np.ascontiguousarray(padded[:, i * DIM:(i + 1) * DIM]
+                                    .reshape(n, longest, HEADS, head).transpose(0, 2, 1, 3))
+               for i in range(3))
+    q *= np.float32(1.0 / math.sqrt(head))
+    scores = q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))
     scores += mask[:, None, None, :]
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
