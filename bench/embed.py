@@ -125,7 +125,7 @@ def main() -> int:
     from models.minilm import MiniLM
 
     model = MiniLM.load()
-    counts = {"typical": 64 if args.quick else 96, "128-token": 16 if args.quick else 32}
+    counts = {"typical": 64 if args.quick else 128, "128-token": 16 if args.quick else 64}
     texts = {k: sentences(k, n, model.tokenizer) for k, n in counts.items()}
     batches = (32, 64)
     cases = {f"{k}/{b}": (texts[k], b) for k in texts for b in batches}

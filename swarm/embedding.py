@@ -9,6 +9,7 @@ job each, so per-call overhead is spread over all the batch's tokens.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 DEFAULT_BATCH = 32
 MAX_BATCH = 1024
+PIPELINE = 2
+"""Batches in flight at once (see :meth:`Embedder.run`)."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,23 @@ class Embedder:
         truncated: list[int] = []
         tokens = 0
         self.executor.take_report()
-        for start in range(0, len(texts), batch):
+
+        def one(start: int):
             enc = self.model.tokenizer.encode(texts[start:start + batch])
-            out[start:start + enc.lengths.size] = self.model.forward(enc, self.executor)
-            truncated += [start + int(i) for i in np.flatnonzero(enc.truncated)]
-            tokens += enc.tokens
-            if progress is not None:
-                progress(start + enc.lengths.size)
+            return start, enc, self.model.forward(enc, self.executor)
+
+        # PIPELINE batches in flight: one batch's attention, GELU and LayerNorm run here
+        # while another's products run on the workers (numpy releases the GIL)
+        with ThreadPoolExecutor(PIPELINE, thread_name_prefix="embed") as pool:
+            starts = list(range(0, len(texts), batch))
+            futures = [pool.submit(one, s) for s in starts[:PIPELINE]]
+            for i in range(len(starts)):
+                start, enc, vecs = futures[i].result()
+                if i + PIPELINE < len(starts):
+                    futures.append(pool.submit(one, starts[i + PIPELINE]))
+                out[start:start + enc.lengths.size] = vecs
+                truncated += [start + int(j) for j in np.flatnonzero(enc.truncated)]
+                tokens += enc.tokens
+                if progress is not None:
+                    progress(start + enc.lengths.size)
         return Embeddings(out, truncated, tokens, self.executor.take_report())

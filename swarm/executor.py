@@ -56,6 +56,10 @@ class SwarmExecutor:
     def prepare(self, weights: Sequence[Weight]) -> None:
         for w in weights:
             self._ref(w)
+        # the check keeps b @ R per weight: a model cycling through more weights than the
+        # cache holds would recompute it for every product (24 for MiniLM against 8)
+        verifier = self._client._verifier
+        verifier.max_entries = max(verifier.max_entries, len(self._refs) + 8)
 
     def matmuls(self, products: Sequence[Product]) -> list[np.ndarray]:
         futs = []

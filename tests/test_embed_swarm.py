@@ -27,6 +27,7 @@ def test_swarm_embeddings_equal_the_local_forward(client):
 
 def test_every_band_on_workers_and_verified_and_weights_travel_once(client):
     embedder = client.embedder()
+    assert client._verifier.max_entries >= 24  # the check's b @ R kept for every weight
     first = embedder.run(TEXTS[:4])
     again = embedder.run(TEXTS[:4])
     workers = {str(w) for w in client.worker_ids}
