@@ -102,3 +102,31 @@ def test_api_key_file_is_private_and_stable(tmp_path):
     key = api_key(tmp_path)
     assert key.startswith("sk-swarm-") and len(key) > 40 and api_key(tmp_path) == key
     assert stat.S_IMODE(os.stat(tmp_path / "api-key").st_mode) == 0o600
+
+
+def test_a_published_member_serves_embeddings(tmp_path):
+    """The real path: `swarm publish --http` with a worker joined; the openai client gets
+    the model's embeddings with the key from the member's data dir."""
+    from tests.control_support import Cluster
+
+    cluster = Cluster(tmp_path)
+    owner = ["--owner-key", f"soft:{tmp_path / 'owner.key'}"]
+    try:
+        pub = cluster.start("pub", "publish", "--name", "lab", *owner, "--backend", "numpy",
+                            "--http", "127.0.0.1:0", "--json")
+        line = pub.wait_line(lambda s: "join from a browser: " in s, 90)
+        url = line.split("join from a browser: ", 1)[1].strip()
+        up = json.loads(pub.wait_line(lambda s: s.startswith("{"), 30, "out"))
+        cluster.start("w1", "join", up["uri"], "--yes", "--backend", "numpy", "--threads", "1")
+        key = (tmp_path / "pub" / "api-key").read_text().strip()
+        api = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0,
+                            timeout=180)
+        texts = ["hello world", "a member answers OpenAI's embeddings API"]
+        got = api.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+        vecs = np.array([d.embedding for d in got.data], np.float32)
+        assert np.abs(vecs - MiniLM.load().embed(texts)).max() <= 1e-5
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="sk-guess",
+                          max_retries=0).embeddings.create(model="all-MiniLM-L6-v2", input="x")
+    finally:
+        cluster.close()
