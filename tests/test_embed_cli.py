@@ -72,6 +72,14 @@ def test_bad_input_exit_2_and_nothing_written(tmp_path, content, message):
     assert not out.exists() and list(tmp_path.glob("*.tmp")) == []
 
 
+def test_the_commands_batch_limits_are_the_embedders():
+    from swarm import embedding
+    from swarm.commands import embed
+
+    assert (embed.DEFAULT_BATCH, embed.MAX_BATCH) == (embedding.DEFAULT_BATCH,
+                                                      embedding.MAX_BATCH)
+
+
 def test_lines_keep_their_rows(tmp_path):
     path = tmp_path / "in.txt"
     path.write_bytes(b"\xef\xbb\xbfa\r\n\r\nb")

@@ -32,11 +32,12 @@ Exit status: 0 done, 1 the swarm could not finish, 2 bad arguments or input, 4 n
 
 MAX_INPUT = 1 << 30
 """Largest input file read (bytes)."""
+DEFAULT_BATCH, MAX_BATCH = 32, 1024
+"""swarm.embedding's, repeated: importing it (numpy, the model) would slow every parse."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from swarm.commands._network import add_network_options
-    from swarm.embedding import DEFAULT_BATCH, MAX_BATCH
 
     add_network_options(p)
     p.add_argument("uri", metavar="URI", help="join URI (magnet:?xs=...) or HOST:PORT bootstrap")
@@ -113,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
 
     import swarm
     from models.minilm import MiniLM, ModelNotInstalled
-    from swarm.embedding import MAX_BATCH
     from swarm.errors import ConfigError, LocalError, RemoteError
 
     if not 1 <= args.batch <= MAX_BATCH:
