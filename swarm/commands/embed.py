@@ -139,10 +139,13 @@ def run(args: argparse.Namespace) -> int:
         raise RemoteError(f"no worker of the swarm answered within {args.timeout:g} s "
                           "(is anybody joined?)") from None
     with client:
-        result = _run_with_progress(client.embedder(), texts, args.batch, quiet=args.json)
+        embedder = client.embedder()
+        began = time.monotonic()
+        result = _run_with_progress(embedder, texts, args.batch, quiet=args.json)
+        rate = len(texts) / max(time.monotonic() - began, 1e-9)
     seconds = time.monotonic() - started
     _save(args.output, result.vectors)
-    _print_report(args, result, len(texts), seconds)
+    _print_report(args, result, len(texts), seconds, rate)
     return 0
 
 
@@ -185,7 +188,8 @@ def _save(path: Path, vectors) -> None:
         raise
 
 
-def _print_report(args, result, n: int, seconds: float) -> None:
+def _print_report(args, result, n: int, seconds: float, rate: float) -> None:
+    """``seconds``: the whole command (joining included); ``rate``: sentences/s embedding."""
     truncated_lines = [i + 1 for i in result.truncated]
     rows = [{"peer": peer, "shards": r.shards, "bytes_out": r.bytes_out, "bytes_in": r.bytes_in,
              "verified": r.verified, "rejected": r.rejected, "failed": r.failed}
@@ -194,7 +198,7 @@ def _print_report(args, result, n: int, seconds: float) -> None:
         print_json({"output": str(args.output), "shape": [n, 384], "model": "all-MiniLM-L6-v2",
                     "tokens": result.tokens, "truncated": truncated_lines,
                     "seconds": round(seconds, 4),
-                    "sentences_per_s": round(n / seconds, 2) if seconds else None,
+                    "sentences_per_s": round(rate, 2),
                     "peers": rows})
         return
     keys = ("shards", "bytes_out", "bytes_in", "verified", "rejected", "failed")
@@ -202,7 +206,7 @@ def _print_report(args, result, n: int, seconds: float) -> None:
     print_table(("peer", *cols), [
         (r["peer"] if r["peer"] == "local" else r["peer"][:12], *(r[k] for k in keys))
         for r in rows], right=cols, title=f"{args.output}: {n}x384 in {seconds:.2f} s "
-                                          f"({n / seconds:.1f} sentences/s, every matmul "
+                                          f"({rate:.1f} sentences/s embedding, every matmul "
                                           "verified)")
     if truncated_lines:
         shown = ", ".join(map(str, truncated_lines[:10]))
