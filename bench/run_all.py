@@ -65,6 +65,10 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
               "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified, "
               "round robin in one run; check % = CPU in Freivalds checks over the verified "
               "job's CPU (requester + workers)"),
+    "embed_soak": ([], ["--batches", "200"], 1200,
+                   "MiniLM worker memory on swarm.local(2): RSS (MiB) per worker before the "
+                   "weights, after the first batch, after a second embedder on the same weights, "
+                   "every 100 batches of 4 sentences"),
     "browser": (["--joins", "5", "--jobs", "3", "--shots", "docs/img"],
                 ["--joins", "2", "--jobs", "1", "--shots", "docs/img"], 600,
                 "browser tabs (headless Chromium, WebGPU on SwiftShader) as workers beside a "
