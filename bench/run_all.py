@@ -64,6 +64,15 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                  "layer's products at batch 1 and 16 and their fingerprint check"),
     "startup": (["--runs", "30"], ["--runs", "5"], 300,
                 "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
+    "embed": (["--runs", "3"], ["--quick"], 2400,
+              "all-MiniLM-L6-v2 sentences/s: sentence-transformers (torch CPU, 2 threads, its own "
+              "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified, "
+              "round robin in one run; check % = CPU in Freivalds checks over the verified "
+              "job's CPU (requester + workers)"),
+    "embed_soak": ([], ["--batches", "200"], 1200,
+                   "MiniLM worker memory on swarm.local(2): RSS (MiB) per worker before the "
+                   "weights, after the first batch, after a second embedder on the same weights, "
+                   "every 100 batches of 4 sentences"),
     "browser": (["--joins", "5", "--jobs", "3", "--shots", "docs/img"],
                 ["--joins", "2", "--jobs", "1", "--shots", "docs/img"], 600,
                 "browser tabs (headless Chromium, WebGPU on SwiftShader) as workers beside a "
@@ -259,6 +268,8 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
               _records(d["layers"]), "", f"meta: {json.dumps(d['meta'])}"]
     elif name == "startup":
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
+    elif name == "embed":
+        md = [_records(d["rows"]), "", f"meta: {json.dumps(d['meta'])}"]
     elif name == "browser":
         md = ["Joining (medians):", "", _records(d["join"]), "",
               "Shard round trip per worker, from `swarm submit --json`:", "",

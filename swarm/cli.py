@@ -37,6 +37,7 @@ COMMANDS: tuple[str, ...] = (
     "join",
     "generate",
     "submit",
+    "embed",
     "status",
     "kick",
     "block",

@@ -79,7 +79,7 @@ from swarm.links.circuit import (
 )
 from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
 from swarm.runtime.chaos import ChaosSpec
-from swarm.runtime.evidence import DeliveredEvidence, Evidence
+from swarm.runtime.evidence import DeliveredEvidence, Evidence, check_evidence
 from swarm.runtime.host import ActorHost
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT
 from swarm.runtime.protocol import EvidenceAck, EvidenceMsg, PutObject
@@ -92,6 +92,8 @@ STATS_ENV = "SWARM_STATS"
 STATS_EVERY = 2.0
 EVIDENCE_WAIT = 15.0
 """Seconds :meth:`Node.stop` waits for evidence still on its way to the coordinator."""
+MAX_PROVEN_LIARS = 4096
+"""Most workers one node keeps as proven liars (each one a signed wrong result)."""
 EVIDENCE_RETRY = 60.0
 """Seconds a node keeps retrying to deliver one piece of evidence (coordinator failover)."""
 EVIDENCE_ACK_WAIT = 5.0
@@ -200,6 +202,10 @@ class Node:
             | None = None
         """Re-checks evidence when this node is the coordinator (the control plane's); False
         when it does not coordinate."""
+        self.proven_liars: set[PeerId] = set()
+        """Workers this node holds proof against (a wrong result they signed, re-checked
+        here with :func:`check_evidence`): it schedules nothing more on them, whatever any
+        coordinator says. Bounded: each entry cost its peer a signed lie (and a cap)."""
         self._deliveries: set[asyncio.Task] = set()
         self._evidence_acks: dict[bytes, tuple[PeerId, asyncio.Future[bool]]] = {}
         """Evidence sent and not answered yet: key -> (the peer asked, its answer)."""
@@ -235,6 +241,8 @@ class Node:
     # -- hooks ----------------------------------------------------------------------------
 
     def _accepts(self, peer: PeerId) -> bool:
+        if peer in self.proven_liars:
+            return False
         try:
             return bool(self.accept_peer(peer))
         except Exception:
@@ -258,11 +266,26 @@ class Node:
                 cb(peer, reason)
             except Exception:
                 log.exception("on_lying_peer callback failed")
+        if evidence is not None and peer not in self.proven_liars:
+            self._start_proof(peer, evidence)
         if evidence is not None and self.find_coordinator is None:
             log.info("evidence against %s kept nowhere: no control plane to deliver it to",
                      peer.short())
         elif evidence is not None:
             self._start_delivery(evidence)
+
+    def _start_proof(self, peer: PeerId, package: EvidencePackage) -> None:
+        async def prove() -> None:
+            verdict = await asyncio.to_thread(check_evidence, package.evidence,
+                                              package.arrays.get)
+            if verdict.proven and len(self.proven_liars) < MAX_PROVEN_LIARS:
+                log.warning("%s signed a wrong result (%s): no more work for it from here",
+                            peer.short(), verdict.why)
+                self.proven_liars.add(peer)
+
+        task = asyncio.get_running_loop().create_task(prove())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _start_delivery(self, package: EvidencePackage) -> None:
         if self._evidence_closed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -161,7 +162,15 @@ def test_lying_worker_is_caught_and_its_shards_redone():
         assert c.last_report.peers[str(liar)].rejected >= 1
         assert reported and set(reported) == {liar}
         assert c.node.requester.rates.rejected[liar] >= 1
-        # an actor hosted by the liar: its wrong answer is caught, reported and redone here
+        # its signed wrong result is re-checked here: no more work for it from this node
+        deadline = time.monotonic() + 30
+        while liar not in c.node.proven_liars and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.node.proven_liars == {liar}
+        assert liar not in c.workers()
+        # forgiven, to show that an actor hosted by the liar is checked too: its wrong answer
+        # is caught, reported and redone here
+        c.node.proven_liars.clear()
         reported.clear()
         h = c.actor("matmul", peer=liar)
         np.testing.assert_allclose(swarm.get(h.matmul.remote(a, b), timeout=30), a @ b,

