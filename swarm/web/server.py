@@ -58,7 +58,7 @@ class WebServer:
     """Serves tabs for one running member (``member.serve`` starts and stops it)."""
 
     def __init__(self, node, info: SwarmInfo, host: str, port: int,
-                 observe=None, allowed_hosts: tuple[str, ...] = (), api=None) -> None:
+                 observe=None, *, allowed_hosts: tuple[str, ...] = (), api=None) -> None:
         self.node = node
         self.allowed_hosts = allowed_hosts
         """Host names to answer besides addresses, localhost and ``host`` (swarm.web.hosts)."""
@@ -365,7 +365,7 @@ async def start_for_member(node, control, uri, me, http: tuple[str, int]) -> Web
 
     info = SwarmInfo(swarm_id(uri.pubkey), own.name, own.owner.fingerprint().hex(),
                      own.owner.hardware_backed, str(me))
-    server = WebServer(node, info, http[0], http[1], observe, _embeddings_api(node))
+    server = WebServer(node, info, http[0], http[1], observe, api=_embeddings_api(node))
     await server.start()
     return server
 
