@@ -58,7 +58,12 @@ def test_a_newcomer_follows_the_coordinator_members_follow_not_the_highest_item(
     newcomer must still follow the coordinator every member follows (it followed the
     attacker's item, refused the honest heartbeats as stale, and followed nobody). At 1,000
     members: :func:`test_attacks_at_1000_members`."""
-    sim = settled(100, hold=1)
+    _newcomer_after_a_forged_item(settled(100, hold=1))
+
+
+def _newcomer_after_a_forged_item(sim: Sim) -> None:
+    """A lone member's item at the coordinator's term + 1, then the held-back member joins:
+    it follows the coordinator at its term."""
     coord = sim.coordinator()
     term = coord.controller.term
     forge_state(sim, loser(sim, coord), term + 1)
@@ -278,15 +283,7 @@ def test_a_lone_signers_item_that_blocks_us_stops_nobody():
 def test_attacks_at_1000_members():
     """Findings 1 to 4 in one simulated swarm of 1,000 members (one cold start for all)."""
     sim = settled(1000, hold=1)
-    coord = sim.coordinator()
-    term = coord.controller.term
-    forge_state(sim, loser(sim, coord), term + 1)
-    newcomer = sim.members[-1]
-    sim.join(newcomer)
-    sim.loop.run_until(sim.loop.now + 8.0, lambda: newcomer.controller.coordinator
-                       == coord.peer_id and newcomer.controller.term == term)
-    assert newcomer.controller.coordinator == coord.peer_id
-    assert newcomer.controller.term == term
+    _newcomer_after_a_forged_item(sim)
     coord, liar = _flush_then_lie(sim)
     sim.loop.run_until(sim.loop.now + 10.0, lambda: all(
         liar.peer_id in m.controller.blocked() for m in sim.live() if m is not liar))
