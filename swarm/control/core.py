@@ -984,7 +984,7 @@ class ControlCore:
             for act in c.actions():
                 self._translate(act)
         st = c.state
-        if st is not None and c.role is not Duty.STOPPED \
+        if st is not None and not self.passive and c.role is not Duty.STOPPED \
                 and self._told != (st.term, st.coordinator):
             self._told = (st.term, st.coordinator)
             self._out.append(Follow(st.term, st.coordinator))

@@ -217,8 +217,8 @@ class ControlPlane:
                 self.left_reason = act.reason
                 self.left.set()
             elif isinstance(act, cc.Follow):
-                follow = getattr(self.node, "follow", None)
-                if follow is not None and not self.core.passive:
+                follow = getattr(self.node, "follow", None)  # absent on test stand-ins
+                if follow is not None:
                     follow(act.term, act.coordinator)
             elif isinstance(act, cc.Started):
                 self._started.set()
