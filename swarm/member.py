@@ -116,7 +116,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         if http is not None:
             from swarm.web.server import start_for_member
 
-            web_server = await start_for_member(node, control, uri, me, http)
+            web_server = await start_for_member(node, control, uri, me, http,
+                                                embeddings_api(node))
         if ready is not None:
             ready(Ready(node, control, me, time.monotonic() - started,
                         web_server.url if web_server else None))
@@ -148,3 +149,24 @@ async def _fetch_charter(node: Node, uri: JoinURI, floor: int) -> charter.Charte
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
+
+
+def embeddings_api(node: Node):
+    """POST /v1/embeddings for this member (swarm.web.embeddings), on a client of its node
+    (made on first use; its calls block, so they run in the web server's threads)."""
+    from swarm.web.embeddings import EmbeddingsAPI, api_key
+
+    client = []
+    loop = asyncio.get_running_loop()
+
+    def embedder():  # in a thread: the client's calls block
+        if not client:
+            from swarm.api import attach
+
+            client.append(attach(node, loop))
+        return client[0].embedder()
+
+    key = api_key(Path(node.config.data_dir))
+    log.info("web: POST /v1/embeddings takes the API key in %s",
+             Path(node.config.data_dir) / "api-key")
+    return EmbeddingsAPI(key, embedder)

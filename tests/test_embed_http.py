@@ -17,7 +17,8 @@ import pytest
 import swarm
 from models.minilm import MiniLM
 from swarm.web.embeddings import api_key
-from swarm.web.server import SwarmInfo, WebServer, _embeddings_api
+from swarm.member import embeddings_api
+from swarm.web.server import SwarmInfo, WebServer
 
 pytestmark = [pytest.mark.system]
 
@@ -30,7 +31,7 @@ def served():
         info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
 
         async def start():
-            server = WebServer(client.node, info, "127.0.0.1", 0, api=_embeddings_api(client.node))
+            server = WebServer(client.node, info, "127.0.0.1", 0, api=embeddings_api(client.node))
             await server.start()
             return server
 

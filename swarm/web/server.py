@@ -353,8 +353,10 @@ class WebServer:
         await link.close("the tab left")
 
 
-async def start_for_member(node, control, uri, me, http: tuple[str, int]) -> WebServer:
-    """Start serving tabs next to a running member (its charter already verified)."""
+async def start_for_member(node, control, uri, me, http: tuple[str, int],
+                           api=None) -> WebServer:
+    """Start serving tabs next to a running member (its charter already verified); ``api``
+    (a :class:`swarm.web.embeddings.EmbeddingsAPI`) is served at /v1 when given."""
     from swarm.control import observer
     from swarm.control.membership import swarm_id
 
@@ -365,29 +367,9 @@ async def start_for_member(node, control, uri, me, http: tuple[str, int]) -> Web
 
     info = SwarmInfo(swarm_id(uri.pubkey), own.name, own.owner.fingerprint().hex(),
                      own.owner.hardware_backed, str(me))
-    server = WebServer(node, info, http[0], http[1], observe, api=_embeddings_api(node))
+    server = WebServer(node, info, http[0], http[1], observe, api=api)
     await server.start()
     return server
-
-
-def _embeddings_api(node):
-    """POST /v1/embeddings for this member (swarm.web.embeddings), on a client of its node."""
-    from swarm.web.embeddings import EmbeddingsAPI, api_key
-
-    client = []
-    loop = asyncio.get_running_loop()
-
-    def embedder():  # in a thread: the client's calls block
-        if not client:
-            from swarm.api import attach
-
-            client.append(attach(node, loop))
-        return client[0].embedder()
-
-    key = api_key(Path(node.config.data_dir))
-    log.info("web: POST /v1/embeddings takes the API key in %s",
-             Path(node.config.data_dir) / "api-key")
-    return EmbeddingsAPI(key, embedder)
 
 
 def parse_http(text: str) -> tuple[str, int]:
