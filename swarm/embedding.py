@@ -19,7 +19,6 @@ from models.minilm import DIM, MiniLM
 from swarm.executor import SwarmExecutor
 from swarm.runtime.jobcore import PeerReport
 
-
 DEFAULT_BATCH = 32
 MAX_BATCH = 1024
 PIPELINE = 2

@@ -25,7 +25,6 @@ from swarm.runtime.options import TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
 
 
-
 class SwarmExecutor:
     """Runs a model's products as matmul jobs on ``client``'s workers, products of one call
     at once.

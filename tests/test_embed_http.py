@@ -16,8 +16,8 @@ import pytest
 
 import swarm
 from models.minilm import MiniLM
-from swarm.web.embeddings import api_key
 from swarm.member import embeddings_api
+from swarm.web.embeddings import api_key
 from swarm.web.server import SwarmInfo, WebServer
 
 pytestmark = [pytest.mark.system]
