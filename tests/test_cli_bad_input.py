@@ -82,6 +82,8 @@ BAD: dict[str, list[list[str]]] = {
     "join": [["garbage", "--yes"], ["magnet:?xs=urn:btpk:12", "--yes"], [URI, "--max-memory", "1k"]],
     "submit": [["garbage", "matmul", "a.npy", "b.npy", "-o", "c.npy"]],
     "generate": [[URI, "hi", "--max-tokens", "x"], [URI, "hi", "--timeout", "0"]],
+    "embed": [[URI, "--input", "no-such-file.txt", "-o", "v.npy"],
+              [URI, "--input", "x.txt", "-o", "v.npy", "--batch", "0"]],
     "status": [["garbage"], [URI, "--bootstrap", "nohost"]],
     "kick": [["garbage", PEER], [URI, "not-a-peer!"]],
     "block": [[URI, "p" * 70]],
