@@ -486,6 +486,9 @@ class ControlCore:
         self._told: tuple[int, PeerId] | None = None
         """The (term, coordinator) our record last said we follow."""
         self._waiting = _Waiting()
+        self._cached_block = False
+        """Our own saved state blocks us: a hint that the start read checks against the
+        swarm's current state (an unblock we missed lifts it), not a verdict (finding 6)."""
         self._out: list[Action] = []
         self.now = now
         self.wall = 0.0
@@ -525,8 +528,7 @@ class ControlCore:
 
     def handle(self, event: Event, now: float, wall: float) -> list[Action]:
         """Take one event (at ``now`` monotonic, ``wall`` Unix time); the actions to carry
-        out. :class:`Start` raises :class:`NotCoordinator` for a peer its own state blocks;
-        a :class:`CharterRead` below the floor raises :class:`CharterError`."""
+        out. A :class:`CharterRead` below the floor raises :class:`CharterError`."""
         self.now, self.wall = now, wall
         handler = getattr(self, "_on_" + type(event).__name__)
         handler(event)
@@ -543,8 +545,7 @@ class ControlCore:
 
     def _on_Start(self, _: Start) -> None:
         st = self.controller.state
-        if st is not None and self.me in st.blocked_ids:
-            raise NotCoordinator("this peer is blocked from the swarm")
+        self._cached_block = st is not None and self.me in st.blocked_ids
         self._waiting.start = True
         self._read_view()
 
@@ -586,6 +587,7 @@ class ControlCore:
         if p is Purpose.START or p is Purpose.STATE:
             self._follow_newest(states)
             if p is Purpose.START:
+                self._still_blocked()
                 self._out.append(Started())
         elif p is Purpose.CATCH_UP or p is Purpose.CLAIM_CATCH_UP:
             self._caught_up(read.known, states)
@@ -867,11 +869,21 @@ class ControlCore:
                     key=lambda s: (votes[follows(s.term, s.coordinator)], s.term, s.seq))
         if state is not None:
             cur = self.controller.state
-            if cur is None or state.term > cur.term:
+            if cur is None or state.term > cur.term or (
+                    self._cached_block and state.term == cur.term and state.seq > cur.seq):
                 try:
                     self.controller.heartbeat(state, state.coordinator, self.now, heard=False)
                 except (StaleTerm, NotCoordinator, ProtocolError) as exc:
                     log.info("not following the DHT's state of term %d: %s", state.term, exc)
+
+    def _still_blocked(self) -> None:
+        """At start, after the swarm's state items were read: a block in our own saved state
+        holds only if the state we now follow still has it (no item to check it against
+        keeps it: we cannot tell it was lifted)."""
+        st = self.controller.state
+        if self._cached_block and st is not None and self.me in st.blocked_ids:
+            self.controller.blocked_by(st, self.now)
+        self._cached_block = False
 
     def _caught_up(self, st: CoordinatorState | None, found: list[CoordinatorState]) -> None:
         """Heartbeats are datagrams: our coordinator's DHT item shows anything missed (a

@@ -1,0 +1,51 @@
+"""Issue 33, findings 5-7, through real processes: a member that comes back (after an
+unblock, or restarted from its data dir) and one that leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_swarm
+from tests.control_support import Cluster
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _members(st: dict) -> set[str]:
+    return {m["peer_id"] for m in st["members"]}
+
+
+def _blocked(st: dict) -> set[str]:
+    return {b["peer_id"] for b in st["blocked"]}
+
+
+def test_unblocked_peer_joins_again_from_its_data_dir(cluster, tmp_path):
+    """Finding 6: the block cached in the peer's own data dir is a hint checked against the
+    swarm's current state, not a verdict: after ``unblock`` the same peer joins."""
+    cluster.publish()
+    cluster.join("w1")
+    w2 = cluster.join("w2")
+    target = w2.peer
+    obs = cluster.observer()
+    obs.wait(lambda s: len(s["members"]) == 3 and s["coordinator"], 60, "3 members")
+    owner = ["--owner-key", f"soft:{tmp_path / 'owner.key'}", "--data-dir", str(tmp_path / "op")]
+    res = run_swarm("block", cluster.uri, target, "--reason", "test", *owner, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert w2.wait_exit(30) == 3
+    res = run_swarm("unblock", cluster.uri, target, *owner, timeout=60)
+    assert res.returncode == 0, res.stderr
+    obs.wait(lambda s: target not in _blocked(s), 30, "the unblock in the DHT")
+    again = cluster.join("w2")
+    assert again.peer == target
+    again.wait_line(lambda s: s.startswith("joined swarm"), 60)
+    obs.wait(lambda s: target in _members(s), 30, "the unblocked peer as a member")
+    assert again.popen.poll() is None
