@@ -124,7 +124,11 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         await asyncio.wait([left, stopping], return_when=asyncio.FIRST_COMPLETED)
         for f in (left, stopping):
             f.cancel()
-        reason = control.left_reason if control.left.is_set() else await control.leave()
+        if control.left.is_set():
+            reason = control.left_reason
+        else:
+            reason = await control.leave()
+            await node.withdraw()  # after a handoff: its successor still had us in view
         return INTERRUPTED if got and got[0] == signal.SIGINT else reason
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

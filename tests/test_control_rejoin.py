@@ -3,10 +3,12 @@ unblock, or restarted from its data dir) and one that leaves."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import run_swarm
-from tests.control_support import Cluster
+from tests.control_support import SIGTERM, Cluster
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -49,3 +51,39 @@ def test_unblocked_peer_joins_again_from_its_data_dir(cluster, tmp_path):
     again.wait_line(lambda s: s.startswith("joined swarm"), 60)
     obs.wait(lambda s: target in _members(s), 30, "the unblocked peer as a member")
     assert again.popen.poll() is None
+
+
+def _wait_after(p, mark: int, pred, timeout: float) -> str:
+    """The first stderr line of ``p`` from index ``mark`` on that matches; bounded."""
+    deadline = time.monotonic() + timeout
+    with p.cond:
+        while True:
+            for line in p.err[mark:]:
+                if pred(line):
+                    return line
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{p.name}: no matching line in {timeout} s; tail:\n"
+                                     + "\n".join(p.err[-25:]))
+            p.cond.wait(min(left, 0.2))
+
+
+def test_a_member_that_leaves_is_dropped_at_once(cluster):
+    """Finding 7: a worker that leaves (SIGTERM) says so, signed by its own key: the
+    coordinator's view and a reader of the topic (what ``submit`` deals work from) drop it
+    at once, not when its announcement expires two minutes later."""
+    pub = cluster.publish()
+    w1, w2 = cluster.join("w1"), cluster.join("w2")
+    peers = {"pub": pub.peer, "w1": w1.peer, "w2": w2.peer}
+    obs = cluster.observer()
+    st = obs.wait(lambda s: _members(s) == set(peers.values()) and s["coordinator"]
+                  in {pub.peer, w1.peer}, 60, "3 members, w2 not coordinating")
+    coord = {pub.peer: pub, w1.peer: w1}[st["coordinator"]]
+    _wait_after(coord, 0, lambda s: "3 members in view" in s, 30)
+    mark = len(coord.err)
+    w2.signal(SIGTERM)
+    assert w2.wait_exit(30) == 0
+    _wait_after(coord, mark, lambda s: "2 members in view" in s, 10)
+    st = obs.wait(lambda s: w2.peer not in _members(s), 10, "the departed worker gone")
+    assert _members(st) == {pub.peer, w1.peer}
+

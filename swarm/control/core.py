@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
+import struct
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -76,6 +78,8 @@ log = logging.getLogger("swarm.control")
 
 TICK = 0.1
 """Seconds between two :class:`Tick` events (the adapters' timer)."""
+BYE_WINDOW = 30.0
+"""Seconds a member's bye (its own word that it leaves) counts after it was sent."""
 MAX_JUDGED = 4096
 """Evidence keys remembered (so replays of one receipt count once)."""
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
@@ -556,6 +560,11 @@ class ControlCore:
         self._note_suspects()  # before a claim's lookups start
 
     def _on_Leave(self, _: Leave) -> None:
+        c = self.controller
+        coord = c.state.coordinator if c.state is not None else None
+        if not self.passive and coord not in (None, self.me):  # drop us now, not in 2 min
+            body = struct.pack(">d", self.wall)
+            self._send(Send((coord,), seal(self.key, self.swarm_id, "bye", body)))
         if self.role is Duty.COORDINATOR:
             self._waiting.leave = True  # a fresh view: a member that just joined can take over
             self._read_view()
@@ -772,7 +781,7 @@ class ControlCore:
         c = self.controller
         for rec, expires in members:
             old = self._seen.get(rec.peer_id)
-            if old is None or expires >= old[1]:
+            if old is None or expires > old[1] or (expires == old[1] and not old[0].left):
                 self._seen[rec.peer_id] = (rec, expires)
         blocked = c.blocked()
         view: list[Candidate] = []
@@ -784,6 +793,10 @@ class ControlCore:
                 self._candidates.pop(peer, None)
                 continue
             if peer in blocked:
+                continue
+            if rec.left:  # it said so itself: dealt no work, picked as no successor
+                self.records.pop(peer, None)
+                self._candidates.pop(peer, None)
                 continue
             self.records[peer] = rec
             if rec.dht is not None:
@@ -1109,6 +1122,8 @@ class ControlCore:
                 self._guarded(inner, carried)
             if not deferred:
                 self._kick(env)
+        elif kind == "bye":
+            self._bye(env)
         elif kind == "hello":  # a member we do not list yet: read the topic soon
             if c.role is Duty.COORDINATOR and env.sender not in c.view:
                 self.sync.nudged(now)
@@ -1122,6 +1137,21 @@ class ControlCore:
             fwd = ForwardedBlock.decode(env.body)
             c.forwarded_auto_block(fwd.entry, fwd.term, env.sender, now, wall)
         return False
+
+    def _bye(self, env: SignedMessage) -> None:
+        """The sender says it leaves (its own signature, so nobody else can say it for it):
+        drop it from the view now. Fresh only: sent within :data:`BYE_WINDOW` s, and after
+        the announcement we hold was made (an old bye does not undo a rejoin)."""
+        if len(env.body) != 8:
+            raise ProtocolError("a bye carries its send time")
+        (sent,) = struct.unpack(">d", env.body)
+        old = self._seen.get(env.sender)
+        if not math.isfinite(sent) or abs(self.wall - sent) > BYE_WINDOW or old is None \
+                or sent < old[1] - self.announce_ttl or old[0].left:
+            return
+        log.info("%s left", env.sender.short())
+        self._seen[env.sender] = (replace(old[0], left=True), old[1])
+        self._members((), self._me_record)
 
     def _resolved(self, env: SignedMessage, addr: tuple[str, int],
                   state: CoordinatorState) -> None:
