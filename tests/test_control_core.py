@@ -375,3 +375,19 @@ def test_only_a_fresh_bye_from_the_member_itself_drops_it():
     assert in_view()
     core.handle(cc.ViewRead(((replace(rec, left=True), WALL + 300),), mine), NOW + 3, WALL + 90)
     assert not in_view()  # its withdrawn announcement, read from the topic
+
+
+def test_a_restarted_member_waits_from_its_start_to_suspect():
+    """Finding 5: the core is built before the node starts (bootstrap, benchmark: longer
+    than a failover); its wait for the saved coordinator's heartbeats starts at Start."""
+    me, coord = PeerKey.generate(), PeerKey.generate()
+    saved = CoordinatorState(SWARM, 3, 7, coord.peer_id)
+    core = cc.ControlCore(me, SWARM, NOW, state=saved)
+    late = NOW + 10.0  # the node took 10 s to come up
+    core.handle(cc.Start(), late, WALL)
+    core.handle(cc.ViewRead(((MemberRecord(me.peer_id, 1.0), WALL + 60),
+                             (MemberRecord(coord.peer_id, 1.0), WALL + 60))), late, WALL)
+    core.handle(cc.Tick(), late + cc.TICK, WALL)
+    assert not core.controller.suspects
+    core.handle(cc.Tick(), late + core.controller.timing.failover + 0.5, WALL)
+    assert coord.peer_id in core.controller.suspects  # silence still counts after that

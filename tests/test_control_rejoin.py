@@ -87,3 +87,29 @@ def test_a_member_that_leaves_is_dropped_at_once(cluster):
     st = obs.wait(lambda s: w2.peer not in _members(s), 10, "the departed worker gone")
     assert _members(st) == {pub.peer, w1.peer}
 
+
+def test_a_restarted_member_waits_to_hear_the_coordinator(cluster):
+    """Finding 5: a member restarted from its data dir (its saved state names the live
+    coordinator) suspected that coordinator at once ("no heartbeat ... for 6.4 s"), the
+    wait having started before its node did (bootstrap, benchmark), and took over. The
+    wait for a first heartbeat starts with the control plane: over the next few failover
+    times it suspects nobody and the term stays."""
+    pub = cluster.publish()
+    w1 = cluster.join("w1")
+    target = w1.peer
+    obs = cluster.observer()
+    st = obs.wait(lambda s: len(s["members"]) == 2 and s["coordinator"] == pub.peer, 60,
+                  "2 members, the publisher coordinating")
+    term = st["term"]
+    w1.signal(SIGTERM)
+    assert w1.wait_exit(30) == 0
+    again = cluster.join("w1")
+    assert again.peer == target
+    again.wait_line(lambda s: s.startswith("joined swarm"), 60)
+    obs.wait(lambda s: target in _members(s), 30, "the restarted member")
+    window_end = time.monotonic() + 5.0  # 2.5 failover times: it stays quiet throughout
+    while time.monotonic() < window_end:
+        st = obs.status()
+        assert st["coordinator"] == pub.peer and st["term"] == term, st
+        assert not [s for s in again.err if "suspecting" in s], "\n".join(again.err[-20:])
+    assert again.popen.poll() is None

@@ -550,6 +550,7 @@ class ControlCore:
     def _on_Start(self, _: Start) -> None:
         st = self.controller.state
         self._cached_block = st is not None and self.me in st.blocked_ids
+        self.controller.started(self.now)
         self._waiting.start = True
         self._read_view()
 
@@ -597,6 +598,7 @@ class ControlCore:
             self._follow_newest(states)
             if p is Purpose.START:
                 self._still_blocked()
+                self.controller.started(self.now)
                 self._out.append(Started())
         elif p is Purpose.CATCH_UP or p is Purpose.CLAIM_CATCH_UP:
             self._caught_up(read.known, states)
