@@ -379,7 +379,8 @@ def test_only_a_fresh_bye_from_the_member_itself_drops_it():
 
 def test_a_restarted_member_waits_from_its_start_to_suspect():
     """Finding 5: the core is built before the node starts (bootstrap, benchmark: longer
-    than a failover); its wait for the saved coordinator's heartbeats starts at Start."""
+    than a failover); its wait for the saved coordinator's heartbeats starts at Start, with
+    one failover more for the coordinator to hear of it."""
     me, coord = PeerKey.generate(), PeerKey.generate()
     saved = CoordinatorState(SWARM, 3, 7, coord.peer_id)
     core = cc.ControlCore(me, SWARM, NOW, state=saved)
@@ -387,7 +388,9 @@ def test_a_restarted_member_waits_from_its_start_to_suspect():
     core.handle(cc.Start(), late, WALL)
     core.handle(cc.ViewRead(((MemberRecord(me.peer_id, 1.0), WALL + 60),
                              (MemberRecord(coord.peer_id, 1.0), WALL + 60))), late, WALL)
+    failover = core.controller.timing.failover
     core.handle(cc.Tick(), late + cc.TICK, WALL)
+    core.handle(cc.Tick(), late + failover + 0.5, WALL)  # and one failover of grace more
     assert not core.controller.suspects
-    core.handle(cc.Tick(), late + core.controller.timing.failover + 0.5, WALL)
+    core.handle(cc.Tick(), late + 2 * failover + 0.5, WALL)
     assert coord.peer_id in core.controller.suspects  # silence still counts after that

@@ -599,6 +599,7 @@ class ControlCore:
             if p is Purpose.START:
                 self._still_blocked()
                 self.controller.started(self.now)
+                self._hello()  # now, not after the first silent read: it lists us sooner
                 self._out.append(Started())
         elif p is Purpose.CATCH_UP or p is Purpose.CLAIM_CATCH_UP:
             self._caught_up(read.known, states)
