@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import msgpack
 
 from dht.items import immutable_target
+from identity.files import write_private
 from identity.keys import PeerId, PeerKey, verify
 from identity.statements import MAX_REASON, cut_reason
 from swarm.errors import ProtocolError
@@ -495,12 +495,7 @@ def save_state(data_dir: Path, state: CoordinatorState) -> None:
                        if k not in ("b", "a")} | {
         "b": [[p.hex(), r, by, at] for p, r, by, at in obj["b"]],
         "a": [a.hex() for a in obj["a"]]}, sort_keys=True)
-    path = state_path(data_dir, state.swarm)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_private(state_path(data_dir, state.swarm), text.encode())
 
 
 def load_state(data_dir: Path, swarm: bytes) -> CoordinatorState | None:
