@@ -38,7 +38,7 @@ class KrpcError(DHTError):
 
 
 @dataclass
-class Message:
+class KrpcMessage:
     """One decoded KRPC message."""
 
     t: bytes
@@ -62,8 +62,8 @@ class Message:
         return self.v[:2] == CLIENT[:2]
 
 
-def decode(datagram: bytes) -> Message:
-    """A checked :class:`Message`; raises :class:`KrpcError`."""
+def decode(datagram: bytes) -> KrpcMessage:
+    """A checked :class:`KrpcMessage`; raises :class:`KrpcError`."""
     if len(datagram) > MAX_DATAGRAM:
         raise KrpcError("datagram too large")
     try:
@@ -84,17 +84,17 @@ def decode(datagram: bytes) -> Message:
         q, a = msg.get(b"q"), msg.get(b"a")
         if not isinstance(q, bytes) or not isinstance(a, dict):
             raise KrpcError("query without q or a")
-        return Message(t, y, q=q, body=a, ip=ip, v=v)
+        return KrpcMessage(t, y, q=q, body=a, ip=ip, v=v)
     if y == b"r":
         r = msg.get(b"r")
         if not isinstance(r, dict):
             raise KrpcError("response without r")
-        return Message(t, y, body=r, ip=ip, v=v)
+        return KrpcMessage(t, y, body=r, ip=ip, v=v)
     e = msg.get(b"e")
     if (not isinstance(e, list) or len(e) < 2 or not isinstance(e[0], int)
             or not isinstance(e[1], bytes)):
         raise KrpcError("malformed error")
-    return Message(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip, v=v)
+    return KrpcMessage(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip, v=v)
 
 
 def query(t: bytes, method: str, args: dict[str, Any]) -> bytes:

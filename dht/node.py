@@ -13,7 +13,6 @@ import inspect
 import ipaddress
 import json
 import logging
-import os
 import socket
 import time
 from collections import Counter
@@ -74,6 +73,7 @@ from dht.wire import (
     reply_error,
 )
 from identity import PeerId, PeerKey
+from identity.files import write_private
 
 log = logging.getLogger(__name__)
 
@@ -343,9 +343,8 @@ class DHTNode(Server):
         if not neighbours:
             neighbours = [list(a) for a in self._saved_neighbours]
         state = {"node_id": self.node.id.hex(), "neighbours": neighbours}
-        tmp = self.data_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, self.data_dir / STATE_FILE)
+        # not secret, but private: the neighbours say whom this peer talks to
+        write_private(self.data_dir / STATE_FILE, json.dumps(state, indent=1).encode())
 
     # -- lookups ------------------------------------------------------------------------------
 

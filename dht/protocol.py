@@ -375,7 +375,7 @@ class DHTProtocol(KademliaProtocol):
 
     _TRIM = ((b"values",), (b"v", b"k", b"sig", b"seq"), (b"nodes", b"nodes6"), (b"token",))
 
-    def _krpc_answer(self, msg: krpc.Message, sender: tuple[str, int], size: int
+    def _krpc_answer(self, msg: krpc.KrpcMessage, sender: tuple[str, int], size: int
                      ) -> bytes | None:
         """The datagram answering one KRPC query (bounded for an unproven sender)."""
         nodeid = msg.body.get(b"id")
@@ -615,7 +615,7 @@ def _krpc_query_args(name: str, args: tuple) -> tuple[str, dict]:
     return "put", a
 
 
-def _krpc_answer_shape(name: str, msg: krpc.Message) -> Any:
+def _krpc_answer_shape(name: str, msg: krpc.KrpcMessage) -> Any:
     """A KRPC answer in the shape the swarm framing's reply to ``name`` has."""
     if msg.y == b"e":
         return error_reply(*msg.error)

@@ -26,11 +26,17 @@ from identity.roles import PERMISSIONS, Action, Role
 PEER_SIGNING_PREFIX = b"swarm statement v1\x00"
 MAX_NAME = 24
 MAX_REASON = 200
+"""UTF-8 bytes of a reason (a block's, a kick's, a liar report's): one limit everywhere."""
 MAX_OWNER_KEYS = 2
 MAX_CHARTER_ADMINS = 3
 MAX_PROOFS = 4
 MAX_UINT = 2**53
 ADMIN_ACTIONS = PERMISSIONS[Role.ADMIN]
+
+
+def cut_reason(text: str) -> str:
+    """``text`` cut to at most :data:`MAX_REASON` UTF-8 bytes, never inside a character."""
+    return text.encode()[:MAX_REASON].decode(errors="ignore")
 
 
 # -- field codecs: each turns a CBOR value into a checked Python value or refuses it ----

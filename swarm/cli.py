@@ -21,14 +21,19 @@ from types import ModuleType
 from swarm import __version__
 from swarm.commands._common import add_global_options, verbosity
 from swarm.config import ENV_HOME, data_dir, setup_logging
-from swarm.errors import ConfigError, ConsentRefused, LocalError, RemoteError, SwarmError
-
-EXIT_OK = 0
-EXIT_FAILURE = 1  # the work failed: a remote error, a job that could not complete
-EXIT_USAGE = 2  # bad arguments, bad URI, bad file: fix the command line
-EXIT_REFUSED = 3  # consent declined, or not authorised to do this
-EXIT_UNAVAILABLE = 4  # something this machine lacks: no security key, no backend
-EXIT_INTERRUPTED = 130
+from swarm.errors import (  # noqa: F401 (EXIT_*: the CLI's codes, defined below it)
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    ConfigError,
+    ConsentRefused,
+    LocalError,
+    RemoteError,
+    SwarmError,
+)
 
 # Subcommands in the order `swarm --help` lists them; each is the module swarm.commands.<name>.
 COMMANDS: tuple[str, ...] = (

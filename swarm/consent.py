@@ -11,11 +11,11 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TextIO
 
+from identity.files import write_private
 from swarm.errors import ConsentRefused
 
 FILE = "consent.json"
@@ -66,11 +66,7 @@ class ConsentStore:
             self._save(data)
 
     def _save(self, data: dict) -> None:
-        tmp = self.path.with_name(FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 PROMPT = """\

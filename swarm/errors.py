@@ -2,6 +2,15 @@
 
 import concurrent.futures
 
+# Exit codes: the same for every subcommand (``swarm --help`` lists them). Here, below the
+# commands and the CLI, so that a command returns one without importing the CLI.
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the work failed: a remote error, a job that could not complete
+EXIT_USAGE = 2  # bad arguments, bad URI, bad file: fix the command line
+EXIT_REFUSED = 3  # consent declined, or not authorised to do this
+EXIT_UNAVAILABLE = 4  # something this machine lacks: no security key, no backend
+EXIT_INTERRUPTED = 130
+
 
 class SwarmError(Exception):
     """Base of every error swarm raises on purpose."""

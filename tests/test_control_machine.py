@@ -13,7 +13,7 @@ from identity.keys import PeerId, PeerKey
 from swarm.control import machine as control
 from swarm.control.election import Candidate, Fitness
 from swarm.control.machine import Command, Controller, Duty, Timing
-from swarm.control.state import BlockEntry, CoordinatorState, KickOrder, LiarReport
+from swarm.control.state import BlockEntry, BlockPage, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
 SWARM = bytes(range(20))
@@ -735,3 +735,20 @@ def test_an_auto_block_is_taken_only_from_a_coordinator_we_followed():
     with pytest.raises(NotCoordinator, match="never coordinated"):
         sim.nodes["b"].forwarded_auto_block(entry, 0, stranger, sim.now, 1)
     assert sim.ids["x"] not in sim.nodes["b"].blocked()
+
+
+def test_a_block_keeps_the_whole_reason_its_signed_command_allows():
+    """An owner's signed block may give a reason of MAX_REASON bytes (identity's limit):
+    the block entry, its blocklist page and the follower's copy keep all of it."""
+    from identity.statements import MAX_REASON
+
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
+    reason = "spam from a scraper, " * (MAX_REASON // 21) + "x" * (MAX_REASON % 21)
+    assert len(reason.encode()) == MAX_REASON
+    sim.nodes["b"].command(Command("block", sim.ids["x"], reason, "owner", 1), sim.now)
+    sim._run("b")
+    sim.run_until(lambda: sim.ids["x"] in sim.nodes["a"].blocked())
+    entry, = (e for e in sim.nodes["a"].state.blocked if e.peer == sim.ids["x"])
+    assert entry.reason == reason
+    page, = sim.nodes["b"].state.pages()
+    assert BlockPage.decode(page.encode()).entries[0].reason == reason

@@ -47,7 +47,7 @@ def test_state_round_trip_and_chain():
     lambda o: o.update(q="1"),
     lambda o: o.update(c=b"\x00" * 31),
     lambda o: o.update(b=[[b"\x01" * 32, "r", 7, 1]]),
-    lambda o: o.update(b=[[b"\x01" * 32, "r" * 101, 0, 1]]),
+    lambda o: o.update(b=[[b"\x01" * 32, "r" * 201, 0, 1]]),
     lambda o: o.update(p={"k": [1, 2]}),
     lambda o: o.update(pr=b"x"),
     lambda o: o.pop("a"),
@@ -116,3 +116,14 @@ def test_largest_state_item_fits_one_dht_item_and_one_message():
     assert len(s.encode_item()) <= MAX_ITEM - 20
     env = seal(KEY, SWARM, "hb", s.encode_item(), seal(KEY, SWARM, "endorse", b"x" * 60))
     assert len(env) <= MAX_MESSAGE
+
+
+def test_a_liar_report_carries_whatever_evidence_its_control_message_fits():
+    """The report's own bound is its message (MAX_MESSAGE); a second, smaller evidence
+    limit (3000 bytes on main) refused reports that sealed fine."""
+    from swarm.control.state import MAX_MESSAGE, LiarReport, unseal
+
+    evidence = bytes(range(256)) * 13  # 3328 bytes
+    env = seal(KEY, SWARM, "liar", LiarReport(KEY.peer_id, "wrong", evidence).encode())
+    assert len(env) <= MAX_MESSAGE
+    assert LiarReport.decode(unseal(SWARM, env).body).evidence == evidence

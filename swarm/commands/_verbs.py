@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from swarm.commands._common import add_json_option, check_owner_key, open_owner_key, print_json
@@ -17,6 +17,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarm.commands")
 
 ROLES = ("owner", "admin", "coordinator")
+HELPS = {
+    "kick": "disconnect a peer now (its shards are reassigned; it may rejoin)",
+    "block": "keep a peer out of the swarm until unblocked (survives restarts)",
+    "unblock": "lift a block",
+}
+"""Each verb's line in ``swarm --help``."""
+_AUTHORITY = """.
+
+Authorised by the owner's FIDO2 key (--as owner, the default), an admin's peer key
+(--as admin --key PATH) or the coordinator's (--as coordinator), as the roles table allows.
+The command carries the current term; the coordinator checks it against the charter.
+"""
+
+
+def command(verb: str) -> tuple[str, str, Callable[[argparse.ArgumentParser], None],
+                                 Callable[[argparse.Namespace], int]]:
+    """``(HELP, DESCRIPTION, configure, run)`` of the ``swarm <verb>`` command module (the
+    three verbs differ only in their words and the statement they sign)."""
+    return (HELPS[verb], HELPS[verb] + _AUTHORITY, lambda p: configure(p, verb),
+            lambda args: run(args, verb))
 _BASE32 = set("abcdefghijklmnopqrstuvwxyz234567")
 _HEX = set("0123456789abcdef")
 

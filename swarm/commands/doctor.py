@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                     [(f.check, f.status, f.detail, f.fix) for f in findings])
     if ok:
         return 0
-    from swarm.cli import EXIT_UNAVAILABLE
+    from swarm.errors import EXIT_UNAVAILABLE
 
     return EXIT_UNAVAILABLE
 

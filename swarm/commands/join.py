@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"swarm join: left ({reason})", file=sys.stderr)
     code = 0
     if reason.startswith(("kicked", "this peer is blocked")):
-        from swarm.cli import EXIT_REFUSED
+        from swarm.errors import EXIT_REFUSED
 
         code = EXIT_REFUSED
     if args.json:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from identity import (
     genesis,
     verify_chain,
 )
+from identity.files import write_private
 from swarm.control.state import StateItem, resolve
 from swarm.errors import CharterError, ProtocolError
 
@@ -240,9 +240,4 @@ def save_floor(data_dir: Path, swarm_pubkey: bytes, counter: int) -> None:
     """Raise the persisted floor to ``counter`` (never lowers it; 0600, atomic)."""
     if counter <= load_floor(data_dir, swarm_pubkey):
         return
-    path = _floor_path(data_dir, swarm_pubkey)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"counter": counter}))
-    os.replace(tmp, path)
+    write_private(_floor_path(data_dir, swarm_pubkey), json.dumps({"counter": counter}).encode())

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from identity.keys import PeerId
+from identity.statements import cut_reason
 from swarm.control.election import Candidate, TermGuard, elect, successor
 from swarm.control.state import MAX_ADMINS, BlockEntry, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
@@ -684,7 +685,7 @@ class Controller:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator"
                                  + (f"; try {self.coordinator}" if self.coordinator else ""))
         if cmd.kind == "block":
-            entry = BlockEntry(cmd.target, cmd.reason[:100], cmd.by, cmd.at)
+            entry = BlockEntry(cmd.target, cut_reason(cmd.reason), cmd.by, cmd.at)
             if cmd.target == self.me:
                 # Our own block travels to the successor in the handoff; followers would
                 # refuse a heartbeat from a coordinator its own state blocks.

@@ -28,6 +28,7 @@ import msgpack
 
 from dht.announce import MAX_RECORD
 from dht.items import mutable_target
+from identity.files import write_private
 from identity.keys import PeerId
 from swarm.control.election import Candidate, Fitness
 from swarm.errors import ProtocolError
@@ -78,7 +79,6 @@ class Health:
 
 def read_health() -> Health:
     """This machine's health through psutil (each figure optional)."""
-    import os
 
     import psutil
 
@@ -346,12 +346,7 @@ def save_seen_peers(data_dir: Path, sid: bytes, addrs: list[tuple[str, int]]) ->
     """Keep the members' DHT addresses we saw (freshest first) so that a restart joins
     through them even when every peer the URI names is gone (0600, atomic)."""
     kept = [[h, p] for h, p in dict.fromkeys(addrs)][:MAX_SEEN_PEERS]
-    path = _seen_path(data_dir, sid)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(kept))
-    os.replace(tmp, path)
+    write_private(_seen_path(data_dir, sid), json.dumps(kept).encode())
 
 
 def load_seen_peers(data_dir: Path, sid: bytes) -> list[tuple[str, int]]:

@@ -7,7 +7,6 @@ so that ``swarm owner ...`` can re-sign the charter item (only the swarm key can
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from identity import (
     open_authenticator,
 )
 from identity.encoding import decode, encode
+from identity.files import write_private
 from identity.statements import MAX_NAME  # one limit on a swarm's name: the charter's
 from swarm.errors import ConfigError
 
@@ -50,16 +50,8 @@ class OwnedSwarm:
         return self.head.statement  # type: ignore[return-value]
 
     def save(self) -> None:
-        _write(self.path / "chain.cbor", encode({1: self.head.encode(), 2: self.history,
-                                                 3: self.credential.to_cbor()}))
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+        write_private(self.path / "chain.cbor", encode(
+            {1: self.head.encode(), 2: self.history, 3: self.credential.to_cbor()}))
 
 
 def folder(data_dir: Path, name: str) -> Path:

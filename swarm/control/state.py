@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -29,15 +28,15 @@ from pathlib import Path
 import msgpack
 
 from dht.items import immutable_target
+from identity.files import write_private
 from identity.keys import PeerId, PeerKey, verify
+from identity.statements import MAX_REASON, cut_reason
 from swarm.errors import ProtocolError
 
 MAX_MESSAGE = 3800  # fits one DHT message (4096 bytes) with room for its envelope
-MAX_REASON = 100
 MAX_BLOCKLIST = 1 << 20
 """Sanity bound on a decoded blocklist (about 900 pages), not a cap a swarm meets."""
 PAGE_BYTES = 900  # one page's msgpack; bencoding and the DHT item fit in 1000 bytes
-MAX_EVIDENCE = 3000
 MAX_ADMINS = 4
 MAX_POLICY = 4
 BY = ("owner", "admin", "coordinator")  # on the wire as the index
@@ -54,7 +53,7 @@ class BlockEntry:
     peer: PeerId
     """The blocked peer."""
     reason: str = ""
-    """Why, for operators (at most 100 characters)."""
+    """Why, for operators (at most ``MAX_REASON`` UTF-8 bytes)."""
     by: str = "coordinator"
     """Which role blocked it: owner, admin or coordinator."""
     at: int = 0
@@ -281,7 +280,7 @@ def _entry(b: BlockEntry) -> list:
 def _entry_from(item: object) -> BlockEntry:
     _need(isinstance(item, list) and len(item) == 4, "block entry")
     peer, reason, by, at = item  # type: ignore[misc]
-    _need(isinstance(reason, str) and len(reason) <= MAX_REASON
+    _need(isinstance(reason, str) and len(reason.encode()) <= MAX_REASON
           and type(by) is int and 0 <= by < len(BY) and type(at) is int, "block entry")
     return BlockEntry(PeerId(peer), reason, BY[by], at)
 
@@ -419,14 +418,14 @@ class KickOrder:
     """Unix time of the order; old orders are ignored."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"t": self.term, "p": self.target.raw, "r": self.reason[:MAX_REASON],
+        return msgpack.packb({"t": self.term, "p": self.target.raw, "r": cut_reason(self.reason),
                               "at": self.at}, use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> KickOrder:
         def build(o):
             _need(type(o["t"]) is int and type(o["at"]) is int and isinstance(o["r"], str)
-                  and len(o["r"]) <= MAX_REASON, "kick order")
+                  and len(o["r"].encode()) <= MAX_REASON, "kick order")
             return cls(o["t"], PeerId(o["p"]), o["r"], o["at"])
 
         return _decoded(data, "kick order", build)
@@ -441,19 +440,21 @@ class LiarReport:
     reason: str = ""
     """For operators."""
     evidence: bytes = b""
-    """Opaque proof for the coordinator's evidence check (signed result receipts)."""
+    """Opaque proof for the coordinator's evidence check, bounded by the one control message
+    it travels in (:data:`MAX_MESSAGE`). A runtime's signed receipts, up to
+    :data:`swarm.runtime.evidence.MAX_EVIDENCE`, travel by ``EvidenceMsg`` instead."""
     relayed: bool = False
     """Passed on once by a peer that is not the coordinator (never passed on again)."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"p": self.peer.raw, "r": self.reason[:MAX_REASON],
+        return msgpack.packb({"p": self.peer.raw, "r": cut_reason(self.reason),
                               "e": self.evidence, "f": self.relayed}, use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> LiarReport:
         def build(o):
-            _need(isinstance(o["r"], str) and len(o["r"]) <= MAX_REASON
-                  and isinstance(o["e"], bytes) and len(o["e"]) <= MAX_EVIDENCE
+            _need(isinstance(o["r"], str) and len(o["r"].encode()) <= MAX_REASON
+                  and isinstance(o["e"], bytes)
                   and type(o["f"]) is bool, "liar report")
             return cls(PeerId(o["p"]), o["r"], o["e"], o["f"])
 
@@ -495,12 +496,7 @@ def save_state(data_dir: Path, state: CoordinatorState) -> None:
                        if k not in ("b", "a")} | {
         "b": [[p.hex(), r, by, at] for p, r, by, at in obj["b"]],
         "a": [a.hex() for a in obj["a"]]}, sort_keys=True)
-    path = state_path(data_dir, state.swarm)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_private(state_path(data_dir, state.swarm), text.encode())
 
 
 def load_state(data_dir: Path, swarm: bytes) -> CoordinatorState | None:

@@ -36,6 +36,7 @@ import compute
 from compute.backend import check_operands
 from compute.verify import ROUNDS, draw_vectors, residuals
 from identity.keys import PeerId, PeerKey, verify
+from identity.statements import cut_reason
 from swarm import wire
 from swarm.runtime.actors import check_matmul
 from swarm.runtime.objects import ID_LEN, ObjectId, object_id
@@ -150,7 +151,7 @@ class Evidence:
     """The reporter's words (not evidence of anything)."""
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.receipt.encode(), self.params, self.reason[:200]],
+        return msgpack.packb([self.receipt.encode(), self.params, cut_reason(self.reason)],
                              use_bin_type=True)
 
     @classmethod
@@ -161,7 +162,7 @@ class Evidence:
                 or not isinstance(o[1], bytes) or len(o[1]) > MAX_PARAMS
                 or not isinstance(o[2], str)):
             raise ValueError("evidence fields have the wrong types")
-        return cls(Receipt.decode(o[0]), o[1], o[2][:200])
+        return cls(Receipt.decode(o[0]), o[1], cut_reason(o[2]))
 
     @property
     def key(self) -> bytes:

@@ -319,7 +319,7 @@ def _run(coro):
 
 
 @dataclass
-class Charter:
+class SimCharter:
     """The modelled charter: a counter with the admins and policy it carries."""
 
     counter: int = 1
@@ -470,7 +470,7 @@ class Sim:
         self.swarm_id = mutable_target(self.swarm_key.public_bytes, b"swarm")
         self.topic = membership_topic(self.swarm_id)
         self.salt = state_salt(self.swarm_id)
-        self.charter = Charter()
+        self.charter = SimCharter()
         self.adapter = adapter(self)
         keys = [PeerKey.from_seed(self.rng.randbytes(32)) for _ in range(members)]
         self.members = [Member(self, i, k, round(self.rng.uniform(0.5, 5.0), 3))
@@ -721,7 +721,7 @@ class Sim:
         """The owner publishes a charter with a new policy: simulated seconds until every
         live member has it and follows a coordinator state that carries it."""
         t0 = self.loop.now
-        self.charter = Charter(self.charter.counter + 1, (),
+        self.charter = SimCharter(self.charter.counter + 1, (),
                                {"require_hardware": True})
         want = self.charter.counter
         pol = self.charter.policy
