@@ -317,29 +317,3 @@ def test_any_member_can_host_tabs(tmp_path):
             assert me["kind"] == "browser" and me["via"] == member.peer
         finally:
             b.close()
-
-
-def test_an_embedding_job_gets_matmul_shards_computed_by_the_tab(tabs, tmp_path):
-    """Issue 31: a tab computes MiniLM's weight products like any worker (its tiled WGSL
-    kernel, weights sent once by content address), every one verified, and the embeddings
-    equal the local numpy forward's."""
-    from models.minilm import MiniLM
-
-    cluster, host, pub, url, b = tabs
-    page, tab = join_tab(b, url)
-    sentences = [f"sentence {i}: volunteers pool their machines into one swarm" for i in range(32)]
-    src = tmp_path / "sentences.txt"
-    src.write_text("\n".join(sentences) + "\n")
-    out = tmp_path / "vectors.npy"
-    proc = subprocess.run(host.wrap(swarm_cmd(
-        "embed", cluster.uri, "--input", str(src), "-o", str(out), "--batch", "16", "--json",
-        "--min-workers", "2", "--timeout", "240", "--data-dir", str(tmp_path / "rq"))),
-        capture_output=True, text=True, env=subprocess_env(), timeout=360)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout)
-    np.testing.assert_allclose(np.load(out), MiniLM.load().embed(sentences), atol=1e-4)
-    row = next((r for r in report["peers"] if r["peer"] == tab), None)
-    assert row is not None, report
-    assert row["shards"] >= 1 and row["verified"] >= 1 and row["rejected"] == 0, (
-        row, b.console[-20:])
-    assert page.evaluate("window.swarmTab.host.stats.tasks") >= 1
