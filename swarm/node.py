@@ -266,7 +266,10 @@ class Node:
                 cb(peer, reason)
             except Exception:
                 log.exception("on_lying_peer callback failed")
-        if evidence is not None and peer not in self.proven_liars:
+        if evidence is not None and peer not in self.proven_liars \
+                and self.find_coordinator is None:
+            # no control plane to judge it (swarm.local()): this node keeps its own proof;
+            # with one, the coordinator judges and blocks (two pieces), as the demo shows
             self._start_proof(peer, evidence)
         if evidence is not None and self.find_coordinator is None:
             log.info("evidence against %s kept nowhere: no control plane to deliver it to",
