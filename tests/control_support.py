@@ -61,7 +61,11 @@ class Proc:
         return self.wait_line(lambda s: s.startswith("peer: "), 60).split()[1]
 
     def wait_exit(self, timeout: float) -> int:
-        return self.popen.wait(timeout)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name}: still running after {timeout} s; stderr tail:\n"
+                                 + "\n".join(self.err[-40:])) from None
 
     def signal(self, sig: int) -> None:
         if self.popen.poll() is None:

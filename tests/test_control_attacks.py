@@ -478,3 +478,45 @@ async def test_a_suspected_member_is_not_asked_in_dht_lookups(tmp_path):
     plane._do_now(plane.core.pump())
     assert node_id_of(dead.raw) in plane.node.dht._recently_failed()
     await plane.close()
+
+
+async def test_a_heartbeat_waits_for_the_pages_its_state_names(tmp_path):
+    """A block changes the state; its pages go to the DHT with the item while the heartbeat
+    carrying the state leaves at once. A follower that resolves the heartbeat before the pages
+    are stored finds "blocklist page ... not found" and, if it is the blocked one, is never
+    told again (beats skip blocked peers): CI saw such a member still running 30 s after its
+    block. The plane sends a message only once the page puts started before it are done."""
+    (tmp_path / "b").mkdir()
+    b = _plane(tmp_path / "b")
+    x = _pid("x")
+    gate, sent = asyncio.Event(), []
+    stored: list[bytes] = []
+
+    async def put_immutable(value: bytes) -> bytes:
+        await gate.wait()
+        stored.append(value)
+        return b"\0" * 20
+
+    async def put_mutable(*args, **kwargs) -> None:
+        return None
+
+    async def send(addr, msg: bytes) -> None:
+        sent.append((len(stored), msg))
+
+    b.node.dht.put_immutable = put_immutable
+    b.node.dht.put_mutable = put_mutable
+    b.node.dht.send_message = send
+    b.addrs[x] = ("127.0.0.1", 9)
+    now = int(time.time())
+    st = CoordinatorState(SWARM, 1, 2, b.key.peer_id, (BlockEntry(_pid("y"), "r", "owner", now),))
+    b.controller.state = st
+    b.controller._actions += [control.PutState(st, claim=False),
+                              control.SendHeartbeat(st, (x,))]
+    await b._do(b.core.pump())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert sent == []  # nothing leaves before the page is stored
+    gate.set()
+    await asyncio.gather(*b._tasks)
+    assert [(n, unseal(SWARM, m).kind) for n, m in sent] == [(len(st.pages()), "hb")]
+    await b.close()

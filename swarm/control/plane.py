@@ -79,6 +79,7 @@ class ControlPlane:
         self.role_changes: list[tuple[float, Duty, int]] = []
         self._started = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._page_puts: set[asyncio.Future] = set()
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
         register_validators(node.dht)
@@ -153,7 +154,7 @@ class ControlPlane:
         return self.left_reason
 
     async def close(self) -> None:
-        tasks = [t for t in [self._loop_task, self._view_task, *self._tasks]
+        tasks = [t for t in [self._loop_task, self._view_task, *self._tasks, *self._page_puts]
                  if t is not None and t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
@@ -270,8 +271,7 @@ class ControlPlane:
         dht, salt = self.node.dht, state_salt(self.swarm_id)
         ok, why, stored = True, "", None
         try:
-            for page in act.pages:  # the item pins its pages: they go first
-                await dht.put_immutable(page.encode())
+            await self._put_pages(act.pages)  # the item pins its pages: they go first
             await dht.put_mutable(self.key, act.state.encode_item(), salt=salt,
                                   seq=act.state.seq)
         except ItemError as exc:
@@ -283,8 +283,20 @@ class ControlPlane:
             ok, why = False, str(exc)
         self._do_now(self._feed(cc.PutDone(act, ok, why, stored)))
 
+    async def _put_pages(self, pages) -> None:
+        """Store blocklist pages, all at once; messages sent meanwhile wait for them."""
+        puts = [asyncio.ensure_future(self.node.dht.put_immutable(p.encode())) for p in pages]
+        for put in puts:
+            self._page_puts.add(put)
+            put.add_done_callback(self._page_puts.discard)
+        await asyncio.gather(*puts)
+
     async def _send_all(self, act: cc.Send) -> None:
-        """Store the pages the message names, then send it to every recipient."""
+        """Store the pages the message names, then send it to every recipient. A state's
+        pages may be on their way with its item (the core counts them as put): a message
+        leaves only once those are stored, or a follower resolving it finds a page missing."""
+        if self._page_puts:
+            await asyncio.wait(set(self._page_puts))
         for i, page in enumerate(act.pages):
             try:
                 await self.node.dht.put_immutable(page.encode())
