@@ -47,7 +47,7 @@ nat-tools:
 
 test: $(STAMP) nat-tools browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 # The browser tests drive the system's Chromium (Debian package; never a downloaded one).
 browser:
