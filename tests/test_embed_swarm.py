@@ -50,3 +50,54 @@ def test_bad_arguments(client):
         client.embed("hello")
     with pytest.raises(ValueError, match="batch"):
         client.embed(["x"], batch=0)
+
+
+def test_concurrent_runs_each_report_their_own_jobs(client, monkeypatch):
+    """Two runs of one embedder at once (two threads calling ``client.embed``): each run's
+    per-peer report is exactly the sum of its own jobs' reports, none of the other's. Each
+    run's batches have their own token count, so every job tells whose it is by its rows."""
+    import threading
+
+    from swarm.runtime import jobs
+
+    embedder = client.embedder()
+    a_texts, b_texts = ["alpha beta"] * 8, ["gamma delta epsilon zeta eta theta"] * 8
+    tokenize = embedder.model.tokenizer.encode
+    rows_a, rows_b = tokenize(a_texts[:2]).tokens, tokenize(b_texts[:2]).tokens
+    assert rows_a != rows_b
+    rows_of: dict[int, int] = {}
+    seen: dict[int, list] = {rows_a: [], rows_b: []}
+    a_done_one = threading.Event()
+    plan, run = jobs.matmul_job, client._node.requester.run
+
+    def planned(a, b, **kw):
+        job = plan(a, b, **kw)
+        rows_of[id(job.calls)] = a.shape[0]
+        return job
+
+    async def ran(calls, **kw):
+        rows = rows_of.pop(id(calls))
+        results, report = await run(calls, **kw)
+        seen[rows].append(report)
+        if rows == rows_a:
+            a_done_one.set()
+        return results, report
+
+    monkeypatch.setattr(jobs, "matmul_job", planned)
+    monkeypatch.setattr(client._node.requester, "run", ran)
+    got = {}
+    a = threading.Thread(target=lambda: got.setdefault("a", embedder.run(a_texts, batch=2)))
+    a.start()
+    assert a_done_one.wait(60)  # B starts while A is under way
+    got["b"] = embedder.run(b_texts, batch=2)
+    a.join(120)
+    counts = ("shards", "bytes_out", "bytes_in", "verified", "rejected", "failed")
+    for key, rows in (("a", rows_a), ("b", rows_b)):
+        want: dict[str, list[int]] = {}
+        for report in seen[rows]:
+            for peer, r in report.peers.items():
+                total = want.setdefault(peer, [0] * len(counts))
+                for i, c in enumerate(counts):
+                    total[i] += getattr(r, c)
+        assert len(seen[rows]) == 4 * 24  # 4 batches, 24 weight products each
+        assert {p: [getattr(r, c) for c in counts] for p, r in got[key].peers.items()} == want
