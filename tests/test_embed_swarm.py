@@ -101,3 +101,25 @@ def test_concurrent_runs_each_report_their_own_jobs(client, monkeypatch):
                     total[i] += getattr(r, c)
         assert len(seen[rows]) == 4 * 24  # 4 batches, 24 weight products each
         assert {p: [getattr(r, c) for c in counts] for p, r in got[key].peers.items()} == want
+
+
+def test_the_readmes_semantic_search_runs_as_written(tmp_path):
+    """The README's example, copied out of README.md and run as a user would (its own
+    process, another directory): the interest-rate question finds the central bank first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import subprocess_env
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("A small semantic search", 1)[1].split("```python\n", 1)[1]
+    script = tmp_path / "search.py"
+    script.write_text(block.split("```", 1)[0])
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("The central bank raised interest rates."), lines
+    scores = [float(line.split()[0]) for line in lines]
+    assert scores[0] > scores[1] + 0.2, scores
