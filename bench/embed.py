@@ -1,7 +1,7 @@
 """MiniLM sentence embeddings: sentence-transformers (torch, CPU) vs the numpy forward vs the
 swarm, verified and not, side by side in one run.
 
-    python bench/embed.py [--json] [--quick] [--st-python .venv-st/bin/python]
+    python bench/embed.py [--json] [--quick] [--no-netns] [--st-python .venv-st/bin/python]
 
 Rows, for typical sentences (10-30 tokens) and 128-token ones, at batch 32 and 64:
 
@@ -11,27 +11,37 @@ Rows, for typical sentences (10-30 tokens) and 128-token ones, at batch 32 and 6
 - ``swarm verified`` / ``swarm unverified``: ``client.embedder(verify=...)`` on
   ``swarm.local(2, threads=1)``: the forward here, every matmul on the two worker processes,
   each band Freivalds-checked (or only shape-checked).
+- ``netns verified``: the same verified embedder, as deployed: ``swarm publish`` and ``swarm
+  join`` (numpy, one BLAS thread each) on two network-namespace hosts, the requester
+  (``swarm.connect``, a process of its own) on a third, links over the hosts' veths and
+  bridge (needs root; without it the column says why it is empty).
 
 Each figure: sentences/s, the median of ``--runs`` runs after one warm-up, the systems
 taking turns within each run (round robin) so that load changes hit them alike. ``check %``:
-CPU time inside the Freivalds checks over the CPU time of the whole verified job (this
-process plus both workers). The goals (issue 31): verified >= 0.8x torch on the same two
+CPU time inside the Freivalds checks over the CPU time of the whole verified job (the
+requester plus both workers); ``netns check %`` the same on the namespace hosts. The goals (issue 31): verified >= 0.8x torch on the same two
 cores; the check <= 3% of the job's CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tests.conftest import subprocess_env, swarm_cmd  # noqa: E402
+from tests.system.netns import Net, unavailable  # noqa: E402
+from tests.system.support import NetCluster  # noqa: E402
 
 WORDS = ("the a of and to in is for on with model worker matrix data network time people "
          "city water house music light system world paper table power river market school "
@@ -96,17 +106,126 @@ def sentences(kind: str, n: int, tokenizer) -> list[str]:
     return out
 
 
+def serve_requester(uri: str, data_dir: str) -> int:
+    """The namespace rows' requester (``--serve-requester``, run inside its host): joins,
+    then per stdin line ``[texts, batch]`` embeds them verified and answers one JSON line
+    ``{"seconds", "cpu", "check"}`` (its own wall time, process CPU and CPU in checks)."""
+    import swarm
+
+    client = swarm.connect(uri, data_dir=data_dir, min_workers=2, timeout=120)
+    embedder = client.embedder()
+    check_cpu = _count_checks(client)
+    print(json.dumps({"workers": len(client.workers())}), flush=True)
+    for line in sys.stdin:
+        texts, batch = json.loads(line)
+        check0, cpu0, t = check_cpu(), time.process_time(), time.perf_counter()
+        embedder.run(texts, batch=batch)
+        print(json.dumps({"seconds": time.perf_counter() - t,
+                          "cpu": time.process_time() - cpu0, "check": check_cpu() - check0}),
+              flush=True)
+    client.close()
+    return 0
+
+
+def _count_checks(client):
+    """Wrap the client's Freivalds checks; returns a function giving the CPU seconds spent
+    in them so far: the checking threads' own time plus that of the check's pinned helper
+    threads (``compute.verify`` hands large passes to them; they do nothing else)."""
+    from compute import verify
+
+    spent = [0.0]
+    checker = client._verifier
+    plain_check = checker.check
+
+    def timed_check(*a, **kw):
+        t = time.thread_time()
+        try:
+            return plain_check(*a, **kw)
+        finally:
+            spent[0] += time.thread_time() - t
+
+    def helpers() -> float:
+        threads = [t for pool in (verify._pool or []) for t in list(pool._threads)]
+        return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads
+                   if t.ident is not None and t.is_alive())
+
+    checker.check = timed_check
+    return lambda: spent[0] + helpers()
+
+
+class NetnsSwarm:
+    """Two workers on network-namespace hosts and a requester process on a third."""
+
+    def __init__(self) -> None:
+        self.proc = None
+        self.why = None
+        self._stack = None
+        if why := unavailable():
+            self.why = f"not run: {why}"
+            return
+        self._stack = contextlib.ExitStack()
+        try:
+            self._start(Path(tempfile.mkdtemp(prefix="bench-embed-")))
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _start(self, tmp: Path) -> None:
+        net = self._stack.enter_context(Net())
+        cluster = self._stack.enter_context(contextlib.closing(NetCluster(tmp, net)))
+        pub_host, worker_host, req_host = net.host("a"), net.host("a"), net.host("a")
+        pub = cluster.start("pub", pub_host, swarm_cmd(
+            "publish", "--name", "bench", "--owner-key", f"soft:{tmp / 'owner.key'}",
+            "--backend", "numpy", "--host", pub_host.addr, "--data-dir", str(tmp / "pub")),
+            env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})  # as --threads 1
+        cluster.uri = pub.wait_line(lambda line: line.startswith("magnet:?"), 90, "out")
+        worker = cluster.join("w1", worker_host)
+        self.workers = [pub.popen, worker.popen]  # `ip netns exec` execs: same pids
+        (tmp / "rq").mkdir()
+        self.proc = subprocess.Popen(
+            req_host.wrap([sys.executable, str(Path(__file__).resolve()), "--serve-requester",
+                           cluster.uri, "--data-dir", str(tmp / "rq")]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env=subprocess_env())
+        self._stack.callback(self._stop)
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError("the namespace requester did not start")
+
+    def embed(self, texts: list[str], batch: int) -> dict:
+        """One verified run: wall seconds, and CPU seconds of the job (requester + workers)."""
+        cpu0 = cpu_seconds(self.workers, own=False)
+        self.proc.stdin.write(json.dumps([texts, batch]) + "\n")
+        self.proc.stdin.flush()
+        got = json.loads(self.proc.stdout.readline())
+        got["job_cpu"] = got["cpu"] + cpu_seconds(self.workers, own=False) - cpu0
+        return got
+
+    def _stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
-def cpu_seconds(procs) -> float:
+def cpu_seconds(procs, own: bool = True) -> float:
+    """CPU seconds (user + system) of ``procs``, and of this process unless ``own`` is False."""
     import psutil
 
-    own = time.process_time()
-    return own + sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+    mine = time.process_time() if own else 0.0
+    return mine + sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
 
 
 def main() -> int:
@@ -116,7 +235,12 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--st-python", default=os.environ.get("SWARM_BENCH_ST_PYTHON",
                                                          ".venv-st/bin/python"))
+    p.add_argument("--no-netns", action="store_true", help="leave out the namespace rows")
+    p.add_argument("--serve-requester", metavar="URI", help=argparse.SUPPRESS)
+    p.add_argument("--data-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_requester:
+        return serve_requester(args.serve_requester, args.data_dir)
     runs = 1 if args.quick else args.runs
 
     import numpy as np
@@ -132,21 +256,11 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     started = time.time()
     torch = Torch(args.st_python)
+    netns = NetnsSwarm() if not args.no_netns else None
     rows = []
     with swarm.local(2, threads=1) as client:
         verified, unverified = client.embedder(), client.embedder(verify="none")
-        spent = {"check": 0.0}
-        checker = client._verifier
-        plain_check = checker.check
-
-        def timed_check(*a, **kw):
-            t = time.thread_time()
-            try:
-                return plain_check(*a, **kw)
-            finally:
-                spent["check"] += time.thread_time() - t
-
-        checker.check = timed_check
+        check_cpu = _count_checks(client)
         for key, (ts, b) in cases.items():
             kind = key.split("/")[0]
             systems = {
@@ -155,35 +269,49 @@ def main() -> int:
                 "swarm unverified": lambda ts=ts, b=b: unverified.run(ts, batch=b),
                 "swarm verified": lambda ts=ts, b=b: verified.run(ts, batch=b),
             }
-            times: dict[str, list[float]] = {"torch": [], **{k: [] for k in systems}}
-            cpu = check = 0.0
+            times: dict[str, list[float]] = {"torch": [], **{k: [] for k in systems},
+                                             "netns verified": []}
+            cpu = check = ns_cpu = ns_check = 0.0
             for run in range(runs + 1):  # round robin; run 0 warms up and is not counted
                 if torch.proc is not None:
                     t = torch.encode(ts, b)
                     if run:
                         times["torch"].append(t)
+                if netns is not None and netns.proc is not None:
+                    got = netns.embed(ts, b)
+                    if run:
+                        times["netns verified"].append(got["seconds"])
+                        ns_cpu += got["job_cpu"]
+                        ns_check += got["check"]
                 for name, fn in systems.items():
-                    spent["check"], cpu0 = 0.0, cpu_seconds(client.processes)
+                    check0, cpu0 = check_cpu(), cpu_seconds(client.processes)
                     t = _timed(fn)
                     if run:
                         times[name].append(t)
                         if name == "swarm verified":
                             cpu += cpu_seconds(client.processes) - cpu0
-                            check += spent["check"]
+                            check += check_cpu() - check0
             row = {"sentences": kind, "batch": b, "n": len(ts)}
             for name, ts_ in times.items():
                 row[name] = len(ts) / statistics.median(ts_) if ts_ else None
             row["check % of job CPU"] = 100.0 * check / cpu
+            row["netns check %"] = 100.0 * ns_check / ns_cpu if ns_cpu else None
             row["verified / torch"] = (row["swarm verified"] / row["torch"]
                                        if row["torch"] else None)
+            row["netns / torch"] = (row["netns verified"] / row["torch"]
+                                    if row["torch"] and row["netns verified"] else None)
             rows.append(row)
             if not args.json:
                 print(row, file=sys.stderr)
         vec = verified.run(texts["typical"][:8]).vectors
         assert np.abs(vec - model.embed(texts["typical"][:8])).max() <= 1e-5
     torch.close()
+    if netns is not None:
+        netns.close()
     torch_version = torch.version
     meta = {"torch": torch_version, "threads": "torch 2, numpy default, swarm 2 workers x 1",
+            "netns": "not run: --no-netns" if netns is None else netns.why or
+            "publish + join on 2 namespace hosts (1 BLAS thread each), requester on a third",
             "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count(), "seconds": round(time.time() - started, 1)}
     if args.json:

@@ -66,9 +66,10 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                 "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
     "embed": (["--runs", "3"], ["--quick"], 2400,
               "all-MiniLM-L6-v2 sentences/s: sentence-transformers (torch CPU, 2 threads, its own "
-              "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified, "
-              "round robin in one run; check % = CPU in Freivalds checks over the verified "
-              "job's CPU (requester + workers)"),
+              "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified "
+              "vs two workers on network-namespace hosts (verified; needs root), round robin "
+              "in one run; check % = CPU in Freivalds checks over the verified job's CPU "
+              "(requester + workers)"),
     "embed_soak": ([], ["--batches", "200"], 1200,
                    "MiniLM worker memory on swarm.local(2): RSS (MiB) per worker before the "
                    "weights, after the first batch, after a second embedder on the same weights, "

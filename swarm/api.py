@@ -382,6 +382,13 @@ class Client:
 
     async def _matmul(self, a: Operand, b: Operand, opts: dict[str, Any],
                       progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        c, self.last_report = await self._matmul_reported(a, b, opts, progress)
+        return c
+
+    async def _matmul_reported(self, a: Operand, b: Operand, opts: dict[str, Any],
+                               progress: Callable[[int, int], None] | None = None
+                               ) -> tuple[np.ndarray, JobReport]:
+        """``a @ b`` and this job's own report (``last_report`` is whichever job ended last)."""
         a, _ = await self._resolve(a)
         b, b_oid = await self._resolve(b)
         method_spec("matmul", "matmul").check([a, b], {})
@@ -403,8 +410,7 @@ class Client:
                 verify=job.verify if verify == "freivalds" else job.check_shape,
                 replicate=verify == "replicate", owners=job.owners, timeout=opts["timeout"],
                 progress=progress)
-        self.last_report = report
-        return job.merge(results)
+        return job.merge(results), report
 
     async def _kernel(self, operands: list[Operand], params: dict[str, Any],
                       opts: dict[str, Any]) -> Any:

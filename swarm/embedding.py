@@ -70,11 +70,11 @@ class Embedder:
         out = np.empty((len(texts), DIM), np.float32)
         truncated: list[int] = []
         tokens = 0
-        self.executor.take_report()
+        executor = self.executor.session()  # this run's report, apart from runs at once
 
         def one(start: int):
             enc = self.model.tokenizer.encode(texts[start:start + batch])
-            return start, enc, self.model.forward(enc, self.executor)
+            return start, enc, self.model.forward(enc, executor)
 
         # PIPELINE batches in flight: one batch's attention, GELU and LayerNorm run here
         # while another's products run on the workers (numpy releases the GIL)
@@ -90,4 +90,4 @@ class Embedder:
                 tokens += enc.tokens
                 if progress is not None:
                     progress(start + enc.lengths.size)
-        return Embeddings(out, truncated, tokens, self.executor.take_report())
+        return Embeddings(out, truncated, tokens, executor.take_report())

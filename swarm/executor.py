@@ -12,6 +12,7 @@ used; a band that fails is re-run elsewhere and the evidence goes to the swarm's
 from __future__ import annotations
 
 import concurrent.futures as cf
+import copy
 import dataclasses
 import threading
 from collections.abc import Sequence
@@ -42,8 +43,9 @@ class SwarmExecutor:
                               "SwarmExecutor")
         self._timeout = timeout
         self._refs: dict[str, ObjectRef] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _refs (shared with sessions)
         self._totals: dict[str, PeerReport] = {}
+        self._totals_lock = threading.Lock()
 
     def _ref(self, w: Weight) -> ObjectRef:
         with self._lock:
@@ -75,17 +77,23 @@ class SwarmExecutor:
                                 ) from None
 
     async def _job(self, x: np.ndarray, right: np.ndarray | ObjectRef) -> np.ndarray:
-        c = await self._client._matmul(x, right, self._opts)
-        report = self._client.last_report  # this job's: set just before _matmul returned
-        with self._lock:
-            for peer, r in (report.peers.items() if report else ()):
+        c, report = await self._client._matmul_reported(x, right, self._opts)
+        with self._totals_lock:
+            for peer, r in report.peers.items():
                 total = self._totals.setdefault(peer, PeerReport())
                 for f in dataclasses.fields(PeerReport):
                     setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
         return np.ascontiguousarray(c, np.float32)
 
+    def session(self) -> SwarmExecutor:
+        """An executor on the same client and weights (sent once, shared) whose report counts
+        only the products run through it: one per run, so that runs at once keep apart."""
+        view = copy.copy(self)
+        view._totals, view._totals_lock = {}, threading.Lock()
+        return view
+
     def take_report(self) -> dict[str, PeerReport]:
         """Per-peer totals of every job since the last call (shards, bytes, verdicts)."""
-        with self._lock:
+        with self._totals_lock:
             totals, self._totals = self._totals, {}
             return totals

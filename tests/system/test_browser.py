@@ -317,3 +317,37 @@ def test_any_member_can_host_tabs(tmp_path):
             assert me["kind"] == "browser" and me["via"] == member.peer
         finally:
             b.close()
+
+
+def test_an_embedding_job_gets_matmul_shards_computed_by_the_tab(tabs, tmp_path):
+    """Issue 31: a tab computes MiniLM's weight products like any worker (its tiled WGSL
+    kernel, weights sent once by content address), every one verified before use, and the
+    embeddings equal the local numpy forward's within 1e-5."""
+    from models.minilm import MiniLM
+    from swarm.runtime.objects import object_id
+
+    cluster, host, pub, url, b = tabs
+    page, tab = join_tab(b, url + "?backend=webgpu")  # the WGSL kernel, not the JS one
+    assert page.evaluate("window.swarmTab.backend") == "webgpu"
+    sentences = [f"sentence {i}: volunteers pool their machines into one swarm" for i in range(32)]
+    src = tmp_path / "sentences.txt"
+    src.write_text("\n".join(sentences) + "\n")
+    out = tmp_path / "vectors.npy"
+    proc = subprocess.run(host.wrap(swarm_cmd(
+        "embed", cluster.uri, "--input", str(src), "-o", str(out), "--batch", "16", "--json",
+        "--min-workers", "2", "--timeout", "240", "--data-dir", str(tmp_path / "rq"))),
+        capture_output=True, text=True, env=subprocess_env(), timeout=360)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    model = MiniLM.load()
+    want = np.concatenate([model.embed(sentences[i:i + 16]) for i in (0, 16)])
+    assert np.abs(np.load(out) - want).max() <= 1e-5
+    row = next((r for r in report["peers"] if r["peer"] == tab), None)
+    assert row is not None, report
+    # the tab's results went into this job's output: received, checked, accepted
+    assert row["shards"] >= 1 and row["verified"] == row["shards"] and row["rejected"] == 0, (
+        row, b.console[-20:])
+    held = set(page.evaluate("[...window.swarmTab.host.store.keys()]"))
+    weights = {object_id(w.array).hex() for w in model.weights()}
+    assert held & weights, "the tab holds none of MiniLM's weights"
+    assert page.evaluate("window.swarmTab.host.stats.tasks") >= row["shards"]
