@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -431,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-json", type=Path, metavar="FILE",
                    help="re-render a previous run's benchmarks.json instead of running")
     args = p.parse_args(argv)
+    if importlib.util.find_spec("matplotlib") is None:  # found out after an hour of benches
+        print("bench/run_all.py draws its plots with matplotlib, which is not installed: "
+              "run `make bench`, or `pip install -e '.[bench]'` first", file=sys.stderr)
+        return 2
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         print(write(saved["results"], args.out, saved["quick"]))
