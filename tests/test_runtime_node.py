@@ -108,12 +108,13 @@ async def test_evidence_refused_by_a_peer_not_coordinating_is_sent_again(two_nod
     assert got == [package.evidence.encode()] * 3
 
 
-async def test_evidence_goes_again_when_unanswered(two_nodes, monkeypatch):
+async def test_evidence_goes_again_when_unanswered(monkeypatch, two_nodes):  # patch outlives nodes
     """Evidence that no one acknowledges (a receiver that died or an old peer) is retried."""
     from swarm import node as node_module
     from swarm.runtime.protocol import EvidenceMsg
 
     monkeypatch.setattr(node_module, "EVIDENCE_ACK_WAIT", 0.2)
+    monkeypatch.setattr(node_module, "EVIDENCE_WAIT", 1.0)  # stop() would wait 15 s for acks
     a, b = two_nodes
     twice = asyncio.Event()
     got: list[bytes] = []
