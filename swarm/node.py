@@ -62,6 +62,7 @@ from swarm.control.membership import (
     ANNOUNCE_TTL,
     MemberRecord,
     announce,
+    follows,
     live_members,
     read_health,
 )
@@ -223,6 +224,8 @@ class Node:
         """Set once :meth:`stop` has waited for the requester's reports: evidence that comes
         later is not sent."""
         self.record: MemberRecord | None = None
+        self._follows: tuple[int, bytes] | None = None
+        self._announce_now = asyncio.Event()
         self.relay = SignalRelay()
         self.webrtc = None  # a WebRTCEndpoint once started (aiortc is imported lazily)
         self.signaler: RelaySignaler | None = None
@@ -447,25 +450,36 @@ class Node:
         last = time.monotonic()
         while True:
             left = last + period - time.monotonic()
-            if self.host is None:
-                await asyncio.sleep(max(0.0, left))
-            else:
-                await asyncio.sleep(max(0.0, min(ACTIVITY_INTERVAL, left)))
-                if (time.monotonic() < last + period
-                        and self._activity() == (self.record.tasks, self.record.serving)):
-                    continue
+            wait = left if self.host is None else min(ACTIVITY_INTERVAL, left)
+            try:
+                await asyncio.wait_for(self._announce_now.wait(), max(0.0, wait))
+            except TimeoutError:
+                pass
+            if self.host is not None and not self._announce_now.is_set() \
+                    and time.monotonic() < last + period \
+                    and self._activity() == (self.record.tasks, self.record.serving):
+                continue
+            self._announce_now.clear()
             try:
                 tasks, serving = self._activity()
                 self.record = MemberRecord(self.peer_id, self.tflops, self.record.links,
                                            self.dht.address, __version__,
                                            self.record.roles, read_health(),
-                                           tasks=tasks, serving=serving)
+                                           tasks=tasks, serving=serving,
+                                           follows=self._follows)
                 await announce(self.dht, self.config.swarm_id, self.record,
                                self.config.announce_ttl)
             except Exception as exc:  # the DHT may be unreachable for a while
                 log.warning("re-announce failed: %s", exc)
             last = time.monotonic()
             period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
+
+    def follow(self, term: int, coordinator: PeerId) -> None:
+        """The control plane's hook: we now follow ``coordinator`` at ``term``; our record
+        says so at the next announcement, made now (readers count whom members follow)."""
+        if self._follows != follows(term, coordinator):
+            self._follows = follows(term, coordinator)
+            self._announce_now.set()
 
     def _activity(self) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
         if self.host is None:

@@ -502,6 +502,7 @@ def test_a_rival_at_our_term_makes_us_step_down_and_claim_above_it():
     sim, _ = _stable({"a": 1.0, "b": 3.0})
     b = sim.nodes["b"]
     rival = CoordinatorState(SWARM, 1, 5, sim.ids["a"])  # found in the DHT after a restart
+    b.followed = lambda state: state == rival  # members say they follow it (issue 33)
     b.rival(rival, sim.now)
     assert b.role is Duty.CANDIDATE  # still the one elected: claims above it at once
     sim._run("b")

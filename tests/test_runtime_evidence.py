@@ -121,10 +121,14 @@ async def _coordinator_plane(tmp_path, key: PeerKey):
 async def test_the_coordinator_blocks_on_proof_and_never_on_claims(tmp_path):
     import msgpack
 
+    from swarm.control.election import Candidate
     from swarm.control.state import seal
 
     me, honest, liar = (PeerKey.generate() for _ in range(3))
     plane = await _coordinator_plane(tmp_path, me)
+    # both workers are members (evidence against a key that never joined counts nothing)
+    plane.controller.members([Candidate(k.peer_id, 1.0) for k in (me, honest, liar)],
+                             plane.clock())
     sid = bytes(range(20))
     # Claims ("liar" messages) from many fresh keys against an honest worker: nothing.
     for _ in range(10):
@@ -160,12 +164,14 @@ async def test_the_coordinator_blocks_on_proof_and_never_on_claims(tmp_path):
 async def test_a_peer_not_coordinating_refuses_evidence_out_loud(tmp_path):
     """Evidence that reaches a follower is answered "not taken" (the sender tries the next
     coordinator), and taken once it coordinates."""
+    from swarm.control.election import Candidate
     from swarm.control.machine import Duty
     from swarm.control.plane import ControlPlane
     from swarm.runtime.protocol import EvidenceAck, EvidenceMsg
 
     me, liar, requester = (PeerKey.generate() for _ in range(3))
     plane = await _coordinator_plane(tmp_path, me)
+    plane.controller.members([Candidate(k.peer_id, 1.0) for k in (me, liar)], plane.clock())
     a, b, c = job(3)
     call, reply = signed(liar, requester, a, b, c, task=3)
     package = evidence_for(requester.peer_id, liar.peer_id, call, reply, "failed")

@@ -74,7 +74,9 @@ def test_the_traffic_check_tells_polling_apart():
     """The same figure for the polling policy grows with the swarm: the check above can
     fail."""
     small, large = member_bytes(20, PollingAdapter), member_bytes(50, PollingAdapter)
-    assert large > 1.5 * small, f"{small:.0f} -> {large:.0f} bytes/s per member"
+    # 1.49x since each record also says whom its member follows (issue 33: ~20 bytes more
+    # per record); 1.51x before
+    assert large > 1.4 * small, f"{small:.0f} -> {large:.0f} bytes/s per member"
 
 
 def test_view_safety_net_gap_grows_with_the_swarm():

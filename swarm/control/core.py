@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -53,7 +53,7 @@ from swarm.control.machine import (
     counted_states,
     refuse_unchecked,
 )
-from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, announced, candidate
+from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, announced, candidate, follows
 from swarm.control.replay import CommandGuard
 from swarm.control.state import (
     BlockPage,
@@ -83,6 +83,14 @@ MAX_PENDING_REPORTS = 64
 """Our own liar reports kept to resend to a new coordinator (oldest dropped)."""
 MAX_IGNORED = 256
 """Coordinators named by ignored DHT state items, logged once each (oldest forgotten)."""
+MAX_JUDGED_PER_REPORTER = 16
+"""Pieces of evidence judged per reporter per ``Timing.liar_window`` (each check costs the
+coordinator a matmul check; two pieces block a liar)."""
+MAX_REPORTERS = 1024
+"""Reporters whose judging rate is remembered (oldest forgotten)."""
+UNKNOWN_READ = 5.0
+"""The shortest gap between two member listings brought forward by heartbeats from peers
+our view lacks."""
 MAX_PAGES_PUT = 4096
 """Blocklist pages remembered as stored (a heartbeat stores each page once)."""
 
@@ -219,6 +227,8 @@ class EvidenceReceived:
 
     evidence: Evidence
     """The decoded evidence (its arrays are the adapter's to fetch)."""
+    reporter: PeerId | None = None
+    """Who delivered it (the link's peer); None for our own runtime's."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +241,8 @@ class EvidenceChecked:
     """True when it proves a wrong result by the receipt's worker."""
     why: str = ""
     """The verdict's explanation (for the log)."""
+    reporter: PeerId | None = None
+    """Who delivered it (as in :class:`CheckEvidence`)."""
 
 
 Event = Start | Tick | Leave | MessageReceived | ViewRead | StatesRead | ItemResolved \
@@ -348,6 +360,18 @@ class CheckEvidence:
 
     evidence: Evidence
     """The evidence."""
+    reporter: PeerId | None = None
+    """Who delivered it (handed back in :class:`EvidenceChecked`)."""
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Announce that we follow ``coordinator`` at ``term`` (our member record says so)."""
+
+    term: int
+    """The term of the state we follow."""
+    coordinator: PeerId
+    """Its coordinator (ourselves while we coordinate)."""
 
 
 @dataclass(frozen=True)
@@ -356,15 +380,26 @@ class Started:
 
 
 Action = ReadView | ReadStates | ResolveItem | ReadCharter | PutItem | Send | NoteGone \
-    | SavePeers | SaveFloor | CheckEvidence | Started | Disconnect | Persist | RoleChanged | Left
+    | SavePeers | SaveFloor | CheckEvidence | Follow | Started | Disconnect | Persist | RoleChanged | Left
+
+
+def followers(records: Iterable[MemberRecord]) -> Counter[tuple[int, bytes]]:
+    """How many members (one record each) say they follow each :func:`follows` key."""
+    return Counter(r.follows for r in records if r.follows is not None)
 
 
 def newest_counted(states: Iterable[CoordinatorState], view: dict[PeerId, Candidate],
                    blocked: Iterable[PeerId] = (), floor: int | None = None,
+                   votes: Counter[tuple[int, bytes]] | None = None,
                    ) -> CoordinatorState | None:
-    """The newest state item that counts (:func:`counted_states`): the rule members,
-    newcomers, observers and clients share."""
-    return max(counted_states(states, view, blocked, floor), key=lambda s: (s.term, s.seq),
+    """The state item to follow among those that count (:func:`counted_states`), for a
+    reader that follows nobody yet (a newcomer, a client, ``swarm status``): the one most
+    members say they follow (``votes``, from :func:`followers`), the newest among equals.
+    Taking the newest alone let one eligible member capture every newcomer by putting its
+    own item one term above the coordinator's (issue 33, finding 1)."""
+    votes = votes or Counter()
+    return max(counted_states(states, view, blocked, floor),
+               key=lambda s: (votes[follows(s.term, s.coordinator)], s.term, s.seq),
                default=None)
 
 
@@ -408,6 +443,7 @@ class ControlCore:
         timing = timing or Timing()
         self.controller = Controller(self.me, swarm_id, now, timing, state,
                                      check_evidence=check_evidence)
+        self.controller.followed = self._followed
         self.sync = reads or Sync(now, SyncTiming(silence=timing.failover / 2), passive=passive)
         """What to read from the DHT and when (heartbeat digests; fallback on silence). Silence
         is judged at half the failover time, so that the view the election runs on is fresh
@@ -435,6 +471,8 @@ class ControlCore:
         self._reports_told: PeerId | None = None
         self.judged: OrderedDict[bytes, None] = OrderedDict()
         """Evidence already judged (a receipt counts once, however often it arrives)."""
+        self._judging: OrderedDict[PeerId, deque[float]] = OrderedDict()
+        """When each reporter's recent pieces were judged (:data:`MAX_JUDGED_PER_REPORTER`)."""
         self.ignored: OrderedDict[PeerId, None] = OrderedDict()
         """Coordinators named by DHT state items that did not count, logged once each."""
         self._noted: set[PeerId] = set()
@@ -444,6 +482,9 @@ class ControlCore:
         self._rivals_after: PeerId | None = None
         """The last member the previous rival check read (the next batch starts after it)."""
         self._viewing = False
+        self._unknown_read_at = float("-inf")
+        self._told: tuple[int, PeerId] | None = None
+        """The (term, coordinator) our record last said we follow."""
         self._waiting = _Waiting()
         self._out: list[Action] = []
         self.now = now
@@ -538,6 +579,10 @@ class ControlCore:
     def _on_StatesRead(self, ev: StatesRead) -> None:
         read, p = ev.read, ev.read.purpose
         states = [s for s in ev.states if s.swarm == self.swarm_id]
+        if p in (Purpose.START, Purpose.STATE, Purpose.CLAIM_CAS) and self._check_blocked(states):
+            if p is Purpose.START:
+                self._out.append(Started())
+            return
         if p is Purpose.START or p is Purpose.STATE:
             self._follow_newest(states)
             if p is Purpose.START:
@@ -604,13 +649,30 @@ class ControlCore:
         self._report_liars([report])
 
     def _on_EvidenceReceived(self, ev: EvidenceReceived) -> None:
-        key = ev.evidence.key
+        key, c = ev.evidence.key, self.controller
         if self.role is not Duty.COORDINATOR or key in self.judged:
             return
+        worker = ev.evidence.receipt.worker
+        if worker not in c.view or worker in c.blocked():
+            log.info("evidence against %s not judged: not a member here (or blocked already)",
+                     worker.short())
+            return
+        reporter = ev.reporter or self.me
+        times = self._judging.pop(reporter, deque())
+        while times and times[0] < self.now - c.timing.liar_window:
+            times.popleft()
+        self._judging[reporter] = times
+        while len(self._judging) > MAX_REPORTERS:
+            self._judging.popitem(last=False)
+        if len(times) >= MAX_JUDGED_PER_REPORTER:
+            log.info("evidence from %s not judged: %d pieces judged for it in %.0f s already",
+                     reporter.short(), len(times), c.timing.liar_window)
+            return
+        times.append(self.now)
         self.judged[key] = None
         while len(self.judged) > MAX_JUDGED:
             self.judged.popitem(last=False)
-        self._out.append(CheckEvidence(ev.evidence))
+        self._out.append(CheckEvidence(ev.evidence, ev.reporter))
 
     def _on_EvidenceChecked(self, ev: EvidenceChecked) -> None:
         worker = ev.evidence.receipt.worker
@@ -618,7 +680,8 @@ class ControlCore:
             log.info("evidence against %s not proven: %s", worker.short(), ev.why)
             return
         log.warning("proof that %s lied: %s", worker.short(), ev.why)
-        self.controller.proven_liar(worker, ev.evidence.key, self.now, int(self.wall))
+        self.controller.proven_liar(worker, ev.evidence.key, self.now, int(self.wall),
+                                    ev.reporter)
 
     def _on_MessageReceived(self, ev: MessageReceived) -> None:
         try:
@@ -738,7 +801,7 @@ class ControlCore:
                                              if v.peer_id in self.addrs
                                              and v.peer_id != self.me)))
         c.members(view, self.now)
-        self.sync.have(view=view_digest(c.view))
+        self.sync.have(view=view_digest(c.view), members=len(c.view))
 
     def _candidate(self, rec: MemberRecord, expires: float) -> Candidate:
         """The election's view of an announcement (kept while the announcement is)."""
@@ -750,11 +813,15 @@ class ControlCore:
         return cand
 
     def _counted(self, found: list[CoordinatorState]) -> list[CoordinatorState]:
-        """The items that count (the controller's rules). One that does not (its signer may
-        not coordinate, its term is out of reach, or it is blocked) is logged, once per
-        coordinator it names: operators see the attempt (a member's term inflation), and
-        tests wait for it."""
-        counted = self.controller.dht_states(found)
+        """The items that count (the controller's rules), no term taken from them (only a
+        claim's CAS does that: a term we merely read must not fence off the coordinator we
+        follow). One that does not count (its signer may not coordinate, its term is out of
+        reach, or it is blocked) is logged, once per coordinator it names: operators see the
+        attempt (a member's term inflation), and tests wait for it."""
+        c = self.controller
+        floor = c.state.term if c.state is not None else None
+        counted = counted_states((s for s in found if s.swarm == self.swarm_id), c.view,
+                                 c.blocked(), floor)
         kept = {id(s) for s in counted}
         for s in found:
             if id(s) in kept or s.coordinator in self.ignored:
@@ -767,10 +834,38 @@ class ControlCore:
                      s.term, s.coordinator.short())
         return counted
 
+    def _followed(self, state: CoordinatorState) -> bool:
+        """Whether a member other than its signer says it follows ``state``."""
+        key = follows(state.term, state.coordinator)
+        return any(r.follows == key and p != state.coordinator
+                   for p, r in self.records.items())
+
+    def _check_blocked(self, found: list[CoordinatorState]) -> bool:
+        """Whether the state item that other members follow blocks us (read from every
+        member's item at start, while we follow nobody, and before a claim): then we stop.
+        Our own state may predate the block (we were offline), and our election, which
+        does not know it, would make us claim and coordinate in a bubble (finding 4). A
+        lone signer's item blocking us moves nothing (it is no one's state but its own)."""
+        c = self.controller
+        if self.passive or not found:
+            return False
+        votes = followers(self.records.values())
+        blocking = [s for s in counted_states(found, c.view, c.charter_blocked)
+                    if self.me in s.blocked_ids and self._followed(s)]
+        top = max(blocking, key=lambda s: (votes[follows(s.term, s.coordinator)], s.term,
+                                           s.seq), default=None)
+        if top is None or (c.state is not None and top.term < c.state.term):
+            return False
+        c.blocked_by(top, self.now)
+        return True
+
     def _follow_newest(self, found: list[CoordinatorState]) -> None:
-        """Learn the current term and coordinator from the state items that count."""
-        counted = self._counted(found)
-        for state in sorted(counted, key=lambda s: (s.term, s.seq), reverse=True)[:1]:
+        """Learn the current term and coordinator from the state items that count: the one
+        most members follow (:func:`newest_counted`)."""
+        votes = followers(self.records.values())
+        state = max(self._counted(found), default=None,
+                    key=lambda s: (votes[follows(s.term, s.coordinator)], s.term, s.seq))
+        if state is not None:
             cur = self.controller.state
             if cur is None or state.term > cur.term:
                 try:
@@ -888,6 +983,11 @@ class ControlCore:
             self._report_liars(list(self.pending_reports))
             for act in c.actions():
                 self._translate(act)
+        st = c.state
+        if st is not None and not self.passive and c.role is not Duty.STOPPED \
+                and self._told != (st.term, st.coordinator):
+            self._told = (st.term, st.coordinator)
+            self._out.append(Follow(st.term, st.coordinator))
 
     def _translate(self, act: control.Action) -> None:
         c = self.controller
@@ -969,7 +1069,10 @@ class ControlCore:
             item = StateItem.decode(env.body)
             if kind == "hb":
                 if why := c.implausible(item.head):
-                    if env.sender not in c.view:  # joined since our last lookup, maybe
+                    if env.sender not in c.view and self.now >= self._unknown_read_at:
+                        # joined since our last lookup, maybe; any key can send this, so
+                        # it buys one listing per UNKNOWN_READ s, not one per datagram
+                        self._unknown_read_at = self.now + UNKNOWN_READ
                         self._read_view()
                     raise NotCoordinator(f"heartbeat at term {item.head.term}: {why}")
                 if env.digest:
@@ -1100,6 +1203,6 @@ class ControlCore:
 
 __all__ = ["Action", "CharterRead", "CheckEvidence", "ControlCore", "Event", "EvidenceChecked",
            "EvidenceReceived", "ItemResolved", "Leave", "LiarCaught", "MessageReceived",
-           "NoteGone", "PagesLost", "Purpose", "PutDone", "PutItem", "ReadCharter",
+           "Follow", "NoteGone", "PagesLost", "Purpose", "PutDone", "PutItem", "ReadCharter",
            "ReadStates", "ReadView", "ResolveItem", "SaveFloor", "SavePeers", "Send", "Start",
            "Started", "StatesRead", "TICK", "Tick", "ViewRead", "completed", "newest_counted"]

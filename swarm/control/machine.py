@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -61,6 +61,9 @@ MAX_TERM_STEP = 64
 an honest swarm never jumps further, and no signer can push the term to the integer limit."""
 MAX_LIAR_SUSPECTS = 256
 """Peers with pending checked wrong-result evidence held by a coordinator (oldest dropped)."""
+MAX_PIECES_PER_REPORTER = 8
+"""Pieces of checked evidence one reporter may have counting at once (its next one retires
+its oldest): flooding the suspect table takes as many reporters as it has room / 8."""
 MAX_SEEN_REPORTS = 1024
 """Liar reports remembered (by digest) so that none is judged or passed on twice."""
 
@@ -170,6 +173,10 @@ class Timing:
     """Kick orders older than this (by their timestamp) are ignored as replays."""
     forward_max_age: float = 3600.0
     """Forwarded blocks issued longer ago than this are ignored as replays."""
+    collision: float = 10.0
+    """The shortest gap between two new terms claimed because a coordinator nobody follows
+    spoke at our term (each claim reads every member's item: one datagram must not buy
+    that more often)."""
 
 
 # -- actions: what the adapter must do --------------------------------------------------------
@@ -360,8 +367,12 @@ class Controller:
         self.check_evidence = check_evidence
         self._reports: OrderedDict[bytes, None] = OrderedDict()
         """Digests of liar reports already handled (bounded)."""
-        self._liars: OrderedDict[PeerId, dict[bytes, float]] = OrderedDict()
-        """Checked wrong-result evidence per suspect (evidence id -> when), bounded."""
+        self._liars: OrderedDict[PeerId, dict[bytes, tuple[float, PeerId]]] = OrderedDict()
+        """Checked wrong-result evidence per suspect, members only (evidence id -> when and
+        who delivered it), bounded (:meth:`_bound_suspects`)."""
+        self._pieces: dict[PeerId, deque[tuple[PeerId, bytes]]] = {}
+        """The pieces each reporter has in :attr:`_liars` (at most
+        :data:`MAX_PIECES_PER_REPORTER`: a reporter's next one retires its oldest)."""
         self.past_coordinators: set[PeerId] = {state.coordinator} if state else set()
         """Coordinators whose state we followed: their own blocks are forwarded to us."""
         self._unblocked_at: dict[PeerId, int] = {}
@@ -386,6 +397,10 @@ class Controller:
         """Kicked peers and until when (monotonic) they may not coordinate."""
         self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
+        self._collided = float("-inf")
+        self.followed: Callable[[CoordinatorState], bool] = lambda state: False
+        """Whether members other than its signer say they follow ``state`` (the core counts
+        their announcements): a rival's item only its signer vouches for moves nobody."""
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -436,15 +451,29 @@ class Controller:
         """Our own DHT item already has ``seq``: later claims must number above it."""
         self._seq_floor = max(self._seq_floor, seq + 1)
 
-    def rival(self, state: CoordinatorState, now: float) -> None:
+    def rival(self, state: CoordinatorState, now: float, live: bool = False) -> None:
         """Another coordinator's state item in the DHT holds our term or a later one (two
-        claims raced, e.g. across a full restart): step down for an entitled rival within
-        the term bound; the next claim goes above. Anyone else's item is ignored."""
+        claims raced, e.g. across a full restart, or a partition healed): step down for an
+        entitled rival within the term bound that other members follow or that our election
+        picks over us; the next claim goes above. Anyone else's item is ignored: an ordinary
+        member that puts its own item above ours must not make us step down (and chase its
+        term out of our followers' reach). ``live``: its heartbeat at our very term (two
+        claims of one term both landed): a new term decides, at most once per
+        ``Timing.collision`` s for a rival nobody follows."""
         if self.role is not Duty.COORDINATOR or self.state is None \
                 or state.coordinator == self.me or state.swarm != self.swarm \
                 or not entitled(state, self.view, self.blocked()) \
                 or state.term > self.term + MAX_TERM_STEP or state.term < self.state.term:
             return
+        if not self.followed(state) and \
+                elect(self.view.values(), self.blocked(), self._candidates_out()) \
+                != state.coordinator:
+            if not live or state.term != self.state.term \
+                    or now < self._collided + self.timing.collision:
+                log.info("ignoring %s's state at term %d: nobody else follows it and it "
+                         "loses the election", state.coordinator.short(), state.term)
+                return
+            self._collided = now
         self.guard.observe(state.term)
         self._set_state(Duty.FOLLOWER, now, why=f"{state.coordinator.short()} also "
                                                 f"holds term {state.term}")
@@ -802,34 +831,106 @@ class Controller:
             return None
         if peer == self.me or peer in self.blocked():
             return None
+        if peer not in self.view:
+            log.info("liar report against %s from %s not judged: not a member here",
+                     peer.short(), reporter.short())
+            return None
         verdict = self.check_evidence(report, reporter)
         if not verdict.guilty:
             log.info("liar report against %s from %s not acted on: %s", peer.short(),
                      reporter.short(), verdict.why)
             return verdict
-        self.proven_liar(peer, verdict.evidence, now, wall)
+        self.proven_liar(peer, verdict.evidence, now, wall, reporter)
         return verdict
 
-    def proven_liar(self, peer: PeerId, evidence: bytes, now: float, wall: int) -> None:
-        """Evidence we checked ourselves shows ``peer`` returned a wrong result.
+    def proven_liar(self, peer: PeerId, evidence: bytes, now: float, wall: int,
+                    reporter: PeerId | None = None) -> None:
+        """Evidence we checked ourselves, delivered by ``reporter`` (None: our own runtime),
+        shows ``peer`` returned a wrong result.
 
         Blocks once ``liar_threshold`` distinct pieces of evidence agree within
-        ``liar_window`` (the same evidence counts once); the reason names them.
+        ``liar_window`` (the same evidence counts once); the reason names them. Only a
+        member in our view is counted (a key that never joined is no one to block: throw-away
+        keys grew the blocklist without bound, issue 33 finding 3); each reporter holds at
+        most :data:`MAX_PIECES_PER_REPORTER` pieces, and a full table gives up a flooding
+        reporter's pieces first, never a piece against a suspect others reported (a liar
+        flushed its own first piece with 256 pieces against keys it held, finding 2).
         """
         if self.role is not Duty.COORDINATOR or peer == self.me or peer in self.blocked():
             return
-        seen = {e: t for e, t in self._liars.pop(peer, {}).items()
-                if now - t < self.timing.liar_window}
-        seen[evidence] = now
+        if peer not in self.view:
+            log.info("evidence against %s counted for nothing: not a member here",
+                     peer.short())
+            return
+        reporter = reporter or self.me
+        seen = {e: v for e, v in self._liars.pop(peer, {}).items()
+                if now - v[0] < self.timing.liar_window}
+        if evidence not in seen:
+            mine = self._pieces.setdefault(reporter, deque())
+            while len(mine) >= MAX_PIECES_PER_REPORTER:
+                p, e = mine.popleft()
+                if p == peer:
+                    seen.pop(e, None)
+                else:
+                    self._forget(p, e)
+            mine.append((peer, evidence))
+        seen[evidence] = (now, reporter)
         self._liars[peer] = seen
-        while len(self._liars) > MAX_LIAR_SUSPECTS:
-            self._liars.popitem(last=False)
-        if len(seen) >= self.timing.liar_threshold:
+        self._bound_suspects(peer)
+        if peer in self._liars and len(seen) >= self.timing.liar_threshold:
             ids = ",".join(sorted(e.hex()[:12] for e in seen))
             log.warning("blocking %s: wrong results shown by evidence %s", peer.short(), ids)
             self.command(Command("block", peer, f"wrong result; evidence {ids}"[:100],
                                  "coordinator", wall), now)
+            for e, (_, by) in self._liars.pop(peer).items():
+                self._drop_piece(by, peer, e)
+
+    def _forget(self, peer: PeerId, evidence: bytes) -> None:
+        """Retire one piece of evidence from the suspect table."""
+        pieces = self._liars.get(peer)
+        if pieces is not None and pieces.pop(evidence, None) is not None and not pieces:
             del self._liars[peer]
+
+    def _drop_piece(self, reporter: PeerId, peer: PeerId, evidence: bytes) -> None:
+        mine = self._pieces.get(reporter)
+        if mine is not None:
+            try:
+                mine.remove((peer, evidence))
+            except ValueError:
+                pass
+            if not mine:
+                del self._pieces[reporter]
+
+    def _bound_suspects(self, newest: PeerId) -> None:
+        """Keep :data:`MAX_LIAR_SUSPECTS` suspects: first give up those that left our view,
+        then the one a single reporter holding the most pieces accuses alone (a flood), and
+        only then the newest suspect itself."""
+        while len(self._liars) > MAX_LIAR_SUSPECTS:
+            gone = next((p for p in self._liars if p not in self.view), None)
+            if gone is None:
+                def flood(p: PeerId) -> int:
+                    by = {r for _, r in self._liars[p].values()}
+                    return len(self._pieces.get(next(iter(by)), ())) if len(by) == 1 else 0
+                gone = max(self._liars, key=flood)
+                if flood(gone) <= 1:
+                    gone = newest
+            for e, (_, by) in self._liars.pop(gone).items():
+                self._drop_piece(by, gone, e)
+
+    def blocked_by(self, state: CoordinatorState, now: float) -> None:
+        """The state item that members follow (read from the DHT) blocks us: stop, keeping
+        it (we missed the block while offline; our own older state would have let us
+        coordinate in a bubble that every member refuses)."""
+        if self.me not in state.blocked_ids or self.role is Duty.STOPPED:
+            return
+        log.warning("%s's state at term %d, which members follow, blocks this peer",
+                    state.coordinator.short(), state.term)
+        self.state = state
+        self.guard.observe(state.term)
+        self._actions.append(Persist(state))
+        self.leaving = True
+        self._leave_reason = "this peer is blocked"
+        self._set_state(Duty.STOPPED, now, why="this peer is blocked")
 
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
@@ -944,7 +1045,7 @@ class Controller:
         assert cur is not None
         if cur.coordinator == self.me:
             if self.role is Duty.COORDINATOR:
-                self.rival(state, now)
+                self.rival(state, now, live=True)
             raise StaleTerm(f"two coordinators at term {state.term}: a new term decides")
         if cur.coordinator not in self.suspects:
             raise StaleTerm(f"two coordinators at term {state.term}: we follow "

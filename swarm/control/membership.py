@@ -150,6 +150,11 @@ class MemberRecord:
     via: PeerId | None = None
     """For a browser tab: the node that relays links to it (``links`` are that node's relay
     listener; a requester dials it expecting ``via``'s key, then asks for this peer)."""
+    follows: tuple[int, bytes] | None = None
+    """The term and coordinator this member follows (its own word; :func:`follows` makes
+    it): a reader with no state of its own (a newcomer, ``swarm status``) takes the state
+    item most members follow, not the highest one any eligible signer put (issue 33,
+    finding 1)."""
 
     def encode(self) -> bytes:
         """msgpack of at most MAX_RECORD bytes; ``serving`` is cut short to fit if need be."""
@@ -164,6 +169,8 @@ class MemberRecord:
             m["k"] = self.kind
         if self.via is not None:
             m["via"] = self.via.raw
+        if self.follows is not None:
+            m["fo"] = list(self.follows)
         serving = [[p.raw, n] for p, n in self.serving[:MAX_SERVING]]
         while True:
             if self.tasks:
@@ -230,10 +237,17 @@ class MemberRecord:
         if (kind == "browser") != (via is not None):
             raise ProtocolError("member record: a browser member names its relay (via), "
                                 "a native one does not")
+        fo = m.get("fo")
+        if fo is not None and not (isinstance(fo, list) and len(fo) == 2
+                                   and type(fo[0]) is int and 0 < fo[0] < 1 << 63
+                                   and type(fo[1]) is bytes and len(fo[1]) == FOLLOW_ID):
+            raise ProtocolError(f"member record: follows must be [term, {FOLLOW_ID}-byte "
+                                "coordinator id prefix]")
         return cls(pid, tflops, tuple(_addr(a) for a in links),
                    _addr(m["dht"]) if m.get("dht") is not None else None,
                    ver, tuple(roles), health, tuple(actors), tasks, serving, kind,
-                   PeerId(via) if via is not None else None)
+                   PeerId(via) if via is not None else None,
+                   (fo[0], fo[1]) if fo is not None else None)
 
 
 def _activity(tasks: object, serving: object) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
@@ -275,6 +289,16 @@ NO_COORDINATE = "no-coordinate"
 ANNOUNCE_TTL = 120.0
 """Seconds an announcement lasts (``NodeConfig.announce_ttl``'s default, which members use;
 a member re-announces before a third of it has passed)."""
+
+
+FOLLOW_ID = 12
+"""Bytes of the coordinator's id a record's ``follows`` carries: enough that nobody can
+make a key that shares them (2^96 tries), short enough to keep listings small."""
+
+
+def follows(term: int, coordinator: PeerId) -> tuple[int, bytes]:
+    """What a record says it follows: ``term`` and a prefix of ``coordinator``'s id."""
+    return term, coordinator.raw[:FOLLOW_ID]
 
 
 def announced(expires_at: float, wall: float, now: float, ttl: float = ANNOUNCE_TTL) -> float:

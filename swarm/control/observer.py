@@ -16,7 +16,7 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.core import newest_counted
+from swarm.control.core import followers, newest_counted
 from swarm.control.membership import MemberRecord, candidate, membership_topic, swarm_id
 from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
@@ -52,8 +52,8 @@ class View:
     members: list[tuple[MemberRecord, float]]
     """Live member records with their announcement expiry (unix time)."""
     state: CoordinatorState | None
-    """The highest-term coordinator state among the members' DHT items that count (the
-    members' own rules: entitled signers, terms within the bound)."""
+    """The coordinator state among the members' DHT items that count (entitled signers,
+    terms within the bound) which most members say they follow."""
     addrs: dict[PeerId, tuple[str, int]]
     """DHT addresses of members."""
 
@@ -112,13 +112,15 @@ def jobs(records) -> list[dict]:
 async def counted_coordinator_state(node: DHTNode, sid: bytes,
                                     members: list[tuple[MemberRecord, float]],
                                     ) -> CoordinatorState | None:
-    """The newest coordinator state that counts among ``members``' items, with its whole
-    blocklist: the core's own read (:func:`swarm.control.charter.fetch_state`) and rule
-    (:func:`swarm.control.core.newest_counted`), as members, newcomers and clients use."""
+    """The coordinator state to follow among ``members``' items (the one most members say
+    they follow, among those that count), with its whole blocklist: the core's own read
+    (:func:`swarm.control.charter.fetch_state`) and rule
+    (:func:`swarm.control.core.newest_counted`), as newcomers and clients use."""
     states = [s for s in await asyncio.gather(*(charter.fetch_state(node, r.peer_id, sid)
                                                 for r, _ in members))
               if s is not None and s.swarm == sid]
-    return newest_counted(states, {r.peer_id: candidate(r, e) for r, e in members})
+    return newest_counted(states, {r.peer_id: candidate(r, e) for r, e in members},
+                          votes=followers(r for r, _ in members))
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:

@@ -195,7 +195,7 @@ class ControlPlane:
             elif isinstance(act, cc.Send):
                 self._spawn(self._send_all(act))
             elif isinstance(act, cc.CheckEvidence):
-                self._spawn(self._check(act.evidence, self._stored_array))
+                self._spawn(self._check(act, self._stored_array))
             elif isinstance(act, cc.NoteGone):
                 self.node.dht.note_gone(act.addr, node_id_of(act.peer.raw))
             elif isinstance(act, cc.SavePeers):
@@ -216,6 +216,10 @@ class ControlPlane:
             elif isinstance(act, cc.Left):
                 self.left_reason = act.reason
                 self.left.set()
+            elif isinstance(act, cc.Follow):
+                follow = getattr(self.node, "follow", None)  # absent on test stand-ins
+                if follow is not None:
+                    follow(act.term, act.coordinator)
             elif isinstance(act, cc.Started):
                 self._started.set()
 
@@ -352,23 +356,25 @@ class ControlPlane:
             log.info("evidence from %s refused: not coordinating (%s)", link.remote.short(),
                      self.core.role.value)
             return
-        await self.judge_evidence(evidence, self._stored_array)
+        await self.judge_evidence(evidence, self._stored_array, link.remote)
 
-    async def judge_evidence(self, evidence: Evidence, fetch_array) -> bool:
+    async def judge_evidence(self, evidence: Evidence, fetch_array, reporter=None) -> bool:
         """Block on proof alone: the core has the signed result re-checked (issue 13).
-        False when this peer does not coordinate (the evidence must go elsewhere)."""
+        False when this peer does not coordinate (the evidence must go elsewhere).
+        ``reporter``: who delivered it (None: our own runtime)."""
         if not self.core.takes_evidence():
             return False
-        for act in self._feed(cc.EvidenceReceived(evidence)):
+        for act in self._feed(cc.EvidenceReceived(evidence, reporter)):
             if isinstance(act, cc.CheckEvidence):
-                await self._check(act.evidence, fetch_array)
+                await self._check(act, fetch_array)
             else:
                 await self._do([act])
         return True
 
-    async def _check(self, evidence: Evidence, fetch_array) -> None:
-        verdict = await asyncio.to_thread(check_evidence, evidence, fetch_array)
-        await self._do(self._feed(cc.EvidenceChecked(evidence, verdict.proven, verdict.why)))
+    async def _check(self, act: cc.CheckEvidence, fetch_array) -> None:
+        verdict = await asyncio.to_thread(check_evidence, act.evidence, fetch_array)
+        await self._do(self._feed(cc.EvidenceChecked(act.evidence, verdict.proven, verdict.why,
+                                                     act.reporter)))
 
     # -- incoming --------------------------------------------------------------------------
 

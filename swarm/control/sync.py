@@ -176,6 +176,8 @@ class Sync:
         """Our own view's digest."""
         self.charter = 0
         """Our own charter counter."""
+        self.members = 1
+        """How many members our own view lists."""
         self._next: dict[Fetch, float] = dict.fromkeys(Fetch, now)
         self._gap: dict[Fetch, float] = dict.fromkeys(Fetch, timing.min_gap)
         self._busy: set[Fetch] = set()
@@ -200,12 +202,16 @@ class Sync:
                 if self._differs(f):
                     self._next[f] = min(self._next[f], max(now, self._ended[f] + self._gap[f]))
 
-    def have(self, view: bytes | None = None, charter: int | None = None) -> None:
-        """What we hold now (after a fetch, or any other change of our view or charter)."""
+    def have(self, view: bytes | None = None, charter: int | None = None,
+             members: int | None = None) -> None:
+        """What we hold now (after a fetch, or any other change of our view or charter;
+        ``members``: how many our view lists)."""
         if view is not None:
             self.view = view
         if charter is not None:
             self.charter = charter
+        if members is not None:
+            self.members = members
 
     def role(self, coordinating: bool, now: float) -> None:
         """We became, or stopped being, the coordinator."""
@@ -315,7 +321,10 @@ class Sync:
         bytes, so its gap grows with the swarm (per member per second the net stays flat);
         single items keep ``safety``."""
         if fetch is Fetch.VIEW and self.digest is not None:
-            return self.timing.safety * max(1.0, self.digest.members / self.timing.view_batch)
+            # the coordinator's count, but never above twice our own view's: a digest that
+            # claims 2^31 members would push the net out by a century (issue 33)
+            members = min(self.digest.members, 2 * max(self.members, self.timing.view_batch))
+            return self.timing.safety * max(1.0, members / self.timing.view_batch)
         return self.timing.safety
 
     def _jittered(self, gap: float) -> float:

@@ -39,10 +39,11 @@ import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import msgpack
+import numpy as np
 
 from dht.announce import Announcement
 from dht.core import PEERS_PAGE_BYTES
@@ -57,7 +58,7 @@ from swarm.control import core as cc
 from swarm.control.charter import state_salt, validate_state_item
 from swarm.control.core import TICK, ControlCore
 from swarm.control.machine import Command, Controller, Duty, Timing
-from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, membership_topic
+from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, follows, membership_topic
 from swarm.control.state import CoordinatorState, StateItem, resolve
 from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming
 from swarm.errors import ProtocolError
@@ -129,13 +130,13 @@ class Traffic:
         m[dst] += 1
 
     def reset(self, now: float) -> None:
-        self.bytes = {k: [0] * self.nodes for k in KINDS}
-        self.msgs = {k: [0] * self.nodes for k in KINDS}
+        self.bytes = {k: np.zeros(self.nodes, dtype=np.int64) for k in KINDS}
+        self.msgs = {k: np.zeros(self.nodes, dtype=np.int64) for k in KINDS}
         self.since = now
 
     def per_node(self, node: int, kinds: Iterable[str] = KINDS) -> tuple[int, int]:
-        return (sum(self.bytes[k][node] for k in kinds),
-                sum(self.msgs[k][node] for k in kinds))
+        return (int(sum(self.bytes[k][node] for k in kinds)),
+                int(sum(self.msgs[k][node] for k in kinds)))
 
 
 # -- the network and the DHT model -----------------------------------------------------------
@@ -172,9 +173,11 @@ class SimDHT:
         self.immutable: dict[bytes, bytes] = {}
         self._order: dict[bytes, list[int]] = {}
         self._close: dict[tuple[bytes, int], list[int]] = {}
-        self._path = list(range(len(ids)))
-        net.rng.shuffle(self._path)
+        path = list(range(len(ids)))
+        net.rng.shuffle(path)
+        self._path = np.array(path + path, dtype=np.int64)  # twice: a window never wraps
         self._next = 0
+        self._replicas: dict[tuple[bytes, int], np.ndarray] = {}
         self._ann_bytes: dict[bytes, int] = {}
         self._req = _packed(["find", [b"\0" * 20, b"\0" * 20]])
         self._found = _packed({"nodes": b"\0" * (NODE_BYTES * k), "token": b"\0" * 8})
@@ -196,34 +199,45 @@ class SimDHT:
     def hops(self) -> int:
         return max(1, math.ceil(math.log2(max(2, len(self.ids)))))
 
-    def lookup(self, me: int, target: bytes, kind: str, answer: Callable[[int], int]) -> float:
-        """Charge one lookup (``answer(replica)`` = bytes of that replica's value reply);
-        returns its duration (one round trip per ``alpha`` queries in flight).
+    def lookup(self, me: int, target: bytes, kind: str,
+               answer: Callable[[int], int] | int = 0) -> float:
+        """Charge one lookup (``answer``: the bytes of each replica's value reply, or
+        ``answer(replica)`` where they differ); returns its duration (one round trip per
+        ``alpha`` queries in flight).
 
         The queries on the way go to nodes taken in turn from a seeded permutation (so the
         load spreads as over random routing paths) and are counted in bulk."""
-        req, found, n = self._req, self._found, len(self.ids)
+        rf, n = self._req + self._found, len(self.ids)
         b, m = self.net.traffic.bytes[kind], self.net.traffic.msgs[kind]
         ways = min(n - 1, self.alpha * self.hops())
-        for _ in range(ways):
-            p = self._path[self._next]
-            self._next = (self._next + 1) % n
-            b[p] += req + found
-            m[p] += 2
-        b[me] += ways * (req + found)
+        on_way = self._path[self._next:self._next + ways]
+        self._next = (self._next + ways) % n
+        b[on_way] += rf
+        m[on_way] += 2
+        b[me] += ways * rf
         m[me] += 2 * ways
-        for r in self.replicas(target):
-            nbytes = req + found + answer(r)
-            b[r] += nbytes
-            m[r] += 2
-            b[me] += nbytes
-            m[me] += 2
+        if callable(answer):
+            for r in self.replicas(target):
+                nbytes = rf + answer(r)
+                b[r] += nbytes
+                m[r] += 2
+                b[me] += nbytes
+                m[me] += 2
+        else:
+            key = (target, len(self.net.down))
+            reps = self._replicas.get(key)
+            if reps is None:
+                reps = self._replicas[key] = np.array(self.replicas(target), dtype=np.int64)
+            b[reps] += rf + answer
+            m[reps] += 2
+            b[me] += len(reps) * (rf + answer)
+            m[me] += 2 * len(reps)
         rounds = self.hops() // 2 + 2
         return rounds * 2 * (self.net.latency + self.net.jitter / 2)
 
     def store(self, me: int, target: bytes, kind: str, nbytes: int) -> float:
         """A lookup then a write of ``nbytes`` to each replica."""
-        took = self.lookup(me, target, kind, lambda r: 0)
+        took = self.lookup(me, target, kind)
         for r in self.replicas(target):
             self.net.send(me, r, kind, HEADER + nbytes)
         return took
@@ -239,7 +253,7 @@ class SimDHT:
         target = mutable_target(topic)
         held = [a for a in self.topics[topic].values() if a.expires_at > now][:MAX_PER_TOPIC]
         page = min(PEERS_PAGE_BYTES, sum(self._ann_bytes[a.signature] for a in held))
-        took = self.lookup(me, target, "membership", lambda r: page)
+        took = self.lookup(me, target, "membership", page)
         for r in self.replicas(target):
             self.net.send(me, r, "membership", HEADER + wire)
         self.topics[topic][ann.peer_id] = ann
@@ -277,7 +291,7 @@ class SimDHT:
     def get_mutable(self, me: int, target: bytes, kind: str) -> tuple[MutableItem | None, float]:
         item = self.mutable.get(target)
         size = _packed(mutable_to_wire(item)) if item is not None else 0
-        took = self.lookup(me, target, kind, lambda r: size)
+        took = self.lookup(me, target, kind, size)
         if item is not None:
             validate_state_item(item)  # the reader's validators (a cached verdict)
         return item, took
@@ -288,7 +302,7 @@ class SimDHT:
 
     def get_immutable(self, me: int, target: bytes, kind: str) -> tuple[bytes | None, float]:
         value = self.immutable.get(target)
-        took = self.lookup(me, target, kind, lambda r: len(value or b""))
+        took = self.lookup(me, target, kind, len(value or b""))
         return value, took
 
 
@@ -367,7 +381,8 @@ class Polling:
     def heard(self, digest: Digest | None, now: float) -> None:
         """Polling finds changes on its own timers."""
 
-    def have(self, view: bytes | None = None, charter: int | None = None) -> None:
+    def have(self, view: bytes | None = None, charter: int | None = None,
+             members: int | None = None) -> None:
         """Polling reads whatever it holds."""
 
     def role(self, coordinating: bool, now: float) -> None:
@@ -538,10 +553,14 @@ class Sim:
                 ch = self.charter.ownership()
                 took = self.dht.lookup(m.index, mutable_target(self.swarm_key.public_bytes,
                                                                b"swarm"), "charter",
-                                       lambda r: CHARTER_BYTES)
+                                       CHARTER_BYTES)
                 self.loop.after(took, lambda ch=ch: self.feed(m, cc.CharterRead(ch)))
             elif isinstance(act, cc.PutItem):
                 self.put_item(m, act)
+            elif isinstance(act, cc.Follow):  # the node re-announces at once
+                m.record = replace(m.record, follows=follows(act.term, act.coordinator))
+                if m.started:
+                    self.announce(m)
             elif isinstance(act, cc.Send):
                 for page in act.pages:
                     self.dht.put_immutable(m.index, page.target, page.encode(), "state")
@@ -634,6 +653,24 @@ class Sim:
         m.core = self.new_core(m, self.loop.now)
         self.every(m, self.announce_ttl / 3 * self.rng.uniform(0.8, 1.0), 0.0,
                    lambda: self.announce(m))
+        self.feed(m, cc.Start())
+        self.every(m, TICK, self.rng.random() * TICK, lambda: self.feed(m, cc.Tick()))
+
+    def restart(self, m: Member, state: CoordinatorState | None, tflops: float | None = None,
+                ) -> None:
+        """``m`` (killed) starts again from its old data dir (``state``), its benchmark
+        maybe faster now (``tflops``)."""
+        m.alive = True
+        self.net.down.discard(m.index)
+        if tflops is not None:
+            m.record = replace(m.record, tflops=tflops)
+        m.started = True
+        m.core = ControlCore(m.key, self.swarm_id, self.loop.now, timing=self.timing,
+                             state=state, announce_ttl=self.announce_ttl,
+                             reads=self.adapter.reads(m, self.loop.now))
+        period = self.announce_ttl / 3 * self.rng.uniform(0.8, 1.0)
+        self.announce(m)  # a node announces before its control plane starts
+        self.every(m, period, period, lambda: self.announce(m))
         self.feed(m, cc.Start())
         self.every(m, TICK, self.rng.random() * TICK, lambda: self.feed(m, cc.Tick()))
 
