@@ -24,7 +24,6 @@ from swarm.control import charter
 from swarm.control.machine import Timing
 from swarm.control.membership import NO_COORDINATE, load_seen_peers, swarm_id
 from swarm.control.plane import ControlPlane
-from swarm.control.state import load_state
 from swarm.errors import Blocked, ConfigError
 from swarm.node import Node, NodeConfig
 from swarm.runtime.chaos import ENV as CHAOS_ENV
@@ -79,7 +78,6 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     if uri.salt != charter.CHARTER_SALT:
         raise ConfigError(f"s: this swarm version only knows the salt {charter.CHARTER_SALT!r}")
     sid = swarm_id(uri.pubkey)
-    state = load_state(data_dir, sid)
     seen = tuple(load_seen_peers(data_dir, sid))  # tried too: they may outlive the URI's
 
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, validators=charter.validators(), host=host, dht_port=port,
@@ -87,9 +85,6 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                            store_capacity=store_capacity, chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
                            roles=("worker",) if coordinate else ("worker", NO_COORDINATE),
                            ice_servers=tuple(ice_servers), relays=3, relay_data=relay_data))
-    if state is not None and node.peer_id in state.blocked_ids:
-        raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
-                      f"{uri.name or sid.hex()[:12]}")
     control = ControlPlane(node, uri.pubkey, data_dir, timing=timing,
                            owner_pin=uri.owner or None)
     stop = stop or asyncio.Event()
@@ -111,6 +106,10 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                                   tuple(targets))
         control.accept_charter((await _fetch_charter(node, uri, control.charter_floor)).ownership)
         await control.start()
+        if control.left.is_set() and control.left_reason == "this peer is blocked":
+            # the swarm's current state blocks us (a block saved here is checked against it)
+            raise Blocked(f"this peer ({node.peer_id.short()}) is blocked from swarm "
+                          f"{uri.name or sid.hex()[:12]}")
         dht_host, dht_port = node.dht.address
         me = uri.with_peers([(dht_host, dht_port)])
         if http is not None:
@@ -126,7 +125,11 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         await asyncio.wait([left, stopping], return_when=asyncio.FIRST_COMPLETED)
         for f in (left, stopping):
             f.cancel()
-        reason = control.left_reason if control.left.is_set() else await control.leave()
+        if control.left.is_set():
+            reason = control.left_reason
+        else:
+            reason = await control.leave()
+            await node.withdraw()  # after a handoff: its successor still had us in view
         return INTERRUPTED if got and got[0] == signal.SIGINT else reason
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

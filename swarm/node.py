@@ -49,7 +49,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,8 @@ REDIAL_DELAYS = (0.5, 2.0, 5.0, 10.0)
 a NAT mapping that disappeared costs a new ICE session, not the worker."""
 CIRCUIT_WAIT = 5.0
 """Seconds to wait for a member to open a circuit (all members are asked at once)."""
+WITHDRAW_WAIT = 3.0
+"""Seconds a leaving node waits for its withdrawn announcement to be stored."""
 RELAY_FRESH = 8.0
 """A member link used as a relay must have carried something within this many seconds
 (keepalive pings come every 5 s)."""
@@ -226,6 +228,7 @@ class Node:
         self.record: MemberRecord | None = None
         self._follows: tuple[int, bytes] | None = None
         self._announce_now = asyncio.Event()
+        self._withdrawn = False
         self.relay = SignalRelay()
         self.webrtc = None  # a WebRTCEndpoint once started (aiortc is imported lazily)
         self.signaler: RelaySignaler | None = None
@@ -460,6 +463,8 @@ class Node:
                     and self._activity() == (self.record.tasks, self.record.serving):
                 continue
             self._announce_now.clear()
+            if self._withdrawn:
+                return
             try:
                 tasks, serving = self._activity()
                 self.record = MemberRecord(self.peer_id, self.tflops, self.record.links,
@@ -473,6 +478,20 @@ class Node:
                 log.warning("re-announce failed: %s", exc)
             last = time.monotonic()
             period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
+
+    async def withdraw(self, timeout: float = WITHDRAW_WAIT) -> None:
+        """Say that we leave: announce our record marked ``left`` (signed by our key and
+        expiring later than any announcement before, so it replaces them), so that readers
+        deal us no more work now rather than when our last announcement expires."""
+        if self.record is None or not self.config.announce or self._withdrawn:
+            return
+        self._withdrawn = True
+        self.record = replace(self.record, left=True)
+        try:
+            await asyncio.wait_for(announce(self.dht, self.config.swarm_id, self.record,
+                                            self.config.announce_ttl), timeout)
+        except Exception as exc:  # the DHT may be unreachable: the record then expires
+            log.info("withdrawing our announcement failed: %s", exc or "timed out")
 
     def follow(self, term: int, coordinator: PeerId) -> None:
         """The control plane's hook: we now follow ``coordinator`` at ``term``; our record

@@ -339,3 +339,58 @@ def test_heartbeats_from_unknown_keys_buy_one_listing_not_one_each():
             core.handle(cc.ViewRead(()), NOW + i * 0.1, WALL)  # the listing came back
     assert reads == 1
     assert core.controller.state is None
+
+
+def test_only_a_fresh_bye_from_the_member_itself_drops_it():
+    """Finding 7: a member that leaves says so with a bye signed by its own key (there is no
+    target: nobody can say it for another); the view drops it at once, and a listing that
+    still carries its old announcement does not bring it back. A stale bye (outside the
+    window, or sent before the announcement we hold: an old bye replayed after a rejoin)
+    drops nobody."""
+    import struct
+
+    me, w = PeerKey.generate(), PeerKey.generate()
+    core = cc.ControlCore(me, SWARM, NOW)
+    rec, mine = MemberRecord(w.peer_id, 1.0), MemberRecord(me.peer_id, 1.0)
+    listing = ((mine, WALL + 60), (rec, WALL + 60))  # announced at WALL - 60 (TTL 120)
+
+    def bye(sent: float, key: PeerKey = w) -> None:
+        msg = seal(key, SWARM, "bye", struct.pack(">d", sent))
+        core.handle(cc.MessageReceived(key.peer_id, ("127.0.0.1", 9), msg), NOW, WALL)
+
+    def in_view() -> bool:
+        return w.peer_id in core.controller.view
+
+    core.handle(cc.ViewRead(listing, mine), NOW, WALL)
+    assert in_view()
+    bye(WALL - cc.BYE_WINDOW - 1)  # too old
+    bye(WALL - 61)  # before the announcement we hold (a replay after a rejoin)
+    bye(WALL, key=PeerKey.generate())  # another key's bye is its own, not w's
+    assert in_view() and w.peer_id in core.records
+    bye(WALL)
+    assert not in_view() and w.peer_id not in core.records
+    core.handle(cc.ViewRead(listing, mine), NOW + 1, WALL + 1)  # the old announcement again
+    assert not in_view()
+    core.handle(cc.ViewRead(((rec, WALL + 200),), mine), NOW + 2, WALL + 80)  # it rejoined
+    assert in_view()
+    core.handle(cc.ViewRead(((replace(rec, left=True), WALL + 300),), mine), NOW + 3, WALL + 90)
+    assert not in_view()  # its withdrawn announcement, read from the topic
+
+
+def test_a_restarted_member_waits_from_its_start_to_suspect():
+    """Finding 5: the core is built before the node starts (bootstrap, benchmark: longer
+    than a failover); its wait for the saved coordinator's heartbeats starts at Start, with
+    one failover more for the coordinator to hear of it."""
+    me, coord = PeerKey.generate(), PeerKey.generate()
+    saved = CoordinatorState(SWARM, 3, 7, coord.peer_id)
+    core = cc.ControlCore(me, SWARM, NOW, state=saved)
+    late = NOW + 10.0  # the node took 10 s to come up
+    core.handle(cc.Start(), late, WALL)
+    core.handle(cc.ViewRead(((MemberRecord(me.peer_id, 1.0), WALL + 60),
+                             (MemberRecord(coord.peer_id, 1.0), WALL + 60))), late, WALL)
+    failover = core.controller.timing.failover
+    core.handle(cc.Tick(), late + cc.TICK, WALL)
+    core.handle(cc.Tick(), late + failover + 0.5, WALL)  # and one failover of grace more
+    assert not core.controller.suspects
+    core.handle(cc.Tick(), late + 2 * failover + 0.5, WALL)
+    assert coord.peer_id in core.controller.suspects  # silence still counts after that

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
+import struct
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -76,6 +78,8 @@ log = logging.getLogger("swarm.control")
 
 TICK = 0.1
 """Seconds between two :class:`Tick` events (the adapters' timer)."""
+BYE_WINDOW = 30.0
+"""Seconds a member's bye (its own word that it leaves) counts after it was sent."""
 MAX_JUDGED = 4096
 """Evidence keys remembered (so replays of one receipt count once)."""
 COMMANDS = {KickCommand: "kick", BlockCommand: "block", UnblockCommand: "unblock"}
@@ -486,6 +490,9 @@ class ControlCore:
         self._told: tuple[int, PeerId] | None = None
         """The (term, coordinator) our record last said we follow."""
         self._waiting = _Waiting()
+        self._cached_block = False
+        """Our own saved state blocks us: a hint that the start read checks against the
+        swarm's current state (an unblock we missed lifts it), not a verdict (finding 6)."""
         self._out: list[Action] = []
         self.now = now
         self.wall = 0.0
@@ -525,8 +532,7 @@ class ControlCore:
 
     def handle(self, event: Event, now: float, wall: float) -> list[Action]:
         """Take one event (at ``now`` monotonic, ``wall`` Unix time); the actions to carry
-        out. :class:`Start` raises :class:`NotCoordinator` for a peer its own state blocks;
-        a :class:`CharterRead` below the floor raises :class:`CharterError`."""
+        out. A :class:`CharterRead` below the floor raises :class:`CharterError`."""
         self.now, self.wall = now, wall
         handler = getattr(self, "_on_" + type(event).__name__)
         handler(event)
@@ -543,8 +549,8 @@ class ControlCore:
 
     def _on_Start(self, _: Start) -> None:
         st = self.controller.state
-        if st is not None and self.me in st.blocked_ids:
-            raise NotCoordinator("this peer is blocked from the swarm")
+        self._cached_block = st is not None and self.me in st.blocked_ids
+        self.controller.started(self.now)
         self._waiting.start = True
         self._read_view()
 
@@ -555,6 +561,11 @@ class ControlCore:
         self._note_suspects()  # before a claim's lookups start
 
     def _on_Leave(self, _: Leave) -> None:
+        c = self.controller
+        coord = c.state.coordinator if c.state is not None else None
+        if not self.passive and coord not in (None, self.me):  # drop us now, not in 2 min
+            body = struct.pack(">d", self.wall)
+            self._send(Send((coord,), seal(self.key, self.swarm_id, "bye", body)))
         if self.role is Duty.COORDINATOR:
             self._waiting.leave = True  # a fresh view: a member that just joined can take over
             self._read_view()
@@ -586,6 +597,9 @@ class ControlCore:
         if p is Purpose.START or p is Purpose.STATE:
             self._follow_newest(states)
             if p is Purpose.START:
+                self._still_blocked()
+                self.controller.started(self.now)
+                self._hello()  # now, not after the first silent read: it lists us sooner
                 self._out.append(Started())
         elif p is Purpose.CATCH_UP or p is Purpose.CLAIM_CATCH_UP:
             self._caught_up(read.known, states)
@@ -770,7 +784,7 @@ class ControlCore:
         c = self.controller
         for rec, expires in members:
             old = self._seen.get(rec.peer_id)
-            if old is None or expires >= old[1]:
+            if old is None or expires > old[1] or (expires == old[1] and not old[0].left):
                 self._seen[rec.peer_id] = (rec, expires)
         blocked = c.blocked()
         view: list[Candidate] = []
@@ -782,6 +796,10 @@ class ControlCore:
                 self._candidates.pop(peer, None)
                 continue
             if peer in blocked:
+                continue
+            if rec.left:  # it said so itself: dealt no work, picked as no successor
+                self.records.pop(peer, None)
+                self._candidates.pop(peer, None)
                 continue
             self.records[peer] = rec
             if rec.dht is not None:
@@ -867,11 +885,21 @@ class ControlCore:
                     key=lambda s: (votes[follows(s.term, s.coordinator)], s.term, s.seq))
         if state is not None:
             cur = self.controller.state
-            if cur is None or state.term > cur.term:
+            if cur is None or state.term > cur.term or (
+                    self._cached_block and state.term == cur.term and state.seq > cur.seq):
                 try:
                     self.controller.heartbeat(state, state.coordinator, self.now, heard=False)
                 except (StaleTerm, NotCoordinator, ProtocolError) as exc:
                     log.info("not following the DHT's state of term %d: %s", state.term, exc)
+
+    def _still_blocked(self) -> None:
+        """At start, after the swarm's state items were read: a block in our own saved state
+        holds only if the state we now follow still has it (no item to check it against
+        keeps it: we cannot tell it was lifted)."""
+        st = self.controller.state
+        if self._cached_block and st is not None and self.me in st.blocked_ids:
+            self.controller.blocked_by(st, self.now)
+        self._cached_block = False
 
     def _caught_up(self, st: CoordinatorState | None, found: list[CoordinatorState]) -> None:
         """Heartbeats are datagrams: our coordinator's DHT item shows anything missed (a
@@ -1097,6 +1125,8 @@ class ControlCore:
                 self._guarded(inner, carried)
             if not deferred:
                 self._kick(env)
+        elif kind == "bye":
+            self._bye(env)
         elif kind == "hello":  # a member we do not list yet: read the topic soon
             if c.role is Duty.COORDINATOR and env.sender not in c.view:
                 self.sync.nudged(now)
@@ -1110,6 +1140,21 @@ class ControlCore:
             fwd = ForwardedBlock.decode(env.body)
             c.forwarded_auto_block(fwd.entry, fwd.term, env.sender, now, wall)
         return False
+
+    def _bye(self, env: SignedMessage) -> None:
+        """The sender says it leaves (its own signature, so nobody else can say it for it):
+        drop it from the view now. Fresh only: sent within :data:`BYE_WINDOW` s, and after
+        the announcement we hold was made (an old bye does not undo a rejoin)."""
+        if len(env.body) != 8:
+            raise ProtocolError("a bye carries its send time")
+        (sent,) = struct.unpack(">d", env.body)
+        old = self._seen.get(env.sender)
+        if not math.isfinite(sent) or abs(self.wall - sent) > BYE_WINDOW or old is None \
+                or sent < old[1] - self.announce_ttl or old[0].left:
+            return
+        log.info("%s left", env.sender.short())
+        self._seen[env.sender] = (replace(old[0], left=True), old[1])
+        self._members((), self._me_record)
 
     def _resolved(self, env: SignedMessage, addr: tuple[str, int],
                   state: CoordinatorState) -> None:

@@ -932,6 +932,15 @@ class Controller:
         self._leave_reason = "this peer is blocked"
         self._set_state(Duty.STOPPED, now, why="this peer is blocked")
 
+    def started(self, now: float) -> None:
+        """The control plane runs from now: the wait for the coordinator's heartbeats starts
+        here, not when we were built (before the node's bootstrap and benchmark, which took
+        longer than a failover: a restarted member suspected a live coordinator at once and
+        took over, issue 33 finding 5). A coordinator to hear from gets one failover more:
+        it hears of us (our hello, then its topic listing) before its heartbeats reach us."""
+        grace = self.timing.failover if self.expected not in (None, self.me) else 0.0
+        self.last_heard = now + grace
+
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
         self.leaving = True

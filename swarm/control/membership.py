@@ -155,6 +155,10 @@ class MemberRecord:
     it): a reader with no state of its own (a newcomer, ``swarm status``) takes the state
     item most members follow, not the highest one any eligible signer put (issue 33,
     finding 1)."""
+    left: bool = False
+    """The member has left (its last announcement, signed by its own key and expiring later
+    than any before, so it replaces them): readers drop it at once rather than when its
+    live announcement expires (issue 33, finding 7)."""
 
     def encode(self) -> bytes:
         """msgpack of at most MAX_RECORD bytes; ``serving`` is cut short to fit if need be."""
@@ -171,6 +175,8 @@ class MemberRecord:
             m["via"] = self.via.raw
         if self.follows is not None:
             m["fo"] = list(self.follows)
+        if self.left:
+            m["lf"] = True
         serving = [[p.raw, n] for p, n in self.serving[:MAX_SERVING]]
         while True:
             if self.tasks:
@@ -237,6 +243,9 @@ class MemberRecord:
         if (kind == "browser") != (via is not None):
             raise ProtocolError("member record: a browser member names its relay (via), "
                                 "a native one does not")
+        left = m.get("lf", False)
+        if type(left) is not bool:
+            raise ProtocolError("member record: left must be a bool")
         fo = m.get("fo")
         if fo is not None and not (isinstance(fo, list) and len(fo) == 2
                                    and type(fo[0]) is int and 0 < fo[0] < 1 << 63
@@ -247,7 +256,7 @@ class MemberRecord:
                    _addr(m["dht"]) if m.get("dht") is not None else None,
                    ver, tuple(roles), health, tuple(actors), tasks, serving, kind,
                    PeerId(via) if via is not None else None,
-                   (fo[0], fo[1]) if fo is not None else None)
+                   (fo[0], fo[1]) if fo is not None else None, left)
 
 
 def _activity(tasks: object, serving: object) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
@@ -272,13 +281,17 @@ async def announce(dht_node, sid: bytes, record: MemberRecord, ttl: float = 120.
 
 
 async def live_members(dht_node, sid: bytes) -> list[MemberRecord]:
-    """Live members of swarm ``sid``, by PeerId; malformed records are skipped (logged)."""
+    """Live members of swarm ``sid``, by PeerId; malformed records are skipped (logged), and
+    so are members that said they left."""
     out = []
     for ann in await dht_node.get_peers(membership_topic(sid)):
         try:
-            out.append(MemberRecord.decode(ann.record, ann.peer_id))
+            rec = MemberRecord.decode(ann.record, ann.peer_id)
         except ProtocolError as exc:
             log.info("ignoring member record from %s: %s", ann.peer_id.short(), exc)
+            continue
+        if not rec.left:
+            out.append(rec)
     return out
 
 

@@ -136,7 +136,7 @@ async def observe(node: DHTNode, uri: JoinURI) -> View:
     best = await counted_coordinator_state(node, sid, members)
     blocked = best.blocked_ids if best else frozenset()
     addrs = {r.peer_id: r.dht for r, _ in members if r.dht is not None}
-    members = [(r, e) for r, e in members if r.peer_id not in blocked]
+    members = [(r, e) for r, e in members if r.peer_id not in blocked and not r.left]
     return View(rec, members, best, addrs)
 
 

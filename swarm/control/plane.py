@@ -42,6 +42,8 @@ log = logging.getLogger("swarm.control")
 
 VIEW_WAIT = 10.0
 """Seconds a member lookup may take before the core hears that it failed."""
+SEND_WAIT = 2.0
+"""Seconds a leaving member waits for its last sends (its bye) to go out."""
 
 
 def _log_crash(task: asyncio.Task) -> None:
@@ -80,6 +82,8 @@ class ControlPlane:
         self._started = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._page_puts: set[asyncio.Future] = set()
+        self._sends: set[asyncio.Task] = set()
+        """Sends in flight: a leaving member lets them go out (its bye) before it closes."""
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
         register_validators(node.dht)
@@ -150,6 +154,8 @@ class ControlPlane:
                 await asyncio.wait_for(self.left.wait(), timeout)
             except TimeoutError:
                 log.warning("handoff did not finish in %.0f s; leaving anyway", timeout)
+            if self._sends:
+                await asyncio.wait(list(self._sends), timeout=SEND_WAIT)
         await self.close()
         return self.left_reason
 
@@ -170,11 +176,14 @@ class ControlPlane:
     def _feed(self, event: cc.Event) -> list[cc.Action]:
         return self.core.handle(event, self.clock(), self.wall())
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro, send: bool = False) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_crash)
+        if send:
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
 
     async def _do(self, actions: list[cc.Action]) -> None:
         self._do_now(actions)
@@ -193,7 +202,7 @@ class ControlPlane:
             elif isinstance(act, cc.PutItem):
                 self._spawn(self._put_item(act))
             elif isinstance(act, cc.Send):
-                self._spawn(self._send_all(act))
+                self._spawn(self._send_all(act), send=True)
             elif isinstance(act, cc.CheckEvidence):
                 self._spawn(self._check(act, self._stored_array))
             elif isinstance(act, cc.NoteGone):

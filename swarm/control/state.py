@@ -42,7 +42,8 @@ MAX_POLICY = 4
 BY = ("owner", "admin", "coordinator")  # on the wire as the index
 MAX_ITEM = 1000
 DOMAIN = b"swarm-control/v1\0"
-KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar", "fwd", "fwdauto", "hello")
+KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar", "fwd", "fwdauto", "hello",
+         "bye")
 
 
 @dataclass(frozen=True)

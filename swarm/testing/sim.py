@@ -442,6 +442,7 @@ class SyncAdapter:
 Adapter = PollingAdapter | SyncAdapter
 
 MESSAGE_KINDS = {"hb": "heartbeat", "kick": "heartbeat", "hello": "membership",
+                 "bye": "membership",
                  "handoff": "election", "liar": "state", "fwd": "state", "fwdauto": "state",
                  "cmd": "state"}
 """The traffic kind each control message counts under."""

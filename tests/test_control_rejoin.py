@@ -1,0 +1,115 @@
+"""Issue 33, findings 5-7, through real processes: a member that comes back (after an
+unblock, or restarted from its data dir) and one that leaves."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import run_swarm
+from tests.control_support import SIGTERM, Cluster
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _members(st: dict) -> set[str]:
+    return {m["peer_id"] for m in st["members"]}
+
+
+def _blocked(st: dict) -> set[str]:
+    return {b["peer_id"] for b in st["blocked"]}
+
+
+def test_unblocked_peer_joins_again_from_its_data_dir(cluster, tmp_path):
+    """Finding 6: the block cached in the peer's own data dir is a hint checked against the
+    swarm's current state, not a verdict: after ``unblock`` the same peer joins."""
+    cluster.publish()
+    cluster.join("w1")
+    w2 = cluster.join("w2")
+    target = w2.peer
+    obs = cluster.observer()
+    obs.wait(lambda s: len(s["members"]) == 3 and s["coordinator"], 60, "3 members")
+    owner = ["--owner-key", f"soft:{tmp_path / 'owner.key'}", "--data-dir", str(tmp_path / "op")]
+    res = run_swarm("block", cluster.uri, target, "--reason", "test", *owner, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert w2.wait_exit(30) == 3
+    res = run_swarm("unblock", cluster.uri, target, *owner, timeout=60)
+    assert res.returncode == 0, res.stderr
+    obs.wait(lambda s: target not in _blocked(s), 30, "the unblock in the DHT")
+    again = cluster.join("w2")
+    assert again.peer == target
+    again.wait_line(lambda s: s.startswith("joined swarm"), 60)
+    obs.wait(lambda s: target in _members(s), 30, "the unblocked peer as a member")
+    assert again.popen.poll() is None
+
+
+def _wait_after(p, mark: int, pred, timeout: float) -> str:
+    """The first stderr line of ``p`` from index ``mark`` on that matches; bounded."""
+    deadline = time.monotonic() + timeout
+    with p.cond:
+        while True:
+            for line in p.err[mark:]:
+                if pred(line):
+                    return line
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{p.name}: no matching line in {timeout} s; tail:\n"
+                                     + "\n".join(p.err[-25:]))
+            p.cond.wait(min(left, 0.2))
+
+
+def test_a_member_that_leaves_is_dropped_at_once(cluster):
+    """Finding 7: a worker that leaves (SIGTERM) says so, signed by its own key: the
+    coordinator's view and a reader of the topic (what ``submit`` deals work from) drop it
+    at once, not when its announcement expires two minutes later."""
+    pub = cluster.publish()
+    w1, w2 = cluster.join("w1"), cluster.join("w2")
+    peers = {"pub": pub.peer, "w1": w1.peer, "w2": w2.peer}
+    obs = cluster.observer()
+    st = obs.wait(lambda s: _members(s) == set(peers.values()) and s["coordinator"]
+                  in {pub.peer, w1.peer}, 60, "3 members, w2 not coordinating")
+    coord = {pub.peer: pub, w1.peer: w1}[st["coordinator"]]
+    _wait_after(coord, 0, lambda s: "3 members in view" in s, 30)
+    mark = len(coord.err)
+    w2.signal(SIGTERM)
+    assert w2.wait_exit(30) == 0
+    _wait_after(coord, mark, lambda s: "2 members in view" in s, 10)
+    st = obs.wait(lambda s: w2.peer not in _members(s), 10, "the departed worker gone")
+    assert _members(st) == {pub.peer, w1.peer}
+
+
+def test_a_restarted_member_waits_to_hear_the_coordinator(cluster):
+    """Finding 5: a member restarted from its data dir (its saved state names the live
+    coordinator) suspected that coordinator at once ("no heartbeat ... for 6.4 s"), the
+    wait having started before its node did (bootstrap, benchmark), and took over. The
+    wait for a first heartbeat starts with the control plane: over the next few failover
+    times it suspects nobody and the term stays."""
+    pub = cluster.publish()
+    w1 = cluster.join("w1")
+    target = w1.peer
+    obs = cluster.observer()
+    st = obs.wait(lambda s: len(s["members"]) == 2 and s["coordinator"] == pub.peer, 60,
+                  "2 members, the publisher coordinating")
+    term = st["term"]
+    w1.signal(SIGTERM)
+    assert w1.wait_exit(30) == 0
+    again = cluster.join("w1")
+    assert again.peer == target
+    again.wait_line(lambda s: s.startswith("joined swarm"), 60)
+    obs.wait(lambda s: target in _members(s), 30, "the restarted member")
+    window_end = time.monotonic() + 5.0  # 2.5 failover times: it stays quiet throughout
+    while time.monotonic() < window_end:
+        st = obs.status()
+        assert st["coordinator"] == pub.peer and st["term"] == term, st
+        assert not [s for s in again.err if "suspecting" in s], "\n".join(again.err[-20:])
+    assert again.popen.poll() is None
