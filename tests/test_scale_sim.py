@@ -87,7 +87,7 @@ def test_view_safety_net_gap_grows_with_the_swarm():
     for members in (10, 200, 1000):
         sync = Sync(0.0, t, rng=random.Random(1))
         view = b"v" * 16
-        sync.have(view=view, charter=1)
+        sync.have(view=view, charter=1, members=members)  # our view lists as many
         sync.heard(Digest(view, members, 1), 0.0)
         assert sync.due(0.0) == []  # following, nothing differs
         sync.heard(Digest(view, members, 1), 0.5)
