@@ -128,6 +128,31 @@ def test_a_reader_with_no_state_takes_the_item_most_members_follow():
     assert cc.Follow(7, h) in acts and cc.Started() in acts
 
 
+async def test_the_observer_counts_no_departed_members_word(monkeypatch):
+    """``swarm status`` after the publisher left (the README tour): its record, marked
+    left, still said it followed its own term, and so did a member that was blocked and
+    exited; together they outvoted the successor, which its follower (itself) backs, and
+    status named the departed publisher for two minutes (its left record's lifetime). A
+    member that left neither votes nor signs a state that counts, as in the core's view."""
+    from swarm.control import observer
+
+    pub, w1 = _pid("pub"), _pid("w1")
+    old, new = CoordinatorState(SWARM, 4, 5, pub), CoordinatorState(SWARM, 5, 6, w1)
+    members = [(replace(_record("pub", 3.0, follows(4, pub)), left=True), WALL + 120),
+               (_record("gone", 1.0, follows(4, pub)), WALL + 20),
+               (_record("w1", 2.0, follows(5, w1)), WALL + 100)]
+    items = {pub: old, w1: new}
+
+    async def fetch_state(node, peer, sid, known=None):
+        return items.get(peer)
+
+    monkeypatch.setattr(observer.charter, "fetch_state", fetch_state)
+    assert await observer.counted_coordinator_state(None, SWARM, members) == new
+    # while it is still there (not left), its item counts as before
+    members[0] = (replace(members[0][0], left=False), members[0][1])
+    assert await observer.counted_coordinator_state(None, SWARM, members) == old
+
+
 def test_member_records_carry_whom_they_follow_and_bad_values_are_refused():
     rec = _record("m", 1.0, follows(5, _pid("c")))
     assert MemberRecord.decode(rec.encode()).follows == (5, _pid("c").raw[:12])

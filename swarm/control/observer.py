@@ -115,7 +115,9 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     """The coordinator state to follow among ``members``' items (the one most members say
     they follow, among those that count), with its whole blocklist: the core's own read
     (:func:`swarm.control.charter.fetch_state`) and rule
-    (:func:`swarm.control.core.newest_counted`), as newcomers and clients use."""
+    (:func:`swarm.control.core.newest_counted`), as newcomers and clients use. A member
+    that left neither votes nor signs a state that counts (the core's view drops it too)."""
+    members = [(r, e) for r, e in members if not r.left]
     states = [s for s in await asyncio.gather(*(charter.fetch_state(node, r.peer_id, sid)
                                                 for r, _ in members))
               if s is not None and s.swarm == sid]
