@@ -108,8 +108,14 @@ def test_a_restarted_member_waits_to_hear_the_coordinator(cluster):
     again.wait_line(lambda s: s.startswith("joined swarm"), 60)
     obs.wait(lambda s: target in _members(s), 30, "the restarted member")
     window_end = time.monotonic() + 5.0  # 2.5 failover times: it stays quiet throughout
+    handed = f"taking over from {pub.peer[:12]} at term {term + 1}"
     while time.monotonic() < window_end:
         st = obs.status()
-        assert st["coordinator"] == pub.peer and st["term"] == term, st
+        # the publisher may hand the role to it when it benchmarked 1.5 times faster (a
+        # rebalance, signed by the publisher: CI's loaded cores made the restart fast);
+        # taking it on its own, by suspecting the publisher, is the bug
+        if not (st["coordinator"] == pub.peer and st["term"] == term):
+            assert st["coordinator"] == target and st["term"] == term + 1, st
+            assert [s for s in again.err if handed in s], "\n".join(again.err[-20:])
         assert not [s for s in again.err if "suspecting" in s], "\n".join(again.err[-20:])
     assert again.popen.poll() is None
