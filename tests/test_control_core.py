@@ -396,10 +396,30 @@ def test_only_a_fresh_bye_from_the_member_itself_drops_it():
     assert not in_view() and w.peer_id not in core.records
     core.handle(cc.ViewRead(listing, mine), NOW + 1, WALL + 1)  # the old announcement again
     assert not in_view()
+    # a newer announcement than the one we held, made before the bye (a copy we had not
+    # read yet): it does not bring it back either
+    core.handle(cc.ViewRead(((rec, WALL + 100),), mine), NOW + 1.5, WALL + 1)
+    assert not in_view()
     core.handle(cc.ViewRead(((rec, WALL + 200),), mine), NOW + 2, WALL + 80)  # it rejoined
     assert in_view()
     core.handle(cc.ViewRead(((replace(rec, left=True), WALL + 300),), mine), NOW + 3, WALL + 90)
     assert not in_view()  # its withdrawn announcement, read from the topic
+
+
+def test_a_coordinator_that_hands_off_and_leaves_says_bye_to_its_successor():
+    """Finding 7 for a leaving coordinator: when it left it was the coordinator (nobody to
+    say bye to), so its successor kept it in view until a topic read found its withdrawn
+    record: it dealt it work and, leaving in turn, handed off to it (the README tour: "did
+    not take over in time"). Once handed off it says bye to the successor."""
+    sim = settled(5)
+    old = sim.coordinator()
+    sim.feed(old, cc.Leave())
+    sim.loop.run_until(sim.loop.now + 4.0)  # a handoff takes well under a failover time
+    assert old.controller.role is Duty.STOPPED
+    new = sim.coordinator()
+    assert new is not None and new is not old
+    assert old.peer_id not in new.controller.view
+    assert old.peer_id not in new.core.records
 
 
 def test_a_restarted_member_waits_from_its_start_to_suspect():

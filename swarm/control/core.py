@@ -461,6 +461,9 @@ class ControlCore:
         self.addrs: dict[PeerId, tuple[str, int]] = {}
         self.records: dict[PeerId, MemberRecord] = {}
         self._seen: dict[PeerId, tuple[MemberRecord, float]] = {}
+        self._byes: dict[PeerId, float] = {}
+        """When members we hold said bye (wall time): their announcements made before it
+        do not bring them back."""
         self._candidates: dict[PeerId, tuple[MemberRecord, float, Candidate]] = {}
         self._me_record: MemberRecord | None = None
         self._saved_peers: set[tuple[str, int]] = set()
@@ -489,6 +492,8 @@ class ControlCore:
         self._unknown_read_at = float("-inf")
         self._told: tuple[int, PeerId] | None = None
         """The (term, coordinator) our record last said we follow."""
+        self._bye_to: PeerId | None = None
+        """The coordinator we said bye to (once each)."""
         self._waiting = _Waiting()
         self._cached_block = False
         """Our own saved state blocks us: a hint that the start read checks against the
@@ -561,16 +566,24 @@ class ControlCore:
         self._note_suspects()  # before a claim's lookups start
 
     def _on_Leave(self, _: Leave) -> None:
-        c = self.controller
-        coord = c.state.coordinator if c.state is not None else None
-        if not self.passive and coord not in (None, self.me):  # drop us now, not in 2 min
-            body = struct.pack(">d", self.wall)
-            self._send(Send((coord,), seal(self.key, self.swarm_id, "bye", body)))
+        self._say_bye()
         if self.role is Duty.COORDINATOR:
             self._waiting.leave = True  # a fresh view: a member that just joined can take over
             self._read_view()
         else:
             self.controller.leave(self.now)
+
+    def _say_bye(self) -> None:
+        """Tell the coordinator we follow that we leave (it drops us now, not when our
+        announcement expires), once. A coordinator that leaves says it to its successor,
+        once handed off (it had nobody to tell before)."""
+        c = self.controller
+        coord = c.state.coordinator if c.state is not None else None
+        if self.passive or coord in (None, self.me) or self._bye_to == coord:
+            return
+        self._bye_to = coord
+        body = struct.pack(">d", self.wall)
+        self._send(Send((coord,), seal(self.key, self.swarm_id, "bye", body)))
 
     def _on_ViewRead(self, ev: ViewRead) -> None:
         self._viewing = False
@@ -784,6 +797,9 @@ class ControlCore:
         c = self.controller
         for rec, expires in members:
             old = self._seen.get(rec.peer_id)
+            bye = self._byes.get(rec.peer_id)
+            if bye is not None and not rec.left and expires - self.announce_ttl <= bye:
+                continue  # made before its bye: a rejoin announces after it
             if old is None or expires > old[1] or (expires == old[1] and not old[0].left):
                 self._seen[rec.peer_id] = (rec, expires)
         blocked = c.blocked()
@@ -792,6 +808,7 @@ class ControlCore:
         for peer, (rec, expires) in list(self._seen.items()):
             if expires < self.wall:
                 del self._seen[peer]
+                self._byes.pop(peer, None)
                 self.records.pop(peer, None)
                 self._candidates.pop(peer, None)
                 continue
@@ -1054,7 +1071,11 @@ class ControlCore:
         elif isinstance(act, control.RoleChanged):
             self.sync.role(act.new is Duty.COORDINATOR, self.now)
             self._out.append(act)
-        else:  # Disconnect, Persist, Left: the adapter's as they are
+        elif isinstance(act, control.Left):
+            if c.leaving:  # handed off: our successor drops us now
+                self._say_bye()
+            self._out.append(act)
+        else:  # Disconnect, Persist: the adapter's as they are
             self._out.append(act)
 
     # -- liar reports ----------------------------------------------------------------------
@@ -1154,6 +1175,7 @@ class ControlCore:
             return
         log.info("%s left", env.sender.short())
         self._seen[env.sender] = (replace(old[0], left=True), old[1])
+        self._byes[env.sender] = sent  # one per member we hold (dropped with it)
         self._members((), self._me_record)
 
     def _resolved(self, env: SignedMessage, addr: tuple[str, int],
