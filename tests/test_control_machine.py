@@ -663,6 +663,24 @@ def test_the_deposed_coordinator_learns_of_the_unblock_that_overruled_its_block(
         assert sim.ids["x"] not in sim.nodes[n].blocked(), n
 
 
+def test_a_leaving_coordinator_hands_off_to_a_member_passed_over_before_it_left():
+    """A successor that did not take over a moment ago (a rebalance offer it refused while
+    busy) is passed over for a minute; a coordinator that leaves in that minute left with no
+    handoff at all ("no successor available", the README tour under load), and its followers
+    waited a failover. Leaving, it tries such a member once; never one that failed during
+    this leave."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0})
+    b = sim.nodes["b"]
+    b._failed_successors[sim.ids["a"]] = sim.now + sim.timing.retry_successor
+    start = sim.now
+    b.leave(sim.now)
+    sim._run("b")
+    sim.run_until(lambda: "b" in sim.left and sim.agreed("a"))
+    assert sim.left["b"] == "handed off"
+    assert sim.now - start <= 2 * DT  # one round of messages, no failover wait
+    assert sim.nodes["a"].endorsement == sim.ids["b"].raw
+
+
 def test_a_failed_handoff_is_tried_again_after_a_while():
     """Right after the heal c offers the role to b, the faster, while b still coordinates
     its side: b refuses and the offer times out. That refusal must not bar b for good: once

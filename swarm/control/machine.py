@@ -362,6 +362,8 @@ class Controller:
         self._next_beat = 0.0
         self._successor: PeerId | None = None
         self._failed_successors: dict[PeerId, float] = {}
+        self._leave_tried: set[PeerId] = set()
+        """Successors that did not take over while we were leaving (never offered again)."""
         """Successors that did not take over, and until when (monotonic) they are passed
         over."""
         self.check_evidence = check_evidence
@@ -528,6 +530,8 @@ class Controller:
                             self._successor.short() if self._successor else "?")
                 if self._successor is not None:
                     self._failed_successors[self._successor] = now + self.timing.retry_successor
+                    if self.leaving:
+                        self._leave_tried.add(self._successor)
                 self._set_state(Duty.COORDINATOR, now)
                 if self.leaving:
                     self._start_handoff(now)
@@ -1195,6 +1199,11 @@ class Controller:
         assert self.state is not None
         out = self._candidates_out() | self._passed_over(now)
         succ = to or successor(self.view.values(), self.me, self.blocked(), out)
+        if succ is None and self.leaving:
+            # one passed over before we left (a refusal is often passing) beats no handoff
+            # at all, which leaves our followers a failover to wait
+            out = self._candidates_out() | self._leave_tried
+            succ = successor(self.view.values(), self.me, self.blocked(), out)
         if succ is None:
             log.info("no successor among %s (out: %s)", [
                 (c.peer_id.short(), c.tflops, c.can_coordinate) for c in self.view.values()],
