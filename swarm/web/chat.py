@@ -158,7 +158,12 @@ class ChatAPI:
     async def _run(self, request: web.Request, args: dict) -> web.StreamResponse:
         from models.generate import GenerationError, Usage
 
-        gen = await asyncio.to_thread(self._generator)
+        try:
+            gen = await asyncio.to_thread(self._generator)
+        except Exception as e:  # e.g. the model wheel is not installed on this member
+            log.warning("chat model unavailable: %s", e)
+            return _error(503, f"the chat model is not available here: {e}"[:500],
+                          "server_error")
         usage = Usage()
         try:
             ids = gen.chat_prompt(args["messages"])
