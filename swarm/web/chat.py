@@ -14,7 +14,6 @@ OpenAI-style 400 naming the parameter, an unknown model a 404.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import secrets
@@ -25,7 +24,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from swarm.web.embeddings import MODEL as EMBED_MODEL
-from swarm.web.embeddings import _error
+from swarm.web.embeddings import _error, authorised, no_key
 
 log = logging.getLogger("swarm.web.chat")
 MODEL = "SmolLM2-135M-Instruct"
@@ -107,27 +106,16 @@ class ChatAPI:
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_get("/v1/models", self.models)
 
-    def _authorised(self, request: web.Request) -> bool:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
-                                                                  self._key)
-
-    @staticmethod
-    def _no_key() -> web.Response:
-        return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
-                           "member's operator has it in its data dir, file api-key)",
-                      "invalid_request_error", "invalid_api_key")
-
     async def models(self, request: web.Request) -> web.Response:
-        if not self._authorised(request):
-            return self._no_key()
+        if not authorised(request, self._key):
+            return no_key()
         return web.json_response({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "swarm"}
             for m in (MODEL, EMBED_MODEL)]})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorised(request):
-            return self._no_key()
+        if not authorised(request, self._key):
+            return no_key()
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
         body = await request.content.read(MAX_BODY + 1)
