@@ -117,7 +117,7 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
             from swarm.web.server import start_for_member
 
             web_server = await start_for_member(node, control, uri, me, http,
-                                                embeddings_api(node))
+                                                openai_api(node))
         if ready is not None:
             ready(Ready(node, control, me, time.monotonic() - started,
                         web_server.url if web_server else None))
@@ -149,6 +149,17 @@ async def _fetch_charter(node: Node, uri: JoinURI, floor: int) -> charter.Charte
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
+
+
+def openai_api(node: Node):
+    """All of this member's OpenAI-compatible routes: /v1/embeddings, /v1/chat/completions
+    and /v1/models (swarm.web.chat), under the one API key."""
+    from models.generate import smollm2
+    from swarm.web.chat import ChatAPI, Routes
+    from swarm.web.embeddings import api_key
+
+    return Routes(embeddings_api(node),
+                  ChatAPI(api_key(Path(node.config.data_dir)), smollm2))
 
 
 def embeddings_api(node: Node):

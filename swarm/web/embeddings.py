@@ -61,6 +61,18 @@ def _error(status: int, message: str, kind: str, code: str | None = None,
                                         "code": code}}, status=status)
 
 
+def authorised(request: web.Request, key: bytes) -> bool:
+    """Whether the request carries this member's API key (``Authorization: Bearer KEY``)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
+
+
+def no_key() -> web.Response:
+    return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
+                       "member's operator has it in its data dir, file api-key)",
+                  "invalid_request_error", "invalid_api_key")
+
+
 class EmbeddingsAPI:
     """The handler; ``embedder()`` gives the :class:`swarm.embedding.Embedder` to run on."""
 
@@ -73,17 +85,9 @@ class EmbeddingsAPI:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/embeddings", self.handle)
 
-    def _authorised(self, request: web.Request) -> bool:
-        auth = request.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
-                                                                  self._key)
-
     async def handle(self, request: web.Request) -> web.Response:
-        if not self._authorised(request):
-            return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
-                               "member's operator has it in its data dir, file api-key)",
-                          "invalid_request_error", "invalid_api_key")
+        if not authorised(request, self._key):
+            return no_key()
         if request.content_length is not None and request.content_length > MAX_BODY:
             return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
         body = await request.content.read(MAX_BODY + 1)
