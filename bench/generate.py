@@ -197,12 +197,45 @@ def swarm_rows(weights, prompts: list[list[int]], n_decode: int, runs: int) -> l
     return out
 
 
+def swarm_tokens(weights, prompts: list[list[int]], n: int) -> dict:
+    """Greedy tokens through ``swarm.local(2)`` spans (verified) against the local numpy
+    forward's, ``n`` tokens for each prompt (issue 32: 5 prompts x 64)."""
+    import swarm
+    from models.llama import Llama
+    from swarm.spans import SpanLlama
+
+    def greedy(model, ids: list[int]) -> list[int]:
+        cache, out = model.new_cache(len(ids) + n), []
+        logits = model.forward(ids, cache)
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            logits = model.forward([out[-1]], cache)
+        return out
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        want = [greedy(Llama(weights), p) for p in prompts]
+        with swarm.local(2, threads=1) as client:
+            model = SpanLlama(client, weights)
+            got = [greedy(model, p) for p in prompts]
+            st = model.take_stats()
+    same = sum(a == b for a, b in zip(got, want, strict=True))
+    return {"prompts": len(prompts), "tokens_each": n, "sequences_equal": same,
+            "tokens_equal": sum(x == y for a, b in zip(got, want, strict=True)
+                                for x, y in zip(a, b, strict=True)),
+            "span_calls": st.calls, "rejected": st.rejected}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded (greedy)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="concurrent sequences (<= 16)")
+    ap.add_argument("--swarm-tokens", type=int, default=0, metavar="N",
+                    help="also compare N greedy tokens for 5 prompts through swarm.local(2) "
+                         "spans with the local forward (issue 32 asks for 64)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -266,6 +299,8 @@ def main() -> None:
             "weight_products_per_token": 7 * c.n_layers + 1,
             "dependent_executor_calls_per_token": 4 * c.n_layers + 1,
             "non_matmul_ms_per_decode_token": requester_ms}
+    if args.swarm_tokens:
+        meta["swarm_tokens"] = swarm_tokens(weights, prompts[:5], args.swarm_tokens)
     out = {"rows": rows, "layers": layers, "meta": meta}
     if args.json:
         print(json.dumps(out, indent=1))

@@ -135,3 +135,29 @@ def test_span_actor_keeps_each_sequences_cache_and_refuses_bad_calls(weights):
     for p, msg in bad:
         with pytest.raises((ValueError, TypeError), match=msg):
             check_span_forward([x, flat], p)
+
+
+def test_the_judge_proves_a_wrong_span_product_and_never_an_honest_trace(weights):
+    import msgpack
+
+    from identity.keys import PeerKey
+    from swarm.runtime.evidence import Evidence, Receipt, check_evidence, output_ids
+    from swarm.runtime.objects import object_id
+
+    x, flat, params = _call(weights, rows=2, count=1)
+    (trace,) = LlamaSpanActor(None).forward([x, flat], params)
+    packed = msgpack.packb(params, use_bin_type=True)
+    worker, requester = PeerKey.generate(), PeerKey.generate()
+
+    def judge(out):
+        arrays = {object_id(a).raw: a for a in (x, flat, out)}
+        r = Receipt.sign(worker, requester.peer_id, 1, "llama_span", "forward", packed,
+                         [object_id(x).raw, object_id(flat).raw], output_ids([out]))
+        return check_evidence(Evidence(r, packed), arrays.get)
+
+    assert not judge(trace).proven
+    lo, _ = llama_span.trace_columns(weights.config)["ffn_up"]
+    bad = trace.copy()
+    bad[1, lo + 5] += 1.0
+    finding = judge(bad)
+    assert finding.proven and "ffn_up" in finding.why
