@@ -80,6 +80,10 @@ def test_greedy_tokens_through_two_spans_equal_the_local_forward(weights, want):
         # a batch of sequences shares each span's pass
         assert greedy_batch(model, PROMPTS, TOKENS) == want
         assert model.take_stats().calls == 2 * (TOKENS + 1)
+        # client.generate streams the same text through the spans
+        ask = "What is the capital of France?"
+        assert "".join(client.generate(ask, max_tokens=12, model=model)) == \
+            "".join(client.generate(ask, max_tokens=12))
 
 
 @pytest.mark.parametrize("liar", ["corrupt=1", "layer=1"])
