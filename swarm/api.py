@@ -501,7 +501,7 @@ class Client:
     def generate(self, prompt: str | Sequence[dict], *, max_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), chat: bool = True, usage: Any = None,
-                 executor: Any = None) -> Iterator[str]:
+                 executor: Any = None, model: Any = None) -> Iterator[str]:
         """Stream SmolLM2-135M-Instruct's text for ``prompt`` as it is decoded (pieces of
         text; they join to the whole). ``chat`` puts a string prompt through the model's
         chat template as the user's message (a list of ``{"role", "content"}`` messages always
@@ -512,7 +512,9 @@ class Client:
         ``usage`` (a ``models.generate.Usage``) is filled with the token counts.
 
         The forward pass runs in this process (numpy) unless ``executor`` (a
-        ``models.executor.Executor``) is given to run its weight products elsewhere."""
+        ``models.executor.Executor``) is given to run its weight products elsewhere, or
+        ``model`` (a ``models.llama.Llama``, e.g. ``swarm.spans.SpanLlama(client, weights)``:
+        spans of blocks on the workers, every value checked) to run the whole forward."""
         self._check_open()
         from models.generate import GenerationError, Generator, smollm2
         from models.llama import Llama
@@ -521,6 +523,8 @@ class Client:
         gen = smollm2()
         if executor is not None:
             gen = Generator(Llama(gen.model.weights, executor), gen.tokenizer)
+        if model is not None:
+            gen = Generator(model, gen.tokenizer)
         if isinstance(prompt, str) and not chat:
             ids: str | list[int] = prompt
         else:

@@ -348,6 +348,8 @@ class ActorHost:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         method = getattr(actor, msg.method)
+        if fault.layer and hasattr(actor, f"{msg.method}_wrong_layer"):
+            method = getattr(actor, f"{msg.method}_wrong_layer")
         if fault.hang:
             def method(arrays, params):  # noqa: ARG001 - a dispatch that never finishes
                 return self.kernels.run("", {}, {}, (1, 1, 1), hang=True)
