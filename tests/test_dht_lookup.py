@@ -176,3 +176,21 @@ async def test_a_peer_noted_gone_is_not_asked_in_lookups():
             target = hashlib.sha1(b"somewhere").digest()
             await a._lookup(target, lambda node: a._q_find_node(node, target))
         assert asked and addr not in asked
+
+
+def test_dead_nodes_expire_on_the_injected_clock():
+    """``_recently_failed`` ages out a timed-out node on the node's own ``clock``, not on
+    ``time.monotonic()`` behind its back: a test (or a simulator) that moves the clock past
+    DEAD_FOR sees the node asked again."""
+    from dht.node import DEAD_FOR, DHTNode
+
+    node = DHTNode()
+    now = [1000.0]
+    node.clock = lambda: now[0]
+    dead = Node(b"\x01" * 20, "127.0.0.1", 9)
+    node.note_failed(dead)
+    assert node._recently_failed() == {dead.id}
+    now[0] += DEAD_FOR + 1
+    assert node._recently_failed() == set()
+    node.note_gone(("127.0.0.1", 9), b"\x02" * 20)
+    assert node._dead[b"\x02" * 20] == now[0]
