@@ -181,6 +181,11 @@ class NodeConfig:
 class Node:
     """One peer (see module docstring for the hooks)."""
 
+    clock = staticmethod(time.monotonic)
+    """The node's timers (backoffs, retry deadlines, re-announce periods): injectable, like
+    DHTNode.clock. Link freshness and the stats file stay on time.monotonic(), the clock the
+    links and the processes reading the file use."""
+
     def __init__(self, config: NodeConfig, key: PeerKey | None = None) -> None:
         if len(config.swarm_id) != 20:
             raise ConfigError("a swarm id is 20 bytes")
@@ -303,19 +308,19 @@ class Node:
         ev = package.evidence
         for older in self._delivered_evidence.delivered(
                 ev.receipt.worker, ev.key, package,
-                sum(a.nbytes for a in package.arrays.values()), coord, time.monotonic()):
+                sum(a.nbytes for a in package.arrays.values()), coord, self.clock()):
             self._start_delivery(older)
 
     async def _deliver(self, package: EvidencePackage) -> None:
         """Send the arrays (by content address), then the evidence, to the coordinator;
         retried while no coordinator is reachable (one may be failing over right now)."""
         worker = package.evidence.receipt.worker
-        delay, deadline = 0.25, time.monotonic() + EVIDENCE_RETRY
+        delay, deadline = 0.25, self.clock() + EVIDENCE_RETRY
         while True:
             why = await self._deliver_once(package)
             if why is None:
                 return
-            if time.monotonic() + delay > deadline:
+            if self.clock() + delay > deadline:
                 log.warning("evidence against %s not delivered: %s", worker.short(), why)
                 return
             log.info("evidence against %s not delivered yet (%s); retrying", worker.short(),
@@ -444,14 +449,14 @@ class Node:
         at every ACTIVITY_INTERVAL s, on a timer: a wake-up per task change cost a worker
         answering small tasks two waits per task (~25 us of a ~0.4 ms task)."""
         period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
-        last = time.monotonic()
+        last = self.clock()
         while True:
-            left = last + period - time.monotonic()
+            left = last + period - self.clock()
             if self.host is None:
                 await asyncio.sleep(max(0.0, left))
             else:
                 await asyncio.sleep(max(0.0, min(ACTIVITY_INTERVAL, left)))
-                if (time.monotonic() < last + period
+                if (self.clock() < last + period
                         and self._activity() == (self.record.tasks, self.record.serving)):
                     continue
             try:
@@ -464,7 +469,7 @@ class Node:
                                self.config.announce_ttl)
             except Exception as exc:  # the DHT may be unreachable for a while
                 log.warning("re-announce failed: %s", exc)
-            last = time.monotonic()
+            last = self.clock()
             period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
 
     def _activity(self) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
@@ -528,7 +533,7 @@ class Node:
         """Dial every live, accepted worker we have no link to; returns the linked workers."""
         if records is None:
             records = await self.members()
-        now = time.monotonic()
+        now = self.clock()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
                  and (r.via is None or self._accepts(r.via))
@@ -658,7 +663,7 @@ class Node:
         # warned once; until it is reached again, later failures are INFO (a worker that
         # died keeps failing at each redial)
         told = log.info if r.peer_id in self.unreachable else log.warning
-        self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
+        self.unreachable[r.peer_id] = (self.clock() + UNREACHABLE_BACKOFF, reason)
         told("worker %s unreachable (no direct, relayed or TURN path; next try in %g s): %s",
              r.peer_id.short(), next_try, reason)
         return None

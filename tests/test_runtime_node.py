@@ -188,3 +188,26 @@ async def test_a_new_coordinator_also_gets_the_evidence_its_predecessor_had(two_
         assert sorted(got["c"]) == sorted([first, second, third])  # each piece once
     finally:
         await c.stop(graceful=False)
+
+
+async def test_node_backoff_reads_its_injected_clock(tmp_path):
+    """A worker marked unreachable until ``t`` on the node's ``clock`` is not dialled before
+    ``t`` on that clock: the node's timers are injectable (issue 36), not time.monotonic()
+    read behind the clock a test or simulator set."""
+    from types import SimpleNamespace
+
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    node = Node(NodeConfig(tmp_path / "a", sid, validators=validators(), roles=("requester",),
+                           listen=False))
+    node.clock = lambda: 0.0
+    worker = PeerKey.generate().peer_id
+    node.unreachable[worker] = (5.0, "backed off")
+    dialled = []
+
+    async def no_dial(r, why):
+        dialled.append(r.peer_id)
+        return None
+    node._dial_direct = node._dial_indirect = no_dial
+    record = SimpleNamespace(roles=("worker",), links=("x",), peer_id=worker, via=None)
+    assert await node.connect_workers([record]) == []
+    assert dialled == []
