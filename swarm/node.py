@@ -78,6 +78,7 @@ from swarm.links.circuit import (
     DataRelay,
 )
 from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
+from swarm.loop import Supervisor
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import DeliveredEvidence, Evidence, check_evidence
 from swarm.runtime.host import ActorHost
@@ -211,7 +212,7 @@ class Node:
         """Workers this node holds proof against (a wrong result they signed, re-checked
         here with :func:`check_evidence`): it schedules nothing more on them, whatever any
         coordinator says. Bounded: each entry cost its peer a signed lie (and a cap)."""
-        self._deliveries: set[asyncio.Task] = set()
+        self._deliveries = Supervisor(log, "evidence delivery")
         self._evidence_acks: dict[bytes, tuple[PeerId, asyncio.Future[bool]]] = {}
         """Evidence sent and not answered yet: key -> (the peer asked, its answer)."""
         self._delivered_evidence = DeliveredEvidence()
@@ -222,7 +223,7 @@ class Node:
         self.server: tls.TLSServer | None = None
         self.tflops = 0.0
         self._incoming: dict[PeerId, PeerLink] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Supervisor(log, "node task")
         self._stopping = False
         self._evidence_closed = False
         """Set once :meth:`stop` has waited for the requester's reports: evidence that comes
@@ -291,16 +292,12 @@ class Node:
                             peer.short(), verdict.why)
                 self.proven_liars.add(peer)
 
-        task = asyncio.get_running_loop().create_task(prove())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(prove())
 
     def _start_delivery(self, package: EvidencePackage) -> None:
         if self._evidence_closed:
             return
-        task = asyncio.get_running_loop().create_task(self._deliver(package))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        self._deliveries.spawn(self._deliver(package))
 
     def _delivered(self, package: EvidencePackage, coord: PeerId) -> None:
         """``coord`` took ``package``: it also gets the earlier evidence against the same
@@ -426,9 +423,7 @@ class Node:
                  self.dht.address, links, ",".join(cfg.roles))
 
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _dump_stats(self, path: Path) -> None:
         """Write the DHT socket's counters to ``path`` every STATS_EVERY s (benchmarks read
@@ -502,14 +497,12 @@ class Node:
         self._evidence_closed = True
         if self._deliveries:
             await asyncio.wait(list(self._deliveries), timeout=EVIDENCE_WAIT)
-            for task in list(self._deliveries):
-                task.cancel()
+            self._deliveries.cancel()
         if self.host is not None and graceful:
             await self.host.drain(timeout)
         if self.server is not None:
             await self.server.close()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         if self.webrtc is not None:
             await self.webrtc.close()
         await self.circuits.close()

@@ -211,3 +211,24 @@ async def test_node_backoff_reads_its_injected_clock(tmp_path):
     record = SimpleNamespace(roles=("worker",), links=("x",), peer_id=worker, via=None)
     assert await node.connect_workers([record]) == []
     assert dialled == []
+
+
+async def test_node_background_tasks_are_supervised(tmp_path, caplog):
+    """A node task that fails is logged, not dropped as 'exception never retrieved', and
+    stop cancels what is still running (issue 36: no unsupervised task)."""
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    node = Node(NodeConfig(tmp_path / "a", sid, validators=validators(), roles=("requester",),
+                           listen=False))
+
+    async def broken() -> None:
+        raise RuntimeError("boom")
+    forever = asyncio.Event()
+    node._spawn(broken())
+    node._spawn(forever.wait())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert "node task failed: RuntimeError('boom')" in caplog.text
+    assert len(node._tasks) == 1
+    node._tasks.cancel()
+    await asyncio.wait_for(node._tasks.settle(), 5)
+    assert len(node._tasks) == 0
