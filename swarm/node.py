@@ -611,7 +611,7 @@ class Node:
         for host, port in r.links:
             try:
                 if r.via is not None:  # a browser tab: through the node that serves it
-                    from swarm.web.relay import dial as relay_dial
+                    from swarm.links.tabs import dial as relay_dial
 
                     return await relay_dial(self.key, host, port, r.via, r.peer_id)
                 return await tls.connect(self.key, host, port, r.peer_id)

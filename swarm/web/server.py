@@ -25,9 +25,9 @@ from identity.keys import PeerId
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links import tls
 from swarm.links.base import PeerLink
+from swarm.links.tabs import OPEN_TIMEOUT, RelayOpen, RelayOpened, channel_link, pipe
 from swarm.runtime.protocol import PutObject, RunTask, TaskFailed, TaskResult
 from swarm.web.hosts import allowed_names, host_guard
-from swarm.web.relay import OPEN_TIMEOUT, RelayOpen, RelayOpened, channel_link, pipe
 from swarm.web.session import ANNOUNCE_TTL, STEP_TIMEOUT, TabSession, parse_join
 
 log = logging.getLogger("swarm.web")
