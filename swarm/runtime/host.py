@@ -31,6 +31,7 @@ from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links import shm
 from swarm.links.base import PeerLink
+from swarm.loop import Supervisor
 from swarm.runtime.actors import REGISTRY, CallOrder, MatmulActor
 from swarm.runtime.chaos import Chaos, ChaosSpec
 from swarm.runtime.evidence import Receipt, input_ids, output_ids
@@ -157,7 +158,7 @@ class ActorHost:
         self.stats = HostStats()
         self._unsigned: OrderedDict[tuple[PeerLink, int], _Unsigned] = OrderedDict()
         """Large results sent without a receipt, oldest first (:data:`UNSIGNED_KEEP`)."""
-        self._signing: set[asyncio.Task] = set()
+        self._signing = Supervisor(log, "receipt signing")
 
     # -- serving a link -------------------------------------------------------------------
 
@@ -408,9 +409,7 @@ class ActorHost:
         elif kept is None:
             await self._reply(link, TaskReceipt(msg.task, b""))
         else:
-            task = asyncio.get_running_loop().create_task(self._receipt(link, msg.task, kept))
-            self._signing.add(task)
-            task.add_done_callback(self._signing.discard)
+            self._signing.spawn(self._receipt(link, msg.task, kept))
 
     async def _receipt(self, link: PeerLink, task: int, kept: _Unsigned) -> None:
         try:
@@ -505,7 +504,6 @@ class ActorHost:
     async def close(self) -> None:
         if self._runner is not None:
             self._runner.cancel()
-        for task in list(self._signing):
-            task.cancel()
+        self._signing.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.get_running_loop().run_in_executor(None, self.kernels.close)

@@ -29,6 +29,7 @@ from identity.keys import PeerId
 from swarm.errors import LinkClosed
 from swarm.links import shm
 from swarm.links.base import PeerLink
+from swarm.loop import Supervisor
 from swarm.runtime.evidence import Evidence, Receipt, output_ids, params_digest
 from swarm.runtime.jobcore import (
     Check,
@@ -200,12 +201,12 @@ class Requester:
         """Jobs running now (woken when the worker set changes)."""
         self._wanting: dict[_JobRun, None] = {}
         """Jobs that could start a task at a freed slot, oldest first (:meth:`_slot_freed`)."""
-        self._readers: set[asyncio.Task] = set()
-        self._probes: set[asyncio.Task] = set()
-        self._errands: set[asyncio.Task] = set()
-        """Verdicts being sent and rejected results being reported (:meth:`report`)."""
-        self._reports: set[asyncio.Task] = set()
-        """The reports among them (:meth:`reported`)."""
+        self._readers = Supervisor(log, "link reader")
+        self._probes = Supervisor(log, "link probe")
+        self._errands = Supervisor(log, "requester errand")
+        """Verdicts being sent on the side (:meth:`accept`)."""
+        self._reports = Supervisor(log, "evidence report")
+        """Rejected results being reported (:meth:`report`, :meth:`reported`)."""
         self._receipts: dict[tuple[PeerId, int], asyncio.Future] = {}
         """Receipts asked for and not answered yet (:meth:`receipt`)."""
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
@@ -238,10 +239,8 @@ class Requester:
         self.links[link.remote] = link
         self.rates.heard(link.remote)  # linked again: no longer held as silent
         self._draining.discard(link.remote)
-        task = asyncio.get_running_loop().create_task(self._read(link, fallback),
-                                                      name=f"requester-{link.remote.short()}")
-        self._readers.add(task)
-        task.add_done_callback(self._readers.discard)
+        self._readers.spawn(asyncio.get_running_loop().create_task(
+            self._read(link, fallback), name=f"requester-{link.remote.short()}"))
         self._workers_changed()
 
     def _workers_changed(self) -> None:
@@ -319,8 +318,8 @@ class Requester:
     async def close(self) -> None:
         for link in list(self.links.values()):
             await link.close("requester closing")
-        for task in [*self._readers, *self._probes, *self._errands]:
-            task.cancel()
+        for tasks in (self._readers, self._probes, self._errands, self._reports):
+            tasks.cancel()
 
     # -- one call -------------------------------------------------------------------------
 
@@ -446,9 +445,7 @@ class Requester:
         link = self.links.get(peer)
         if link is None or link.closed:
             return
-        task = asyncio.get_running_loop().create_task(self._probe(peer, link))
-        self._probes.add(task)
-        task.add_done_callback(self._probes.discard)
+        self._probes.spawn(self._probe(peer, link))
 
     async def _probe(self, peer: PeerId, link: PeerLink) -> None:
         if await link.probe():  # (a silent link closes: the node logs the loss)
@@ -459,9 +456,7 @@ class Requester:
         receipt binds it to that result; asks for the receipt when the result came without
         one (a large result: the worker signs only what is rejected). Runs on its own, so a
         job that ends meanwhile does not stop it."""
-        task = self._errand(self._report(peer, call, reply, reason))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
+        self._reports.spawn(self._report(peer, call, reply, reason))
 
     async def reported(self, timeout: float) -> None:
         """Wait, at most ``timeout`` s, for rejected results still being reported (a report
@@ -475,19 +470,13 @@ class Requester:
         (or are no longer needed): it lets them go. Sent on the side."""
         link = self.links.get(peer)
         if link is not None and not link.closed:
-            self._errand(self._accept(link, list(tasks)))
+            self._errands.spawn(self._accept(link, list(tasks)))
 
     @staticmethod
     async def _accept(link: PeerLink, tasks: list[int]) -> None:
         with contextlib.suppress(LinkClosed):
             for task in tasks:
                 await link.send(Verdict(task, True))
-
-    def _errand(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._errands.add(task)
-        task.add_done_callback(self._errands.discard)
-        return task
 
     async def _report(self, peer: PeerId, call: Call, reply: Reply | None, reason: str) -> None:
         package = None
