@@ -141,6 +141,29 @@ def test_span_actor_keeps_each_sequences_cache_and_refuses_bad_calls(weights):
             check_span_forward([x, flat], p)
 
 
+def test_span_actor_keeps_to_the_workers_blas_threads(weights, monkeypatch):
+    """A worker started with --threads 1 runs its span's layer pass on one BLAS thread: two
+    span workers on two cores at the library's default of two threads each had decoded at
+    a fraction of the local forward's speed."""
+    from threadpoolctl import threadpool_info
+
+    from compute.numpy_backend import NumpyBackend
+    from swarm.runtime import actors
+
+    seen = []
+    real = actors.llama_span.run_layers
+
+    def spy(*a, **kw):
+        seen.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(actors.llama_span, "run_layers", spy)
+    x, flat, params = _call(weights)
+    with threadpool_limits(2, user_api="blas"):  # the library's default on two cores
+        LlamaSpanActor(NumpyBackend(threads=1)).forward([x, flat], params)
+    assert seen == [[1]]
+
+
 def test_the_judge_proves_a_wrong_span_product_and_never_an_honest_trace(weights):
     import msgpack
 

@@ -13,6 +13,7 @@ Calls to one actor instance run one at a time in the order the caller issued the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,7 +283,8 @@ class LlamaSpanActor:
             raise ValueError(f"span caches are capped at {MAX_SPAN_SEQS} sequences and "
                              f"{MAX_SPAN_CACHE} bytes per actor: drop finished sequences")
         products, trace = llama_span.traced_products(c, layers, x.shape[0])
-        llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
+        with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
         for s in seqs:
             s.cache.length = s.end
         self.caches.update(fresh)
