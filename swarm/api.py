@@ -278,6 +278,7 @@ class Client:
         self._inflight: set[cf.Future] = set()
         self._named: dict[str, ActorHandle] = {}
         self._embedders: dict[str, Any] = {}
+        self._span_model: Any = None
         _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -455,6 +456,18 @@ class Client:
             self._embedders[verify] = Embedder(self, verify=verify)
         return self._embedders[verify]
 
+    def span_model(self):
+        """SmolLM2 with its blocks on this client's workers (:class:`swarm.spans.SpanLlama`,
+        every value checked), made once: its weight bundles are put once and stay cached on
+        the workers. What :meth:`generate` runs when the client has workers."""
+        self._check_open()
+        if self._span_model is None:
+            from models.generate import smollm2
+            from swarm.spans import SpanLlama
+
+            self._span_model = SpanLlama(self, smollm2().model.weights)
+        return self._span_model
+
     # -- actors ---------------------------------------------------------------------------
 
     def actor(self, cls: str, /, peer: PeerId | str | None = None, **options: Any) -> ActorHandle:
@@ -511,10 +524,11 @@ class Client:
         request raises ``models.generate.GenerationError`` (a ValueError) before any work;
         ``usage`` (a ``models.generate.Usage``) is filled with the token counts.
 
-        The forward pass runs in this process (numpy) unless ``executor`` (a
-        ``models.executor.Executor``) is given to run its weight products elsewhere, or
-        ``model`` (a ``models.llama.Llama``, e.g. ``swarm.spans.SpanLlama(client, weights)``:
-        spans of blocks on the workers, every value checked) to run the whole forward."""
+        With workers, the model's blocks run on them, a span each, and every value they
+        return is checked here (:meth:`span_model`); with none, the forward runs in this
+        process (numpy). ``executor`` (a ``models.executor.Executor``) runs only the weight
+        products elsewhere instead; ``model`` (a ``models.llama.Llama``) is the forward to
+        run."""
         self._check_open()
         from models.generate import GenerationError, Generator, smollm2
         from models.llama import Llama
@@ -523,6 +537,8 @@ class Client:
         gen = smollm2()
         if executor is not None:
             gen = Generator(Llama(gen.model.weights, executor), gen.tokenizer)
+        if model is None and executor is None and self.workers():
+            model = self.span_model()
         if model is not None:
             gen = Generator(model, gen.tokenizer)
         if isinstance(prompt, str) and not chat:

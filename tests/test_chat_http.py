@@ -34,14 +34,14 @@ def served():
         server = client._loop.run(start(), 30)
         key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
         try:
-            yield f"http://127.0.0.1:{server.port}/v1", key
+            yield f"http://127.0.0.1:{server.port}/v1", key, client
         finally:
             client._loop.run(server.stop(), 30)
 
 
 @pytest.fixture(scope="module")
 def api(served):
-    url, key = served
+    url, key, _ = served
     return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=300)
 
 
@@ -65,6 +65,18 @@ def test_non_stream_and_stream_agree(api):
         == got.choices[0].finish_reason
 
 
+def test_the_blocks_ran_on_the_worker(api, served):
+    """The member had a worker: the chat's 30 blocks went there as one span, whose weight
+    bundle (all 30 blocks, put once) is in the member's store; the reply is the local
+    forward's, token for token (greedy)."""
+    got = api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6,
+                                      temperature=0)
+    assert got.choices[0].message.content == \
+        smollm2().complete(smollm2().chat_prompt(HELLO), max_tokens=6)[0]
+    store = served[2].node.requester.store
+    assert any(a.nbytes > 400e6 for a in store.arrays()), [a.nbytes for a in store.arrays()]
+
+
 def test_capital_of_france(api):
     got = api.chat.completions.create(model=MODEL, max_tokens=24, temperature=0, messages=[
         {"role": "user", "content": "What is the capital of France?"}])
@@ -77,7 +89,7 @@ def test_models_lists_both(api):
 
 
 def test_no_key_is_401(served):
-    url, _ = served
+    url, _, _ = served
     bad = openai.OpenAI(base_url=url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=MODEL, messages=HELLO)
@@ -110,7 +122,7 @@ LONG = "word " * 9000
     ({"messages": [{"role": "user", "content": LONG}]}, "messages", "8192"),
 ])
 def test_bad_requests_are_400(served, body, param, says):
-    url, key = served
+    url, key, _ = served
     req = urllib.request.Request(url + "/chat/completions",
                                  data=json.dumps({"model": MODEL, **body}).encode(),
                                  headers={"Authorization": f"Bearer {key}",
