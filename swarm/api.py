@@ -981,6 +981,7 @@ def local(workers: int = 2, *, threads: int | None = None,
     loop = _LoopThread()
     config = NodeConfig(root / "client", sid, validators=validators(), roles=("requester",), announce=False,
                         dht_rpc_timeout=1.0)
+    node: Node | None = None
     try:
         node = loop.run(_make_node(config, None))
         node.find_coordinator = None  # plain workers: no control plane, no one to judge evidence
@@ -1006,11 +1007,13 @@ def local(workers: int = 2, *, threads: int | None = None,
             loop.run(node.wait_for_workers(workers, timeout))
     except BaseException:
         try:
-            loop.run(node.stop(graceful=False), 10)
-        except Exception:
-            pass
-        loop.stop()
-        cleanup()
+            if node is not None:  # None: making it failed, there is nothing to stop
+                loop.run(node.stop(graceful=False), 10)
+        except Exception as exc:  # the first error is the one to raise; this one is told
+            log.warning("stopping the client node: %s", exc)
+        finally:
+            loop.stop()
+            cleanup()
         raise
     client = LocalSwarm(node, loop, [cleanup])
     client.processes = procs
