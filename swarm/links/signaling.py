@@ -22,7 +22,8 @@ from swarm.errors import AuthenticationError, ProtocolError
 
 _DOMAIN = b"swarm webrtc signal v1\x00"
 MAX_SKEW = 60.0
-"""Seconds a signal's timestamp may differ from our clock."""
+"""Seconds a signal's timestamp (a WebRTC signal, a circuit dialer's hello) may differ from
+our clock; within that each is taken once."""
 MAX_SIGNAL = 4096
 """Largest signed signal in bytes (the DHT's datagram message limit)."""
 KINDS = ("offer", "answer")
