@@ -61,6 +61,7 @@ from swarm.netaddr import source_address
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
 from swarm.runtime.actors import REGISTRY, method_spec
+from swarm.runtime.jobcore import wrong_replicas
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
@@ -694,10 +695,10 @@ class ActorHandle:
         if agree(outs, second):
             return outs
         truth = await asyncio.to_thread(here)
-        for who, got in ((peer, outs), (others[0] if others else None, second)):
-            if who is not None and not agree(got, truth):
-                client._node.report_lying_peer(who, f"actor {self.name}.{method} replica "
-                                                    "disagreed with the requester's own run")
+        replicas = [(peer, outs), (others[0] if others else None, second)]
+        for i in wrong_replicas(replicas, truth, agree):
+            client._node.report_lying_peer(replicas[i][0], f"actor {self.name}.{method} replica "
+                                                           "disagreed with the requester's own run")
         return truth
 
     def _on_death(self, peer: PeerId) -> None:
