@@ -61,6 +61,7 @@ from swarm.netaddr import source_address
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
 from swarm.runtime.actors import REGISTRY, method_spec
+from swarm.runtime.jobcore import wrong_replicas
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
@@ -710,10 +711,10 @@ class ActorHandle:
         if agree(outs, second):
             return outs
         truth = await asyncio.to_thread(here)
-        for who, got in ((peer, outs), (others[0] if others else None, second)):
-            if who is not None and not agree(got, truth):
-                client._node.report_lying_peer(who, f"actor {self.name}.{method} replica "
-                                                    "disagreed with the requester's own run")
+        replicas = [(peer, outs), (others[0] if others else None, second)]
+        for i in wrong_replicas(replicas, truth, agree):
+            client._node.report_lying_peer(replicas[i][0], f"actor {self.name}.{method} replica "
+                                                           "disagreed with the requester's own run")
         return truth
 
     def _on_death(self, peer: PeerId) -> None:
@@ -997,6 +998,7 @@ def local(workers: int = 2, *, threads: int | None = None,
     loop = _LoopThread()
     config = NodeConfig(root / "client", sid, validators=validators(), roles=("requester",), announce=False,
                         dht_rpc_timeout=1.0)
+    node: Node | None = None
     try:
         node = loop.run(_make_node(config, None))
         node.find_coordinator = None  # plain workers: no control plane, no one to judge evidence
@@ -1022,11 +1024,13 @@ def local(workers: int = 2, *, threads: int | None = None,
             loop.run(node.wait_for_workers(workers, timeout))
     except BaseException:
         try:
-            loop.run(node.stop(graceful=False), 10)
-        except Exception:
-            pass
-        loop.stop()
-        cleanup()
+            if node is not None:  # None: making it failed, there is nothing to stop
+                loop.run(node.stop(graceful=False), 10)
+        except Exception as exc:  # the first error is the one to raise; this one is told
+            log.warning("stopping the client node: %s", exc)
+        finally:
+            loop.stop()
+            cleanup()
         raise
     client = LocalSwarm(node, loop, [cleanup])
     client.processes = procs

@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote
 
+from dht.items import MAX_SALT  # BEP 44 limit on a salt
 from swarm.errors import URIError
 
 MAX_URI = 4096
 MAX_NAME = 100
-MAX_SALT = 64  # BEP 44 limit on a salt
 MAX_PEERS = 16
 OWNER_PIN = 16
 DEFAULT_SALT = b"swarm"

@@ -32,6 +32,7 @@ from swarm.links.base import PeerLink
 from swarm.loop import Supervisor
 from swarm.runtime.evidence import Evidence, Receipt, output_ids, params_digest
 from swarm.runtime.jobcore import (
+    MISSING_TRIES,
     Check,
     JobCore,
     JobReport,
@@ -55,7 +56,14 @@ from swarm.runtime.protocol import (
     TaskResult,
     Verdict,
 )
-from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ServiceClock, ShardTask
+from swarm.runtime.scheduler import (
+    LOCAL,
+    JobScheduler,
+    RateBook,
+    ServiceClock,
+    ShardTask,
+    SlotBook,
+)
 
 log = logging.getLogger("swarm.runtime.requester")
 RECEIPT_TIMEOUT = 10.0
@@ -155,7 +163,7 @@ class Slot:
 
     def __init__(self, req: Requester, peer: PeerId) -> None:
         self._req, self.peer, self.held = req, peer, True
-        req._at[peer] += 1
+        req.slots.enter(peer)
 
     def take(self) -> bool:
         """The call this slot was booked for starts: it counts the task from now on."""
@@ -193,14 +201,13 @@ class Requester:
         self.links: dict[PeerId, PeerLink] = {}
         self._draining: set[PeerId] = set()
         self._pending: dict[tuple[PeerId, int], asyncio.Future] = {}
-        self._at: Counter[PeerId] = Counter()
-        """Tasks at each peer: calls pending plus :class:`Slot` s booked (the window)."""
+        self.slots = SlotBook()
+        """Tasks at each peer: calls pending plus :class:`Slot` s booked (the window), and
+        the jobs waiting for a freed slot, oldest first (:meth:`_slot_freed`)."""
         self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._jobs: set[_JobRun] = set()
         """Jobs running now (woken when the worker set changes)."""
-        self._wanting: dict[_JobRun, None] = {}
-        """Jobs that could start a task at a freed slot, oldest first (:meth:`_slot_freed`)."""
         self._readers = Supervisor(log, "link reader")
         self._probes = Supervisor(log, "link probe")
         self._errands = Supervisor(log, "requester errand")
@@ -255,22 +262,20 @@ class Requester:
         Waking them all instead cost more than the work: with 64 one-call jobs through two
         peers of window 2 (inference) each answer woke ~30 jobs that polled, found no slot
         and slept again (4.5 ms of the event loop per call)."""
-        for job in list(self._wanting):
+        for job in self.slots.waiting():
             if job.offer(peer):
                 return
 
     def inflight(self, peer: PeerId) -> int:
         """Tasks at ``peer`` not answered yet, all jobs: sent, or assigned and about to be."""
-        return self._at[peer]
+        return self.slots.at(peer)
 
     def book(self, peer: PeerId) -> Slot:
         """Count a task at ``peer`` now, for a call that starts later (pass it to :meth:`call`)."""
         return Slot(self, peer)
 
     def _leave(self, peer: PeerId) -> None:
-        self._at[peer] -= 1
-        if self._at[peer] <= 0:
-            del self._at[peer]
+        self.slots.leave(peer)
 
     def workers(self) -> list[PeerId]:
         """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
@@ -364,7 +369,7 @@ class Requester:
         """
         params = msgpack.packb(call.params, use_bin_type=True) if call.params else b""
         loop = asyncio.get_running_loop()
-        for attempt in range(3):
+        for attempt in range(MISSING_TRIES):
             link = self.links.get(peer)
             if link is None or link.closed:
                 raise LinkClosed(f"no link to {peer.short()}")
@@ -375,7 +380,7 @@ class Requester:
             fut = loop.create_future()
             self._pending[(peer, tid)] = fut
             if slot is None or not slot.take():
-                self._at[peer] += 1
+                self.slots.enter(peer)
             try:
                 msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
                 await self._send_objects(peer, link, call.args, report)
@@ -399,7 +404,7 @@ class Requester:
                     report.bytes_in += sum(o.nbytes for o in reply.outputs)
                 return Reply(list(reply.outputs), time.perf_counter() - started, tid,
                              reply.receipt, float(reply.seconds))
-            if reply.kind == "missing" and attempt < 2:
+            if reply.kind == "missing" and attempt < MISSING_TRIES - 1:
                 for raw in reply.missing:
                     if len(raw) == 32:
                         self.store.remove_holder(ObjectId(raw), peer.raw)
@@ -581,7 +586,7 @@ class _JobRun:
             if self._timer is not None:
                 self._timer.cancel()
             self.req._jobs.discard(self)
-            self.req._wanting.pop(self, None)
+            self.req.slots.want(self, False)
             for task in [*self.running.values(), *self.side]:
                 task.cancel()
             for action in core.rejections_left():  # reports outlive the job
@@ -600,10 +605,7 @@ class _JobRun:
         for action in core.poll(now):
             self._act(action)
             started = started or isinstance(action, Run)
-        if core.wants_slot(now):
-            self.req._wanting.setdefault(self, None)  # an old waiter keeps its turn
-        else:
-            self.req._wanting.pop(self, None)
+        self.req.slots.want(self, core.wants_slot(now))
         return started
 
     def offer(self, peer: PeerId) -> bool:

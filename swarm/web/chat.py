@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from swarm.web.embeddings import MAX_WAITING, _error, authorised, no_key
 from swarm.web.embeddings import MODEL as EMBED_MODEL
-from swarm.web.embeddings import _error, authorised, no_key
 
 log = logging.getLogger("swarm.web.chat")
 MODEL = "SmolLM2-135M-Instruct"
-MAX_BODY = 1 << 20
-MAX_WAITING = 8
+MAX_CHAT_BODY = 1 << 20
+"""Largest chat request body (bytes)."""
 MAX_STOPS = 4
 
 
@@ -116,11 +116,11 @@ class ChatAPI:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if not authorised(request, self._key):
             return no_key()
-        if request.content_length is not None and request.content_length > MAX_BODY:
-            return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
-        body = await request.content.read(MAX_BODY + 1)
-        if len(body) > MAX_BODY:
-            return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
+        if request.content_length is not None and request.content_length > MAX_CHAT_BODY:
+            return _error(413, f"request body over {MAX_CHAT_BODY} bytes", "invalid_request_error")
+        body = await request.content.read(MAX_CHAT_BODY + 1)
+        if len(body) > MAX_CHAT_BODY:
+            return _error(413, f"request body over {MAX_CHAT_BODY} bytes", "invalid_request_error")
         try:
             req = json.loads(body)
         except (ValueError, UnicodeDecodeError):
