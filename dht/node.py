@@ -403,6 +403,12 @@ class DHTNode(Server):
         self.protocol.router.remove_contact(known)
         return 1
 
+    def forget_failures(self) -> None:
+        """Ask again the nodes that timed out lately (lookups skip them for :data:`DEAD_FOR`
+        s): for a caller about to retry a read that came back empty, whose holders may have
+        been busy rather than gone."""
+        self._dead.clear()
+
     def note_alive(self, node: Node) -> None:
         self._dead.pop(node.id, None)
 
