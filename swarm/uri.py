@@ -116,7 +116,7 @@ def parse_peer(text: str) -> tuple[str, int]:
         host, sep, port_text = text.rpartition(":")
         if not sep or ":" in host:
             raise URIError(f"x.pe: {text[:60]!r} is not host:port")
-    if not port_text.isdigit() or len(port_text) > 5:
+    if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5:
         raise URIError(f"x.pe: port {port_text[:10]!r} is not a number")
     port = int(port_text)
     if not 0 < port < 65536:
