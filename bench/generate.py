@@ -77,6 +77,8 @@ def batch_run(model, prompts: list[list[int]], n_decode: int) -> dict:
     caches = [model.new_cache(len(p) + n_decode) for p in prompts]
     with threadpool_limits(1, user_api="blas"):
         logits = model.forward_batch(list(zip(prompts, caches, strict=True)))
+        if hasattr(model, "take_stats"):  # a SpanLlama's split covers the decode steps only
+            model.take_stats()
         steps = []
         for _ in range(n_decode):
             nxt = [[int(np.argmax(lg))] for lg in logits]
@@ -157,12 +159,84 @@ def requester_share(weights, ids: list[int], n_decode: int) -> float:
     return round(statistics.median(steps) * 1e3, 2)
 
 
+def swarm_rows(weights, prompts: list[list[int]], n_decode: int, runs: int) -> list[dict]:
+    """Verified decode through ``swarm.local(2)`` (swarm.spans: a span of 15 blocks on each
+    worker, every value checked), batch 1 and ``len(prompts)``, with the ms per token split
+    into compute (the workers'), links (round trips less that), checks (the requester's
+    re-run of the non-linear steps and the fingerprint checks) and the rest (embedding, head,
+    sampling), beside the local numpy forward's batch 1 in the same run."""
+    import swarm
+    from models.llama import Llama
+    from swarm.spans import SpanLlama
+
+    local = Llama(weights)
+    out = []
+    with swarm.local(2, threads=1) as client:
+        model = SpanLlama(client, weights)
+        batch_run(model, prompts[:1], 2)  # places the spans, sends the bundles once
+        for label, batch in (("batch 1", prompts[:1]), (f"batch {len(prompts)}", prompts)):
+            steps, parts = [], []
+            for _ in range(runs):
+                model.take_stats()
+                steps.append(batch_run(model, batch, n_decode)["decode_s"])
+                parts.append(model.take_stats())
+            base = statistics.median(batch_run(local, batch, n_decode)["decode_s"]
+                                     for _ in range(runs))
+            dec = statistics.median(steps)
+            st = parts[len(parts) // 2]
+            per = 1e3 / n_decode  # batch_run drops the prefill's stats
+            out.append({"engine": f"swarm.local(2) spans, verified, {label}",
+                        "decode_tok_s": round(len(batch) / dec, 1),
+                        "decode_ms_per_token": round(dec * 1e3 / len(batch), 2),
+                        "step_ms": round(dec * 1e3, 1),
+                        "compute_ms": round(st.worker * per, 1),
+                        "links_ms": round((st.remote - st.worker) * per, 1),
+                        "checks_ms": round(st.checks * per, 1),
+                        "local_same_run_tok_s": round(len(batch) / base, 1),
+                        "vs_local": round(base / dec, 2),
+                        "note": f"rejected {st.rejected}, spans run here {st.local:.2f} s"})
+    return out
+
+
+def swarm_tokens(weights, prompts: list[list[int]], n: int) -> dict:
+    """Greedy tokens through ``swarm.local(2)`` spans (verified) against the local numpy
+    forward's, ``n`` tokens for each prompt (issue 32: 5 prompts x 64)."""
+    import swarm
+    from models.llama import Llama
+    from swarm.spans import SpanLlama
+
+    def greedy(model, ids: list[int]) -> list[int]:
+        cache, out = model.new_cache(len(ids) + n), []
+        logits = model.forward(ids, cache)
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            logits = model.forward([out[-1]], cache)
+        return out
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        want = [greedy(Llama(weights), p) for p in prompts]
+        with swarm.local(2, threads=1) as client:
+            model = SpanLlama(client, weights)
+            got = [greedy(model, p) for p in prompts]
+            st = model.take_stats()
+    same = sum(a == b for a, b in zip(got, want, strict=True))
+    return {"prompts": len(prompts), "tokens_each": n, "sequences_equal": same,
+            "tokens_equal": sum(x == y for a, b in zip(got, want, strict=True)
+                                for x, y in zip(a, b, strict=True)),
+            "span_calls": st.calls, "rejected": st.rejected}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded (greedy)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="concurrent sequences (<= 16)")
+    ap.add_argument("--swarm-tokens", type=int, default=0, metavar="N",
+                    help="also compare N greedy tokens for 5 prompts through swarm.local(2) "
+                         "spans with the local forward (issue 32 asks for 64)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -211,6 +285,7 @@ def main() -> None:
                  "decode_ms_per_token": round(many_s * 1e3, 2),
                  "note": f"a step for all; batch 1 in the same run: {1 / one_s:.1f} tok/s, "
                          f"{len(prompts) / many_s * one_s:.1f}x"})
+    rows += swarm_rows(weights, prompts, args.decode // 2, args.runs)
     layers = layer_products(weights, args.runs)
     requester_ms = requester_share(weights, ids, args.decode)
     c = weights.config
@@ -225,6 +300,8 @@ def main() -> None:
             "weight_products_per_token": 7 * c.n_layers + 1,
             "dependent_executor_calls_per_token": 4 * c.n_layers + 1,
             "non_matmul_ms_per_decode_token": requester_ms}
+    if args.swarm_tokens:
+        meta["swarm_tokens"] = swarm_tokens(weights, prompts[:5], args.swarm_tokens)
     out = {"rows": rows, "layers": layers, "meta": meta}
     if args.json:
         print(json.dumps(out, indent=1))

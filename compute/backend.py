@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +138,11 @@ class Backend(abc.ABC):
     def adapter_info(self) -> dict[str, Any]:
         """What executes the work (device, library); shown by probe and bench."""
         return {}
+
+    def cpu_limit(self) -> AbstractContextManager[Any]:
+        """A context in which numpy work done beside this backend's products (an actor's own
+        layer pass) keeps to the worker's CPU share; no cap by default."""
+        return nullcontext()
 
     def validate(self) -> None:
         """Multiply known inputs and check the results; raise BackendUnavailable if wrong.

@@ -376,13 +376,13 @@ class DHTNode(Server):
     def _recently_failed(self) -> set[bytes]:
         """Nodes that timed out in the last DEAD_FOR seconds: other nodes may still list
         them, and asking again would cost a timeout per lookup."""
-        now = time.monotonic()
+        now = self.clock()
         for nid in [nid for nid, at in self._dead.items() if now - at > DEAD_FOR]:
             del self._dead[nid]
         return set(self._dead)
 
     def note_failed(self, node: Node) -> None:
-        self._dead[node.id] = time.monotonic()
+        self._dead[node.id] = self.clock()
 
     def note_gone(self, address: tuple[str, int], node_id: bytes | None = None) -> int:
         """A peer the caller has its own reason to think dead (a coordinator whose heartbeats
@@ -391,7 +391,7 @@ class DHTNode(Server):
         that met the dead node waited out its grace (up to ``rpc_timeout``), and a failover
         claim of three lookups in a row could outlast the claim deadline. Returns the
         contacts dropped from the routing table."""
-        now = time.monotonic()
+        now = self.clock()
         if node_id is not None:
             self._dead[node_id] = now
         if self.protocol is None:  # not listening: no contacts yet
@@ -402,6 +402,12 @@ class DHTNode(Server):
         self._dead[known.id] = now
         self.protocol.router.remove_contact(known)
         return 1
+
+    def forget_failures(self) -> None:
+        """Ask again the nodes that timed out lately (lookups skip them for :data:`DEAD_FOR`
+        s): for a caller about to retry a read that came back empty, whose holders may have
+        been busy rather than gone."""
+        self._dead.clear()
 
     def note_alive(self, node: Node) -> None:
         self._dead.pop(node.id, None)

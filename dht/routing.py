@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 
 from kademlia.node import Node
@@ -67,12 +66,20 @@ class NearestRoutingTable(RoutingTable):
         if lower in self._checking or self.protocol is None:
             return
         self._checking.add(lower)
+        head = bucket.head()
+
+        async def ping() -> None:
+            try:
+                await self.protocol.call_ping(head)
+            finally:
+                self._checking.discard(lower)
+
+        coro = ping()
         try:
-            task = asyncio.ensure_future(self.protocol.call_ping(bucket.head()))
+            self.protocol.dht.spawn(coro)  # the node's tasks: logged, settled, stopped
         except RuntimeError:  # no running loop (a table used outside a node)
+            coro.close()
             self._checking.discard(lower)
-            return
-        task.add_done_callback(lambda _t: self._checking.discard(lower))
 
     def remove_contact(self, node: Node) -> None:
         bucket = self.buckets[self.get_bucket_for(node)]

@@ -11,77 +11,13 @@ sit side by side (GGUF's permuted Q/K, see models.gguf_weights), query head h re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from models.executor import Executor, LocalExecutor, Product
 from models.gguf_weights import LlamaConfig, LlamaWeights
+from models.span import PARTS, KVCache, Layer, Seq, apply_rope, rms_norm, rope_tables, run_layers
 
-
-class KVCache:
-    """Keys and values of one sequence, every layer: [layers, kv_heads, positions, head_dim].
-    Grows by doubling up to the model's context, so a short chat holds a short cache."""
-
-    def __init__(self, config: LlamaConfig, capacity: int = 256):
-        self.config = config
-        self.length = 0
-        self._alloc(min(capacity, config.context_length))
-
-    def _alloc(self, capacity: int) -> None:
-        c = self.config
-        shape = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
-        k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        if self.length:
-            k[:, :, :self.length] = self.k[:, :, :self.length]
-            v[:, :, :self.length] = self.v[:, :, :self.length]
-        self.k, self.v = k, v
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def reserve(self, n_new: int) -> None:
-        need = self.length + n_new
-        if need > self.config.context_length:
-            raise ValueError(f"{need} positions exceed the model's context of "
-                             f"{self.config.context_length} tokens")
-        if need > self.capacity:
-            cap = self.capacity
-            while cap < need:
-                cap *= 2
-            self._alloc(min(cap, self.config.context_length))
-
-
-def rope_tables(config: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, [len(positions), head_dim / 2], for llama.cpp's adjacent-pair rotation."""
-    half = config.head_dim // 2
-    inv_freq = config.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / config.head_dim)
-    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate each adjacent pair (2i, 2i+1) of x [tokens, heads, head_dim] by its angle."""
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    c, s = cos[:, None, :], sin[:, None, :]
-    out = np.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x0 * s + x1 * c
-    return out
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
-    return (x * scale) * w
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x: silu -> -0
-        return x / (1.0 + np.exp(-x))
-
-
-_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+__all__ = ["KVCache", "Llama", "apply_rope", "rms_norm", "rope_tables"]
 
 
 class Llama:
@@ -92,7 +28,7 @@ class Llama:
         self.config = weights.config
         self.executor = executor or LocalExecutor()
         self._head = weights.weight("token_embd.weight")  # [d, vocab]: tied embeddings
-        self._layers = [{p: weights.weight(f"blk.{i}.{p}.weight") for p in _PARTS}
+        self._layers = [{p: weights.weight(f"blk.{i}.{p}.weight") for p in PARTS}
                         for i in range(self.config.n_layers)]
 
     def matrices(self) -> list:
@@ -101,6 +37,18 @@ class Llama:
 
     def _mm(self, *products: Product) -> list[np.ndarray]:
         return self.executor.matmuls(products)
+
+    def layers(self, x: np.ndarray, seqs: list[Seq], first: int, count: int) -> np.ndarray:
+        """Blocks ``[first, first + count)`` over the residual stream ``x`` (the executor
+        computes their products); a subclass runs them elsewhere (swarm.spans)."""
+        w = self.weights
+        layers = [Layer(w.layer(i, "attn_norm"), w.layer(i, "ffn_norm"), self._layers[i])
+                  for i in range(first, first + count)]
+
+        def products(j: int, pairs: list) -> list[np.ndarray]:
+            return self._mm(*(Product(x, layers[j].matrices[p]) for p, x in pairs))
+
+        return run_layers(self.config, layers, x, seqs, products, cache_first=first)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.config, capacity)
@@ -121,40 +69,12 @@ class Llama:
             raise ValueError("forward_batch needs at least one sequence")
         if len({id(cache) for _, cache in batch}) != len(batch):
             raise ValueError("each sequence in a batch needs its own cache")
-        seqs = [_Seq.start(np.asarray(ids, dtype=np.int64), cache, c) for ids, cache in batch]
-        hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
-        group = nh // nkv
-        scale = np.float32(1.0 / np.sqrt(hd))
-        ids = np.concatenate([s.ids for s in seqs])
+        starts = [_start(np.asarray(ids, dtype=np.int64), cache, c) for ids, cache in batch]
+        seqs = [s for _, s in starts]
+        ids = np.concatenate([i for i, _ in starts])
         x = np.ascontiguousarray(self._head.array[:, ids].T)  # [rows, d]
-        bounds = np.cumsum([0] + [len(s.ids) for s in seqs])
-        for i in range(c.n_layers):
-            lw = self._layers[i]
-            h = rms_norm(x, w.layer(i, "attn_norm"), c.norm_eps)
-            q_all, k_all, v_all = self._mm(Product(h, lw["attn_q"]), Product(h, lw["attn_k"]),
-                                           Product(h, lw["attn_v"]))
-            attn = np.empty_like(q_all)
-            for s, lo, hi in zip(seqs, bounds[:-1], bounds[1:], strict=True):
-                n, cache = hi - lo, s.cache
-                q = apply_rope(q_all[lo:hi].reshape(n, nh, hd), s.cos, s.sin)
-                k = apply_rope(k_all[lo:hi].reshape(n, nkv, hd), s.cos, s.sin)
-                cache.k[i, :, s.begin:s.end] = k.transpose(1, 0, 2)
-                cache.v[i, :, s.begin:s.end] = v_all[lo:hi].reshape(n, nkv, hd).transpose(1, 0, 2)
-                keys, values = cache.k[i, :, :s.end], cache.v[i, :, :s.end]  # [nkv, end, hd]
-                qg = q.transpose(1, 0, 2).reshape(nkv, group * n, hd)  # heads by KV head
-                scores = (qg @ keys.transpose(0, 2, 1)).reshape(nkv, group, n, s.end) * scale
-                scores += s.mask
-                scores -= scores.max(axis=-1, keepdims=True)
-                p = np.exp(scores)
-                p /= p.sum(axis=-1, keepdims=True)
-                out = (p.reshape(nkv, group * n, s.end) @ values).reshape(nh, n, hd)
-                attn[lo:hi] = out.transpose(1, 0, 2).reshape(n, nh * hd)
-            (o,) = self._mm(Product(attn, lw["attn_output"]))
-            x = x + o
-            h = rms_norm(x, w.layer(i, "ffn_norm"), c.norm_eps)
-            gate, up = self._mm(Product(h, lw["ffn_gate"]), Product(h, lw["ffn_up"]))
-            (down,) = self._mm(Product(silu(gate) * up, lw["ffn_down"]))
-            x = x + down
+        bounds = np.cumsum([0] + [len(i) for i, _ in starts])
+        x = self.layers(x, seqs, 0, c.n_layers)
         for s in seqs:
             s.cache.length = s.end
         rows = np.arange(len(ids)) if all_logits else bounds[1:] - 1
@@ -165,28 +85,9 @@ class Llama:
         return list(logits)
 
 
-@dataclass
-class _Seq:
-    """One sequence's part of a pass: its new ids, where they go in its cache, its RoPE
-    angles and causal mask (new token t sees cached positions [0, begin + t])."""
-
-    ids: np.ndarray
-    cache: KVCache
-    begin: int
-    end: int
-    cos: np.ndarray
-    sin: np.ndarray
-    mask: np.ndarray
-
-    @classmethod
-    def start(cls, ids: np.ndarray, cache: KVCache, c: LlamaConfig) -> _Seq:
-        if len(ids) == 0:
-            raise ValueError("forward needs at least one token")
-        if ids.min() < 0 or ids.max() >= c.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
-        cache.reserve(len(ids))
-        begin, end = cache.length, cache.length + len(ids)
-        cos, sin = rope_tables(c, np.arange(begin, end))
-        mask = np.where(np.arange(end)[None, :] <= np.arange(begin, end)[:, None],
-                        np.float32(0), np.float32(-np.inf))
-        return cls(ids, cache, begin, end, cos, sin, mask)
+def _start(ids: np.ndarray, cache: KVCache, c: LlamaConfig) -> tuple[np.ndarray, Seq]:
+    if len(ids) == 0:
+        raise ValueError("forward needs at least one token")
+    if ids.min() < 0 or ids.max() >= c.vocab_size:
+        raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
+    return ids, Seq.start(len(ids), cache)

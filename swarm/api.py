@@ -61,6 +61,7 @@ from swarm.netaddr import source_address
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs
 from swarm.runtime.actors import REGISTRY, method_spec
+from swarm.runtime.jobcore import wrong_replicas
 from swarm.runtime.objects import ObjectId, object_id
 from swarm.runtime.options import ACTOR_OPTIONS, TASK_OPTIONS, validate
 from swarm.runtime.refs import ObjectRef
@@ -278,6 +279,7 @@ class Client:
         self._inflight: set[cf.Future] = set()
         self._named: dict[str, ActorHandle] = {}
         self._embedders: dict[str, Any] = {}
+        self._span_model: Any = None
         _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -455,6 +457,18 @@ class Client:
             self._embedders[verify] = Embedder(self, verify=verify)
         return self._embedders[verify]
 
+    def span_model(self):
+        """SmolLM2 with its blocks on this client's workers (:class:`swarm.spans.SpanLlama`,
+        every value checked), made once: its weight bundles are put once and stay cached on
+        the workers. What :meth:`generate` runs when the client has workers."""
+        self._check_open()
+        if self._span_model is None:
+            from models.generate import smollm2
+            from swarm.spans import SpanLlama
+
+            self._span_model = SpanLlama(self, smollm2().model.weights)
+        return self._span_model
+
     # -- actors ---------------------------------------------------------------------------
 
     def actor(self, cls: str, /, peer: PeerId | str | None = None, **options: Any) -> ActorHandle:
@@ -501,7 +515,7 @@ class Client:
     def generate(self, prompt: str | Sequence[dict], *, max_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), chat: bool = True, usage: Any = None,
-                 executor: Any = None) -> Iterator[str]:
+                 executor: Any = None, model: Any = None) -> Iterator[str]:
         """Stream SmolLM2-135M-Instruct's text for ``prompt`` as it is decoded (pieces of
         text; they join to the whole). ``chat`` puts a string prompt through the model's
         chat template as the user's message (a list of ``{"role", "content"}`` messages always
@@ -511,8 +525,11 @@ class Client:
         request raises ``models.generate.GenerationError`` (a ValueError) before any work;
         ``usage`` (a ``models.generate.Usage``) is filled with the token counts.
 
-        The forward pass runs in this process (numpy) unless ``executor`` (a
-        ``models.executor.Executor``) is given to run its weight products elsewhere."""
+        With workers, the model's blocks run on them, a span each, and every value they
+        return is checked here (:meth:`span_model`); with none, the forward runs in this
+        process (numpy). ``executor`` (a ``models.executor.Executor``) runs only the weight
+        products elsewhere instead; ``model`` (a ``models.llama.Llama``) is the forward to
+        run."""
         self._check_open()
         from models.generate import GenerationError, Generator, smollm2
         from models.llama import Llama
@@ -521,6 +538,10 @@ class Client:
         gen = smollm2()
         if executor is not None:
             gen = Generator(Llama(gen.model.weights, executor), gen.tokenizer)
+        if model is None and executor is None and self.workers():
+            model = self.span_model()
+        if model is not None:
+            gen = Generator(model, gen.tokenizer)
         if isinstance(prompt, str) and not chat:
             ids: str | list[int] = prompt
         else:
@@ -690,10 +711,10 @@ class ActorHandle:
         if agree(outs, second):
             return outs
         truth = await asyncio.to_thread(here)
-        for who, got in ((peer, outs), (others[0] if others else None, second)):
-            if who is not None and not agree(got, truth):
-                client._node.report_lying_peer(who, f"actor {self.name}.{method} replica "
-                                                    "disagreed with the requester's own run")
+        replicas = [(peer, outs), (others[0] if others else None, second)]
+        for i in wrong_replicas(replicas, truth, agree):
+            client._node.report_lying_peer(replicas[i][0], f"actor {self.name}.{method} replica "
+                                                           "disagreed with the requester's own run")
         return truth
 
     def _on_death(self, peer: PeerId) -> None:
@@ -977,6 +998,7 @@ def local(workers: int = 2, *, threads: int | None = None,
     loop = _LoopThread()
     config = NodeConfig(root / "client", sid, validators=validators(), roles=("requester",), announce=False,
                         dht_rpc_timeout=1.0)
+    node: Node | None = None
     try:
         node = loop.run(_make_node(config, None))
         node.find_coordinator = None  # plain workers: no control plane, no one to judge evidence
@@ -1002,11 +1024,13 @@ def local(workers: int = 2, *, threads: int | None = None,
             loop.run(node.wait_for_workers(workers, timeout))
     except BaseException:
         try:
-            loop.run(node.stop(graceful=False), 10)
-        except Exception:
-            pass
-        loop.stop()
-        cleanup()
+            if node is not None:  # None: making it failed, there is nothing to stop
+                loop.run(node.stop(graceful=False), 10)
+        except Exception as exc:  # the first error is the one to raise; this one is told
+            log.warning("stopping the client node: %s", exc)
+        finally:
+            loop.stop()
+            cleanup()
         raise
     client = LocalSwarm(node, loop, [cleanup])
     client.processes = procs

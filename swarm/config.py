@@ -21,7 +21,7 @@ from swarm.errors import ConfigError
 
 ENV_HOME = "SWARM_HOME"
 LOCK_FILE = "lock"
-MAX_INSTANCES = 16
+MAX_DATA_DIRS = 16
 """Default dirs tried by :func:`claim_data_dir`: ``swarm``, ``swarm-2`` ... ``swarm-16``."""
 _held: dict[Path, int] = {}  # locked dirs -> their lock fds, kept open for the process's life
 log = logging.getLogger("swarm.config")
@@ -61,12 +61,12 @@ def claim_data_dir(path: Path, given: bool) -> Path:
     if given:
         raise ConfigError(f"data dir {path} is in use by {holder}; stop it or give this one "
                           f"another --data-dir")
-    for n in range(2, MAX_INSTANCES + 1):
+    for n in range(2, MAX_DATA_DIRS + 1):
         sibling = data_dir(path.with_name(f"{path.name}-{n}"))
         if _lock(sibling) is None:
             log.info("data dir %s is in use by %s; using %s", path, holder, sibling)
             return sibling
-    raise ConfigError(f"{MAX_INSTANCES} swarm processes already run from {path} and its "
+    raise ConfigError(f"{MAX_DATA_DIRS} swarm processes already run from {path} and its "
                       f"siblings; give this one its own --data-dir")
 
 

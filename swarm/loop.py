@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from swarm.errors import ConfigError
@@ -92,6 +92,10 @@ class Supervisor:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        """The tasks running now (a copy: one may end while the caller looks)."""
+        return iter(list(self._tasks))
 
     def spawn(self, aw: Awaitable[Any], *,
               on_error: Callable[[BaseException], object] | None = None) -> asyncio.Task[Any]:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
             from swarm.web.server import start_for_member
 
             web_server = await start_for_member(node, control, uri, me, http,
-                                                embeddings_api(node))
+                                                openai_api(node))
         if ready is not None:
             ready(Ready(node, control, me, time.monotonic() - started,
                         web_server.url if web_server else None))
@@ -154,20 +155,52 @@ async def _fetch_charter(node: Node, uri: JoinURI, floor: int) -> charter.Charte
         delay = min(delay * 2, 1.0)
 
 
-def embeddings_api(node: Node):
+def openai_api(node: Node):
+    """All of this member's OpenAI-compatible routes: /v1/embeddings, /v1/chat/completions
+    and /v1/models (swarm.web.chat), under the one API key, on one client of its node.
+    Chat runs SmolLM2's blocks on the swarm's other workers, every value checked
+    (``Client.span_model``), and on this member's own forward when it has none."""
+    from models.generate import Generator, smollm2
+    from swarm.web.chat import ChatAPI, Routes
+    from swarm.web.embeddings import api_key
+
+    client = _node_client(node)
+
+    def chat_generator():  # in a thread: the client's calls block
+        c = client()
+        gen = smollm2()
+        return Generator(c.span_model(), gen.tokenizer) if c.workers() else gen
+
+    return Routes(embeddings_api(node, client),
+                  ChatAPI(api_key(Path(node.config.data_dir)), chat_generator))
+
+
+def _node_client(node: Node):
+    """A function giving one client of ``node`` (swarm.api.attach), made on first use."""
+    made = []
+    loop = asyncio.get_running_loop()
+    lock = threading.Lock()
+
+    def client():
+        with lock:
+            if not made:
+                from swarm.api import attach
+
+                made.append(attach(node, loop))
+            return made[0]
+
+    return client
+
+
+def embeddings_api(node: Node, client=None):
     """POST /v1/embeddings for this member (swarm.web.embeddings), on a client of its node
     (made on first use; its calls block, so they run in the web server's threads)."""
     from swarm.web.embeddings import EmbeddingsAPI, api_key
 
-    client = []
-    loop = asyncio.get_running_loop()
+    client = client or _node_client(node)
 
     def embedder():  # in a thread: the client's calls block
-        if not client:
-            from swarm.api import attach
-
-            client.append(attach(node, loop))
-        return client[0].embedder()
+        return client().embedder()
 
     key = api_key(Path(node.config.data_dir))
     log.info("web: POST /v1/embeddings takes the API key in %s",

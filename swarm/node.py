@@ -79,6 +79,7 @@ from swarm.links.circuit import (
     DataRelay,
 )
 from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
+from swarm.loop import Supervisor
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import DeliveredEvidence, Evidence, check_evidence
 from swarm.runtime.host import ActorHost
@@ -184,6 +185,11 @@ class NodeConfig:
 class Node:
     """One peer (see module docstring for the hooks)."""
 
+    clock = staticmethod(time.monotonic)
+    """The node's timers (backoffs, retry deadlines, re-announce periods): injectable, like
+    DHTNode.clock. Link freshness and the stats file stay on time.monotonic(), the clock the
+    links and the processes reading the file use."""
+
     def __init__(self, config: NodeConfig, key: PeerKey | None = None) -> None:
         if len(config.swarm_id) != 20:
             raise ConfigError("a swarm id is 20 bytes")
@@ -209,7 +215,7 @@ class Node:
         """Workers this node holds proof against (a wrong result they signed, re-checked
         here with :func:`check_evidence`): it schedules nothing more on them, whatever any
         coordinator says. Bounded: each entry cost its peer a signed lie (and a cap)."""
-        self._deliveries: set[asyncio.Task] = set()
+        self._deliveries = Supervisor(log, "evidence delivery")
         self._evidence_acks: dict[bytes, tuple[PeerId, asyncio.Future[bool]]] = {}
         """Evidence sent and not answered yet: key -> (the peer asked, its answer)."""
         self._delivered_evidence = DeliveredEvidence()
@@ -220,7 +226,7 @@ class Node:
         self.server: tls.TLSServer | None = None
         self.tflops = 0.0
         self._incoming: dict[PeerId, PeerLink] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Supervisor(log, "node task")
         self._stopping = False
         self._evidence_closed = False
         """Set once :meth:`stop` has waited for the requester's reports: evidence that comes
@@ -292,16 +298,12 @@ class Node:
                             peer.short(), verdict.why)
                 self.proven_liars.add(peer)
 
-        task = asyncio.get_running_loop().create_task(prove())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(prove())
 
     def _start_delivery(self, package: EvidencePackage) -> None:
         if self._evidence_closed:
             return
-        task = asyncio.get_running_loop().create_task(self._deliver(package))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        self._deliveries.spawn(self._deliver(package))
 
     def _delivered(self, package: EvidencePackage, coord: PeerId) -> None:
         """``coord`` took ``package``: it also gets the earlier evidence against the same
@@ -309,19 +311,19 @@ class Node:
         ev = package.evidence
         for older in self._delivered_evidence.delivered(
                 ev.receipt.worker, ev.key, package,
-                sum(a.nbytes for a in package.arrays.values()), coord, time.monotonic()):
+                sum(a.nbytes for a in package.arrays.values()), coord, self.clock()):
             self._start_delivery(older)
 
     async def _deliver(self, package: EvidencePackage) -> None:
         """Send the arrays (by content address), then the evidence, to the coordinator;
         retried while no coordinator is reachable (one may be failing over right now)."""
         worker = package.evidence.receipt.worker
-        delay, deadline = 0.25, time.monotonic() + EVIDENCE_RETRY
+        delay, deadline = 0.25, self.clock() + EVIDENCE_RETRY
         while True:
             why = await self._deliver_once(package)
             if why is None:
                 return
-            if time.monotonic() + delay > deadline:
+            if self.clock() + delay > deadline:
                 log.warning("evidence against %s not delivered: %s", worker.short(), why)
                 return
             log.info("evidence against %s not delivered yet (%s); retrying", worker.short(),
@@ -427,9 +429,7 @@ class Node:
                  self.dht.address, links, ",".join(cfg.roles))
 
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _dump_stats(self, path: Path) -> None:
         """Write the DHT socket's counters to ``path`` every STATS_EVERY s (benchmarks read
@@ -450,16 +450,16 @@ class Node:
         at every ACTIVITY_INTERVAL s, on a timer: a wake-up per task change cost a worker
         answering small tasks two waits per task (~25 us of a ~0.4 ms task)."""
         period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
-        last = time.monotonic()
+        last = self.clock()
         while True:
-            left = last + period - time.monotonic()
+            left = last + period - self.clock()
             wait = left if self.host is None else min(ACTIVITY_INTERVAL, left)
             try:
                 await asyncio.wait_for(self._announce_now.wait(), max(0.0, wait))
             except TimeoutError:
                 pass
             if self.host is not None and not self._announce_now.is_set() \
-                    and time.monotonic() < last + period \
+                    and self.clock() < last + period \
                     and self._activity() == (self.record.tasks, self.record.serving):
                 continue
             self._announce_now.clear()
@@ -476,7 +476,7 @@ class Node:
                                self.config.announce_ttl)
             except Exception as exc:  # the DHT may be unreachable for a while
                 log.warning("re-announce failed: %s", exc)
-            last = time.monotonic()
+            last = self.clock()
             period = self.config.announce_ttl / 3 * random.uniform(0.8, 1.0)  # noqa: S311
 
     async def withdraw(self, timeout: float = WITHDRAW_WAIT) -> None:
@@ -530,14 +530,12 @@ class Node:
         self._evidence_closed = True
         if self._deliveries:
             await asyncio.wait(list(self._deliveries), timeout=EVIDENCE_WAIT)
-            for task in list(self._deliveries):
-                task.cancel()
+            self._deliveries.cancel()
         if self.host is not None and graceful:
             await self.host.drain(timeout)
         if self.server is not None:
             await self.server.close()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         if self.webrtc is not None:
             await self.webrtc.close()
         await self.circuits.close()
@@ -561,7 +559,7 @@ class Node:
         """Dial every live, accepted worker we have no link to; returns the linked workers."""
         if records is None:
             records = await self.members()
-        now = time.monotonic()
+        now = self.clock()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)
                  and (r.via is None or self._accepts(r.via))
@@ -646,7 +644,7 @@ class Node:
         for host, port in r.links:
             try:
                 if r.via is not None:  # a browser tab: through the node that serves it
-                    from swarm.web.relay import dial as relay_dial
+                    from swarm.links.tabs import dial as relay_dial
 
                     return await relay_dial(self.key, host, port, r.via, r.peer_id)
                 return await tls.connect(self.key, host, port, r.peer_id)
@@ -691,7 +689,7 @@ class Node:
         # warned once; until it is reached again, later failures are INFO (a worker that
         # died keeps failing at each redial)
         told = log.info if r.peer_id in self.unreachable else log.warning
-        self.unreachable[r.peer_id] = (time.monotonic() + UNREACHABLE_BACKOFF, reason)
+        self.unreachable[r.peer_id] = (self.clock() + UNREACHABLE_BACKOFF, reason)
         told("worker %s unreachable (no direct, relayed or TURN path; next try in %g s): %s",
              r.peer_id.short(), next_try, reason)
         return None

@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote
 
+from dht.items import MAX_SALT  # BEP 44 limit on a salt
 from swarm.errors import URIError
 
 MAX_URI = 4096
 MAX_NAME = 100
-MAX_SALT = 64  # BEP 44 limit on a salt
 MAX_PEERS = 16
 OWNER_PIN = 16
 DEFAULT_SALT = b"swarm"
@@ -116,7 +116,7 @@ def parse_peer(text: str) -> tuple[str, int]:
         host, sep, port_text = text.rpartition(":")
         if not sep or ":" in host:
             raise URIError(f"x.pe: {text[:60]!r} is not host:port")
-    if not port_text.isdigit() or len(port_text) > 5:
+    if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5:
         raise URIError(f"x.pe: port {port_text[:10]!r} is not a number")
     port = int(port_text)
     if not 0 < port < 65536:

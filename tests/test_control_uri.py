@@ -115,3 +115,10 @@ def test_bad_uri_on_the_command_line_exits_2(home):
     res = run_swarm("status", "magnet:?xs=urn:btpk:00", "--data-dir", str(home), timeout=60)
     assert res.returncode == 2
     assert "xs:" in res.stderr
+
+
+def test_a_port_of_non_ascii_digits_is_a_uri_error():
+    """Hypothesis found '¹' (superscript one): str.isdigit() takes it, int() does not, and the
+    parser raised a bare ValueError instead of naming the part."""
+    with pytest.raises(URIError, match="is not a number"):
+        uri.parse("magnet:?xs=urn:btpk:" + "ab" * 32 + "&x.pe=1.2.3.4:%C2%B92")

@@ -176,3 +176,41 @@ async def test_a_peer_noted_gone_is_not_asked_in_lookups():
             target = hashlib.sha1(b"somewhere").digest()
             await a._lookup(target, lambda node: a._q_find_node(node, target))
         assert asked and addr not in asked
+
+
+def test_dead_nodes_expire_on_the_injected_clock():
+    """``_recently_failed`` ages out a timed-out node on the node's own ``clock``, not on
+    ``time.monotonic()`` behind its back: a test (or a simulator) that moves the clock past
+    DEAD_FOR sees the node asked again."""
+    from dht.node import DEAD_FOR, DHTNode
+
+    node = DHTNode()
+    now = [1000.0]
+    node.clock = lambda: now[0]
+    dead = Node(b"\x01" * 20, "127.0.0.1", 9)
+    node.note_failed(dead)
+    assert node._recently_failed() == {dead.id}
+    now[0] += DEAD_FOR + 1
+    assert node._recently_failed() == set()
+    node.note_gone(("127.0.0.1", 9), b"\x02" * 20)
+    assert node._dead[b"\x02" * 20] == now[0]
+
+
+async def test_bucket_head_ping_runs_under_the_nodes_supervisor():
+    """A full bucket's liveness ping is a task of the node (its ``spawn``: logged on failure,
+    awaited by ``settle``, cancelled by ``stop``), not a bare future nothing holds."""
+    pinged, spawned = [], []
+
+    async def call_ping(node):
+        pinged.append(node.id)
+
+    protocol = type("P", (), {})()
+    protocol.call_ping = call_ping
+    protocol.dht = type("H", (), {"spawn": lambda self, coro: spawned.append(coro)})()
+    me = Node(b"\x00" * 20)
+    table = NearestRoutingTable(protocol, 1, me)
+    table.buckets[0].nodes[b"\xff" * 20] = Node(b"\xff" * 20, "10.0.0.1", 1)
+    table._check_head(table.buckets[0])
+    assert len(spawned) == 1 and table._checking
+    await spawned[0]
+    assert pinged == [b"\xff" * 20] and not table._checking

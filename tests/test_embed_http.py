@@ -126,6 +126,11 @@ def test_a_published_member_serves_embeddings(tmp_path):
         got = api.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
         vecs = np.array([d.embedding for d in got.data], np.float32)
         assert np.abs(vecs - MiniLM.load().embed(texts)).max() <= 1e-5
+        # the chat routes ride on the same server and key (swarm/web/chat.py)
+        assert "SmolLM2-135M-Instruct" in {m.id for m in api.models.list()}
+        reply = api.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=4,
+                                            messages=[{"role": "user", "content": "Hi"}])
+        assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="sk-guess",
                           max_retries=0).embeddings.create(model="all-MiniLM-L6-v2", input="x")

@@ -191,7 +191,7 @@ async def test_one_relay_refusing_many_times_does_not_make_a_peer_unreachable():
         for link in mine + theirs:
             await link.close()
         for server in servers:
-            server.close()
+            await server.close()
 
 
 async def test_a_dead_duplicate_link_does_not_detach_a_peer_whose_link_is_open():

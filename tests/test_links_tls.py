@@ -293,4 +293,4 @@ async def test_an_application_that_does_not_read_holds_at_most_a_window():
         await asyncio.wait_for(sender, 10)
         await dialer.close()
     finally:
-        server.close()
+        await server.close()

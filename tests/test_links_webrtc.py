@@ -317,9 +317,9 @@ async def test_a_peer_sending_beyond_its_credit_is_cut_off(make_peer):
 
 
 async def test_a_tab_channel_overrunning_its_credit_is_cut_off(make_peer):
-    """The same rule on a web relay's per-requester channel (swarm.web.relay.channel_link):
+    """The same rule on a web relay's per-requester channel (swarm.links.tabs.channel_link):
     the node's end counts the tab's frames against the credit it granted."""
-    from swarm.web.relay import channel_link
+    from swarm.links.tabs import channel_link
 
     opts = LinkOptions(window=1 << 20)
     a, b = await make_peer(options=opts), await make_peer(options=opts)

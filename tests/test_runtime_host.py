@@ -359,5 +359,5 @@ async def test_objects_received_through_shared_memory_keep_no_descriptor():
     finally:
         await dialer.close()
         await asyncio.wait_for(serving, 5)
-        server.close()
+        await server.close()
         await host.close()

@@ -189,3 +189,47 @@ async def test_a_new_coordinator_also_gets_the_evidence_its_predecessor_had(two_
         assert sorted(got["c"]) == sorted([first, second, third])  # each piece once
     finally:
         await c.stop(graceful=False)
+
+
+async def test_node_backoff_reads_its_injected_clock(tmp_path):
+    """A worker marked unreachable until ``t`` on the node's ``clock`` is not dialled before
+    ``t`` on that clock: the node's timers are injectable (issue 36), not time.monotonic()
+    read behind the clock a test or simulator set."""
+    from types import SimpleNamespace
+
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    node = Node(NodeConfig(tmp_path / "a", sid, validators=validators(), roles=("requester",),
+                           listen=False))
+    node.clock = lambda: 0.0
+    worker = PeerKey.generate().peer_id
+    node.unreachable[worker] = (5.0, "backed off")
+    dialled = []
+
+    async def no_dial(r, why):
+        dialled.append(r.peer_id)
+        return None
+    node._dial_direct = node._dial_indirect = no_dial
+    record = SimpleNamespace(roles=("worker",), links=("x",), peer_id=worker, via=None)
+    assert await node.connect_workers([record]) == []
+    assert dialled == []
+
+
+async def test_node_background_tasks_are_supervised(tmp_path, caplog):
+    """A node task that fails is logged, not dropped as 'exception never retrieved', and
+    stop cancels what is still running (issue 36: no unsupervised task)."""
+    sid = swarm_id(PeerKey.generate().public_bytes)
+    node = Node(NodeConfig(tmp_path / "a", sid, validators=validators(), roles=("requester",),
+                           listen=False))
+
+    async def broken() -> None:
+        raise RuntimeError("boom")
+    forever = asyncio.Event()
+    node._spawn(broken())
+    node._spawn(forever.wait())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert "node task failed: RuntimeError('boom')" in caplog.text
+    assert len(node._tasks) == 1
+    node._tasks.cancel()
+    await asyncio.wait_for(node._tasks.settle(), 5)
+    assert len(node._tasks) == 0

@@ -92,7 +92,7 @@ async def test_a_liars_large_results_are_proven_by_receipts_it_signs_only_when_a
         assert liar_host.stats.receipts == rejected
         assert honest_host.stats.receipts == 0 and honest_host.stats.tasks >= 1
         # every result the requester accepted was let go at once, not kept to the bound
-        await asyncio.gather(*list(req._errands))
+        await asyncio.gather(*req._errands, *req._reports)
         assert await req.receipt(honest, 10**6) == b""  # answered after the verdicts, in order
         assert honest_host.store.reserved == 0 and not honest_host._unsigned
 

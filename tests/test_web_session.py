@@ -16,9 +16,9 @@ from dht.errors import ItemError
 from identity import PeerKey
 from swarm.control.membership import MemberRecord, candidate, membership_topic
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
+from swarm.links import tabs as relay
 from swarm.links import tls
 from swarm.runtime.protocol import TaskFailed, TaskResult
-from swarm.web import relay
 from swarm.web.session import (
     DOMAIN,
     check_validation,

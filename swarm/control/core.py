@@ -12,7 +12,8 @@ come back as events (a read's answer names the read it answers).
 
 Two adapters drive it: :class:`swarm.control.plane.ControlPlane` (asyncio, the real DHT and
 datagrams) and the simulator (:mod:`swarm.testing.sim`, a simulated clock, network and DHT).
-:func:`newest_counted` is the state read that observers (``swarm status``) share.
+:func:`newest_counted` is the state read that observers (``swarm status``) share, and
+:func:`rereads` when they read the members' items again before saying nobody coordinates.
 """
 
 from __future__ import annotations
@@ -405,6 +406,33 @@ def newest_counted(states: Iterable[CoordinatorState], view: dict[PeerId, Candid
     return max(counted_states(states, view, blocked, floor),
                key=lambda s: (votes[follows(s.term, s.coordinator)], s.term, s.seq),
                default=None)
+
+
+STATE_READS = 3
+"""Reads of the members' coordinator-state items an observer makes, at most, before it says
+that nobody coordinates (see :func:`rereads`)."""
+REREAD_PAUSE = 0.3
+"""Seconds between two such reads: a busy host gets a moment to catch up."""
+
+
+def rereads(view: dict[PeerId, Candidate], found: dict[PeerId, CoordinatorState | None],
+            ) -> tuple[PeerId, ...]:
+    """The members whose coordinator-state item to read again, by peer id, before an observer
+    concludes that nobody coordinates: while none of the items in ``found`` (member -> what
+    its read returned) counts (:func:`newest_counted`), the members of ``view`` that may
+    coordinate and whose read came back empty; nothing once one counts.
+
+    One DHT read is no proof that an item is absent: a lookup stops waiting for a node that
+    answers late (a loaded host) soon after another one answered, and in a small swarm the
+    coordinator's own node may be the only one holding its newest item. A swarm that has a
+    coordinator has its item; "no coordinator" must not rest on one missed read of it. Once
+    an item counts, the members without one (workers that never coordinated) are not read
+    again."""
+    if newest_counted([s for s in found.values() if s is not None], view) is not None:
+        return ()
+    return tuple(sorted((p for p, s in found.items()
+                         if s is None and p in view and view[p].can_coordinate),
+                        key=lambda p: p.raw))
 
 
 def completed(item: StateItem, known: CoordinatorState | None) -> CoordinatorState | None:
@@ -1272,4 +1300,5 @@ __all__ = ["Action", "CharterRead", "CheckEvidence", "ControlCore", "Event", "Ev
            "EvidenceReceived", "ItemResolved", "Leave", "LiarCaught", "MessageReceived",
            "Follow", "NoteGone", "PagesLost", "Purpose", "PutDone", "PutItem", "ReadCharter",
            "ReadStates", "ReadView", "ResolveItem", "SaveFloor", "SavePeers", "Send", "Start",
-           "Started", "StatesRead", "TICK", "Tick", "ViewRead", "completed", "newest_counted"]
+           "REREAD_PAUSE", "STATE_READS", "Started", "StatesRead", "TICK", "Tick", "ViewRead",
+           "completed", "newest_counted", "rereads"]

@@ -16,7 +16,7 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.core import followers, newest_counted
+from swarm.control.core import REREAD_PAUSE, STATE_READS, followers, newest_counted, rereads
 from swarm.control.membership import MemberRecord, candidate, membership_topic, swarm_id
 from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
@@ -114,14 +114,29 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
                                     ) -> CoordinatorState | None:
     """The coordinator state to follow among ``members``' items (the one most members say
     they follow, among those that count), with its whole blocklist: the core's own read
-    (:func:`swarm.control.charter.fetch_state`) and rule
-    (:func:`swarm.control.core.newest_counted`), as newcomers and clients use. A member
-    that left neither votes nor signs a state that counts (the core's view drops it too)."""
+    (:func:`swarm.control.charter.fetch_state`) and rules
+    (:func:`swarm.control.core.newest_counted`, :func:`swarm.control.core.rereads`), as
+    newcomers and clients use. A member that left neither votes nor signs a state that counts
+    (the core's view drops it too). While none counts, the items whose read came back empty
+    are read again (at most :data:`~swarm.control.core.STATE_READS` reads in all): one missed
+    read of a busy coordinator's item is not "no coordinator"."""
     members = [(r, e) for r, e in members if not r.left]
-    states = [s for s in await asyncio.gather(*(charter.fetch_state(node, r.peer_id, sid)
-                                                for r, _ in members))
-              if s is not None and s.swarm == sid]
-    return newest_counted(states, {r.peer_id: candidate(r, e) for r, e in members},
+    view = {r.peer_id: candidate(r, e) for r, e in members}
+
+    async def read(peers: list[PeerId]) -> dict[PeerId, CoordinatorState | None]:
+        got = await asyncio.gather(*(charter.fetch_state(node, p, sid) for p in peers))
+        return {p: s if s is not None and s.swarm == sid else None
+                for p, s in zip(peers, got, strict=True)}
+
+    found = await read(list(view))
+    for _ in range(STATE_READS - 1):
+        again = rereads(view, found)
+        if not again:
+            break
+        await asyncio.sleep(REREAD_PAUSE)
+        node.forget_failures()  # a node that timed out may have been busy, not gone
+        found.update(await read(list(again)))
+    return newest_counted([s for s in found.values() if s is not None], view,
                           votes=followers(r for r, _ in members))
 
 

@@ -4,7 +4,15 @@
 - :mod:`swarm.links.tls`: direct TCP + TLS 1.3 with mutual authentication bound to the peer
   keys, for peers that announce a reachable address.
 - :mod:`swarm.links.webrtc`: aiortc data channels, for NATs and browsers, with SDP carried
-  in signed envelopes over the DHT (no signaling server).
+  in signed envelopes (no signaling server). Members send them through the links they
+  already hold (:class:`~swarm.links.relay.RelaySignaler`); ``DHTSignaler`` and
+  ``UDPSignaler`` serve only tests and the echo peer.
+- :mod:`swarm.links.relay` (signals relayed through member links),
+  :mod:`swarm.links.circuit` (data relayed through a member when no direct path exists),
+  :mod:`swarm.links.reach` (the `status --reach` probe), :mod:`swarm.links.ice` (STUN/TURN),
+  :mod:`swarm.links.signaling` (the signed envelopes), :mod:`swarm.links.shm` (same-host
+  shared memory for big arrays), :mod:`swarm.links.assembly` (outputs assembled from
+  shared-memory segments).
 - :func:`memory_pair`: two connected in-memory links for tests.
 - :mod:`swarm.links.echo`: a stand-alone echo peer (``python -m swarm.links.echo``) for
   two-process tests and ``bench/transport.py``.

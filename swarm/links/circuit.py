@@ -36,6 +36,7 @@ from identity.replay import NonceWindow, Replayed
 from swarm import wire
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links.base import FramedLink, LinkOptions, PeerLink, _Channel
+from swarm.links.signaling import MAX_SKEW  # a dialer's hello: a signal like any other
 from swarm.loop import Supervisor
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,6 @@ _DOMAIN = b"swarm circuit v2\x00"
 MAX_CIRCUITS = 64
 """Circuits one relay carries at once, and circuit links one peer holds at once."""
 MAX_PER_SENDER = 8
-MAX_SKEW = 60.0
-"""Seconds a dialer's hello may be from our clock; within that each is taken once."""
 """Circuits one relay carries at once for the same dialer."""
 CONNECT_TIMEOUT = 10.0
 _RELAY_IDS = 1 << 31

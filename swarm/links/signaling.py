@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from dht.messages import MAX_PAYLOAD
 from identity.keys import PeerId, PeerKey, verify
 from identity.replay import NonceWindow, Replayed
 from swarm import wire
@@ -22,8 +23,9 @@ from swarm.errors import AuthenticationError, ProtocolError
 
 _DOMAIN = b"swarm webrtc signal v1\x00"
 MAX_SKEW = 60.0
-"""Seconds a signal's timestamp may differ from our clock."""
-MAX_SIGNAL = 4096
+"""Seconds a signal's timestamp (a WebRTC signal, a circuit dialer's hello) may differ from
+our clock; within that each is taken once."""
+MAX_SIGNAL = MAX_PAYLOAD
 """Largest signed signal in bytes (the DHT's datagram message limit)."""
 KINDS = ("offer", "answer")
 _FINGERPRINT = re.compile(r"^a=fingerprint:(\S+) (\S+)\s*$", re.MULTILINE)

@@ -13,10 +13,13 @@ Calls to one actor instance run one at a time in the order the caller issued the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from models import span as llama_span
 
 MAX_WGSL = 64 * 1024
 MAX_DIM = 1 << 16
@@ -142,7 +145,159 @@ class MatmulActor:
         return [outs[name] for name, _, _ in params["outputs"]]
 
 
-REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor}
+MAX_SPAN_SEQS = 256
+"""Sequences one span actor keeps caches for."""
+MAX_SPAN_CACHE = 1 << 30
+"""Bytes of keys and values one span actor keeps (over all its sequences)."""
+_SPAN_CONFIG = {"d_model": (1, 8192), "d_ff": (1, 32768), "n_heads": (1, 256),
+                "n_kv_heads": (1, 256), "context_length": (1, 1 << 16)}
+
+
+@dataclass(frozen=True)
+class SpanConfig:
+    """The shape facts a span needs (the fields of models.gguf_weights.LlamaConfig it reads)."""
+
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_kv_heads: int
+    context_length: int
+    rope_base: float
+    norm_eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def of(cls, config: Any) -> SpanConfig:
+        return cls(*(getattr(config, f) for f in cls.__dataclass_fields__))
+
+    def params(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    @classmethod
+    def parse(cls, given: Any) -> SpanConfig:
+        if not isinstance(given, dict) or set(given) != set(cls.__dataclass_fields__):
+            raise ValueError(f"config= must be a map of {', '.join(cls.__dataclass_fields__)}")
+        for name, (lo, hi) in _SPAN_CONFIG.items():
+            v = given[name]
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"config {name} must be an int in {lo}..{hi}")
+        for name in ("rope_base", "norm_eps"):
+            v = given[name]
+            if not isinstance(v, float | int) or isinstance(v, bool) or not 0 < v < 1e12:
+                raise ValueError(f"config {name} must be a positive number")
+        if given["d_model"] % given["n_heads"] or given["n_heads"] % given["n_kv_heads"] \
+                or (given["d_model"] // given["n_heads"]) % 2:
+            raise ValueError("config: heads must divide d_model (even head size) and KV heads "
+                             "the heads")
+        return cls(**given)
+
+
+def _int(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def check_span_forward(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    if len(arrays) != 2:
+        raise TypeError(f"forward takes 2 arrays (x, bundle), got {len(arrays)}")
+    extra = set(params) - {"first", "count", "config", "seqs", "drop"}
+    if extra:
+        raise TypeError(f"forward takes first=, count=, config=, seqs=, drop=; got {sorted(extra)}")
+    c = SpanConfig.parse(params.get("config"))
+    count, first = params.get("count"), params.get("first")
+    if not _int(count, 1, 256) or not _int(first, 0, 4096):
+        raise ValueError("first= must be a layer index and count= 1..256 layers")
+    x, flat = arrays
+    _require_2d_float("x", x)
+    if x.dtype != np.float32 or x.shape[1] != c.d_model:
+        raise ValueError(f"x must be float32 [rows, {c.d_model}], got {x.dtype} {x.shape}")
+    if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 \
+            or flat.shape != (count * llama_span.layer_size(c),):
+        raise ValueError(f"the bundle of {count} layers must be float32 "
+                         f"[{count * llama_span.layer_size(c)}]")
+    seqs = params.get("seqs")
+    if not isinstance(seqs, list) or not 1 <= len(seqs) <= MAX_SPAN_SEQS or not all(
+            isinstance(s, list) and len(s) == 3 and _int(s[0], 0, (1 << 63) - 1)
+            and _int(s[1], 0, c.context_length - 1) and _int(s[2], 1, c.context_length - s[1])
+            for s in seqs):
+        raise ValueError(f"seqs= must list 1..{MAX_SPAN_SEQS} [sequence id, first position, "
+                         "rows] within the context")
+    if len({s[0] for s in seqs}) != len(seqs) or sum(s[2] for s in seqs) != x.shape[0]:
+        raise ValueError("seqs= must name each sequence once and cover x's rows")
+    drop = params.get("drop", [])
+    if not isinstance(drop, list) or len(drop) > MAX_SPAN_SEQS \
+            or not all(_int(d, 0, (1 << 63) - 1) for d in drop):
+        raise ValueError(f"drop= must list at most {MAX_SPAN_SEQS} sequence ids")
+    if x.shape[0] * count * llama_span.layer_width(c) > MAX_OUTPUT:
+        raise ValueError("the trace would be too large: send fewer rows")
+
+
+class LlamaSpanActor:
+    """Built-in actor: a span of Llama blocks (models.span) with each sequence's keys and
+    values kept between calls. Weights come as one bundle by content address (sent once,
+    kept in the worker's store); activations travel; every call answers with the span's
+    trace, which the requester checks (swarm.spans)."""
+
+    NAME = "llama_span"
+    METHODS = {
+        "forward": MethodSpec("forward", check_span_forward,
+                              "forward(x, bundle, first=, count=, config={...}, "
+                              "seqs=[[id, position, rows]], drop=[id]) -> trace"),
+    }
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.config: SpanConfig | None = None
+        self.caches: dict[int, llama_span.KVCache] = {}
+
+    def forward(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any],
+                shift: int = 0) -> list[np.ndarray]:
+        c = SpanConfig.parse(params["config"])
+        if self.config is not None and c != self.config:
+            raise ValueError("this span actor was started with another model's config")
+        self.config = c
+        x, flat = arrays
+        count = params["count"]
+        layers = llama_span.unbundle(flat, c, count)
+        if shift:  # SWARM_CHAOS layer=P: a plausible wrong weight (another layer's)
+            layers = layers[shift:] + layers[:shift] if count > 1 else [llama_span.Layer(
+                layers[0].attn_norm, layers[0].ffn_norm,
+                {p: np.roll(m, 1, axis=1) for p, m in layers[0].matrices.items()})]
+        for sid in params.get("drop", []):
+            self.caches.pop(sid, None)
+        fresh, seqs = {}, []
+        for sid, begin, n in params["seqs"]:
+            cache = self.caches.get(sid)
+            if begin == 0:
+                cache = fresh[sid] = llama_span.KVCache(c, n, layers=count)
+            elif cache is None or cache.length != begin or cache.layers != count:
+                held = 0 if cache is None else cache.length
+                raise ValueError(f"sequence {sid}: this actor holds {held} positions, not "
+                                 f"{begin}; send its rows from position 0")
+            seqs.append(llama_span.Seq.start(n, cache))
+        kept = sum(v.nbytes for k, v in self.caches.items() if k not in fresh)
+        if kept + sum(s.cache.nbytes for s in seqs) > MAX_SPAN_CACHE \
+                or len(set(self.caches) | set(fresh)) > MAX_SPAN_SEQS:
+            raise ValueError(f"span caches are capped at {MAX_SPAN_SEQS} sequences and "
+                             f"{MAX_SPAN_CACHE} bytes per actor: drop finished sequences")
+        products, trace = llama_span.traced_products(c, layers, x.shape[0])
+        with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
+        for s in seqs:
+            s.cache.length = s.end
+        self.caches.update(fresh)
+        return [trace]
+
+    def forward_wrong_layer(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
+                            ) -> list[np.ndarray]:
+        return self.forward(arrays, params, shift=1)
+
+
+REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor,
+                             LlamaSpanActor.NAME: LlamaSpanActor}
+
 """Actor classes this process can host or call, by name."""
 
 

@@ -37,8 +37,9 @@ from compute.backend import check_operands
 from compute.verify import ROUNDS, draw_vectors, residuals
 from identity.keys import PeerId, PeerKey, verify
 from identity.statements import cut_reason
+from models import span as llama_span
 from swarm import wire
-from swarm.runtime.actors import check_matmul
+from swarm.runtime.actors import SpanConfig, check_matmul, check_span_forward
 from swarm.runtime.objects import ID_LEN, ObjectId, object_id
 from swarm.runtime.protocol import MAX_PARAMS
 
@@ -196,7 +197,9 @@ def check_evidence(evidence: Evidence,
         return Finding("unproven", "the receipt's signature is not the worker's")
     if params_digest(evidence.params) != r.params:
         return Finding("unproven", "the parameters do not match the receipt")
-    if (r.actor, r.method) != ("matmul", "matmul") or len(r.inputs) != 2 or len(r.outputs) != 1:
+    kind = (r.actor, r.method)
+    if kind not in (("matmul", "matmul"), ("llama_span", "forward")) or len(r.inputs) != 2 \
+            or len(r.outputs) != 1:
         return Finding("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
     arrays = []
     for oid in (*r.inputs, *r.outputs):
@@ -205,6 +208,8 @@ def check_evidence(evidence: Evidence,
             return Finding("unproven", f"array {oid[:6].hex()} is missing or does not match "
                                        "its address")
         arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
+    if kind == ("llama_span", "forward"):
+        return _check_span(r, evidence.params, *arrays)
     a, b, c = arrays
     try:
         params = msgpack.unpackb(evidence.params, raw=False) if evidence.params else {}
@@ -227,6 +232,47 @@ def check_evidence(evidence: Evidence,
                                    "backend can produce for these inputs (rounding in any "
                                    "order, overflow, flushed subnormals, f16)")
     return Finding("proven", f"{r.worker.short()} signed a wrong matmul result ({wrong})")
+
+
+def _check_span(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trace: Any
+                ) -> Finding:
+    """A span's trace (models.span) claims, for every layer, each product's input and output:
+    each pair is judged as a matmul the worker signed (the weight is the bundle's, named by
+    its content address in the receipt). The first product beyond every honest rounding
+    proves the lie; the non-linear steps between them prove nothing here (the requester
+    recomputes those itself and never uses a worker's)."""
+    try:
+        params = msgpack.unpackb(packed, raw=False) if packed else {}
+        if not isinstance(params, dict):
+            raise ValueError("parameters are not a map")
+        check_span_forward([x, flat], params)
+        c = SpanConfig.parse(params["config"])
+        count = params["count"]
+        width = llama_span.layer_width(c)
+        if not isinstance(trace, np.ndarray) or trace.dtype != np.float32 \
+                or trace.shape != (x.shape[0], count * width):
+            return Finding("proven", f"{r.worker.short()} signed a trace of the wrong shape")
+        layers = llama_span.unbundle(flat, c, count)
+    except (ValueError, TypeError) as exc:
+        return Finding("unproven", f"the inputs are not a valid span call: {exc}")
+    cols = llama_span.trace_columns(c)
+    for j, layer in enumerate(layers):
+        for part in llama_span.PARTS:
+            lo, hi = cols[llama_span.INPUT_OF[part]]
+            a = np.ascontiguousarray(trace[:, j * width + lo:j * width + hi])
+            lo, hi = cols[part]
+            out = np.ascontiguousarray(trace[:, j * width + lo:j * width + hi])
+            b = np.ascontiguousarray(layer.matrices[part])
+            with contextlib.suppress(compute.InvalidInput), \
+                    np.errstate(over="ignore", invalid="ignore"):
+                if compute.verify_matmul(a, b, out):
+                    continue
+            wrong = _beyond_worst_case(a, b, out.astype(np.float64), "f32")
+            if wrong is not None:
+                return Finding("proven", f"{r.worker.short()} signed a wrong product in layer "
+                                         f"{params['first'] + j} {part} ({wrong})")
+    return Finding("unproven", "every product in the trace is within what some honest "
+                               "backend can produce for its recorded input")
 
 
 MAX_SUSPECT_ROWS = 32

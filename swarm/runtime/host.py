@@ -18,12 +18,11 @@ import inspect
 import logging
 import os
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from identity.keys import PeerId, PeerKey
@@ -31,13 +30,23 @@ from swarm import wire
 from swarm.errors import LinkClosed
 from swarm.links import shm
 from swarm.links.base import PeerLink
-from swarm.runtime.actors import REGISTRY, CallOrder, MatmulActor
+from swarm.loop import Supervisor
+from swarm.runtime.actors import REGISTRY
 from swarm.runtime.chaos import Chaos, ChaosSpec
 from swarm.runtime.evidence import Receipt, input_ids, output_ids
-from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner, KernelTimeout
-from swarm.runtime.objects import ObjectId, ObjectStore, object_id
+from swarm.runtime.hostcore import (  # noqa: F401 - the limits, re-exported for their users
+    HELD_SHARE,
+    INLINE_MATMUL_FLOPS,
+    MAX_HELD,
+    MAX_INSTANCES,
+    Call,
+    Crash,
+    HostCore,
+    HostStats,
+)
+from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner
+from swarm.runtime.objects import ObjectStore, object_id
 from swarm.runtime.protocol import (
-    MAX_PARAMS,
     CancelTask,
     Draining,
     PutObject,
@@ -50,15 +59,6 @@ from swarm.runtime.protocol import (
 
 log = logging.getLogger("swarm.runtime.host")
 CRASH_EXIT = 70
-MAX_INSTANCES = 256
-"""Actor instances one requester may create on this worker."""
-MAX_HELD = 1024
-"""Out-of-order calls held for one actor instance, and for one requester over all of its
-instances."""
-HELD_SHARE = 4
-"""One requester's out-of-order calls may hold at most ``1/HELD_SHARE`` of ``--max-memory``
-(issue 34: calls that can never run, held in a cap shared by all, had made the worker answer
-"busy" to every other requester)."""
 INLINE_RECEIPT_BYTES = 64 << 10
 """Results over at most this many array bytes (inputs and outputs) go with their receipt,
 signed on the loop (hashing them takes microseconds; a hop to a thread and back costs more
@@ -73,22 +73,6 @@ until the verdict: a requester judges a result within its check, milliseconds af
 kept longer, their memory is not there for the next tasks' (on a VM that hands freed memory
 back to its host, fresh pages cost ~2.5 ms per MiB: keeping the last eight without
 verdicts made warm n=4096 jobs 15% slower)."""
-INLINE_MATMUL_FLOPS = 1 << 18
-"""numpy matmuls of at most this many flops run on the loop (tens of microseconds; the hop
-to the compute thread and back costs ~0.1 ms on a small VM, most of a tiny task)."""
-
-
-class _Missing(Exception):
-    def __init__(self, oids: list[bytes]) -> None:
-        self.oids = oids
-
-
-@dataclass(eq=False)
-class _Call:
-    link: PeerLink
-    msg: RunTask
-    nbytes: int = 0
-    """Inline array bytes this call holds, reserved in the store until it is done or dropped."""
 
 
 @dataclass(eq=False)
@@ -97,28 +81,6 @@ class _Unsigned:
     outputs: list[np.ndarray]
     nbytes: int
     """Its inputs' and outputs' bytes, reserved in the store while kept."""
-
-
-@dataclass
-class _Instance:
-    actor: Any
-    order: CallOrder = field(default_factory=CallOrder)
-
-
-@dataclass
-class HostStats:
-    """What this worker did, for status and tests."""
-
-    tasks: int = 0
-    """Tasks completed."""
-    failed: int = 0
-    """Tasks answered with TaskFailed."""
-    objects_received: int = 0
-    """PutObject messages accepted."""
-    bytes_received: int = 0
-    """Array bytes received in PutObject and inline args."""
-    receipts: int = 0
-    """Receipts signed (every small result; a large one only when its requester asked)."""
 
 
 class ActorHost:
@@ -134,6 +96,7 @@ class ActorHost:
         crash: Callable[[int], None] = os._exit,
         key: PeerKey | None = None,
         kernel_time_limit: float = KERNEL_TIME_LIMIT,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.backend = backend
         self.key = key or PeerKey.generate()
@@ -143,21 +106,22 @@ class ActorHost:
         self.store = ObjectStore(store_capacity)
         self.chaos = Chaos(chaos or ChaosSpec())
         self.registry = REGISTRY if registry is None else registry
+        self.core = HostCore(self.store, self.chaos, self.registry, self._make,
+                             inline_numpy=backend.name == "numpy")
+        """Admission, call order, chaos: every decision on a call (sans-IO)."""
+        self.stats = self.core.stats
+        self._clock = clock
+        """Measures a task's seconds."""
         self._crash = crash
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="swarm-compute")
-        self._queue: deque[_Call] = deque()
         self._wake = asyncio.Event()
-        self._instances: dict[tuple[PeerId, str, int], _Instance] = {}
         self._links: set[PeerLink] = set()
         self._runner: asyncio.Task | None = None
-        self._current: _Call | None = None
         self._idle = asyncio.Event()
         self._idle.set()
-        self.draining = False
-        self.stats = HostStats()
         self._unsigned: OrderedDict[tuple[PeerLink, int], _Unsigned] = OrderedDict()
         """Large results sent without a receipt, oldest first (:data:`UNSIGNED_KEEP`)."""
-        self._signing: set[asyncio.Task] = set()
+        self._signing = Supervisor(log, "receipt signing")
 
     # -- serving a link -------------------------------------------------------------------
 
@@ -174,29 +138,25 @@ class ActorHost:
                 elif isinstance(msg, RunTask):
                     await self._accept(link, msg)
                 elif isinstance(msg, CancelTask):  # a running task cannot be stopped
-                    self._drop(lambda c, t=msg.task: c.link is link and c.msg.task == t)
+                    self.core.drop(lambda c, t=msg.task: c.link is link and c.msg.task == t)
                 elif isinstance(msg, Verdict):
                     await self._verdict(link, msg)
                 elif fallback is not None:
                     await fallback(link, msg)
         finally:
             self._links.discard(link)
-            self._drop(lambda c: c.link is link)
+            self.core.forget(link)
             for key in [k for k in self._unsigned if k[0] is link]:
                 self.store.release(self._unsigned.pop(key).nbytes)
-            for key in [k for k in self._instances if k[0] == link.remote]:
-                for call in self._instances.pop(key).order.held_calls():
-                    self.store.release(call.nbytes)
 
-    def _drop(self, which: Callable[[_Call], bool]) -> None:
-        """Take the queued calls ``which`` selects off the queue and free their bytes."""
-        keep = deque()
-        for call in self._queue:
-            if which(call):
-                self.store.release(call.nbytes)
-            else:
-                keep.append(call)
-        self._queue = keep
+    @property
+    def draining(self) -> bool:
+        """Shutting down: new calls are refused."""
+        return self.core.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.core.draining = value
 
     async def _put(self, msg: PutObject) -> None:
         arr = msg.array
@@ -213,167 +173,79 @@ class ActorHost:
         self.stats.bytes_received += arr.nbytes
 
     async def _accept(self, link: PeerLink, msg: RunTask) -> None:
-        if self.draining:
-            await self._reply(link, TaskFailed(msg.task, "busy", "worker is shutting down"))
-            return
-        cls = self.registry.get(msg.actor)
-        if cls is None or msg.method not in cls.METHODS:
-            await self._reply(link, TaskFailed(msg.task, "invalid",
-                                               f"no installed actor method {msg.actor}.{msg.method}"))
-            return
         nbytes = 0
         for arg in msg.args:
             if arg.array is not None:
                 nbytes += arg.array.nbytes
                 shm.settle(arg.array)  # held until the call runs: no descriptor needed
-        call = _Call(link, msg, nbytes)
-        if msg.seq < 0 or msg.instance == 0:
-            if not await self._reserve(call):
-                return
-            self._queue.append(call)
-        else:
-            if (link.remote, msg.actor, msg.instance) not in self._instances and sum(
-                    k[0] == link.remote for k in self._instances) >= MAX_INSTANCES:
-                await self._reply(link, TaskFailed(msg.task, "invalid", f"more than "
-                                                   f"{MAX_INSTANCES} actors for one requester"))
-                return
-            inst = self._instance(link.remote, msg.actor, msg.instance)
-            if inst.order.held >= MAX_HELD or msg.seq > inst.order.next_seq + MAX_HELD:
-                await self._reply(link, TaskFailed(msg.task, "invalid",
-                                                   "call is too far ahead of the actor's order"))
-                return
-            if msg.seq != inst.order.next_seq and not await self._held_share(call):
-                return
-            if not await self._reserve(call):
-                return
-            stale = inst.order.stale
-            self._queue.extend(inst.order.offer(msg.seq, call))
-            if inst.order.stale != stale:   # a duplicate: dropped, holds nothing
-                self.store.release(call.nbytes)
+        refused = self.core.admit(Call(link, msg, nbytes))
+        if refused is not None:
+            await self._reply(link, refused)
+            return
         self._wake.set()
 
-    async def _held_share(self, call: _Call) -> bool:
-        """Whether one more call held out of order fits its requester's share (refused
-        clearly otherwise; the share frees as its earlier calls arrive)."""
-        peer = call.link.remote
-        held = [c for (p, _, _), inst in self._instances.items() if p == peer
-                for c in inst.order.held_calls()]
-        share = self.store.capacity // HELD_SHARE
-        nbytes = sum(c.nbytes for c in held)
-        if len(held) < MAX_HELD and nbytes + call.nbytes <= share:
-            return True
-        await self._reply(call.link, TaskFailed(
-            call.msg.task, "busy", f"worker memory for calls held out of order is shared: "
-            f"you hold {len(held)} ({nbytes} bytes) waiting for earlier calls of their actors, "
-            f"one requester's share is {MAX_HELD} calls and {share} bytes (1/{HELD_SHARE} of "
-            f"--max-memory); send the earlier calls first"))
-        return False
-
-    async def _reserve(self, call: _Call) -> bool:
-        """Count the call's inline arrays against ``--max-memory``; refuse it when over."""
-        if self.store.reserve(call.nbytes):
-            return True
-        await self._reply(call.link, TaskFailed(
-            call.msg.task, "busy", f"worker memory is full: the call's {call.nbytes} bytes do "
-            f"not fit beside {self.store.reserved} bytes already held for queued calls "
-            f"(--max-memory {self.store.capacity} bytes); send it later or elsewhere"))
-        return False
-
-    def _instance(self, peer: PeerId, actor: str, instance: int) -> _Instance:
-        key = (peer, actor, instance)
-        inst = self._instances.get(key)
-        if inst is None:
-            cls = self.registry[actor]
-            made = (cls(self.backend, kernels=self.kernels)
-                    if "kernels" in inspect.signature(cls).parameters else cls(self.backend))
-            inst = self._instances[key] = _Instance(made)
-        return inst
+    def _make(self, cls: type) -> Any:
+        """A new actor instance of ``cls`` on this worker's backend (and kernel runner)."""
+        return (cls(self.backend, kernels=self.kernels)
+                if "kernels" in inspect.signature(cls).parameters else cls(self.backend))
 
     # -- running tasks ----------------------------------------------------------------------
 
     async def _run(self) -> None:
         while True:
-            while not self._queue:
+            while (call := self.core.next()) is None:
                 self._wake.clear()
                 await self._wake.wait()
-            call = self._current = self._queue.popleft()
             self._idle.clear()
             try:
                 await self._execute(call)
             finally:
-                self.store.release(call.nbytes)
-                self._current = None
+                self.core.done(call)
                 self._idle.set()
 
     def activity(self) -> tuple[int, list[tuple[PeerId, int]]]:
         """Tasks queued or running now, and per requester (busiest first, then by id)."""
-        calls = list(self._queue) + ([self._current] if self._current is not None else [])
-        per: dict[PeerId, int] = {}
-        for call in calls:
-            per[call.link.remote] = per.get(call.link.remote, 0) + 1
-        return len(calls), sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))
+        return self.core.activity()
 
-    async def _execute(self, call: _Call) -> None:
+    async def _execute(self, call: Call) -> None:
+        """Carry out the core's plan for ``call``: run it, send its answer."""
         msg, link = call.msg, call.link
-        fault = self.chaos.next_task()
-        if fault.crash:
+        plan = self.core.plan(call)
+        if isinstance(plan, Crash):
             log.warning("SWARM_CHAOS: crashing as asked (crash_after)")
             self._crash(CRASH_EXIT)
             return
-        try:
-            arrays, params = self._resolve(msg)
-            actor = (self._instance(link.remote, msg.actor, msg.instance).actor
-                     if msg.instance else self._instance(link.remote, msg.actor, 0).actor)
-            spec = type(actor).METHODS[msg.method]
-            spec.check(arrays, params)
-        except _Missing as exc:
-            if msg.instance and msg.seq >= 0:  # keep the actor's order: hold later calls back
-                inst = self._instance(link.remote, msg.actor, msg.instance)
-                later = [c for c in self._queue if c.link is link
-                         and c.msg.instance == msg.instance and c.msg.actor == msg.actor]
-                self._queue = deque(c for c in self._queue if all(c is not x for x in later))
-                inst.order.rewind(msg.seq, {c.msg.seq: c for c in later})
-            await self._reply(link, TaskFailed(msg.task, "missing", "objects not held",
-                                               missing=exc.oids))
+        if isinstance(plan, TaskFailed):
+            await self._reply(link, plan)
             return
-        except (TypeError, ValueError, AttributeError) as exc:
-            await self._reply(link, TaskFailed(msg.task, "invalid", str(exc)[:500]))
-            return
-        if fault.invalid:
-            await self._reply(link, TaskFailed(msg.task, "invalid", "SWARM_CHAOS: refused"))
-            return
-        if fault.layer and msg.method == "matmul" and len(arrays) == 2:
-            arrays = [arrays[0], self.chaos.wrong_layer(arrays[0], arrays[1],
-                                                        self.store.arrays())]
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        method = getattr(actor, msg.method)
-        if fault.hang:
+        started = self._clock()
+        method = plan.method
+        if method is None:
             def method(arrays, params):  # noqa: ARG001 - a dispatch that never finishes
                 return self.kernels.run("", {}, {}, (1, 1, 1), hang=True)
         try:
-            if not fault.hang and self._tiny(actor, msg.method, arrays):
-                outputs = method(arrays, params)
+            if plan.inline:
+                outputs = method(plan.arrays, plan.params)
             else:
-                outputs = await loop.run_in_executor(self._pool, method, arrays, params)
-        except KernelTimeout as exc:
-            log.warning("task %d %s.%s stopped: %s", msg.task, msg.actor, msg.method, exc)
-            await self._reply(link, TaskFailed(msg.task, "timeout", str(exc)))
-            return
+                outputs = await loop.run_in_executor(self._pool, method, plan.arrays,
+                                                     plan.params)
         except Exception as exc:  # the method's own failure is reported, not fatal
-            log.info("task %d %s.%s failed: %s", msg.task, msg.actor, msg.method, exc)
-            await self._reply(link, TaskFailed(msg.task, "error", f"{type(exc).__name__}: "
-                                               f"{str(exc)[:500]}"))
+            failed = self.core.failed(plan, exc)
+            if failed.kind == "timeout":
+                log.warning("task %d %s.%s stopped: %s", msg.task, msg.actor, msg.method, exc)
+            else:
+                log.info("task %d %s.%s failed: %s", msg.task, msg.actor, msg.method, exc)
+            await self._reply(link, failed)
             return
-        seconds = time.perf_counter() - started
-        if fault.corrupt:
-            outputs = [self.chaos.corrupt(o) for o in outputs]
-        if fault.delay_s:
-            await asyncio.sleep(fault.delay_s)
-        if fault.drop:
+        seconds = self._clock() - started
+        answer = self.core.answer(plan, outputs)
+        if answer.delay_s:
+            await asyncio.sleep(answer.delay_s)
+        if answer.drop:
             return
         self.stats.tasks += 1
-        outputs = [np.ascontiguousarray(o) for o in outputs]
+        outputs = answer.outputs
         nbytes = sum(o.nbytes for o in outputs) + call.nbytes
         hashing = None if self._keep(link, msg, outputs, nbytes) else \
             self._hash(msg, outputs, nbytes)
@@ -406,9 +278,7 @@ class ActorHost:
         elif kept is None:
             await self._reply(link, TaskReceipt(msg.task, b""))
         else:
-            task = asyncio.get_running_loop().create_task(self._receipt(link, msg.task, kept))
-            self._signing.add(task)
-            task.add_done_callback(self._signing.discard)
+            self._signing.spawn(self._receipt(link, msg.task, kept))
 
     async def _receipt(self, link: PeerLink, task: int, kept: _Unsigned) -> None:
         try:
@@ -423,15 +293,6 @@ class ActorHost:
         self.stats.receipts += 1
         return Receipt.sign(self.key, link.remote, msg.task, msg.actor, msg.method,
                             msg.params, ins, outs).encode()
-
-    def _tiny(self, actor: object, method: str, arrays: list[np.ndarray]) -> bool:
-        """Whether a task is a numpy matmul small enough to run on the loop itself."""
-        if (method != "matmul" or not isinstance(actor, MatmulActor) or len(arrays) != 2
-                or self.backend.name != "numpy"):
-            return False
-        a, b = arrays
-        return (a.ndim == 2 and b.ndim == 2
-                and 2 * a.shape[0] * a.shape[1] * b.shape[1] <= INLINE_MATMUL_FLOPS)
 
     @staticmethod
     def _hash(msg: RunTask, outputs: list[np.ndarray], nbytes: int
@@ -449,29 +310,6 @@ class ActorHost:
         return asyncio.gather(loop.run_in_executor(None, input_ids, msg.args),
                               loop.run_in_executor(None, output_ids, outputs))
 
-    def _resolve(self, msg: RunTask) -> tuple[list[np.ndarray], dict[str, Any]]:
-        arrays, missing = [], []
-        for arg in msg.args:
-            if arg.array is not None:
-                arr = arg.array
-                arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
-                self.stats.bytes_received += arr.nbytes
-            elif arg.oid is not None and len(arg.oid) == 32:
-                held = self.store.get(ObjectId(arg.oid))
-                if held is None:
-                    missing.append(arg.oid)
-                arrays.append(held)
-            else:
-                raise ValueError("a task argument needs an object id or an array")
-        if missing:
-            raise _Missing(missing)
-        if len(msg.params) > MAX_PARAMS:
-            raise ValueError(f"parameters over {MAX_PARAMS} bytes")
-        params = msgpack.unpackb(msg.params, raw=False) if msg.params else {}
-        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
-            raise ValueError("parameters must be a map with string keys")
-        return arrays, params
-
     async def _reply(self, link: PeerLink, msg: Any) -> None:
         if isinstance(msg, TaskFailed):
             self.stats.failed += 1
@@ -485,8 +323,7 @@ class ActorHost:
     async def drain(self, timeout: float = 30.0) -> None:
         """Graceful stop: tell requesters, hand back queued tasks, finish the running one."""
         self.draining = True
-        handback = list(self._queue)
-        self._drop(lambda c: True)
+        handback = self.core.drop(lambda c: True)
         for call in handback:
             await self._reply(call.link, TaskFailed(call.msg.task, "busy",
                                                     "worker is shutting down"))
@@ -503,7 +340,6 @@ class ActorHost:
     async def close(self) -> None:
         if self._runner is not None:
             self._runner.cancel()
-        for task in list(self._signing):
-            task.cancel()
+        self._signing.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.get_running_loop().run_in_executor(None, self.kernels.close)

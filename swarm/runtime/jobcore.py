@@ -28,6 +28,10 @@ from swarm.errors import TaskError
 from swarm.runtime.scheduler import LOCAL, JobScheduler
 
 log = logging.getLogger("swarm.runtime.jobcore")
+MISSING_TRIES = 3
+"""Times one call goes to a worker in all while it answers "missing" (it lost the call's
+inputs: they are sent again with the call, :meth:`~swarm.runtime.requester.Requester.call`);
+after that the call fails as "missing" and the job's policy takes over."""
 
 
 @dataclass
@@ -232,13 +236,13 @@ class JobCore:
     def tiebroken(self, call: int, truth: list[np.ndarray]) -> None:
         """The requester's own run of ``call`` (after replicas disagreed)."""
         twins = (call, call + self.n)
-        for shard in twins:
-            peer, outputs = self._replicas[shard]
-            if peer != LOCAL and not self._agree(outputs, truth):
-                self.report.peer(peer).rejected += 1
-                self.sched.rates.reject(peer)
-                self._out.append(Reject(peer, shard, f"replica of call {call} disagreed with "
-                                                     "the requester's run"))
+        replicas = [self._replicas[shard] for shard in twins]
+        for i in wrong_replicas(replicas, truth, self._agree):
+            peer, shard = replicas[i][0], twins[i]
+            self.report.peer(peer).rejected += 1
+            self.sched.rates.reject(peer)
+            self._out.append(Reject(peer, shard, f"replica of call {call} disagreed with "
+                                                 "the requester's run"))
         self.results[call] = truth
 
     # -- decisions -----------------------------------------------------------------------------
@@ -287,6 +291,16 @@ class JobCore:
             self.results[i] = o1
         else:
             self._out.append(Tiebreak(i))
+
+
+def wrong_replicas(replicas: Sequence[tuple[Hashable, list[np.ndarray]]],
+                   truth: list[np.ndarray], agree: Any) -> list[int]:
+    """After two replicas of a call disagreed and the requester ran it itself (``truth``):
+    which replicas, by index, were wrong and count against their peer (``(peer, outputs)``
+    each; LOCAL or None, the requester's own run, never counts). Jobs (:meth:`JobCore.tiebroken`)
+    and actor calls (:mod:`swarm.api`) judge alike."""
+    return [i for i, (peer, outputs) in enumerate(replicas)
+            if peer is not None and peer != LOCAL and not agree(outputs, truth)]
 
 
 def twins_of(n: int) -> Sequence[int]:

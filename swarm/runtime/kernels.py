@@ -30,7 +30,9 @@ KERNEL_TIME_LIMIT = 60.0
 """Default seconds one kernel dispatch may run."""
 START_LIMIT = 120.0
 """Seconds the child may take to start and open its device."""
-MAX_FRAME = 1 << 31
+MAX_CHILD_FRAME = 1 << 31
+"""Largest frame between the worker and its kernel child process (a local pipe, not the
+wire: :data:`swarm.wire.MAX_FRAME` bounds what peers send)."""
 
 
 class KernelTimeout(Exception):
@@ -74,7 +76,7 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
 
 def _read(fd: int, deadline: float | None = None) -> Any:
     (n,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
-    if n > MAX_FRAME:
+    if n > MAX_CHILD_FRAME:
         raise EOFError(f"frame of {n} bytes")
     return msgpack.unpackb(_read_exact(fd, n, deadline), raw=False)
 

@@ -29,8 +29,10 @@ from identity.keys import PeerId
 from swarm.errors import LinkClosed
 from swarm.links import shm
 from swarm.links.base import PeerLink
+from swarm.loop import Supervisor
 from swarm.runtime.evidence import Evidence, Receipt, output_ids, params_digest
 from swarm.runtime.jobcore import (
+    MISSING_TRIES,
     Check,
     JobCore,
     JobReport,
@@ -54,7 +56,14 @@ from swarm.runtime.protocol import (
     TaskResult,
     Verdict,
 )
-from swarm.runtime.scheduler import LOCAL, JobScheduler, RateBook, ServiceClock, ShardTask
+from swarm.runtime.scheduler import (
+    LOCAL,
+    JobScheduler,
+    RateBook,
+    ServiceClock,
+    ShardTask,
+    SlotBook,
+)
 
 log = logging.getLogger("swarm.runtime.requester")
 RECEIPT_TIMEOUT = 10.0
@@ -99,6 +108,8 @@ class Reply(NamedTuple):
     receipt: bytes
     """The worker's encoded signed receipt (checked only when the result is rejected);
     empty for a large result, whose receipt is asked for then (:meth:`Requester.receipt`)."""
+    compute: float = 0.0
+    """Seconds the worker says it computed (its word: for breakdowns, never for decisions)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +163,7 @@ class Slot:
 
     def __init__(self, req: Requester, peer: PeerId) -> None:
         self._req, self.peer, self.held = req, peer, True
-        req._at[peer] += 1
+        req.slots.enter(peer)
 
     def take(self) -> bool:
         """The call this slot was booked for starts: it counts the task from now on."""
@@ -190,20 +201,19 @@ class Requester:
         self.links: dict[PeerId, PeerLink] = {}
         self._draining: set[PeerId] = set()
         self._pending: dict[tuple[PeerId, int], asyncio.Future] = {}
-        self._at: Counter[PeerId] = Counter()
-        """Tasks at each peer: calls pending plus :class:`Slot` s booked (the window)."""
+        self.slots = SlotBook()
+        """Tasks at each peer: calls pending plus :class:`Slot` s booked (the window), and
+        the jobs waiting for a freed slot, oldest first (:meth:`_slot_freed`)."""
         self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._jobs: set[_JobRun] = set()
         """Jobs running now (woken when the worker set changes)."""
-        self._wanting: dict[_JobRun, None] = {}
-        """Jobs that could start a task at a freed slot, oldest first (:meth:`_slot_freed`)."""
-        self._readers: set[asyncio.Task] = set()
-        self._probes: set[asyncio.Task] = set()
-        self._errands: set[asyncio.Task] = set()
-        """Verdicts being sent and rejected results being reported (:meth:`report`)."""
-        self._reports: set[asyncio.Task] = set()
-        """The reports among them (:meth:`reported`)."""
+        self._readers = Supervisor(log, "link reader")
+        self._probes = Supervisor(log, "link probe")
+        self._errands = Supervisor(log, "requester errand")
+        """Verdicts being sent on the side (:meth:`accept`)."""
+        self._reports = Supervisor(log, "evidence report")
+        """Rejected results being reported (:meth:`report`, :meth:`reported`)."""
         self._receipts: dict[tuple[PeerId, int], asyncio.Future] = {}
         """Receipts asked for and not answered yet (:meth:`receipt`)."""
         self.on_task_sent: Callable[[PeerId, RunTask], None] | None = None
@@ -236,10 +246,8 @@ class Requester:
         self.links[link.remote] = link
         self.rates.heard(link.remote)  # linked again: no longer held as silent
         self._draining.discard(link.remote)
-        task = asyncio.get_running_loop().create_task(self._read(link, fallback),
-                                                      name=f"requester-{link.remote.short()}")
-        self._readers.add(task)
-        task.add_done_callback(self._readers.discard)
+        self._readers.spawn(asyncio.get_running_loop().create_task(
+            self._read(link, fallback), name=f"requester-{link.remote.short()}"))
         self._workers_changed()
 
     def _workers_changed(self) -> None:
@@ -254,22 +262,20 @@ class Requester:
         Waking them all instead cost more than the work: with 64 one-call jobs through two
         peers of window 2 (inference) each answer woke ~30 jobs that polled, found no slot
         and slept again (4.5 ms of the event loop per call)."""
-        for job in list(self._wanting):
+        for job in self.slots.waiting():
             if job.offer(peer):
                 return
 
     def inflight(self, peer: PeerId) -> int:
         """Tasks at ``peer`` not answered yet, all jobs: sent, or assigned and about to be."""
-        return self._at[peer]
+        return self.slots.at(peer)
 
     def book(self, peer: PeerId) -> Slot:
         """Count a task at ``peer`` now, for a call that starts later (pass it to :meth:`call`)."""
         return Slot(self, peer)
 
     def _leave(self, peer: PeerId) -> None:
-        self._at[peer] -= 1
-        if self._at[peer] <= 0:
-            del self._at[peer]
+        self.slots.leave(peer)
 
     def workers(self) -> list[PeerId]:
         """Peers a new shard may go to now (linked, not draining, accepted by the hooks)."""
@@ -317,8 +323,8 @@ class Requester:
     async def close(self) -> None:
         for link in list(self.links.values()):
             await link.close("requester closing")
-        for task in [*self._readers, *self._probes, *self._errands]:
-            task.cancel()
+        for tasks in (self._readers, self._probes, self._errands, self._reports):
+            tasks.cancel()
 
     # -- one call -------------------------------------------------------------------------
 
@@ -363,7 +369,7 @@ class Requester:
         """
         params = msgpack.packb(call.params, use_bin_type=True) if call.params else b""
         loop = asyncio.get_running_loop()
-        for attempt in range(3):
+        for attempt in range(MISSING_TRIES):
             link = self.links.get(peer)
             if link is None or link.closed:
                 raise LinkClosed(f"no link to {peer.short()}")
@@ -374,7 +380,7 @@ class Requester:
             fut = loop.create_future()
             self._pending[(peer, tid)] = fut
             if slot is None or not slot.take():
-                self._at[peer] += 1
+                self.slots.enter(peer)
             try:
                 msg = RunTask(tid, call.actor, instance, seq, call.method, args, params)
                 await self._send_objects(peer, link, call.args, report)
@@ -397,8 +403,8 @@ class Requester:
                 if report is not None:
                     report.bytes_in += sum(o.nbytes for o in reply.outputs)
                 return Reply(list(reply.outputs), time.perf_counter() - started, tid,
-                             reply.receipt)
-            if reply.kind == "missing" and attempt < 2:
+                             reply.receipt, float(reply.seconds))
+            if reply.kind == "missing" and attempt < MISSING_TRIES - 1:
                 for raw in reply.missing:
                     if len(raw) == 32:
                         self.store.remove_holder(ObjectId(raw), peer.raw)
@@ -444,9 +450,7 @@ class Requester:
         link = self.links.get(peer)
         if link is None or link.closed:
             return
-        task = asyncio.get_running_loop().create_task(self._probe(peer, link))
-        self._probes.add(task)
-        task.add_done_callback(self._probes.discard)
+        self._probes.spawn(self._probe(peer, link))
 
     async def _probe(self, peer: PeerId, link: PeerLink) -> None:
         if await link.probe():  # (a silent link closes: the node logs the loss)
@@ -457,9 +461,7 @@ class Requester:
         receipt binds it to that result; asks for the receipt when the result came without
         one (a large result: the worker signs only what is rejected). Runs on its own, so a
         job that ends meanwhile does not stop it."""
-        task = self._errand(self._report(peer, call, reply, reason))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
+        self._reports.spawn(self._report(peer, call, reply, reason))
 
     async def reported(self, timeout: float) -> None:
         """Wait, at most ``timeout`` s, for rejected results still being reported (a report
@@ -473,19 +475,13 @@ class Requester:
         (or are no longer needed): it lets them go. Sent on the side."""
         link = self.links.get(peer)
         if link is not None and not link.closed:
-            self._errand(self._accept(link, list(tasks)))
+            self._errands.spawn(self._accept(link, list(tasks)))
 
     @staticmethod
     async def _accept(link: PeerLink, tasks: list[int]) -> None:
         with contextlib.suppress(LinkClosed):
             for task in tasks:
                 await link.send(Verdict(task, True))
-
-    def _errand(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._errands.add(task)
-        task.add_done_callback(self._errands.discard)
-        return task
 
     async def _report(self, peer: PeerId, call: Call, reply: Reply | None, reason: str) -> None:
         package = None
@@ -590,7 +586,7 @@ class _JobRun:
             if self._timer is not None:
                 self._timer.cancel()
             self.req._jobs.discard(self)
-            self.req._wanting.pop(self, None)
+            self.req.slots.want(self, False)
             for task in [*self.running.values(), *self.side]:
                 task.cancel()
             for action in core.rejections_left():  # reports outlive the job
@@ -609,10 +605,7 @@ class _JobRun:
         for action in core.poll(now):
             self._act(action)
             started = started or isinstance(action, Run)
-        if core.wants_slot(now):
-            self.req._wanting.setdefault(self, None)  # an old waiter keeps its turn
-        else:
-            self.req._wanting.pop(self, None)
+        self.req.slots.want(self, core.wants_slot(now))
         return started
 
     def offer(self, peer: PeerId) -> bool:

@@ -90,6 +90,46 @@ MIN_RATED_FLOPS = 1e9
 to the other worker); their rates stand in only where no larger shard was measured."""
 
 
+class SlotBook:
+    """The slots a requester's jobs share (sans-IO): tasks at each peer over all jobs (calls
+    pending plus slots booked for calls about to start; :class:`JobScheduler`'s window counts
+    them through its ``inflight``), and the jobs waiting for a freed slot, oldest first.
+
+    One book per requester: jobs planned in one loop turn otherwise saw none of each other's
+    tasks, and a freed slot is offered to the waiting jobs in turn instead of waking them all.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[Hashable, int] = {}
+        self._waiting: dict[Hashable, None] = {}
+
+    def at(self, peer: Hashable) -> int:
+        """Tasks at ``peer`` now, all jobs."""
+        return self._at.get(peer, 0)
+
+    def enter(self, peer: Hashable) -> None:
+        """One more task at ``peer`` (booked or sent)."""
+        self._at[peer] = self._at.get(peer, 0) + 1
+
+    def leave(self, peer: Hashable) -> None:
+        """A task at ``peer`` ended, or its booked call never started."""
+        self._at[peer] = self._at.get(peer, 0) - 1
+        if self._at[peer] <= 0:
+            del self._at[peer]
+
+    def want(self, job: Hashable, wants: bool) -> None:
+        """Whether ``job`` could start a task at a freed slot now (a job already waiting
+        keeps its turn)."""
+        if wants:
+            self._waiting.setdefault(job, None)
+        else:
+            self._waiting.pop(job, None)
+
+    def waiting(self) -> list[Hashable]:
+        """The jobs to offer a freed slot to, oldest first."""
+        return list(self._waiting)
+
+
 class RateBook:
     """Observed throughput per peer (flops/s, EWMA) and a reputation tally, kept across jobs.
 

@@ -9,7 +9,7 @@ anywhere the ``--http`` address is reachable. The key is made on first use, 32 r
 in ``<data dir>/api-key`` (mode 0600): the member's operator hands it out. Each request
 spends this member's CPU and the swarm's workers' time, so the key is required on loopback
 too (any local process or a DNS-rebinding page could otherwise spend them); a wrong key is
-401 before the body is read. Requests are capped (:data:`MAX_BODY`, :data:`MAX_INPUTS`) and
+401 before the body is read. Requests are capped (:data:`MAX_EMBED_BODY`, :data:`MAX_INPUTS`) and
 run one at a time with at most :data:`MAX_WAITING` queued (more: 429).
 """
 
@@ -30,12 +30,13 @@ from aiohttp import web
 log = logging.getLogger("swarm.web.embeddings")
 MODEL = "all-MiniLM-L6-v2"
 KEY_FILE = "api-key"
-MAX_BODY = 8 << 20
+MAX_EMBED_BODY = 8 << 20
 """Largest request body (bytes)."""
 MAX_INPUTS = 2048
 """Most inputs per request (OpenAI's own limit)."""
 MAX_WAITING = 8
-"""Requests queued behind the running one before the next is refused with 429."""
+"""Requests queued behind the running one before the next is refused with 429 (here and
+in :mod:`swarm.web.chat`)."""
 
 
 def api_key(data_dir: Path) -> str:
@@ -61,6 +62,18 @@ def _error(status: int, message: str, kind: str, code: str | None = None,
                                         "code": code}}, status=status)
 
 
+def authorised(request: web.Request, key: bytes) -> bool:
+    """Whether the request carries this member's API key (``Authorization: Bearer KEY``)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
+
+
+def no_key() -> web.Response:
+    return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
+                       "member's operator has it in its data dir, file api-key)",
+                  "invalid_request_error", "invalid_api_key")
+
+
 class EmbeddingsAPI:
     """The handler; ``embedder()`` gives the :class:`swarm.embedding.Embedder` to run on."""
 
@@ -73,22 +86,14 @@ class EmbeddingsAPI:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/embeddings", self.handle)
 
-    def _authorised(self, request: web.Request) -> bool:
-        auth = request.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
-                                                                  self._key)
-
     async def handle(self, request: web.Request) -> web.Response:
-        if not self._authorised(request):
-            return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
-                               "member's operator has it in its data dir, file api-key)",
-                          "invalid_request_error", "invalid_api_key")
-        if request.content_length is not None and request.content_length > MAX_BODY:
-            return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
-        body = await request.content.read(MAX_BODY + 1)
-        if len(body) > MAX_BODY:
-            return _error(413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
+        if not authorised(request, self._key):
+            return no_key()
+        if request.content_length is not None and request.content_length > MAX_EMBED_BODY:
+            return _error(413, f"request body over {MAX_EMBED_BODY} bytes", "invalid_request_error")
+        body = await request.content.read(MAX_EMBED_BODY + 1)
+        if len(body) > MAX_EMBED_BODY:
+            return _error(413, f"request body over {MAX_EMBED_BODY} bytes", "invalid_request_error")
         try:
             req = json.loads(body)
         except (ValueError, UnicodeDecodeError):

@@ -25,9 +25,10 @@ from identity.keys import PeerId
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links import tls
 from swarm.links.base import PeerLink
+from swarm.links.tabs import OPEN_TIMEOUT, RelayOpen, RelayOpened, channel_link, pipe
+from swarm.loop import Supervisor
 from swarm.runtime.protocol import PutObject, RunTask, TaskFailed, TaskResult
 from swarm.web.hosts import allowed_names, host_guard
-from swarm.web.relay import OPEN_TIMEOUT, RelayOpen, RelayOpened, channel_link, pipe
 from swarm.web.session import ANNOUNCE_TTL, STEP_TIMEOUT, TabSession, parse_join
 
 log = logging.getLogger("swarm.web")
@@ -70,7 +71,7 @@ class WebServer:
         self.tabs: dict[PeerId, TabSession] = {}
         self.relay: tls.TLSServer | None = None
         self._runner: web.AppRunner | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Supervisor(log, "web task")
         self.history: collections.deque = collections.deque(maxlen=HISTORY)
         self._status_cache: tuple[float, dict] | None = None
         self._sockets = 0
@@ -102,8 +103,7 @@ class WebServer:
         log.info("web: %s (relay %s:%d)", self.url, self.node.config.host, self.relay.port)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         for tab in list(self.tabs.values()):
             tab.gone.set()
             if tab.pc is not None:
@@ -114,10 +114,7 @@ class WebServer:
             await self._runner.cleanup()
 
     def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     # -- pages ------------------------------------------------------------------------
 

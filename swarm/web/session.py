@@ -33,7 +33,7 @@ from swarm.runtime.protocol import RunTask, TaskArg, TaskFailed, TaskResult
 
 log = logging.getLogger("swarm.web.session")
 DOMAIN = b"swarm web signal v1\x00"
-MAX_BODY = 16 * 1024
+MAX_SIGNAL_BODY = 16 * 1024
 """Largest signed signaling body in bytes (an SDP offer is ~1-3 KB)."""
 STEP_TIMEOUT = 30.0
 """Seconds the tab may take for one signaling step (its self-test runs before joining)."""
@@ -63,15 +63,15 @@ def open_json(raw: str | bytes, signer: PeerId | None, nonce: str) -> tuple[dict
     ``signer`` None: the body names its signer in ``peer`` (the first message, "join").
     Raises ProtocolError (malformed) or AuthenticationError (bad signature, other session).
     """
-    if not isinstance(raw, str | bytes) or len(raw) > 2 * MAX_BODY:
-        raise ProtocolError(f"a signaling message is text of at most {2 * MAX_BODY} bytes")
+    if not isinstance(raw, str | bytes) or len(raw) > 2 * MAX_SIGNAL_BODY:
+        raise ProtocolError(f"a signaling message is text of at most {2 * MAX_SIGNAL_BODY} bytes")
     try:
         outer = json.loads(raw)
         text, sig = outer["b"], base64.b64decode(outer["s"], validate=True)
         body = json.loads(text)
     except (ValueError, KeyError, TypeError) as exc:
         raise ProtocolError(f"malformed signaling message: {exc}") from None
-    if not isinstance(text, str) or not isinstance(body, dict) or len(text) > MAX_BODY:
+    if not isinstance(text, str) or not isinstance(body, dict) or len(text) > MAX_SIGNAL_BODY:
         raise ProtocolError("a signaling body is a JSON object")
     if signer is None:
         try:

@@ -31,7 +31,7 @@ from swarm.links import tls
 from swarm.links.base import LinkOptions, LinkStats, PeerLink
 from swarm.links.webrtc import CreditInbox, WebRTCLink
 
-log = logging.getLogger("swarm.web.relay")
+log = logging.getLogger("swarm.links.tabs")
 OPEN_TIMEOUT = 10.0
 """Seconds for the relay to open a channel to the tab and answer."""
 

@@ -1,0 +1,365 @@
+"""Spans of Llama blocks: one layer pass shared by the local forward, a worker hosting a span,
+and the requester that checks what the worker sent (sans-IO, numpy only).
+
+A worker hosting layers ``[first, first + count)`` keeps their weights as one content-addressed
+*bundle* (:func:`bundle`) and each sequence's keys and values, and answers a call with the
+span's **trace**: for every layer and new row, each weight product's input and output
+(:data:`TRACE`). The requester never takes the worker's word for anything: it re-runs the same
+layer pass (:func:`run_layers`) itself, with its own cache, where each product comes from the
+trace only after two checks (:class:`TraceCheck`):
+
+* the input the worker used equals the requester's own (recomputed) one; the non-linear steps
+  (RMSNorm, RoPE, attention, SwiGLU, residuals) are therefore the requester's own values;
+* the output is ``input @ W`` by Freivalds' check with secret Gaussian vectors ``R`` and the
+  fingerprint ``W @ R``, precomputed per weight (:class:`Fingerprints`), so a check costs
+  ``O(rows * (k + n))`` instead of the product's ``O(rows * k * n)``.
+
+A product that fails the second check is a wrong matmul the worker signed: exact evidence that
+anyone can re-check (swarm.runtime.evidence judges it per product with its worst-case rounding
+bound). See SECURITY.md, "Spans of layers".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from compute.verify import check_product, draw_vectors, project
+
+PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+"""A block's weight products, in the order the pass needs them."""
+INPUT_OF = {"attn_q": "h_attn", "attn_k": "h_attn", "attn_v": "h_attn", "attn_output": "attn",
+            "ffn_gate": "h_ffn", "ffn_up": "h_ffn", "ffn_down": "act"}
+"""Which recorded input each product multiplies."""
+TRACE = ("h_attn", "attn_q", "attn_k", "attn_v", "attn", "attn_output", "h_ffn", "ffn_gate",
+         "ffn_up", "act", "ffn_down")
+"""One layer's columns of a trace, left to right."""
+
+
+class SpanMismatch(ValueError):
+    """A trace the requester cannot use. ``signed_lie``: a product that is not its own
+    recorded input times the weight (a wrong matmul, provable); else the recorded input is
+    not the requester's (a non-linear step done wrong, or a cache that differs)."""
+
+    def __init__(self, layer: int, part: str, signed_lie: bool, why: str) -> None:
+        super().__init__(f"layer {layer} {part}: {why}")
+        self.layer, self.part, self.signed_lie = layer, part, signed_lie
+
+
+def widths(c) -> dict[str, int]:
+    kvd = c.n_kv_heads * c.head_dim
+    d, f = c.d_model, c.d_ff
+    return {"h_attn": d, "attn_q": d, "attn_k": kvd, "attn_v": kvd, "attn": d,
+            "attn_output": d, "h_ffn": d, "ffn_gate": f, "ffn_up": f, "act": f, "ffn_down": d}
+
+
+def trace_columns(c) -> dict[str, tuple[int, int]]:
+    """Column range of each name within one layer's part of a trace."""
+    out, at = {}, 0
+    for name, w in widths(c).items():
+        out[name] = (at, at + w)
+        at += w
+    return out
+
+
+def layer_width(c) -> int:
+    return sum(widths(c).values())
+
+
+def matrix_shapes(c) -> dict[str, tuple[int, int]]:
+    w = widths(c)
+    return {p: (w[INPUT_OF[p]], w[p]) for p in PARTS}
+
+
+def layer_size(c) -> int:
+    """Floats of one layer in a bundle: two norm vectors, then the matrices in PARTS order."""
+    return 2 * c.d_model + sum(k * n for k, n in matrix_shapes(c).values())
+
+
+def bundle(weights, first: int, count: int) -> np.ndarray:
+    """Layers ``[first, first + count)`` of ``weights`` (models.gguf_weights.LlamaWeights) as
+    one float32 vector: what a worker is sent, once, and names by content address after."""
+    parts = []
+    for i in range(first, first + count):
+        parts += [weights.layer(i, "attn_norm"), weights.layer(i, "ffn_norm")]
+        parts += [weights.layer(i, p).reshape(-1) for p in PARTS]
+    return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One block's weights (views into a bundle, or the model's own arrays)."""
+
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    matrices: dict[str, np.ndarray]
+
+
+def unbundle(flat: np.ndarray, c, count: int) -> list[Layer]:
+    """The layers of a bundle, as views; ValueError when its size does not fit."""
+    if flat.ndim != 1 or flat.size != count * layer_size(c):
+        raise ValueError(f"a bundle of {count} layers holds {count * layer_size(c)} floats, "
+                         f"got shape {flat.shape}")
+    layers, at, d = [], 0, c.d_model
+    shapes = matrix_shapes(c)
+    for _ in range(count):
+        an, fn = flat[at:at + d], flat[at + d:at + 2 * d]
+        at += 2 * d
+        mats = {}
+        for p in PARTS:
+            k, n = shapes[p]
+            mats[p] = flat[at:at + k * n].reshape(k, n)
+            at += k * n
+        layers.append(Layer(an, fn, mats))
+    return layers
+
+
+def model_layers(weights, first: int, count: int) -> list[Layer]:
+    return [Layer(weights.layer(i, "attn_norm"), weights.layer(i, "ffn_norm"),
+                  {p: weights.layer(i, p) for p in PARTS}) for i in range(first, first + count)]
+
+
+# -- the layer pass -----------------------------------------------------------------------------
+
+Products = Callable[[int, list[tuple[str, np.ndarray]]], list[np.ndarray]]
+"""``products(j, [(part, x), ...])`` -> ``[x @ W_part of the run's layer j, ...]``."""
+
+
+def rope_tables(c, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, [len(positions), head_dim / 2], for llama.cpp's adjacent-pair rotation."""
+    half = c.head_dim // 2
+    inv_freq = c.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / c.head_dim)
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate each adjacent pair (2i, 2i+1) of x [tokens, heads, head_dim] by its angle."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    cc, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * cc - x1 * s
+    out[..., 1::2] = x0 * s + x1 * cc
+    return out
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
+    return (x * scale) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x: silu -> -0
+        return x / (1.0 + np.exp(-x))
+
+
+class KVCache:
+    """Keys and values of one sequence for ``layers`` layers: [layers, kv_heads, positions,
+    head_dim]. Grows by doubling up to the model's context, so a short chat holds a short
+    cache."""
+
+    def __init__(self, config, capacity: int = 256, layers: int | None = None):
+        self.config = config
+        self.layers = config.n_layers if layers is None else layers
+        self.length = 0
+        self._alloc(min(max(capacity, 1), config.context_length))
+
+    def _alloc(self, capacity: int) -> None:
+        c = self.config
+        shape = (self.layers, c.n_kv_heads, capacity, c.head_dim)
+        k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        if self.length:
+            k[:, :, :self.length] = self.k[:, :, :self.length]
+            v[:, :, :self.length] = self.v[:, :, :self.length]
+        self.k, self.v = k, v
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def reserve(self, n_new: int) -> None:
+        need = self.length + n_new
+        if need > self.config.context_length:
+            raise ValueError(f"{need} positions exceed the model's context of "
+                             f"{self.config.context_length} tokens")
+        if need > self.capacity:
+            cap = self.capacity
+            while cap < need:
+                cap *= 2
+            self._alloc(min(cap, self.config.context_length))
+
+
+@dataclass
+class Seq:
+    """One sequence's part of a pass: its new rows, where they go in its cache, its RoPE
+    angles and causal mask (new row t sees cached positions [0, begin + t])."""
+
+    cache: KVCache
+    begin: int
+    end: int
+    cos: np.ndarray
+    sin: np.ndarray
+    mask: np.ndarray
+
+    @classmethod
+    def start(cls, n: int, cache: KVCache) -> Seq:
+        if n <= 0:
+            raise ValueError("forward needs at least one token")
+        cache.reserve(n)
+        return cls.span(cache, cache.length, cache.length + n)
+
+    @classmethod
+    def span(cls, cache: KVCache, begin: int, end: int) -> Seq:
+        """Positions ``[begin, end)`` of ``cache`` (room for them already reserved)."""
+        cos, sin = rope_tables(cache.config, np.arange(begin, end))
+        mask = np.where(np.arange(end)[None, :] <= np.arange(begin, end)[:, None],
+                        np.float32(0), np.float32(-np.inf))
+        return cls(cache, begin, end, cos, sin, mask)
+
+
+def run_layers(c, layers: Sequence[Layer], x: np.ndarray, seqs: Sequence[Seq],
+               products: Products, cache_first: int = 0) -> np.ndarray:
+    """Run ``layers`` over ``x`` ([rows, d]: each sequence's new rows, in order) and return
+    the residual stream after them. Run layer ``j`` keeps its keys and values in layer
+    ``cache_first + j`` of each sequence's cache. Does not advance the caches' lengths."""
+    hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
+    group = nh // nkv
+    scale = np.float32(1.0 / np.sqrt(hd))
+    bounds = np.cumsum([0] + [s.end - s.begin for s in seqs])
+    for j, lw in enumerate(layers):
+        ci = cache_first + j
+        h = rms_norm(x, lw.attn_norm, c.norm_eps)
+        q_all, k_all, v_all = products(j, [("attn_q", h), ("attn_k", h), ("attn_v", h)])
+        attn = np.empty_like(q_all)
+        for s, lo, hi in zip(seqs, bounds[:-1], bounds[1:], strict=True):
+            n, cache = hi - lo, s.cache
+            q = apply_rope(q_all[lo:hi].reshape(n, nh, hd), s.cos, s.sin)
+            k = apply_rope(k_all[lo:hi].reshape(n, nkv, hd), s.cos, s.sin)
+            cache.k[ci, :, s.begin:s.end] = k.transpose(1, 0, 2)
+            cache.v[ci, :, s.begin:s.end] = v_all[lo:hi].reshape(n, nkv, hd).transpose(1, 0, 2)
+            keys, values = cache.k[ci, :, :s.end], cache.v[ci, :, :s.end]  # [nkv, end, hd]
+            qg = q.transpose(1, 0, 2).reshape(nkv, group * n, hd)  # heads by KV head
+            scores = (qg @ keys.transpose(0, 2, 1)).reshape(nkv, group, n, s.end) * scale
+            scores += s.mask
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            out = (p.reshape(nkv, group * n, s.end) @ values).reshape(nh, n, hd)
+            attn[lo:hi] = out.transpose(1, 0, 2).reshape(n, nh * hd)
+        (o,) = products(j, [("attn_output", attn)])
+        x = x + o
+        h = rms_norm(x, lw.ffn_norm, c.norm_eps)
+        gate, up = products(j, [("ffn_gate", h), ("ffn_up", h)])
+        (down,) = products(j, [("ffn_down", silu(gate) * up)])
+        x = x + down
+    return x
+
+
+# -- the worker's side ----------------------------------------------------------------------------
+
+def traced_products(c, layers: Sequence[Layer], rows: int) -> tuple[Products, np.ndarray]:
+    """Products computed here (numpy) and written, with their inputs, into a fresh trace
+    ([rows, count * layer_width]); returns (products, trace)."""
+    cols, width = trace_columns(c), layer_width(c)
+    trace = np.empty((rows, len(layers) * width), np.float32)
+
+    def products(j: int, pairs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        base, out = j * width, []
+        for part, x in pairs:
+            lo, hi = cols[INPUT_OF[part]]
+            trace[:, base + lo:base + hi] = x
+            y = x @ layers[j].matrices[part]
+            lo, hi = cols[part]
+            trace[:, base + lo:base + hi] = y
+            out.append(y)
+        return out
+
+    return products, trace
+
+
+# -- the requester's side -------------------------------------------------------------------------
+
+class Fingerprints:
+    """Per weight: secret Gaussian vectors ``R`` ([n, rounds], never sent), its fingerprint
+    ``W @ R`` and ``W``'s squared row norms (one pass over ``W``); each set serves ``reuse``
+    checks, then is drawn afresh (why reuse is safe enough, and its cost: SECURITY.md)."""
+
+    ROUNDS = 4
+    REUSE = 64
+
+    def __init__(self, rounds: int = ROUNDS, reuse: int = REUSE) -> None:
+        self.rounds, self.reuse = rounds, reuse
+        self._sets: dict[int, list] = {}
+        self.checks = 0
+        self.refreshes = 0
+
+    def check(self, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
+        """Whether ``y`` is ``x @ w`` within f32 rounding (compute.verify's threshold)."""
+        entry = self._sets.get(id(w))
+        if entry is None or entry[0] is not w or entry[4] >= self.reuse:
+            r = draw_vectors(w.shape[1], self.rounds)
+            br, norms2 = project(w, r)
+            entry = self._sets[id(w)] = [w, r, br, norms2, 0]
+            self.refreshes += 1
+        entry[4] += 1
+        self.checks += 1
+        _, r, br, norms2, _ = entry
+        return check_product(x, w, y, r, norms2, br=br)
+
+
+class TraceCheck:
+    """Products taken from a worker's trace, each checked (module docstring) before use."""
+
+    def __init__(self, c, layers: Sequence[Layer], trace: np.ndarray, first: int,
+                 fingerprints: Fingerprints, rows: slice | None = None) -> None:
+        count, width = len(layers), layer_width(c)
+        if trace.shape[1:] != (count * width,) or trace.dtype != np.float32:
+            raise SpanMismatch(first, "trace", False, f"a trace of {count} layers is "
+                               f"[rows, {count * width}] float32, got {trace.shape} "
+                               f"{trace.dtype}")
+        self.c, self.layers, self.trace, self.first = c, layers, trace, first
+        self.fp, self.cols, self.width = fingerprints, trace_columns(c), width
+        self.rows = rows or slice(0, trace.shape[0])
+
+    def _cols(self, j: int, name: str) -> np.ndarray:
+        lo, hi = self.cols[name]
+        return self.trace[self.rows, j * self.width + lo:j * self.width + hi]
+
+    def __call__(self, j: int, pairs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        out = []
+        for part, x in pairs:
+            xw = self._cols(j, INPUT_OF[part])
+            if xw.shape != x.shape:
+                raise SpanMismatch(self.first + j, part, False,
+                                   f"the trace has {xw.shape[0]} rows, the pass {x.shape[0]}")
+            y = np.ascontiguousarray(self._cols(j, part))
+            xw = np.ascontiguousarray(xw)
+            if not self.fp.check(self.layers[j].matrices[part], xw, y):
+                raise SpanMismatch(self.first + j, part, True,
+                                   "the output is not its recorded input times the weight")
+            if not same_input(xw, x):
+                raise SpanMismatch(self.first + j, part, False,
+                                   f"the recorded {INPUT_OF[part]} differs from the "
+                                   "requester's own")
+            out.append(y)
+        return out
+
+
+INPUT_TOLERANCE = 1e-4
+"""How far (relative to the row's RMS) a recorded product input may sit from the requester's
+own: an honest worker runs the same numpy code on the same values and differs by rounding at
+most (a different BLAS in the attention products); a lie in a non-linear step beyond this is
+caught."""
+
+
+def same_input(xw: np.ndarray, x: np.ndarray) -> bool:
+    if not np.isfinite(xw).all():
+        return False
+    rms = np.sqrt(np.mean(np.square(x, dtype=np.float64), axis=1, keepdims=True)) + 1e-30
+    return bool((np.abs(xw.astype(np.float64) - x) <= INPUT_TOLERANCE * rms).all())

@@ -1,0 +1,237 @@
+"""OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models`` on ``--http``.
+
+``openai.OpenAI(base_url="http://HOST:PORT/v1", api_key=KEY).chat.completions.create(
+model="SmolLM2-135M-Instruct", messages=[...])`` works unchanged, with ``stream=True`` as
+server-sent events in OpenAI's chunk format ending in ``data: [DONE]``. The same API key as
+/v1/embeddings (``<data dir>/api-key``) is required, checked before the body is read.
+
+Requests run one at a time on this member's local numpy forward (:mod:`models.generate`),
+with at most :data:`MAX_WAITING` queued (more: 429); batching concurrent requests into one
+decode loop is not done here yet. Every field is checked before any work: a bad request is an
+OpenAI-style 400 naming the parameter, an unknown model a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from swarm.web.embeddings import MAX_WAITING, _error, authorised, no_key
+from swarm.web.embeddings import MODEL as EMBED_MODEL
+
+log = logging.getLogger("swarm.web.chat")
+MODEL = "SmolLM2-135M-Instruct"
+MAX_CHAT_BODY = 1 << 20
+"""Largest chat request body (bytes)."""
+MAX_STOPS = 4
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse(req: object) -> dict:
+    """The generation arguments of a chat request, or :class:`BadRequest` naming the field."""
+    if not isinstance(req, dict):
+        raise BadRequest("the body must be a JSON object")
+    messages = req.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {role, content}", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise BadRequest(f"messages[{i}] needs a string 'content'", "messages")
+        if m.get("role") not in ("system", "user", "assistant"):
+            raise BadRequest(f"messages[{i}]: role {str(m.get('role'))[:40]!r} is not "
+                             "system, user or assistant", "messages")
+    out: dict = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+    max_tokens = req.get("max_completion_tokens", req.get("max_tokens", 256))
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequest(f"'max_tokens' must be a positive integer, got {max_tokens!r}"[:200],
+                         "max_tokens")
+    out["max_tokens"] = max_tokens
+    for name, lo, hi, default in (("temperature", 0.0, 2.0, 1.0), ("top_p", 0.0, 1.0, 1.0)):
+        v = req.get(name, default)
+        if v is None:
+            v = default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi \
+                or (name == "top_p" and v == 0):
+            raise BadRequest(f"'{name}' must be a number in {'(' if name == 'top_p' else '['}"
+                             f"{lo:g}, {hi:g}], got {v!r}"[:200], name)
+        out[name] = float(v)
+    seed = req.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest("'seed' must be an integer", "seed")
+    out["seed"] = seed
+    stop = req.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > MAX_STOPS \
+            or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest(f"'stop' must be a string or a list of up to {MAX_STOPS} non-empty "
+                         "strings", "stop")
+    out["stop"] = stop
+    n = req.get("n", 1)
+    if n != 1:
+        raise BadRequest("only n=1 is served", "n")
+    stream = req.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false", "stream")
+    out["stream"] = stream
+    opts = req.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    out["include_usage"] = bool(opts.get("include_usage"))
+    return out
+
+
+class ChatAPI:
+    """The handlers; ``generator()`` gives the :class:`models.generate.Generator` (loaded on
+    first use, in a thread)."""
+
+    def __init__(self, key: str, generator: Callable[[], object]) -> None:
+        self._key = key.encode()
+        self._generator = generator
+        self._lock = asyncio.Lock()
+        self._waiting = 0
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_get("/v1/models", self.models)
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not authorised(request, self._key):
+            return no_key()
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "swarm"}
+            for m in (MODEL, EMBED_MODEL)]})
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if not authorised(request, self._key):
+            return no_key()
+        if request.content_length is not None and request.content_length > MAX_CHAT_BODY:
+            return _error(413, f"request body over {MAX_CHAT_BODY} bytes", "invalid_request_error")
+        body = await request.content.read(MAX_CHAT_BODY + 1)
+        if len(body) > MAX_CHAT_BODY:
+            return _error(413, f"request body over {MAX_CHAT_BODY} bytes", "invalid_request_error")
+        try:
+            req = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "the body is not JSON", "invalid_request_error")
+        if isinstance(req, dict) and req.get("model") not in (MODEL, f"HuggingFaceTB/{MODEL}"):
+            return _error(404, f"The model {str(req.get('model'))[:100]!r} does not exist here; "
+                               f"this member serves {MODEL!r}", "invalid_request_error",
+                          "model_not_found", "model")
+        try:
+            args = parse(req)
+        except BadRequest as e:
+            return _error(400, str(e), "invalid_request_error", None, e.param)
+        if self._waiting >= MAX_WAITING:
+            return _error(429, "too many chat requests queued here; retry later",
+                          "rate_limit_error")
+        self._waiting += 1
+        try:
+            async with self._lock:
+                return await self._run(request, args)
+        finally:
+            self._waiting -= 1
+
+    async def _run(self, request: web.Request, args: dict) -> web.StreamResponse:
+        from models.generate import GenerationError, Usage
+
+        try:
+            gen = await asyncio.to_thread(self._generator)
+        except Exception as e:  # e.g. the model wheel is not installed on this member
+            log.warning("chat model unavailable: %s", e)
+            return _error(503, f"the chat model is not available here: {e}"[:500],
+                          "server_error")
+        usage = Usage()
+        try:
+            ids = gen.chat_prompt(args["messages"])
+            pieces = gen.stream(ids, max_tokens=args["max_tokens"],
+                                temperature=args["temperature"], top_p=args["top_p"],
+                                seed=args["seed"], stop=args["stop"], usage=usage)
+        except (GenerationError, ValueError) as e:
+            param = "max_tokens" if "max_tokens" in str(e) else "messages"
+            return _error(400, str(e), "invalid_request_error", "context_length_exceeded"
+                          if "context" in str(e) else None, param)
+        rid, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
+        base = {"id": rid, "created": created, "model": MODEL}
+        if not args["stream"]:
+            text, reason = [], None
+            await asyncio.to_thread(lambda: [text.append(p.text) for p in pieces])
+            reason = usage.finish_reason or "length"
+            return web.json_response({**base, "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+                 "finish_reason": reason, "logprobs": None}], "usage": _usage(usage)})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        chunk = {**base, "object": "chat.completion.chunk"}
+
+        async def send(obj) -> None:
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        async def delta(d: dict, reason: str | None) -> None:
+            c = {**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": reason,
+                                       "logprobs": None}]}
+            if args["include_usage"]:
+                c["usage"] = None
+            await send(c)
+
+        await delta({"role": "assistant", "content": ""}, None)
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        cancel = threading.Event()
+
+        def produce() -> None:
+            try:
+                for p in pieces:
+                    loop.call_soon_threadsafe(queue.put_nowait, p)
+                    if cancel.is_set():
+                        break
+            except Exception as e:  # reported in the stream, not lost
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        worker = asyncio.create_task(asyncio.to_thread(produce))
+        try:
+            while (p := await queue.get()) is not None:
+                if isinstance(p, Exception):
+                    await send({"error": {"message": str(p)[:500], "type": "server_error"}})
+                    break
+                if p.text:
+                    await delta({"content": p.text}, None)
+                if p.finish_reason:
+                    await delta({}, p.finish_reason)
+            if args["include_usage"]:
+                await send({**chunk, "choices": [], "usage": _usage(usage)})
+            await resp.write(b"data: [DONE]\n\n")
+        finally:
+            cancel.set()
+            await worker
+        await resp.write_eof()
+        return resp
+
+
+def _usage(u) -> dict:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+class Routes:
+    """Several APIs served together at /v1 (WebServer takes one ``api``)."""
+
+    def __init__(self, *apis) -> None:
+        self.apis = apis
+
+    def add_routes(self, app: web.Application) -> None:
+        for api in self.apis:
+            api.add_routes(app)

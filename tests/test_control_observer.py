@@ -1,0 +1,109 @@
+"""`swarm status` must not report "coordinator: none" for a swarm that has one because one
+DHT read of the coordinator's state item missed (a loaded host answering late).
+
+The CI failure this pins (tests/test_newcomer.py, 2 loaded cores): both members listed,
+coordinator None. A DHT lookup stops waiting for a node that answers late (4 x slow_after,
+0.2 s on loopback) once another node answered, and skips for 60 s a node that timed out
+once; the publisher put its state item while it was alone, so its own node was the only
+holder, and one late answer from it made the observer's single read of that item come back
+empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dht import DHTNode
+from identity import PeerKey
+from swarm.control import charter
+from swarm.control.charter import state_salt
+from swarm.control.core import newest_counted, rereads
+from swarm.control.election import Candidate
+from swarm.control.membership import MemberRecord, swarm_id
+from swarm.control.observer import counted_coordinator_state
+from swarm.control.state import CoordinatorState
+
+SID = swarm_id(b"\x07" * 32)
+
+
+def stall(node: DHTNode, datagrams: int, delay: float) -> None:
+    """``node``'s process is busy: the next ``datagrams`` it receives are handled ``delay``
+    s late, later ones at once (its backlog cleared)."""
+    loop = asyncio.get_running_loop()
+    handle = node.protocol.datagram_received
+    left = [datagrams]
+
+    def late(data: bytes, addr: tuple[str, int]) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            loop.call_later(delay, handle, data, addr)
+        else:
+            handle(data, addr)
+
+    node.protocol.datagram_received = late
+
+
+async def two_members():
+    """A publisher that claimed term 1 while alone (its item on its own node only), then a
+    worker that joined; and an observer built as ``swarm status`` builds it."""
+    pub = DHTNode(PeerKey.generate(), validators=charter.validators())
+    await pub.listen(0, "127.0.0.1")
+    state = CoordinatorState(swarm=SID, term=1, seq=1, coordinator=pub.peer_id)
+    await pub.put_mutable(pub.key, state.encode_item(), salt=state_salt(SID))
+    w = DHTNode(PeerKey.generate(), validators=charter.validators())
+    await w.listen(0, "127.0.0.1")
+    await w.bootstrap([pub.address])
+    obs = DHTNode(PeerKey.generate(), None, rpc_timeout=1.0)  # as observer.dht_observer
+    charter.register_validators(obs)
+    await obs.listen(0, "127.0.0.1")
+    await obs.bootstrap([pub.address])
+    members = [(MemberRecord(n.peer_id, 1.0, dht=n.address), time.time() + 60) for n in (pub, w)]
+    return pub, w, obs, members
+
+
+async def test_a_late_answer_from_the_coordinator_is_not_no_coordinator():
+    pub, w, obs, members = await two_members()
+    try:
+        stall(pub, 2, 0.6)  # the first read's two gets: late, but within the RPC timeout
+        st = await counted_coordinator_state(obs, SID, members)
+        assert st is not None and st.coordinator == pub.peer_id and st.term == 1
+    finally:
+        for n in (obs, w, pub):
+            await n.stop()
+
+
+async def test_a_coordinator_that_timed_out_once_is_asked_again():
+    pub, w, obs, members = await two_members()
+    try:
+        stall(pub, 1, 1.5)  # a longer stall: the observer's request times out (1 s)
+        await obs.get_peers(b"t" * 20)
+        await obs.settle()
+        assert obs._recently_failed(), "the stall should have timed out a request"
+        st = await counted_coordinator_state(obs, SID, members)
+        assert st is not None and st.coordinator == pub.peer_id
+    finally:
+        for n in (obs, w, pub):
+            await n.stop()
+
+
+def _view(*peers, can=True) -> dict:
+    return {p: Candidate(p, 1.0, eligible=can) for p in peers}
+
+
+def test_rereads_only_while_nothing_counts_and_only_who_may_coordinate():
+    a, b, c = (PeerKey.generate().peer_id for _ in range(3))
+    st = CoordinatorState(swarm=SID, term=1, seq=1, coordinator=a)
+    view = {**_view(a, b), **_view(c, can=False)}
+    # nothing read counts: the entitled members whose read came back empty, by id
+    assert rereads(view, {a: None, b: None, c: None}) == tuple(sorted((a, b),
+                                                                      key=lambda p: p.raw))
+    # one counts: nobody is read again (workers that never coordinated have no item)
+    assert rereads(view, {a: st, b: None, c: None}) == ()
+    # an item that does not count (its signer may not coordinate) is no answer
+    bad = CoordinatorState(swarm=SID, term=1, seq=1, coordinator=c)
+    assert newest_counted([bad], view) is None
+    assert rereads(view, {a: None, b: None, c: bad}) == tuple(sorted((a, b),
+                                                                     key=lambda p: p.raw))
+    # a member not in the view (blocked, expired) is not read again
+    assert rereads(_view(a), {a: None, b: None}) == (a,)

@@ -1,0 +1,136 @@
+"""The worker's sans-IO core without links or loops: admission, call order, chaos decisions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import compute
+from identity.keys import PeerKey
+from swarm.runtime.actors import REGISTRY
+from swarm.runtime.chaos import Chaos, ChaosSpec
+from swarm.runtime.hostcore import MAX_INSTANCES, Call, Crash, HostCore, Plan
+from swarm.runtime.objects import ObjectStore, object_id
+from swarm.runtime.protocol import RunTask, TaskArg, TaskFailed
+
+
+@dataclass(eq=False)
+class Link:
+    remote: object
+
+
+def core(capacity: int = 1 << 20, chaos: ChaosSpec | None = None) -> HostCore:
+    backend = compute.get_backend("numpy")
+    return HostCore(ObjectStore(capacity), Chaos(chaos or ChaosSpec()), REGISTRY,
+                    lambda cls: cls(backend), inline_numpy=True)
+
+
+def call(link, task, *, instance=0, seq=-1, args=None, method="matmul") -> Call:
+    args = args if args is not None else [TaskArg(array=np.ones((2, 2), np.float32))] * 2
+    nbytes = sum(a.array.nbytes for a in args if a.array is not None)
+    return Call(link, RunTask(task, "matmul", instance, seq, method, args), nbytes)
+
+
+def test_admits_unordered_calls_and_refuses_unknown_methods_and_draining():
+    c, link = core(), Link(PeerKey.generate().peer_id)
+    assert c.admit(call(link, 1)) is None and len(c.queue) == 1
+    refused = c.admit(call(link, 2, method="nope"))
+    assert isinstance(refused, TaskFailed) and refused.kind == "invalid"
+    c.draining = True
+    refused = c.admit(call(link, 3))
+    assert refused.kind == "busy" and len(c.queue) == 1
+
+
+def test_memory_full_refuses_and_queued_bytes_are_freed_when_done_or_dropped():
+    c, link = core(capacity=40), Link(PeerKey.generate().peer_id)
+    assert c.admit(call(link, 1)) is None                 # 32 bytes reserved
+    assert c.store.reserved == 32
+    refused = c.admit(call(link, 2))
+    assert refused.kind == "busy" and "memory is full" in refused.message
+    running = c.next()
+    assert c.activity() == (1, [(link.remote, 1)])
+    c.done(running)
+    assert c.store.reserved == 0 and c.activity() == (0, [])
+    c.admit(call(link, 3))
+    assert [x.msg.task for x in c.drop(lambda x: True)] == [3] and c.store.reserved == 0
+
+
+def test_calls_of_one_actor_run_in_order_and_a_duplicate_holds_nothing():
+    c, link = core(), Link(PeerKey.generate().peer_id)
+    assert c.admit(call(link, 11, instance=1, seq=1)) is None
+    assert not c.queue and c.store.reserved == 32         # held for seq 0
+    c.admit(call(link, 10, instance=1, seq=0))
+    assert [x.msg.task for x in c.queue] == [10, 11]
+    c.admit(call(link, 12, instance=1, seq=0))            # a retry of a call that ran
+    assert len(c.queue) == 2 and c.store.reserved == 64
+
+
+def test_instances_per_requester_are_capped_and_forgotten_with_the_link():
+    c, link = core(), Link(PeerKey.generate().peer_id)
+    for i in range(1, MAX_INSTANCES + 1):
+        assert c.admit(call(link, i, instance=i, seq=1)) is None   # each held for its seq 0
+    refused = c.admit(call(link, 0, instance=MAX_INSTANCES + 1, seq=0))
+    assert refused.kind == "invalid" and str(MAX_INSTANCES) in refused.message
+    other = Link(PeerKey.generate().peer_id)
+    assert c.admit(call(other, 1, instance=1, seq=0)) is None      # others are not affected
+    c.forget(link)
+    assert c.store.reserved == 32 and all(k[0] == other.remote for k in c.instances)
+
+
+def test_out_of_order_calls_hold_at_most_a_share_of_memory():
+    c, link = core(capacity=4 * 64), Link(PeerKey.generate().peer_id)
+    big = [TaskArg(array=np.ones((4, 4), np.float32))] * 2     # 128 bytes: over 1/4 of 256
+    refused = c.admit(call(link, 1, instance=1, seq=1, args=big))
+    assert refused.kind == "busy" and "held out of order" in refused.message
+    assert c.admit(call(link, 2, instance=1, seq=0, args=big)) is None  # in order: fits
+
+
+def test_plan_resolves_inputs_and_a_missing_object_rewinds_the_actors_order():
+    c, link = core(), Link(PeerKey.generate().peer_id)
+    a = np.arange(4, dtype=np.float32).reshape(2, 2)
+    oid = object_id(a)
+    first = call(link, 1, instance=1, seq=0, args=[TaskArg(oid=oid.raw), TaskArg(array=a)])
+    c.admit(first)
+    c.admit(call(link, 2, instance=1, seq=1))
+    failed = c.plan(c.next())
+    assert failed.kind == "missing" and failed.missing == [oid.raw]
+    assert not c.queue                                     # seq 1 waits for seq 0 again
+    c.store.put(a, oid)
+    c.admit(first)
+    assert [x.msg.task for x in c.queue] == [1, 2]
+    plan = c.plan(c.next())
+    assert isinstance(plan, Plan) and plan.inline and plan.method is not None
+    np.testing.assert_array_equal(plan.method(plan.arrays, plan.params)[0], a @ a)
+
+
+def test_chaos_decisions_crash_refuse_hang_corrupt_drop():
+    link = Link(PeerKey.generate().peer_id)
+    c = core(chaos=ChaosSpec(crash_after=0))
+    c.admit(call(link, 1))
+    assert isinstance(c.plan(c.next()), Crash)
+    c = core(chaos=ChaosSpec(invalid=1.0))
+    c.admit(call(link, 1))
+    assert c.plan(c.next()).message == "SWARM_CHAOS: refused"
+    c = core(chaos=ChaosSpec(hang=1.0))
+    c.admit(call(link, 1))
+    plan = c.plan(c.next())
+    assert plan.method is None and not plan.inline
+    c = core(chaos=ChaosSpec(corrupt=1.0, drop=1.0, delay_ms=5, seed=1))
+    c.admit(call(link, 1))
+    plan = c.plan(c.next())
+    right = plan.method(plan.arrays, plan.params)
+    answer = c.answer(plan, right)
+    assert answer.drop and answer.delay_s == 0.005
+    assert not np.array_equal(answer.outputs[0], right[0])
+
+
+def test_a_methods_error_and_a_kernel_timeout_are_told_apart():
+    from swarm.runtime.kernels import KernelTimeout
+
+    c, link = core(), Link(PeerKey.generate().peer_id)
+    c.admit(call(link, 1))
+    plan = c.plan(c.next())
+    assert c.failed(plan, KernelTimeout("too slow")).kind == "timeout"
+    failed = c.failed(plan, ValueError("bad"))
+    assert failed.kind == "error" and failed.message == "ValueError: bad"

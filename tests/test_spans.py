@@ -1,0 +1,190 @@
+"""SmolLM2 over the swarm (swarm.spans): workers host spans of blocks, every value checked.
+
+Real local swarms (worker processes over TLS). Greedy tokens through two spans equal the local
+numpy forward's; a worker that corrupts its trace or computes with another layer's weights
+changes no token and is proven a liar by the product it signed; a worker that dies mid-text is
+replaced, its cache rebuilt from the inputs the requester kept, and the text goes on unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import swarm
+from models import gguf_weights
+from models import span as llama_span
+from models.llama import Llama
+from swarm.runtime.actors import LlamaSpanActor, SpanConfig, check_span_forward
+from swarm.spans import SpanLlama
+
+pytestmark = [pytest.mark.system]
+
+PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 30, 23, 1004, 28, 5, 42, 2919]]
+TOKENS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    with threadpool_limits(1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return gguf_weights.load()
+
+
+@pytest.fixture(scope="module")
+def want(weights):
+    model = Llama(weights)
+    return [greedy(model, p, TOKENS) for p in PROMPTS]
+
+
+def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
+    cache = model.new_cache()
+    logits = model.forward(ids, cache)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.forward([out[-1]], cache)
+    return out
+
+
+def greedy_batch(model: Llama, prompts: list[list[int]], n: int) -> list[list[int]]:
+    caches = [model.new_cache() for _ in prompts]
+    logits = model.forward_batch(list(zip(prompts, caches, strict=True)))
+    outs: list[list[int]] = [[] for _ in prompts]
+    for _ in range(n):
+        for o, lg in zip(outs, logits, strict=True):
+            o.append(int(np.argmax(lg)))
+        logits = model.forward_batch([([o[-1]], c) for o, c in zip(outs, caches, strict=True)])
+    return outs
+
+
+def test_greedy_tokens_through_two_spans_equal_the_local_forward(weights, want):
+    with swarm.local(2, threads=1) as client:
+        model = SpanLlama(client, weights)
+        assert model.plan == [(0, 15), (15, 15)]
+        assert [greedy(model, p, TOKENS) for p in PROMPTS] == want
+        hosts = model.hosts()
+        assert set(hosts) == set(client.worker_ids)  # one span on each worker
+        stats = model.take_stats()
+        assert stats.calls == 2 * len(PROMPTS) * (TOKENS + 1) and stats.rejected == 0
+        assert stats.local == 0 and stats.checks > 0
+        # weights stayed put: each bundle went once, calls carry activations only
+        assert stats.bytes_out < 4 * 576 * 64 * len(PROMPTS) * TOKENS
+        # a batch of sequences shares each span's pass
+        assert greedy_batch(model, PROMPTS, TOKENS) == want
+        assert model.take_stats().calls == 2 * (TOKENS + 1)
+        # client.generate streams the same text through the spans
+        ask = "What is the capital of France?"
+        assert "".join(client.generate(ask, max_tokens=12, model=model)) == \
+            "".join(client.generate(ask, max_tokens=12))
+
+
+@pytest.mark.parametrize("liar", ["corrupt=1", "layer=1"])
+def test_a_lying_span_changes_no_token_and_is_proven(weights, want, liar):
+    with swarm.local(2, threads=1, chaos=[None, liar]) as client:
+        honest, liar_id = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert greedy(model, PROMPTS[0], TOKENS) == want[0]
+        stats = model.take_stats()
+        assert stats.rejected >= 1 and stats.local == 0
+        assert model.hosts() == [honest, honest]  # the liar hosts nothing any more
+        deadline = time.monotonic() + 30
+        while liar_id not in client.node.proven_liars and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.node.proven_liars == {liar_id}
+
+
+def test_a_worker_that_dies_mid_text_is_replaced_and_the_text_goes_on(weights, want):
+    # the second worker serves the second span; it dies on its 6th call (prefill + 4 steps)
+    with swarm.local(2, threads=1, chaos=[None, "crash_after=5"]) as client:
+        model = SpanLlama(client, weights)
+        assert greedy(model, PROMPTS[1], TOKENS) == want[1]
+        stats = model.take_stats()
+        assert stats.rebuilt >= 1 and stats.local == 0
+        assert len(set(model.hosts())) == 1  # the survivor hosts both spans now
+
+
+def _call(weights, rows=3, count=2):
+    c = SpanConfig.of(weights.config)
+    flat = llama_span.bundle(weights, 4, count)
+    x = np.random.default_rng(0).standard_normal((rows, c.d_model)).astype(np.float32)
+    params = {"first": 4, "count": count, "config": c.params(), "seqs": [[7, 0, rows]],
+              "drop": []}
+    return x, flat, params
+
+
+def test_span_actor_keeps_each_sequences_cache_and_refuses_bad_calls(weights):
+    x, flat, params = _call(weights)
+    actor = LlamaSpanActor(None)
+    (trace,) = actor.forward([x, flat], params)
+    assert trace.shape == (3, 2 * llama_span.layer_width(weights.config))
+    assert actor.caches[7].length == 3
+    step = {**params, "seqs": [[7, 3, 1]]}
+    actor.forward([x[:1], flat], step)
+    assert actor.caches[7].length == 4
+    with pytest.raises(ValueError, match="holds 4 positions, not 3"):
+        actor.forward([x[:1], flat], step)
+    bad = [({**params, "count": 3}, "bundle of 3 layers"),
+           ({**params, "seqs": [[7, 0, 2]]}, "cover x's rows"),
+           ({**params, "config": {"d_model": 576}}, "config= must be a map"),
+           ({**params, "extra": 1}, "forward takes"),
+           ({**params, "seqs": [[7, 0, 3]] * 2}, "each sequence once")]
+    for p, msg in bad:
+        with pytest.raises((ValueError, TypeError), match=msg):
+            check_span_forward([x, flat], p)
+
+
+def test_span_actor_keeps_to_the_workers_blas_threads(weights, monkeypatch):
+    """A worker started with --threads 1 runs its span's layer pass on one BLAS thread: two
+    span workers on two cores at the library's default of two threads each had decoded at
+    a fraction of the local forward's speed."""
+    from threadpoolctl import threadpool_info
+
+    from compute.numpy_backend import NumpyBackend
+    from swarm.runtime import actors
+
+    seen = []
+    real = actors.llama_span.run_layers
+
+    def spy(*a, **kw):
+        seen.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(actors.llama_span, "run_layers", spy)
+    x, flat, params = _call(weights)
+    with threadpool_limits(2, user_api="blas"):  # the library's default on two cores
+        LlamaSpanActor(NumpyBackend(threads=1)).forward([x, flat], params)
+    assert seen == [[1]]
+
+
+def test_the_judge_proves_a_wrong_span_product_and_never_an_honest_trace(weights):
+    import msgpack
+
+    from identity.keys import PeerKey
+    from swarm.runtime.evidence import Evidence, Receipt, check_evidence, output_ids
+    from swarm.runtime.objects import object_id
+
+    x, flat, params = _call(weights, rows=2, count=1)
+    (trace,) = LlamaSpanActor(None).forward([x, flat], params)
+    packed = msgpack.packb(params, use_bin_type=True)
+    worker, requester = PeerKey.generate(), PeerKey.generate()
+
+    def judge(out):
+        arrays = {object_id(a).raw: a for a in (x, flat, out)}
+        r = Receipt.sign(worker, requester.peer_id, 1, "llama_span", "forward", packed,
+                         [object_id(x).raw, object_id(flat).raw], output_ids([out]))
+        return check_evidence(Evidence(r, packed), arrays.get)
+
+    assert not judge(trace).proven
+    lo, _ = llama_span.trace_columns(weights.config)["ffn_up"]
+    bad = trace.copy()
+    bad[1, lo + 5] += 1.0
+    finding = judge(bad)
+    assert finding.proven and "ffn_up" in finding.why
