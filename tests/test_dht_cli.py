@@ -36,7 +36,10 @@ async def _terminate(proc) -> int:
 
 async def test_serve_stores_items_and_stops_on_sigterm(tmp_path):
     procs = []
-    client = DHTNode(rpc_timeout=5)  # two server processes on a busy 2-core host: no hurry
+    # Two server processes on a busy 2-core host: no hurry. A fixed slow_after (grace 4 s)
+    # rather than the adaptive one (from 50 ms): under load a lookup gave up on a server
+    # that was slow, not gone, wrote the item to the other only and the reader missed it.
+    client = DHTNode(rpc_timeout=5, slow_after=1.0)
     try:
         first, addr1 = await _start(tmp_path / "a")
         procs.append(first)
@@ -46,7 +49,7 @@ async def test_serve_stores_items_and_stops_on_sigterm(tmp_path):
         assert await client.bootstrap([addr2]) >= 1
         key = PeerKey.generate()
         await client.put_mutable(key, b"kept by the servers")
-        reader = DHTNode(rpc_timeout=5)
+        reader = DHTNode(rpc_timeout=5, slow_after=1.0)
         await reader.listen()
         try:
             await reader.bootstrap([addr1])
