@@ -543,12 +543,6 @@ class ControlCore:
         """``peer``'s DHT address as its announcement (or a heartbeat we follow) gave it."""
         return self.addrs.get(peer)
 
-    def live_peers(self) -> list[tuple[str, int]]:
-        """DHT addresses of live, unblocked members (for a fresh join URI)."""
-        blocked = self.blocked()
-        return [self.addrs[p] for p in self.controller.view if p in self.addrs
-                and p not in blocked]
-
     def takes_evidence(self) -> bool:
         """Whether evidence sent here is judged here (we coordinate)."""
         return self.controller.role is Duty.COORDINATOR

@@ -129,10 +129,6 @@ class ControlPlane:
         """The node's hook: refuse blocked peers' links and keep shards off them."""
         return peer not in self.core.blocked()
 
-    def live_peers(self) -> list[tuple[str, int]]:
-        """DHT addresses of live, unblocked members (for a fresh join URI)."""
-        return self.core.live_peers()
-
     def accept_charter(self, ownership: Ownership) -> None:
         """Take a verified charter (from :func:`swarm.control.charter.fetch` with our floor);
         :class:`CharterError` for a rollback."""
