@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from swarm.commands.demo_run import SwarmProcess, child_env  # noqa: E402
 from swarm.control import observer  # noqa: E402
-from swarm.demo_run import SwarmProcess, child_env  # noqa: E402
 from swarm.uri import parse  # noqa: E402
 
 

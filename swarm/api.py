@@ -1014,7 +1014,7 @@ def local(workers: int = 2, *, threads: int | None = None,
                 wenv["SWARM_CHAOS"] = chaos_list[i]
             # -P: this tree (PYTHONPATH), not a `swarm` in the working directory
             procs.append(subprocess.Popen(
-                [sys.executable, "-P", "-m", "swarm.local_worker", "--swarm-id", sid.hex(),
+                [sys.executable, "-P", "-m", "swarm.processes.worker", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
                  "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
                  "--bench-size", "256", "--exit-with-parent"],
@@ -1048,5 +1048,5 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> PeerId:
     reader.join(timeout)
     if not result or not result[0]:
         raise LocalError(f"worker process {proc.pid} did not start (exit code "
-                           f"{proc.poll()}); run `python -m swarm.local_worker -v ...` to see why")
+                           f"{proc.poll()}); run `python -m swarm.processes.worker -v ...` to see why")
     return PeerId.parse(json.loads(result[0])["peer_id"])

@@ -35,7 +35,7 @@ Hooks for the control plane (all optional, all on the instance):
 ``members()``, ``send_control(peer, msg)``, ``link_to(peer)``
     the live member list, and a way to reach any member over a link.
 
-A plain worker process (no control plane): ``python -m swarm.local_worker``.
+A plain worker process (no control plane): ``python -m swarm.processes.worker``.
 """
 
 from __future__ import annotations

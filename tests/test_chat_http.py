@@ -13,7 +13,7 @@ import pytest
 
 import swarm
 from models.generate import smollm2
-from swarm.member import openai_api
+from swarm.processes.member import openai_api
 from swarm.web.server import SwarmInfo, WebServer
 
 pytestmark = [pytest.mark.system]

@@ -33,7 +33,7 @@ def test_the_demos_extra_job_gives_every_worker_a_band_at_uneven_rates():
     demo then waited 15 s for a block that could not come (half the runs took 28-47 s, the
     others 13-16 s). Rates as measured in one of those runs: one worker twice the others."""
     from identity.keys import PeerKey
-    from swarm.demo_run import catch_rows
+    from swarm.commands.demo_run import catch_rows
     from swarm.runtime.jobs import plan_bands
     from swarm.runtime.scheduler import MIN_RATED_FLOPS, RateBook
 
@@ -53,7 +53,7 @@ def test_the_demos_table_sums_every_job():
     results caught: 2" (all jobs)."""
     from types import SimpleNamespace
 
-    from swarm.demo_run import add_report
+    from swarm.commands.demo_run import add_report
     from swarm.runtime.jobcore import PeerReport
 
     rows: dict[str, dict] = {}

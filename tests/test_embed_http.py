@@ -16,7 +16,7 @@ import pytest
 
 import swarm
 from models.minilm import MiniLM
-from swarm.member import embeddings_api
+from swarm.processes.member import embeddings_api
 from swarm.web.embeddings import api_key
 from swarm.web.server import SwarmInfo, WebServer
 

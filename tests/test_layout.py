@@ -56,15 +56,15 @@ def test_no_pickle_or_eval_anywhere():
 
 # inside swarm/: module prefix -> swarm modules it must never import (DESIGN.md target layout:
 # links and runtime below the control plane, the node below the charter, commands on top)
-_ABOVE_DATA_PLANE = ("swarm.control", "swarm.node", "swarm.api", "swarm.member", "swarm.cli",
-                     "swarm.commands", "swarm.demo_run", "swarm.local_worker")
+_ABOVE_DATA_PLANE = ("swarm.control", "swarm.node", "swarm.api", "swarm.processes", "swarm.cli",
+                     "swarm.commands")
 SWARM_FORBIDDEN = {
     "swarm/links": _ABOVE_DATA_PLANE,
     "swarm/runtime": _ABOVE_DATA_PLANE,
-    "swarm/control": ("swarm.node", "swarm.api", "swarm.member", "swarm.cli", "swarm.commands",
-                      "swarm.demo_run", "swarm.local_worker"),
+    "swarm/control": ("swarm.node", "swarm.api", "swarm.processes", "swarm.cli", "swarm.commands"),
     "swarm/node.py": ("swarm.control.charter", "swarm.control.plane", "swarm.control.machine",
-                      "swarm.api", "swarm.member", "swarm.cli", "swarm.commands"),
+                      "swarm.api", "swarm.processes", "swarm.cli", "swarm.commands"),
+    "swarm/processes": ("swarm.cli", "swarm.commands"),
 }
 
 
@@ -109,15 +109,14 @@ FLOORS: list[tuple[str, ...]] = [
     ("compute", "identity"),
     ("dht", "models"),
     ("swarm", "swarm.errors", "swarm.netaddr", "swarm.wire", "swarm.uri", "swarm.config",
-     "swarm.loop", "swarm.consent"),
+     "swarm.loop"),
     ("swarm.links",),
     ("swarm.runtime",),
     ("swarm.control",),
     ("swarm.web", "swarm.testing"),
     ("swarm.node",),
-    ("swarm.api", "swarm.member", "swarm.local_worker", "swarm.executor", "swarm.embedding",
+    ("swarm.api", "swarm.processes", "swarm.executor", "swarm.embedding",
      "swarm.spans"),
-    ("swarm.demo_run",),
     ("swarm.commands",),
     ("swarm.cli", "swarm.__main__"),
 ]

@@ -51,7 +51,7 @@ def open_owner_key(spec: str, *, create: bool = False):
     """``--owner-key`` opened; a ``soft:PATH`` that does not exist is a usage error unless
     ``create`` (only ``swarm publish`` founds an owner key: elsewhere a typo in the path
     must not quietly make a new, useless one)."""
-    from swarm.control import owned
+    from swarm.commands import owned
 
     if not create:
         check_owner_key(spec)
@@ -104,7 +104,7 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title:
 
 def member_event(event: str, ready: Any) -> dict[str, Any]:
     """The JSON line `publish --json` and `join --json` print once the member is up, from
-    a :class:`swarm.member.Ready`."""
+    a :class:`swarm.processes.member.Ready`."""
     node, uri = ready.node, ready.uri
     return {"event": event, "peer": str(node.peer_id), "uri": str(uri), "name": uri.name,
             "swarm": uri.swarm_id.hex(), "role": ready.control.role.value,
@@ -116,7 +116,7 @@ def interrupted_exit(reason: str) -> None:
     """After a member's graceful leave: a leave that Ctrl-C started ends like every other
     interrupted command (``KeyboardInterrupt``: "interrupted", exit 130); SIGTERM's is a
     clean 0, as systemd expects."""
-    from swarm.member import INTERRUPTED
+    from swarm.processes.member import INTERRUPTED
 
     if reason == INTERRUPTED:
         raise KeyboardInterrupt

@@ -24,7 +24,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.demo_run import run_demo
+    from swarm.commands.demo_run import run_demo
     from swarm.errors import ConfigError
 
     if not 1 <= args.workers <= 16:

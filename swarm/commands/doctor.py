@@ -251,7 +251,7 @@ def _benchmark() -> dict[str, Any]:
 
 
 def _security_key() -> tuple[bool, str]:
-    from swarm.control.owned import open_owner_key
+    from swarm.commands.owned import open_owner_key
     from swarm.errors import LocalError
 
     try:

@@ -119,7 +119,8 @@ async def _change(join, args) -> int:
     from identity import Charter, IdentityError, OwnershipTransfer, Signed
     from identity.errors import AuthenticatorError
     from identity.statements import MAX_CHARTER_ADMINS
-    from swarm.control import charter, observer, owned
+    from swarm.commands import owned
+    from swarm.control import charter, observer
     from swarm.errors import ConfigError
 
     mine = owned.find_by_key(args.data_dir, join.pubkey)

@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm import loop as swarm_loop
     from swarm import member
+    from swarm.commands import owned
     from swarm.commands._network import bootstrap_addresses
-    from swarm.control import owned
     from swarm.control.membership import swarm_id
     from swarm.uri import JoinURI
 

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                      timeout=60)
     control = None
     if args.report_liars:
-        from swarm.demo_run import _attach_control
+        from swarm.commands.demo_run import _attach_control
 
         control = _attach_control(client, parse(args.uri))
         deadline = time.monotonic() + 30  # reports go to the coordinator: learn it first

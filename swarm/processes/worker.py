@@ -1,6 +1,6 @@
 """A plain worker process with no control plane: what ``swarm.local`` starts.
 
-``python -m swarm.local_worker --swarm-id HEX --bootstrap HOST:PORT [--data-dir D]`` runs one
+``python -m swarm.processes.worker --swarm-id HEX --bootstrap HOST:PORT [--data-dir D]`` runs one
 :class:`~swarm.node.Node` until SIGTERM and prints one JSON line when it is ready.
 """
 
@@ -43,7 +43,7 @@ def _swarm_id(text: str) -> bytes:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m swarm.local_worker",
+    p = argparse.ArgumentParser(prog="python -m swarm.processes.worker",
                                 description="Run one swarm worker node until SIGTERM.")
     p.add_argument("--swarm-id", type=_swarm_id, required=True, help="40 hex digits")
     p.add_argument("--bootstrap", type=_addr, action="append", default=[], metavar="HOST:PORT")
