@@ -907,7 +907,7 @@ class ControlCore:
         if self.passive or not found:
             return False
         votes = followers(self.records.values())
-        blocking = [s for s in counted_states(found, c.view, c.charter_blocked)
+        blocking = [s for s in counted_states(found, c.view, ())
                     if self.me in s.blocked_ids and self._followed(s)]
         top = max(blocking, key=lambda s: (votes[follows(s.term, s.coordinator)], s.term,
                                            s.seq), default=None)

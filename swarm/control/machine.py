@@ -337,7 +337,6 @@ class Controller:
 
     def __init__(self, me: PeerId, swarm: bytes, now: float, timing: Timing = Timing(),
                  state: CoordinatorState | None = None,
-                 charter_blocked: Iterable[PeerId] = (),
                  check_evidence: EvidenceCheck = refuse_unchecked) -> None:
         self.me = me
         self.swarm = swarm
@@ -346,7 +345,6 @@ class Controller:
         self.state = state
         """The latest coordinator state we accepted (ours when we coordinate)."""
         self.guard = TermGuard(state.term if state else 0)
-        self.charter_blocked = frozenset(charter_blocked)
         self.view: dict[PeerId, Candidate] = {}
         self.suspects: dict[PeerId, float] = {}
         """Peers we take for dead (silent coordinators, or winners that never showed up), and
@@ -420,8 +418,8 @@ class Controller:
         return self.state.coordinator
 
     def blocked(self) -> frozenset[PeerId]:
-        """Peers refused everywhere: the charter's blocklist plus the coordinator's."""
-        return self.charter_blocked | (self.state.blocked_ids if self.state else frozenset())
+        """Peers refused everywhere: the blocklist of the state we follow."""
+        return self.state.blocked_ids if self.state else frozenset()
 
     def actions(self) -> list[Action]:
         """Take the actions produced since the last call."""
@@ -498,12 +496,6 @@ class Controller:
         for s in kept:
             self.guard.observe(s.term)
         return kept
-
-    def set_charter_blocked(self, peers: Iterable[PeerId]) -> None:
-        new = frozenset(peers) - self.charter_blocked
-        self.charter_blocked = frozenset(peers)
-        for p in new:
-            self._actions.append(Disconnect(p, "blocked by the owner", True))
 
     def tick(self, now: float) -> None:
         """Timers: heartbeats, failover, claim and handoff deadlines."""
