@@ -105,6 +105,18 @@ def test_api_key_file_is_private_and_stable(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "api-key").st_mode) == 0o600
 
 
+def test_an_empty_api_key_file_is_replaced_not_a_crash(tmp_path):
+    """An empty api-key (a member killed between creating it and writing the key, as the
+    hand-written O_EXCL writer could be) made every later start fail with FileExistsError.
+    Now the key is written whole or not at all (identity.files.write_private), and an empty
+    leftover is replaced by a fresh private key."""
+    (tmp_path / "api-key").write_text("")
+    key = api_key(tmp_path)
+    assert key.startswith("sk-swarm-") and (tmp_path / "api-key").read_text().strip() == key
+    assert stat.S_IMODE(os.stat(tmp_path / "api-key").st_mode) == 0o600
+    assert api_key(tmp_path) == key
+
+
 def test_a_published_member_serves_embeddings(tmp_path):
     """The real path: `swarm publish --http` with a worker joined; the openai client gets
     the model's embeddings with the key from the member's data dir."""

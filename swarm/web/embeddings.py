@@ -20,12 +20,13 @@ import base64
 import hmac
 import json
 import logging
-import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
+
+from identity.files import write_private
 
 log = logging.getLogger("swarm.web.embeddings")
 MODEL = "all-MiniLM-L6-v2"
@@ -40,19 +41,29 @@ in :mod:`swarm.web.chat`)."""
 
 
 def api_key(data_dir: Path) -> str:
-    """This member's API key: read from ``data_dir/api-key``, made (0600) when absent."""
+    """This member's API key: read from ``data_dir/api-key``, made (0600) when absent or
+    empty. Two members starting at once on one data dir get the same key: the first file
+    put in place wins."""
     path = Path(data_dir) / KEY_FILE
+    key = _read_key(path)
+    if key:
+        return key
+    new = "sk-swarm-" + secrets.token_urlsafe(32)
+    data = (new + "\n").encode()
+    if write_private(path, data, exclusive=True):
+        return new
+    key = _read_key(path)  # another process made it first, or an empty leftover stands
+    if key:
+        return key
+    write_private(path, data)
+    return new
+
+
+def _read_key(path: Path) -> str:
     try:
-        key = path.read_text().strip()
-        if key:
-            return key
+        return path.read_text().strip()
     except FileNotFoundError:
-        pass
-    key = "sk-swarm-" + secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    return key
+        return ""
 
 
 def _error(status: int, message: str, kind: str, code: str | None = None,
