@@ -49,7 +49,6 @@ from dht.errors import DHTError
 from identity.keys import PeerId, PeerKey
 from swarm import loop as swarm_loop
 from swarm.control.charter import validators
-from swarm.control.membership import MemberRecord, swarm_id
 from swarm.errors import (
     ActorDiedError,
     ConfigError,
@@ -57,6 +56,7 @@ from swarm.errors import (
     LocalError,
     RemoteError,
 )
+from swarm.members import MemberRecord, swarm_id
 from swarm.netaddr import source_address
 from swarm.node import Node, NodeConfig
 from swarm.runtime import jobs

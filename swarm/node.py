@@ -5,7 +5,7 @@ A :class:`Node` is what ``swarm join`` runs (worker role) and what a client embe
 
 - its :class:`~identity.keys.PeerKey` comes from the data dir (``peer.key``, 0600);
 - a :class:`~dht.DHTNode` joins through bootstrap addresses; the node announces its
-  :class:`~swarm.control.membership.MemberRecord` under the swarm's topic and re-announces it;
+  :class:`~swarm.members.MemberRecord` under the swarm's topic and re-announces it;
 - a worker listens for TLS links and serves tasks on them with an
   :class:`~swarm.runtime.host.ActorHost`; a requester dials workers found in the member list
   and runs jobs with a :class:`~swarm.runtime.requester.Requester`;
@@ -57,15 +57,6 @@ from dht import DHTNode, LookupFailed
 from dht.validators import Validator
 from identity.keys import PeerId, PeerKey
 from swarm import __version__, wire
-from swarm.control.membership import (
-    ACTIVITY_INTERVAL,
-    ANNOUNCE_TTL,
-    MemberRecord,
-    announce,
-    follows,
-    live_members,
-    read_health,
-)
 from swarm.errors import ConfigError, LinkClosed
 from swarm.links import tls
 from swarm.links.base import PeerLink
@@ -80,6 +71,15 @@ from swarm.links.circuit import (
 )
 from swarm.links.relay import RelayedSignal, RelayRefused, RelaySignal, RelaySignaler, SignalRelay
 from swarm.loop import Supervisor
+from swarm.members import (
+    ACTIVITY_INTERVAL,
+    ANNOUNCE_TTL,
+    MemberRecord,
+    announce,
+    follows,
+    live_members,
+    read_health,
+)
 from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import DeliveredEvidence, Evidence, check_evidence
 from swarm.runtime.host import ActorHost
@@ -129,7 +129,7 @@ class NodeConfig:
     data_dir: Path
     """Keys and DHT state (created 0700)."""
     swarm_id: bytes
-    """The 20-byte swarm id (see :func:`swarm.control.membership.swarm_id`)."""
+    """The 20-byte swarm id (see :func:`swarm.members.swarm_id`)."""
     roles: tuple[str, ...] = ("worker",)
     """"worker" serves tasks; "requester" submits them."""
     host: str = "127.0.0.1"

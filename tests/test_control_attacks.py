@@ -465,7 +465,7 @@ async def test_a_suspected_member_is_not_asked_in_dht_lookups(tmp_path):
     claim's lookups start; a claim that waited on the dead coordinator's node in each of its
     three lookups outlasted the claim deadline (5.2 s in bench/control.py)."""
     from dht.node import node_id_of
-    from swarm.control.membership import MemberRecord
+    from swarm.members import MemberRecord
 
     plane = _plane(tmp_path)
     dead = PeerKey.generate().peer_id

@@ -12,8 +12,8 @@ import pytest
 
 from swarm.cli import build_parser
 from swarm.commands._network import ENV, add_network_options, bootstrap_addresses
-from swarm.control.membership import MAX_SEEN_PEERS, load_seen_peers, save_seen_peers
 from swarm.errors import ConfigError
+from swarm.members import MAX_SEEN_PEERS, load_seen_peers, save_seen_peers
 from swarm.uri import MAX_PEERS, JoinURI, parse
 
 NETWORKED = [["publish", "--name", "x"], ["join", "U"], ["status", "U"], ["kick", "U", "P"],

@@ -20,8 +20,8 @@ import pytest
 
 from identity import PeerKey
 from swarm.control import charter
-from swarm.control.membership import MemberRecord, announce, swarm_id
 from swarm.control.state import CoordinatorState
+from swarm.members import MemberRecord, announce, swarm_id
 from swarm.uri import parse
 from tests.conftest import run_swarm, subprocess_env
 from tests.control_support import SIGKILL

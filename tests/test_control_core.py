@@ -15,8 +15,8 @@ from identity import PeerId, PeerKey
 from swarm.control import core as cc
 from swarm.control.election import Candidate
 from swarm.control.machine import MAX_PIECES_PER_REPORTER, Controller, Duty, Judgement
-from swarm.control.membership import MemberRecord, follows
 from swarm.control.state import BlockEntry, CoordinatorState, LiarReport, seal
+from swarm.members import MemberRecord, follows
 from swarm.testing.sim import Member, Sim, SyncAdapter
 from tests.test_control_machine import SWARM, _pid, _stable
 

@@ -20,9 +20,9 @@ from swarm.control import charter
 from swarm.control.charter import state_salt
 from swarm.control.core import newest_counted, rereads
 from swarm.control.election import Candidate
-from swarm.control.membership import MemberRecord, swarm_id
 from swarm.control.observer import counted_coordinator_state
 from swarm.control.state import CoordinatorState
+from swarm.members import MemberRecord, swarm_id
 
 SID = swarm_id(b"\x07" * 32)
 

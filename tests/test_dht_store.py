@@ -182,7 +182,7 @@ def test_the_largest_record_an_announcement_takes_fits_its_bep44_copy():
     from dht.bencode import bencode
     from dht.items import MAX_VALUE
     from identity import PeerKey
-    from swarm.control.membership import MAX_RECORD as MEMBER_RECORD
+    from swarm.members import MAX_RECORD as MEMBER_RECORD
 
     key = PeerKey.generate()
     biggest = Announcement.create(key, key.peer_id, b"t", b"r" * MAX_RECORD, 1000.0)

@@ -68,7 +68,7 @@ async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
     unreachable for a whole backoff; a NAT system test failed so.)"""
     from identity.keys import PeerKey
     from swarm.control.charter import validators
-    from swarm.control.membership import swarm_id
+    from swarm.members import swarm_id
     from swarm.node import Node, NodeConfig
 
     sid = swarm_id(PeerKey.generate().public_bytes)
@@ -101,7 +101,7 @@ async def test_a_relay_link_that_breaks_is_replaced_at_once(tmp_path):
     node links a relay again in about RELAY_AGAIN, not at the next RELAY_INTERVAL (10 s),
     which held up every requester re-dialing it (the NAT flush test waited ~8 s)."""
     from identity.keys import PeerKey
-    from swarm.control.membership import swarm_id
+    from swarm.members import swarm_id
     from swarm.node import RELAY_INTERVAL, Node
 
     sid = swarm_id(PeerKey.generate().public_bytes)

@@ -13,8 +13,8 @@ from dht import DHTNode
 from identity.keys import PeerKey
 from swarm.commands.consent import ConsentStore
 from swarm.control.charter import load_floor, save_floor
-from swarm.control.membership import load_seen_peers, save_seen_peers
 from swarm.control.state import CoordinatorState, load_state, save_state
+from swarm.members import load_seen_peers, save_seen_peers
 
 pytestmark = pytest.mark.timeout(60)
 KEY = PeerKey.generate()

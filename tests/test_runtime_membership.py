@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from identity.keys import PeerKey
-from swarm.control.membership import (
+from swarm.errors import ProtocolError
+from swarm.members import (
     MAX_RECORD,
     MAX_SERVING,
     MAX_TASKS,
@@ -18,7 +19,6 @@ from swarm.control.membership import (
     read_health,
     swarm_id,
 )
-from swarm.errors import ProtocolError
 
 
 def record(**kw):

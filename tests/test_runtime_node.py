@@ -9,8 +9,8 @@ import pytest
 from identity.keys import PeerKey
 from swarm import wire
 from swarm.control.charter import validators
-from swarm.control.membership import swarm_id
 from swarm.errors import AuthenticationError
+from swarm.members import swarm_id
 from swarm.node import Node, NodeConfig
 
 

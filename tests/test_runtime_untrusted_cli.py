@@ -15,8 +15,8 @@ import pytest
 
 import swarm
 from identity import PeerId, PeerKey
-from swarm.control.membership import swarm_id
 from swarm.control.state import seal
+from swarm.members import swarm_id
 from swarm.uri import parse
 from tests.conftest import run_swarm, subprocess_env
 from tests.control_support import Cluster

@@ -14,10 +14,11 @@ import pytest
 from dht.announce import Announcement, announcement_buffer
 from dht.errors import ItemError
 from identity import PeerKey
-from swarm.control.membership import MemberRecord, candidate, membership_topic
+from swarm.control.election import candidate
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
 from swarm.links import tabs as relay
 from swarm.links import tls
+from swarm.members import MemberRecord, membership_topic
 from swarm.runtime.protocol import TaskFailed, TaskResult
 from swarm.web.session import (
     DOMAIN,

@@ -71,8 +71,8 @@ def rate(text: str) -> int:
 def with_remembered(join, data_dir):
     """``join`` with the members this data dir saw live last time added after its own
     peers (at most the URI's limit), so a client still reaches the swarm when every peer
-    the URI names is gone. Members keep the same list (:mod:`swarm.control.membership`)."""
-    from swarm.control.membership import load_seen_peers
+    the URI names is gone. Members keep the same list (:mod:`swarm.members`)."""
+    from swarm.members import load_seen_peers
     from swarm.uri import MAX_PEERS, JoinURI
 
     seen = load_seen_peers(data_dir, join.swarm_id)
@@ -83,7 +83,7 @@ def with_remembered(join, data_dir):
 def remember(data_dir, sid: bytes, addrs) -> None:
     """Keep the DHT addresses of the members just seen live (freshest first, bounded;
     best effort: a read-only data dir loses only the memory)."""
-    from swarm.control.membership import load_seen_peers, save_seen_peers
+    from swarm.members import load_seen_peers, save_seen_peers
 
     addrs = [tuple(a) for a in addrs if a]
     if not addrs:

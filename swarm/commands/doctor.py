@@ -225,7 +225,7 @@ def clock_finding(announced_at: Sequence[float], now: float) -> Finding:
 
 def _announce_ttl() -> float:
     """Lifetime members give their announcements: each was made at its expiry less this."""
-    from swarm.control.membership import ANNOUNCE_TTL
+    from swarm.members import ANNOUNCE_TTL
 
     return ANNOUNCE_TTL
 
@@ -276,7 +276,7 @@ def _key_modes(data_dir: Path) -> list[tuple[Path, int]]:
 async def _announced(join) -> list[float]:
     """When each live member of the swarm made its announcement, by its own clock."""
     from swarm.control import observer
-    from swarm.control.membership import membership_topic
+    from swarm.members import membership_topic
 
     async with observer.dht_observer(join) as node:
         anns = await node.get_peers(membership_topic(join.swarm_id))

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from swarm import member
     from swarm.commands import owned
     from swarm.commands._network import bootstrap_addresses
-    from swarm.control.membership import swarm_id
+    from swarm.members import swarm_id
     from swarm.uri import JoinURI
 
     # every argument is checked before the data dir is claimed or a key touched

@@ -118,7 +118,7 @@ def _target(args: argparse.Namespace) -> tuple[str, bytes | None]:
     addresses first and the members this data dir saw before last, and the swarm's id
     (None when HOST:PORT comes without ``--swarm``: connect() then says what is missing)."""
     from swarm.commands._network import bootstrap_addresses, with_remembered
-    from swarm.control.membership import load_seen_peers
+    from swarm.members import load_seen_peers
     from swarm.uri import MAX_PEERS, parse_target
 
     join, peers = parse_target(args.uri)  # the message every command gives for a bad URI

@@ -41,7 +41,7 @@ from identity.ceremony import AuthenticatorData, OwnerProof
 from identity.roles import Role
 from swarm.control import machine as control
 from swarm.control.charter import CharterError
-from swarm.control.election import Candidate
+from swarm.control.election import Candidate, candidate
 from swarm.control.machine import (
     MAX_UNBLOCKED,
     Command,
@@ -56,7 +56,6 @@ from swarm.control.machine import (
     counted_states,
     refuse_unchecked,
 )
-from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, announced, candidate, follows
 from swarm.control.replay import CommandGuard
 from swarm.control.state import (
     BlockPage,
@@ -73,6 +72,7 @@ from swarm.control.state import (
 )
 from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming, rival_batch, view_digest
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
+from swarm.members import ANNOUNCE_TTL, MemberRecord, announced, follows
 from swarm.runtime.evidence import Evidence
 
 log = logging.getLogger("swarm.control")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from identity.keys import PeerId
 from swarm.errors import StaleTerm
+from swarm.members import NO_COORDINATE, MemberRecord
 
 LOW_BATTERY = 20.0  # percent, on battery power: not eligible to coordinate
 HOT = 90.0  # degrees C: not eligible to coordinate
@@ -22,7 +23,7 @@ HOT = 90.0  # degrees C: not eligible to coordinate
 @dataclass(frozen=True)
 class Fitness:
     """What decides whether a member is fit to coordinate: the health figures from its
-    announcement (:class:`swarm.control.membership.Health`), defaults filled in."""
+    announcement (:class:`swarm.members.Health`), defaults filled in."""
 
     load: float = 0.0
     """CPU load as a fraction of all cores (0..1+)."""
@@ -132,3 +133,15 @@ class TermGuard:
         if term < self.highest:
             raise StaleTerm(f"{what} from term {term} refused: term {self.highest} is current")
         self.observe(term)
+
+
+def candidate(record: MemberRecord, freshness: float) -> Candidate:
+    """A member record as the election sees it (members and observers alike)."""
+    h = record.health
+    return Candidate(
+        record.peer_id, record.tflops,
+        Fitness(load=h.load or 0.0, battery=h.battery,
+                plugged=True if h.plugged is None else h.plugged, thermal=h.thermal),
+        eligible=("worker" in record.roles or "coordinator" in record.roles)
+        and NO_COORDINATE not in record.roles,
+        freshness=freshness)

@@ -17,9 +17,10 @@ from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
 from swarm.control.core import REREAD_PAUSE, STATE_READS, followers, newest_counted, rereads
-from swarm.control.membership import MemberRecord, candidate, membership_topic, swarm_id
+from swarm.control.election import candidate
 from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
+from swarm.members import MemberRecord, membership_topic, swarm_id
 from swarm.netaddr import source_address
 from swarm.uri import JoinURI
 

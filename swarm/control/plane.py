@@ -31,9 +31,9 @@ from swarm.control.charter import (
 )
 from swarm.control.charter import fetch as fetch_charter
 from swarm.control.machine import Duty, EvidenceCheck, Timing, refuse_unchecked
-from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, membership_topic, save_seen_peers
 from swarm.control.state import load_state, resolve, save_state
 from swarm.errors import LinkClosed, ProtocolError
+from swarm.members import ANNOUNCE_TTL, MemberRecord, membership_topic, save_seen_peers
 from swarm.runtime.evidence import Evidence, check_evidence
 from swarm.runtime.objects import ObjectId
 from swarm.runtime.protocol import EvidenceAck, EvidenceMsg

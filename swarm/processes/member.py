@@ -23,9 +23,9 @@ from pathlib import Path
 from identity import PeerKey, Signed
 from swarm.control import charter
 from swarm.control.machine import Timing
-from swarm.control.membership import NO_COORDINATE, load_seen_peers, swarm_id
 from swarm.control.plane import ControlPlane
 from swarm.errors import Blocked, ConfigError
+from swarm.members import NO_COORDINATE, load_seen_peers, swarm_id
 from swarm.node import Node, NodeConfig
 from swarm.runtime.chaos import ENV as CHAOS_ENV
 from swarm.runtime.chaos import parse as parse_chaos

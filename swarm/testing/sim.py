@@ -6,7 +6,7 @@ reads) with its own ed25519 key; control messages are sealed with :func:`swarm.c
 wrapped in a per-recipient :class:`dht.messages.Envelope` (a real signature each), and the
 recipient's :class:`dht.messages.ReplayGuard` and :func:`~swarm.control.state.unseal`
 verify them; membership announcements are real signed :class:`dht.announce.Announcement` s
-of real :class:`~swarm.control.membership.MemberRecord` s; coordinator-state items are real
+of real :class:`~swarm.members.MemberRecord` s; coordinator-state items are real
 BEP 44 :class:`dht.items.MutableItem` s checked by the swarm's own DHT validators. Byte
 counts are the lengths of those real encodings in the DHT's datagram framing.
 
@@ -58,10 +58,10 @@ from swarm.control import core as cc
 from swarm.control.charter import state_salt, validate_state_item
 from swarm.control.core import TICK, ControlCore
 from swarm.control.machine import Command, Controller, Duty, Timing
-from swarm.control.membership import ANNOUNCE_TTL, MemberRecord, follows, membership_topic
 from swarm.control.state import CoordinatorState, StateItem, resolve
 from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming
 from swarm.errors import ProtocolError
+from swarm.members import ANNOUNCE_TTL, MemberRecord, follows, membership_topic
 
 EPOCH = 1_800_000_000.0
 """Unix time at simulated time 0 (announcement expiry and message windows use it)."""

@@ -355,7 +355,7 @@ async def start_for_member(node, control, uri, me, http: tuple[str, int],
     """Start serving tabs next to a running member (its charter already verified); ``api``
     (a :class:`swarm.web.embeddings.EmbeddingsAPI`) is served at /v1 when given."""
     from swarm.control import observer
-    from swarm.control.membership import swarm_id
+    from swarm.members import swarm_id
 
     own = control.ownership
 

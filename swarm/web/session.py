@@ -27,8 +27,8 @@ import numpy as np
 from dht.announce import Announcement, announcement_buffer
 from identity.keys import PeerId, PeerKey, verify
 from swarm import __version__
-from swarm.control.membership import NO_COORDINATE, MemberRecord, membership_topic
 from swarm.errors import AuthenticationError, LinkClosed, ProtocolError
+from swarm.members import NO_COORDINATE, MemberRecord, membership_topic
 from swarm.runtime.protocol import RunTask, TaskArg, TaskFailed, TaskResult
 
 log = logging.getLogger("swarm.web.session")

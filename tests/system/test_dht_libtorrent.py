@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dht import topic_target
-from swarm.control.membership import membership_topic
+from swarm.members import membership_topic
 from swarm.uri import parse
 from tests.conftest import run_swarm
 from tests.control_support import Cluster

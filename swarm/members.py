@@ -30,10 +30,9 @@ from dht.announce import MAX_RECORD
 from dht.items import mutable_target
 from identity.files import write_private
 from identity.keys import PeerId
-from swarm.control.election import Candidate, Fitness
 from swarm.errors import ProtocolError
 
-log = logging.getLogger("swarm.control.membership")
+log = logging.getLogger("swarm.members")
 
 RECORD_VERSION = 1
 SWARM_SALT = b"swarm"
@@ -317,21 +316,9 @@ def follows(term: int, coordinator: PeerId) -> tuple[int, bytes]:
 def announced(expires_at: float, wall: float, now: float, ttl: float = ANNOUNCE_TTL) -> float:
     """When an announcement that expires at Unix time ``expires_at`` was made, on the clock
     whose reading is ``now`` at Unix time ``wall``, taking it to have been made for ``ttl``
-    seconds (a :attr:`Candidate.freshness`). Only an announcement made after a suspicion is
+    seconds (a :attr:`swarm.control.election.Candidate.freshness`). Only an announcement made after a suspicion is
     a sign of life: a newer one made before it (read late, from a view that lagged) is not."""
     return now - (wall - (expires_at - ttl))
-
-
-def candidate(record: MemberRecord, freshness: float) -> Candidate:
-    """A member record as the election sees it (members and observers alike)."""
-    h = record.health
-    return Candidate(
-        record.peer_id, record.tflops,
-        Fitness(load=h.load or 0.0, battery=h.battery,
-                plugged=True if h.plugged is None else h.plugged, thermal=h.thermal),
-        eligible=("worker" in record.roles or "coordinator" in record.roles)
-        and NO_COORDINATE not in record.roles,
-        freshness=freshness)
 
 
 MAX_SEEN_PEERS = 32
