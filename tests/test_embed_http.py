@@ -99,6 +99,18 @@ def test_bad_requests_are_400(served, body, param):
     assert exc.value.code == 400 and json.loads(exc.value.read())["error"]["param"] == param
 
 
+def test_a_body_that_is_not_json_is_400(served):
+    """The shared request reader (web.embeddings.json_request, the chat endpoint's too)."""
+    url, key = served
+    req = urllib.request.Request(url + "/embeddings", data=b"\xff{not json",
+                                 headers={"Authorization": f"Bearer {key}",
+                                          "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 400
+    assert json.loads(exc.value.read())["error"]["message"] == "the body is not JSON"
+
+
 def test_api_key_file_is_private_and_stable(tmp_path):
     key = api_key(tmp_path)
     assert key.startswith("sk-swarm-") and len(key) > 40 and api_key(tmp_path) == key

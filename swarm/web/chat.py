@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from swarm.web.embeddings import MAX_WAITING, _error, authorised, no_key
+from swarm.web.embeddings import MAX_WAITING, _error, authorised, json_request, no_key
 from swarm.web.embeddings import MODEL as EMBED_MODEL
 
 log = logging.getLogger("swarm.web.chat")
@@ -114,17 +114,9 @@ class ChatAPI:
             for m in (MODEL, EMBED_MODEL)]})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if not authorised(request, self._key):
-            return no_key()
-        if request.content_length is not None and request.content_length > MAX_CHAT_BODY:
-            return _error(413, f"request body over {MAX_CHAT_BODY} bytes", "invalid_request_error")
-        body = await request.content.read(MAX_CHAT_BODY + 1)
-        if len(body) > MAX_CHAT_BODY:
-            return _error(413, f"request body over {MAX_CHAT_BODY} bytes", "invalid_request_error")
-        try:
-            req = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "the body is not JSON", "invalid_request_error")
+        req = await json_request(request, self._key, MAX_CHAT_BODY)
+        if isinstance(req, web.Response):
+            return req
         if isinstance(req, dict) and req.get("model") not in (MODEL, f"HuggingFaceTB/{MODEL}"):
             return _error(404, f"The model {str(req.get('model'))[:100]!r} does not exist here; "
                                f"this member serves {MODEL!r}", "invalid_request_error",

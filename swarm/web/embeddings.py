@@ -79,6 +79,23 @@ def authorised(request: web.Request, key: bytes) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
 
 
+async def json_request(request: web.Request, key: bytes, limit: int) -> object:
+    """The JSON body of an authorised request of at most ``limit`` bytes, or the error
+    response to send instead (401, 413, 400): nothing over the limit is read."""
+    if not authorised(request, key):
+        return no_key()
+    too_big = _error(413, f"request body over {limit} bytes", "invalid_request_error")
+    if request.content_length is not None and request.content_length > limit:
+        return too_big
+    body = await request.content.read(limit + 1)
+    if len(body) > limit:
+        return too_big
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "the body is not JSON", "invalid_request_error")
+
+
 def no_key() -> web.Response:
     return _error(401, "a valid API key is needed (Authorization: Bearer KEY; the "
                        "member's operator has it in its data dir, file api-key)",
@@ -98,17 +115,9 @@ class EmbeddingsAPI:
         app.router.add_post("/v1/embeddings", self.handle)
 
     async def handle(self, request: web.Request) -> web.Response:
-        if not authorised(request, self._key):
-            return no_key()
-        if request.content_length is not None and request.content_length > MAX_EMBED_BODY:
-            return _error(413, f"request body over {MAX_EMBED_BODY} bytes", "invalid_request_error")
-        body = await request.content.read(MAX_EMBED_BODY + 1)
-        if len(body) > MAX_EMBED_BODY:
-            return _error(413, f"request body over {MAX_EMBED_BODY} bytes", "invalid_request_error")
-        try:
-            req = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "the body is not JSON", "invalid_request_error")
+        req = await json_request(request, self._key, MAX_EMBED_BODY)
+        if isinstance(req, web.Response):
+            return req
         parsed = _parse(req)
         if isinstance(parsed, web.Response):
             return parsed
