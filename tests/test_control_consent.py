@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from swarm import consent
+from swarm.commands import consent
 from swarm.errors import ConsentRefused
 
 SWARM = bytes(20)

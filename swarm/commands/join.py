@@ -70,9 +70,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm import consent, member, uri
     from swarm import loop as swarm_loop
+    from swarm import uri
+    from swarm.commands import consent
     from swarm.commands._network import bootstrap_addresses
+    from swarm.processes import member
 
     join = uri.parse(args.uri).with_peers(bootstrap_addresses(args))
     claim_data_dir(args)

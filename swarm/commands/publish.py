@@ -69,10 +69,10 @@ def _policy(items: list[str]):
 def run(args: argparse.Namespace) -> int:
 
     from swarm import loop as swarm_loop
-    from swarm import member
     from swarm.commands import owned
     from swarm.commands._network import bootstrap_addresses
     from swarm.members import swarm_id
+    from swarm.processes import member
     from swarm.uri import JoinURI
 
     # every argument is checked before the data dir is claimed or a key touched
