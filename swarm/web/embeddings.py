@@ -87,7 +87,12 @@ async def json_request(request: web.Request, key: bytes, limit: int) -> object:
     too_big = _error(413, f"request body over {limit} bytes", "invalid_request_error")
     if request.content_length is not None and request.content_length > limit:
         return too_big
-    body = await request.content.read(limit + 1)
+    body = bytearray()
+    while len(body) <= limit:  # read() gives what has come so far, not the whole body
+        part = await request.content.read(limit + 1 - len(body))
+        if not part:
+            break
+        body += part
     if len(body) > limit:
         return too_big
     try:
