@@ -18,11 +18,11 @@ from dht import DHTNode
 from identity import PeerKey
 from swarm.control import charter
 from swarm.control.charter import state_salt
-from swarm.control.core import newest_counted, rereads
+from swarm.control.core import deciding_voters, newest_counted, rereads
 from swarm.control.election import Candidate
 from swarm.control.observer import counted_coordinator_state
 from swarm.control.state import CoordinatorState
-from swarm.members import MemberRecord, swarm_id
+from swarm.members import MemberRecord, follows, swarm_id
 
 SID = swarm_id(b"\x07" * 32)
 
@@ -107,3 +107,82 @@ def test_rereads_only_while_nothing_counts_and_only_who_may_coordinate():
                                                                      key=lambda p: p.raw))
     # a member not in the view (blocked, expired) is not read again
     assert rereads(_view(a), {a: None, b: None}) == (a,)
+
+
+async def _swarm(n: int) -> list[DHTNode]:
+    nodes = []
+    for _ in range(n):
+        node = DHTNode(PeerKey.generate(), validators=charter.validators())
+        await node.listen(0, "127.0.0.1")
+        if nodes:
+            await node.bootstrap([nodes[0].address])
+        nodes.append(node)
+    return nodes
+
+
+async def _put_state(node: DHTNode, term: int) -> CoordinatorState:
+    state = CoordinatorState(swarm=SID, term=term, seq=term, coordinator=node.peer_id)
+    await node.put_mutable(node.key, state.encode_item(), salt=state_salt(SID), seq=term)
+    return state
+
+
+def _records(nodes: list[DHTNode], state: CoordinatorState) -> list:
+    return [(MemberRecord(n.peer_id, 1.0, dht=n.address,
+                          follows=follows(state.term, state.coordinator)), time.time() + 60)
+            for n in nodes]
+
+
+async def test_across_a_split_the_other_sides_records_do_not_elect_its_coordinator():
+    """The partition test's failure (tests/system/test_partition.py, 2 runs in 3): side b
+    elected w3 at term 3, but the records side a announced before the split (pub, w1, w2
+    following pub at term 1) had not expired and outvoted side b's two, so ``swarm status``
+    on side b named pub, which nobody there can reach, until the test gave up."""
+    a = await _swarm(3)  # pub, w1, w2
+    b = await _swarm(2)  # w3, w4
+    for node in b:
+        await node.bootstrap([a[0].address])
+    obs = DHTNode(PeerKey.generate(), None, rpc_timeout=1.0)
+    charter.register_validators(obs)
+    await obs.listen(0, "127.0.0.1")
+    await obs.bootstrap([b[0].address])
+    try:
+        old = await _put_state(a[0], 1)  # before the split: stored on both sides
+        for node in a:
+            await node.stop()  # the split, as seen from side b
+        new = await _put_state(b[0], 3)
+        members = _records(a, old) + _records(b, new)
+        st = await counted_coordinator_state(obs, SID, members)
+        assert st is not None and (st.coordinator, st.term) == (b[0].peer_id, 3)
+    finally:
+        for n in (obs, *b, *a):
+            await n.stop()
+
+
+async def test_a_reachable_member_above_the_coordinator_still_loses_the_vote():
+    """Finding 1 of issue 33 holds with the reachability rule: one member's own item one term
+    above the coordinator's, with its own vote, loses to the members that follow the
+    coordinator, all of them reachable."""
+    nodes = await _swarm(4)
+    obs = DHTNode(PeerKey.generate(), None, rpc_timeout=1.0)
+    charter.register_validators(obs)
+    await obs.listen(0, "127.0.0.1")
+    await obs.bootstrap([nodes[0].address])
+    try:
+        honest = await _put_state(nodes[0], 5)
+        attack = await _put_state(nodes[3], 6)
+        members = _records(nodes[:3], honest) + _records(nodes[3:], attack)
+        st = await counted_coordinator_state(obs, SID, members)
+        assert st is not None and (st.coordinator, st.term) == (nodes[0].peer_id, 5)
+    finally:
+        for n in (obs, *nodes):
+            await n.stop()
+
+
+def test_voters_are_checked_only_when_states_disagree():
+    a, b = (PeerKey.generate().peer_id for _ in range(2))
+    view = _view(a, b)
+    one = CoordinatorState(swarm=SID, term=1, seq=1, coordinator=a)
+    two = CoordinatorState(swarm=SID, term=2, seq=2, coordinator=b)
+    recs = [MemberRecord(a, 1.0, follows=follows(1, a)), MemberRecord(b, 1.0, follows=follows(2, b))]
+    assert deciding_voters([one], view, recs) == []
+    assert deciding_voters([one, two], view, recs) == recs

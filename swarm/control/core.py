@@ -408,6 +408,23 @@ def newest_counted(states: Iterable[CoordinatorState], view: dict[PeerId, Candid
                default=None)
 
 
+def deciding_voters(states: Iterable[CoordinatorState], view: dict[PeerId, Candidate],
+                    records: Iterable[MemberRecord]) -> list[MemberRecord]:
+    """The records whose votes decide between the counted states (:func:`newest_counted`)
+    when more than one coordinator or term counts, else none: a reader that follows nobody
+    counts only those of them it can reach (their DHT node answers it).
+
+    A record is its member's last word until it expires (minutes): in a split, the other
+    side's records still vote for the coordinator it cut off, and a newcomer or ``swarm
+    status`` on this side would name that unreachable coordinator over the one its own side
+    elected. Whom a reader can reach, nobody can vote for from afar; an attacker can still
+    only add its own one vote (issue 33, finding 1)."""
+    keys = {follows(s.term, s.coordinator) for s in counted_states(states, view, ())}
+    if len(keys) < 2:
+        return []
+    return [r for r in records if r.follows in keys]
+
+
 STATE_READS = 3
 """Reads of the members' coordinator-state items an observer makes, at most, before it says
 that nobody coordinates (see :func:`rereads`)."""

@@ -16,7 +16,14 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.core import REREAD_PAUSE, STATE_READS, followers, newest_counted, rereads
+from swarm.control.core import (
+    REREAD_PAUSE,
+    STATE_READS,
+    deciding_voters,
+    followers,
+    newest_counted,
+    rereads,
+)
 from swarm.control.election import candidate
 from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
@@ -120,7 +127,10 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     newcomers and clients use. A member that left neither votes nor signs a state that counts
     (the core's view drops it too). While none counts, the items whose read came back empty
     are read again (at most :data:`~swarm.control.core.STATE_READS` reads in all): one missed
-    read of a busy coordinator's item is not "no coordinator"."""
+    read of a busy coordinator's item is not "no coordinator". Where members vote for
+    different states, only those whose DHT node answers this reader count
+    (:func:`~swarm.control.core.deciding_voters`): across a split, the other side's records
+    must not elect the coordinator it cut off."""
     members = [(r, e) for r, e in members if not r.left]
     view = {r.peer_id: candidate(r, e) for r, e in members}
 
@@ -137,8 +147,25 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
         await asyncio.sleep(REREAD_PAUSE)
         node.forget_failures()  # a node that timed out may have been busy, not gone
         found.update(await read(list(again)))
-    return newest_counted([s for s in found.values() if s is not None], view,
-                          votes=followers(r for r, _ in members))
+    states = [s for s in found.values() if s is not None]
+    voters = [r for r, _ in members]
+    contest = deciding_voters(states, view, voters)
+    if contest:
+        gone = {r.peer_id for r, ok in zip(contest, await asyncio.gather(
+            *(_answers(node, r.dht) for r in contest)), strict=True) if not ok}
+        voters = [r for r in voters if r.peer_id not in gone]
+    return newest_counted(states, view, votes=followers(voters))
+
+
+async def _answers(node: DHTNode, addr: tuple[str, int] | None, timeout: float = 1.0) -> bool:
+    """Whether a DHT node answers a ping at ``addr`` within ``timeout`` s."""
+    if addr is None:
+        return False
+    try:
+        ok, _ = await asyncio.wait_for(node.protocol.ping(addr, b""), timeout)
+    except (TimeoutError, OSError, DHTError):
+        return False
+    return bool(ok)
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:
@@ -169,16 +196,9 @@ async def join_uri(node: DHTNode, uri: JoinURI, view: View, timeout: float = 2.0
     members = sorted(view.members, key=lambda m: -m[1])
     candidates = list(dict.fromkeys(r.dht for r, _ in members if r.dht is not None))
 
-    async def answers(addr: tuple[str, int]) -> bool:
-        try:
-            ok, _ = await asyncio.wait_for(node.protocol.ping(addr, b""), timeout)
-        except (TimeoutError, OSError, DHTError):
-            return False
-        return bool(ok)
-
     for pool in (candidates, list(uri.peers)):
-        alive = [a for a, ok in zip(pool, await asyncio.gather(*(answers(a) for a in pool)),
-                                    strict=True) if ok]
+        answered = await asyncio.gather(*(_answers(node, a, timeout) for a in pool))
+        alive = [a for a, ok in zip(pool, answered, strict=True) if ok]
         if alive:
             return JoinURI(uri.pubkey, uri.name, uri.salt, tuple(alive[:JOIN_PEERS]),
                            uri.owner)
