@@ -77,30 +77,52 @@ def _newcomer_after_a_forged_item(sim: Sim) -> None:
     assert newcomer.controller.term == term
 
 
-def test_the_coordinator_does_not_step_down_for_a_lone_member_above_it():
-    """The coordinator's rival sweep finds the attacker's item: it neither steps down nor
-    chases the attacker's term (at +64 its followers refused the chase)."""
+def test_the_coordinator_claims_once_above_a_lone_member_and_keeps_its_followers():
+    """The coordinator's rival sweep finds the attacker's item: nobody follows it and it
+    loses the election, so the coordinator claims one term above it, once, and stays the
+    coordinator every member follows (no failover); it does not chase further (at +64 its
+    followers refused a chase). The one claim is what brings back an honest coordinator
+    left alone on the other side of a healed split (tests/system/test_partition.py)."""
     sim = settled(100)
     coord = sim.coordinator()
     term = coord.controller.term
-    changes = []
-    sim.watch = lambda m: changes.append(m.controller.role) if m is coord else None
     forge_state(sim, loser(sim, coord), term + 1)
     sim.loop.run_until(sim.loop.now + 40.0)  # two whole rival sweeps of 100 members
-    assert coord.controller.role is Duty.COORDINATOR and Duty.FOLLOWER not in changes
-    assert coord.controller.term == term and coord.controller.state.term == term
+    assert coord.controller.role is Duty.COORDINATOR
+    assert coord.controller.term == term + 2 and coord.controller.state.term == term + 2
     assert sim.coordinator() is coord
+    assert all(m.controller.state.coordinator == coord.peer_id
+               and m.controller.term == term + 2 for m in sim.live())
 
 
 def test_rival_steps_down_only_for_a_followed_or_elected_rival():
     sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     b = sim.nodes[best]
-    lone = CoordinatorState(SWARM, 2, 5, sim.ids["a"])  # a loses the election to b
-    b.rival(lone, sim.now)
-    assert b.role is Duty.COORDINATOR and b.term == 1
+    a = sim.ids["a"]  # a loses the election to b
+    for term in (0, 1, 1 + 64):  # below us, at our term (no heartbeat), out of reach
+        b.rival(CoordinatorState(SWARM, term, 5, a), sim.now)
+        assert b.role is Duty.COORDINATOR and b.term == 1
+    lone = CoordinatorState(SWARM, 2, 5, a)
     b.followed = lambda state: state.coordinator == sim.ids["a"]  # c says it follows a
     b.rival(lone, sim.now)
     assert b.role is Duty.CANDIDATE  # steps down and, elected, claims above it at once
+
+
+def test_a_lone_rival_above_buys_one_claim_per_collision_gap():
+    """A rival nobody follows, above our term and within our followers' reach: the
+    coordinator claims above it at once (a healed split's lone coordinator refuses our
+    lower term for good), then not again until ``Timing.collision`` has passed."""
+    sim, best = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
+    b = sim.nodes[best]
+    lone = CoordinatorState(SWARM, 2 + 62, 5, sim.ids["a"])
+    b.rival(lone, sim.now)
+    assert b.role is Duty.CANDIDATE and b._pending.term == 2 + 63  # within 64 of term 1
+    sim.nodes[best].claim_result(True, sim.now)
+    assert b.role is Duty.COORDINATOR and b.term == 65
+    b.rival(replace(lone, term=66), sim.now + 1.0)
+    assert b.role is Duty.COORDINATOR and b.term == 65  # within the collision gap
+    b.rival(replace(lone, term=66), sim.now + b.timing.collision + 1.0)
+    assert b.role is Duty.CANDIDATE and b._pending.term == 67
 
 
 def _record(name: str, tflops: float, follows=None) -> MemberRecord:
@@ -146,7 +168,11 @@ async def test_the_observer_counts_no_departed_members_word(monkeypatch):
     async def fetch_state(node, peer, sid, known=None):
         return items.get(peer)
 
+    async def answers(node, addr, timeout=1.0):
+        return True
+
     monkeypatch.setattr(observer.charter, "fetch_state", fetch_state)
+    monkeypatch.setattr(observer, "_answers", answers)  # every member reachable
     assert await observer.counted_coordinator_state(None, SWARM, members) == new
     # while it is still there (not left), its item counts as before
     members[0] = (replace(members[0][0], left=False), members[0][1])

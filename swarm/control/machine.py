@@ -175,8 +175,8 @@ class Timing:
     """Forwarded blocks issued longer ago than this are ignored as replays."""
     collision: float = 10.0
     """The shortest gap between two new terms claimed because a coordinator nobody follows
-    spoke at our term (each claim reads every member's item: one datagram must not buy
-    that more often)."""
+    spoke at our term or holds a higher one (each claim reads every member's item: one
+    datagram or one forged item must not buy that more often)."""
 
 
 # -- actions: what the adapter must do --------------------------------------------------------
@@ -455,11 +455,14 @@ class Controller:
         """Another coordinator's state item in the DHT holds our term or a later one (two
         claims raced, e.g. across a full restart, or a partition healed): step down for an
         entitled rival within the term bound that other members follow or that our election
-        picks over us; the next claim goes above. Anyone else's item is ignored: an ordinary
-        member that puts its own item above ours must not make us step down (and chase its
-        term out of our followers' reach). ``live``: its heartbeat at our very term (two
-        claims of one term both landed): a new term decides, at most once per
-        ``Timing.collision`` s for a rival nobody follows."""
+        picks over us; the next claim goes above. A rival nobody follows that loses the
+        election is ignored, except that a new term decides, at most once per
+        ``Timing.collision`` s, when it holds a higher term within our followers' reach (a
+        coordinator of the other side of a healed split that nobody there followed: it
+        refuses our lower term for good) or, ``live``, its heartbeat comes at our very term
+        (two claims of one term both landed). An ordinary member that puts its own item
+        above ours thus buys one claim per collision gap, never a term out of our
+        followers' reach, and nobody follows it."""
         if self.role is not Duty.COORDINATOR or self.state is None \
                 or state.coordinator == self.me or state.swarm != self.swarm \
                 or not entitled(state, self.view, self.blocked()) \
@@ -468,7 +471,13 @@ class Controller:
         if not self.followed(state) and \
                 elect(self.view.values(), self.blocked(), self._candidates_out()) \
                 != state.coordinator:
-            if not live or state.term != self.state.term \
+            # A lone rival above us refuses our heartbeats for good (fencing): an honest
+            # coordinator left over from a healed split, which nobody followed, stays alone
+            # unless we claim above it. Once per collision gap, and only within reach of
+            # our followers (their term + MAX_TERM_STEP); never for an item below our term.
+            above = state.term > self.state.term \
+                and state.term < self.state.term + MAX_TERM_STEP
+            if not (above or (live and state.term == self.state.term)) \
                     or now < self._collided + self.timing.collision:
                 log.info("ignoring %s's state at term %d: nobody else follows it and it "
                          "loses the election", state.coordinator.short(), state.term)
