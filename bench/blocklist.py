@@ -6,7 +6,9 @@ For N blocked peers, medians over rounds of: split (the list into chained pages)
 (encode the signed state item, its pages already split), resolve (rebuild the full state from its pages, all in
 memory: the DHT round trips are not measured), and the page count and the item's size.
 Both are computed once per state object (heartbeats resend the same item), so only a
-change of the list pays them.
+change of the list pays them. What one more block costs in DHT traffic: the pages it
+changes (the coordinator puts those) and the pages a follower holding the list before
+fetches (one lookup each).
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ SIZES = (12, 100, 1000, 10000)
 
 
 def _state(n: int) -> CoordinatorState:
-    blocked = tuple(sorted((BlockEntry(PeerKey.from_seed(i.to_bytes(32, "big")).peer_id,
-                                       "wrong result", "coordinator", 1_700_000_000 + i)
-                            for i in range(n)), key=lambda b: b.peer.raw))
+    blocked = tuple(BlockEntry(PeerKey.from_seed(i.to_bytes(32, "big")).peer_id,
+                               "wrong result", "coordinator", 1_700_000_000 + i)
+                    for i in range(n))
     return CoordinatorState(bytes(20), 7, 99, PeerKey.from_seed(b"c" * 32).peer_id, blocked)
 
 
@@ -61,7 +63,19 @@ def measure(n: int, rounds: int, loop: asyncio.AbstractEventLoop) -> dict:
 
         resolve_t.append(_time(lambda item=item, fetch=fetch: loop.run_until_complete(
             resolve(item, fetch))))
+    more = base.with_block(BlockEntry(PeerKey.from_seed(b"m" * 32).peer_id, "wrong result",
+                                      "coordinator", 1_800_000_000))
+    store = {p.target: p.encode() for p in more.pages()}
+    fetched: list[bytes] = []
+
+    async def fetch_more(target: bytes) -> bytes | None:
+        fetched.append(target)
+        return store.get(target)
+
+    loop.run_until_complete(resolve(StateItem.decode(more.encode_item()), fetch_more, base))
+    changed = len({p.target for p in more.pages()} - {p.target for p in base.pages()})
     return {"blocked": n, "pages": len(base.pages()), "item_bytes": len(base.encode_item()),
+            "block_changes_pages": changed, "follower_fetches": len(fetched),
             "split_ms": statistics.median(pages_t) * 1e3,
             "item_ms": statistics.median(item_t) * 1e3,
             "resolve_ms": statistics.median(resolve_t) * 1e3}
@@ -81,10 +95,11 @@ def main() -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"{'blocked':>8} {'pages':>6} {'item B':>7} {'split ms':>9} {'item ms':>8} "
-          f"{'resolve ms':>11}")
+          f"{'resolve ms':>11} {'+1: pages put':>14} {'+1: fetched':>12}")
     for r in rows:
         print(f"{r['blocked']:>8} {r['pages']:>6} {r['item_bytes']:>7} {r['split_ms']:>9.2f} "
-              f"{r['item_ms']:>8.2f} {r['resolve_ms']:>11.2f}")
+              f"{r['item_ms']:>8.2f} {r['resolve_ms']:>11.2f} {r['block_changes_pages']:>14} "
+              f"{r['follower_fetches']:>12}")
     return 0
 
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -32,6 +33,7 @@ from identity import (
 )
 from identity.keys import PeerId
 from identity.statements import Policy
+from swarm.control import core as cc
 from swarm.control import machine as control
 from swarm.control.core import MAX_IGNORED
 from swarm.control.election import Candidate
@@ -63,6 +65,7 @@ from tests.identity_support import owner_key
 from tests.test_control_machine import SWARM, Sim, _lie, _pid, _stable
 
 HUGE = 2**62 - 1
+NOW = 100.0
 
 
 def _attacker_in_view(sim: Sim, name: str, eligible: bool) -> PeerId:
@@ -211,10 +214,74 @@ def test_the_blocklist_has_no_fixed_cap_and_pages_rebuild_it():
     import asyncio
     assert asyncio.run(resolve(StateItem.decode(item), fetch)) == st
     # A page that does not match the signed item is refused.
-    first = StateItem.decode(item).first_page
-    pages[first] = BlockPage((BlockEntry(peers[0]),), b"").encode()
+    last = StateItem.decode(item).last_page
+    pages[last] = BlockPage((BlockEntry(peers[0]),), b"").encode()
     with pytest.raises(ProtocolError):
         asyncio.run(resolve(StateItem.decode(item), fetch))
+
+
+def _listed(n: int, start: int = 0) -> CoordinatorState:
+    st = CoordinatorState(SWARM, 1, 1, PeerKey.generate().peer_id)
+    for i in range(start, start + n):
+        peer = PeerKey.from_seed(i.to_bytes(4, "big") * 8).peer_id
+        st = st.with_block(BlockEntry(peer, "r" * 100, "owner", i))
+    return st
+
+
+def test_a_new_block_changes_one_page_and_a_follower_fetches_one():
+    """Issue 33, finding 3: pages chained from the first and a list sorted by peer id made
+    every block change every page, so a follower fetched the whole list (one lookup a page)
+    and the coordinator put it again, per block. Now a block changes the last page alone
+    (or starts a new one), a follower holding the list before fetches that page only, and
+    the coordinator's publish carries that page only."""
+    old = _listed(300)
+    assert len(old.pages()) >= 10
+    st = old
+    for i in range(12):  # fills the last page, then starts the next one
+        new = st.with_block(BlockEntry(PeerKey.from_seed(bytes([7, i]) * 16).peer_id,
+                                       "r" * 100, "owner", 1000 + i))
+        changed = {p.target for p in new.pages()} - {p.target for p in st.pages()}
+        assert len(changed) == 1 and len(new.pages()) - len(st.pages()) in (0, 1), i
+        st = new
+    new = old.with_block(BlockEntry(PeerKey.generate().peer_id, "late", "owner", 5000))
+    pages = {p.target: p.encode() for p in new.pages()}
+    fetched = []
+
+    async def fetch(target: bytes) -> bytes | None:
+        fetched.append(target)
+        return pages.get(target)
+
+    import asyncio
+    item = StateItem.decode(new.encode_item())
+    assert asyncio.run(resolve(item, fetch, known=old)) == new and len(fetched) == 1
+    fetched.clear()
+    assert asyncio.run(resolve(item, fetch)) == new and len(fetched) == len(new.pages())
+    # an unblock in the middle: the pages from there on are fetched, the ones before not
+    mid = new.without_block(new.blocked[len(new.blocked) // 2].peer)
+    pages.update({p.target: p.encode() for p in mid.pages()})
+    fetched.clear()
+    assert asyncio.run(resolve(StateItem.decode(mid.encode_item()), fetch, known=new)) == mid
+    assert len(fetched) <= len(mid.pages()) // 2 + 2
+
+
+def test_a_coordinators_block_puts_only_the_page_that_changed():
+    key = PeerKey.generate()
+    core = cc.ControlCore(key, SWARM, NOW)
+    st = replace(_listed(300), coordinator=key.peer_id)
+    puts = list(core._pages(st))  # the pages it put for the list before (its claim)
+    assert len(puts) == len(st.pages())
+    new = st.with_block(BlockEntry(PeerKey.generate().peer_id, "r", "owner", 9))
+    core._put_state(control.PutState(new, claim=False))
+    [put] = [a for a in core._out if isinstance(a, cc.PutItem)]
+    assert len(put.pages) == 1 and put.pages[0].target == new.pages()[-1].target
+
+
+def test_a_state_naming_a_peer_twice_is_refused():
+    st = _listed(2)
+    o = st.to_obj()
+    o["b"].append(o["b"][0])
+    with pytest.raises(ProtocolError, match="twice"):
+        CoordinatorState.from_obj(o)
 
 
 # -- finding 3: liar reports ----------------------------------------------------------------

@@ -996,7 +996,9 @@ class ControlCore:
         if act.claim:
             self._claim_cas(act.state, self.now)
         else:
-            self._out.append(PutItem(act.state, False, self._pages(act.state, again=True)))
+            # Only pages not put yet: a new block changes the last page alone (the DHT
+            # re-puts what we stored; a claim puts every page once, see _claim_cas)
+            self._out.append(PutItem(act.state, False, self._pages(act.state)))
 
     def _claim_cas(self, claim: CoordinatorState, began: float) -> None:
         """The CAS across the swarm: nobody entitled may hold this term (or a later one)."""

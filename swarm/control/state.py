@@ -7,8 +7,11 @@ in their data dir, so the blocklist outlives the coordinator and a full restart.
 
 The blocklist has no fixed cap: the signed item (:meth:`CoordinatorState.encode_item`,
 at most one BEP 44 value) carries the number of blocked peers, a digest of the whole list
-and the target of its first :class:`BlockPage`; pages are immutable DHT items chained by
-target, so the signed item pins every page. :func:`resolve` rebuilds the full state.
+and the target of its last :class:`BlockPage`; pages are immutable DHT items, each naming
+the page before it, so the signed item pins every page. Blocks are kept in the order they
+were made and pages fill from the first, so a new block changes the last page alone (or
+starts a new one): a follower that holds the previous list fetches that one page
+(:func:`resolve`), and a coordinator puts it alone.
 
 Control messages are :class:`SignedMessage` s: msgpack, size-limited, signed by the
 sender's peer key over a domain tag and the swarm id (so nothing replays into another
@@ -73,7 +76,7 @@ class CoordinatorState:
     coordinator: PeerId
     """Who coordinates at this term."""
     blocked: tuple[BlockEntry, ...] = ()
-    """Blocked peers, sorted by id."""
+    """Blocked peers, oldest block first (a peer at most once)."""
     admins: tuple[PeerId, ...] = ()
     """Admin peers (from the owner's delegations), sorted."""
     policy: dict[str, str | int | float | bool] = field(default_factory=dict)
@@ -93,7 +96,7 @@ class CoordinatorState:
         kept = [b for b in self.blocked if b.peer != entry.peer]
         if len(kept) >= MAX_BLOCKLIST:
             raise ProtocolError(f"blocklist over {MAX_BLOCKLIST} entries")
-        return self.successor(blocked=tuple(sorted([*kept, entry], key=lambda b: b.peer.raw)))
+        return self.successor(blocked=(*kept, entry))
 
     def without_block(self, peer: PeerId) -> CoordinatorState:
         return self.successor(blocked=tuple(b for b in self.blocked if b.peer != peer))
@@ -115,7 +118,9 @@ class CoordinatorState:
         return msgpack.packb(self.to_obj(), use_bin_type=True)
 
     def pages(self) -> list[BlockPage]:
-        """The blocklist as chained pages, first page first (empty for no blocks)."""
+        """The blocklist as chained pages, first page first (empty for no blocks). Pages
+        fill greedily from the first, so a list's pages are a prefix of the pages of the
+        same list with more blocks appended, but for its last page."""
         return list(self._pages)
 
     @cached_property
@@ -130,18 +135,18 @@ class CoordinatorState:
             chunks[-1].append(entry)
             size += n
         if not chunks[-1]:
-            return []
+            return ()
         out: list[BlockPage] = []
-        nxt = b""
-        for chunk in reversed(chunks):
-            page = BlockPage(tuple(chunk), nxt)
-            nxt = page.target
+        before = b""
+        for chunk in chunks:
+            page = BlockPage(tuple(chunk), before)
+            before = page.target
             out.append(page)
-        return tuple(out[::-1])
+        return tuple(out)
 
     def encode_item(self) -> bytes:
         """The signed item stored in the DHT and sent in heartbeats (one BEP 44 value): the
-        state with the blocklist replaced by its size, digest and first page's target.
+        state with the blocklist replaced by its size, digest and last page's target.
         Computed once per state (heartbeats resend it every half second)."""
         return self._item
 
@@ -149,8 +154,8 @@ class CoordinatorState:
     def _item(self) -> bytes:
         pages = self._pages
         data = msgpack.packb(self._head() | {
-            "v": 2, "bn": len(self.blocked), "bd": blocklist_digest(self.blocked),
-            "bh": pages[0].target if pages else b""}, use_bin_type=True)
+            "v": 3, "bn": len(self.blocked), "bd": blocklist_digest(self.blocked),
+            "bh": pages[-1].target if pages else b""}, use_bin_type=True)
         if len(data) > MAX_ITEM - 20:  # bencoding adds a length prefix
             raise ProtocolError(f"coordinator state item is {len(data)} bytes")
         return data
@@ -188,15 +193,15 @@ class StateItem:
     """How many peers are blocked."""
     blocklist: bytes
     """:func:`blocklist_digest` of the full blocklist."""
-    first_page: bytes
-    """Target of the first :class:`BlockPage` (empty when nothing is blocked)."""
+    last_page: bytes
+    """Target of the last :class:`BlockPage` (empty when nothing is blocked)."""
 
     @classmethod
     def decode(cls, data: bytes) -> StateItem:
         o = _unpack(data)
         try:
-            if not isinstance(o, dict) or o.get("v") != 2:
-                raise ValueError("not a version-2 state item")
+            if not isinstance(o, dict) or o.get("v") != 3:
+                raise ValueError("not a version-3 state item")
             n, bd, bh = o["bn"], o["bd"], o["bh"]
             _need(type(n) is int and 0 <= n <= MAX_BLOCKLIST and isinstance(bd, bytes)
                   and len(bd) == 32 and isinstance(bh, bytes) and len(bh) in (0, 20)
@@ -214,15 +219,16 @@ class StateItem:
 
 @dataclass(frozen=True)
 class BlockPage:
-    """One page of a blocklist: an immutable DHT item (``<= PAGE_BYTES``) naming the next."""
+    """One page of a blocklist: an immutable DHT item (``<= PAGE_BYTES``) naming the page
+    before it."""
 
     entries: tuple[BlockEntry, ...]
     """Blocks on this page, in blocklist order."""
-    next: bytes = b""
-    """Target of the next page; empty on the last."""
+    before: bytes = b""
+    """Target of the page before this one; empty on the first."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"e": [_entry(e) for e in self.entries], "n": self.next},
+        return msgpack.packb({"e": [_entry(e) for e in self.entries], "p": self.before},
                              use_bin_type=True)
 
     @property
@@ -237,8 +243,8 @@ class BlockPage:
         o = _unpack(data)
         try:
             _need(isinstance(o, dict) and isinstance(o["e"], list) and o["e"]
-                  and isinstance(o["n"], bytes) and len(o["n"]) in (0, 20), "page")
-            return cls(tuple(_entry_from(e) for e in o["e"]), o["n"])
+                  and isinstance(o["p"], bytes) and len(o["p"]) in (0, 20), "page")
+            return cls(tuple(_entry_from(e) for e in o["e"]), o["p"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed blocklist page: {exc}") from None
 
@@ -251,15 +257,23 @@ def blocklist_digest(blocked: tuple[BlockEntry, ...]) -> bytes:
 async def resolve(item: StateItem, fetch, known: CoordinatorState | None = None,
                   ) -> CoordinatorState:
     """The full state of ``item``, its pages fetched with ``fetch(target) -> bytes | None``
-    (a DHT get) unless ``known`` already holds the same blocklist; :class:`ProtocolError`
-    when a page is missing or does not match."""
+    (a DHT get) from the last back to the first one that ``known``'s blocklist also has
+    (pages are immutable: from there on the lists agree), so a follower fetches only what
+    changed; :class:`ProtocolError` when a page is missing or does not match."""
     if known is not None and known.blocked and len(known.blocked) == item.count \
             and blocklist_digest(known.blocked) == item.blocklist:
         return item.complete(known.blocked)
-    entries: list[BlockEntry] = []
-    target, seen = item.first_page, set()
+    held: dict[bytes, int] = {}  # a page of ``known`` -> how many entries end with it
+    for page in known.pages() if known is not None else ():
+        held[page.target] = len(page.entries) + (held[page.before] if page.before else 0)
+    tail: list[tuple[BlockEntry, ...]] = []
+    prefix: tuple[BlockEntry, ...] = ()
+    target, seen, count = item.last_page, set(), 0
     while target:
-        if target in seen or len(entries) > item.count:
+        if target in held:
+            prefix = known.blocked[:held[target]] if known is not None else ()
+            break
+        if target in seen or count > item.count:
             raise ProtocolError("blocklist pages loop or run past the count")
         seen.add(target)
         data = await fetch(target)
@@ -268,9 +282,10 @@ async def resolve(item: StateItem, fetch, known: CoordinatorState | None = None,
         page = BlockPage.decode(data)
         if page.target != target:
             raise ProtocolError("blocklist page does not match its target")
-        entries.extend(page.entries)
-        target = page.next
-    return item.complete(tuple(entries))
+        tail.append(page.entries)
+        count += len(page.entries)
+        target = page.before
+    return item.complete(prefix + tuple(e for chunk in reversed(tail) for e in chunk))
 
 
 def _entry(b: BlockEntry) -> list:
@@ -297,8 +312,9 @@ def _head_from(o: dict, blocked: tuple[BlockEntry, ...]) -> CoordinatorState:
         isinstance(k, str) and len(k) <= 24 and isinstance(v, str | int | float | bool)
         and (not isinstance(v, str) or len(v) <= 24) for k, v in policy.items()),
         "policy")
+    _need(len({b.peer for b in blocked}) == len(blocked), "blocklist (a peer twice)")
     return CoordinatorState(swarm=sw, term=t, seq=q, coordinator=PeerId(c),
-                            blocked=tuple(sorted(blocked, key=lambda b: b.peer.raw)),
+                            blocked=blocked,
                             admins=tuple(sorted(PeerId(a) for a in o["a"])),
                             policy=dict(policy), prev=pr)
 
