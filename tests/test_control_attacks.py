@@ -20,6 +20,7 @@ import pytest
 
 from dht import DHTNode
 from dht.errors import ItemError
+from dht.items import MAX_VALUE
 from dht.messages import Envelope, ReplayGuard
 from identity import (
     BlockCommand,
@@ -47,7 +48,6 @@ from swarm.control.machine import (
 )
 from swarm.control.plane import ControlPlane
 from swarm.control.state import (
-    MAX_ITEM,
     MAX_MESSAGE,
     BlockEntry,
     BlockPage,
@@ -203,7 +203,7 @@ def test_the_blocklist_has_no_fixed_cap_and_pages_rebuild_it():
     assert st.blocked_ids >= set(peers)
     assert sim.nodes["a"].blocked() >= set(peers)  # heartbeats carried it
     item = st.encode_item()
-    assert len(item) <= MAX_ITEM - 20 and len(seal(PeerKey.generate(), SWARM, "hb", item,
+    assert len(item) <= MAX_VALUE - 20 and len(seal(PeerKey.generate(), SWARM, "hb", item,
                                                     b"e" * 300)) <= MAX_MESSAGE
     pages = {p.target: p.encode() for p in st.pages()}
     assert len(pages) > 1 and all(len(v) <= 900 for v in pages.values())
@@ -587,3 +587,29 @@ async def test_a_heartbeat_waits_for_the_pages_its_state_names(tmp_path):
     await asyncio.gather(*b._tasks)
     assert [(n, unseal(SWARM, m).kind) for n, m in sent] == [(len(st.pages()), "hb")]
     await b.close()
+
+
+def test_a_replayed_owner_block_is_refused_by_a_coordinator_that_never_saw_the_unblock():
+    """Issue 33, finding 8: the owner blocked x, then unblocked it; d joined after that, so
+    it never saw x blocked or unblocked, and took over when b failed. b, a former
+    coordinator, replays the owner's old block (within the hour a forward stays fresh): d
+    applied it, and x was blocked again. The state now carries the chain's recent unblocks,
+    so d refuses the replay."""
+    sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
+    sim.operator("b", "block", "x", at=100)
+    block = sim.issued[sim.ids["x"]]
+    sim.operator("b", "unblock", "x", at=110)
+    sim.run_until(lambda: sim.ids["x"] not in sim.nodes["c"].blocked())
+    sim.add("d", 2.5)  # elected once b is gone; never saw x blocked
+    sim.run_until(lambda: sim.nodes["d"].coordinator == sim.ids["b"])
+    sim.alive.discard("b")
+    sim.run_until(lambda: sim.agreed("d", but=frozenset({"b"})))
+    d = sim.nodes["d"]
+    assert sim.ids["b"] in d.past_coordinators
+    with pytest.raises(StaleTerm, match="superseded"):
+        d.forwarded_block(block, sim.ids["b"], sim.now, 120)
+    assert sim.ids["x"] not in d.blocked()
+    # a block issued after the unblock still stands when forwarded
+    later = replace(block, at=130)
+    d.forwarded_block(later, sim.ids["b"], sim.now, 130)
+    assert sim.ids["x"] in d.blocked()

@@ -14,7 +14,13 @@ from dht.items import MutableItem
 from identity import PeerId, PeerKey
 from swarm.control import core as cc
 from swarm.control.election import Candidate
-from swarm.control.machine import MAX_PIECES_PER_REPORTER, Controller, Duty, Judgement
+from swarm.control.machine import (
+    MAX_PIECES_PER_REPORTER,
+    Command,
+    Controller,
+    Duty,
+    Judgement,
+)
 from swarm.control.state import BlockEntry, CoordinatorState, LiarReport, seal
 from swarm.members import MemberRecord, follows
 from swarm.testing.sim import Member, Sim, SyncAdapter
@@ -279,6 +285,32 @@ def test_the_liar_is_blocked_everywhere_after_a_flush_in_a_simulated_swarm():
         m for m in sim.live() if m.index in waiting and liar.peer_id not in m.controller.blocked()])
     assert all(liar.peer_id in m.controller.blocked() for m in sim.live() if m is not liar)
     assert len(coord.controller.state.blocked) == 1  # the throw-away keys: none
+
+
+def test_a_block_costs_each_follower_one_page_in_a_simulated_swarm():
+    """Finding 3's paging at 100 members: with a blocklist of many pages, one more block
+    costs each follower one page lookup (every page before: a lookup per page per member)."""
+    sim = settled(100)
+    coord = sim.coordinator()
+    c = coord.controller
+    for i in range(60):  # an owner's blocks of peers long gone, long reasons: many pages
+        c.command(Command("block", PeerKey.from_seed(bytes([9, i]) * 16).peer_id, "r" * 200,
+                          "owner", int(sim.wall()), c.term), sim.loop.now)
+    sim.do(coord, coord.core.pump())
+    sim.loop.run_until(sim.loop.now + 10.0)
+    pages = len(c.state.pages())
+    assert pages >= 10 and all(len(m.controller.blocked()) == 60 for m in sim.live())
+    gets = []
+    real = sim.dht.get_immutable
+
+    def counted(me, target, kind):
+        gets.append(me)
+        return real(me, target, kind)
+
+    sim.dht.get_immutable = counted
+    assert sim.block(loser(sim, coord)) is not None
+    followers = len(sim.live()) - 2
+    assert followers <= len(gets) <= 2 * followers, (len(gets), pages)
 
 
 # -- finding 4: a blocked member restarts from an old data dir ---------------------------------

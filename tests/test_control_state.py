@@ -14,6 +14,7 @@ from swarm.control.state import (
     BlockEntry,
     CoordinatorState,
     KickOrder,
+    StateItem,
     load_state,
     save_state,
     seal,
@@ -105,7 +106,8 @@ def test_persisted_state_is_0600_and_scoped_to_its_swarm(tmp_path):
 
 
 def test_largest_state_item_fits_one_dht_item_and_one_message():
-    from swarm.control.state import MAX_ADMINS, MAX_ITEM, MAX_MESSAGE, MAX_REASON
+    from dht.items import MAX_VALUE
+    from swarm.control.state import MAX_ADMINS, MAX_MESSAGE, MAX_REASON, MAX_UNBLOCKS
 
     s = CoordinatorState(SWARM, 2**40, 2**40, KEY.peer_id,
                          admins=tuple(PeerId(bytes([i]) * 32) for i in range(MAX_ADMINS)),
@@ -113,7 +115,12 @@ def test_largest_state_item_fits_one_dht_item_and_one_message():
     for i in range(40):
         s = s.with_block(BlockEntry(PeerId(bytes([100 + i]) * 32), "r" * MAX_REASON,
                                     "coordinator", 2**33))
-    assert len(s.encode_item()) <= MAX_ITEM - 20
+    for i in range(MAX_UNBLOCKS + 3):  # the newest unblocks are carried inline
+        s = s.without_block(s.blocked[0].peer, at=2**40 + i)
+    assert len(s.unblocked) == MAX_UNBLOCKS
+    assert len(s.encode_item()) <= MAX_VALUE - 20
+    assert StateItem.decode(s.encode_item()).head.unblocked == s.unblocked
+    assert CoordinatorState.decode(s.encode()) == s
     env = seal(KEY, SWARM, "hb", s.encode_item(), seal(KEY, SWARM, "endorse", b"x" * 60))
     assert len(env) <= MAX_MESSAGE
 

@@ -707,7 +707,10 @@ class Controller:
             self._unblocked_at[cmd.target] = max(cmd.at, self._unblocked_at.get(cmd.target, 0))
             self._note_unblocked(cmd.target, self.state.term)
             if cmd.target in self.state.blocked_ids:
-                self._publish(self.state.without_block(cmd.target), now)
+                # the state remembers it: a former coordinator's replay of an older block
+                # is refused by every coordinator that continues this chain
+                self._publish(self.state.without_block(
+                    cmd.target, at=cmd.at, since=cmd.at - self.timing.forward_max_age), now)
         elif cmd.kind == "kick":
             if cmd.target == self.me:
                 self._leave_reason = f"kicked: {cmd.reason}"
@@ -786,9 +789,13 @@ class Controller:
         self.command(cmd, now)
 
     def _unblocked_since(self, peer: PeerId, term: int, at: int) -> bool:
-        """Whether an unblock we saw supersedes a block of ``peer`` issued in ``term`` at
-        Unix time ``at``: an unblock in that term or later, or one issued after it."""
-        return self._unblocked_term.get(peer, -1) >= term or self._unblocked_at.get(peer, -1) >= at
+        """Whether an unblock supersedes a block of ``peer`` issued in ``term`` at Unix time
+        ``at``: one we saw in that term or later, one issued after it that we applied, or
+        one issued after it that the state we hold carries (the chain applied it, whether or
+        not we were there to see it)."""
+        return self._unblocked_term.get(peer, -1) >= term \
+            or self._unblocked_at.get(peer, -1) >= at \
+            or (self.state is not None and self.state.unblocked_after(peer, at))
 
     def _check_forward(self, cmd: Command, sender: PeerId, wall: float) -> None:
         if sender == self.me or sender not in self.past_coordinators:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import msgpack
 
-from dht.items import immutable_target
+from dht.items import MAX_VALUE, immutable_target
 from identity.files import write_private
 from identity.keys import PeerId, PeerKey, verify
 from identity.statements import MAX_REASON, cut_reason
@@ -43,7 +43,9 @@ PAGE_BYTES = 900  # one page's msgpack; bencoding and the DHT item fit in 1000 b
 MAX_ADMINS = 4
 MAX_POLICY = 4
 BY = ("owner", "admin", "coordinator")  # on the wire as the index
-MAX_ITEM = 1000
+MAX_UNBLOCKS = 8
+"""Recent unblocks a state carries (:class:`UnblockEntry`, newest kept): every coordinator
+that continues the chain refuses a forwarded block issued before one of them."""
 DOMAIN = b"swarm-control/v1\0"
 KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar", "fwd", "fwdauto", "hello",
          "bye")
@@ -61,6 +63,17 @@ class BlockEntry:
     """Which role blocked it: owner, admin or coordinator."""
     at: int = 0
     """Unix time of the block."""
+
+
+@dataclass(frozen=True)
+class UnblockEntry:
+    """An owner's or admin's unblock the chain applied: the order every later coordinator
+    checks a forwarded block against (issue 33, finding 8)."""
+
+    peer: PeerId
+    """The unblocked peer."""
+    at: int
+    """Unix time the unblock was issued (signed in the command)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,10 @@ class CoordinatorState:
     """Swarm policy knobs (small scalars)."""
     prev: bytes = b""
     """SHA-256 of the previous state's encoding: the chain a successor continues."""
+    unblocked: tuple[UnblockEntry, ...] = ()
+    """The latest unblocks (at most :data:`MAX_UNBLOCKS`, oldest first), copied forward like
+    the blocklist: a block forwarded by a former coordinator that was issued before one of
+    them is a replay, also for a coordinator that never saw the unblock itself."""
 
     @property
     def blocked_ids(self) -> frozenset[PeerId]:
@@ -98,8 +115,20 @@ class CoordinatorState:
             raise ProtocolError(f"blocklist over {MAX_BLOCKLIST} entries")
         return self.successor(blocked=(*kept, entry))
 
-    def without_block(self, peer: PeerId) -> CoordinatorState:
-        return self.successor(blocked=tuple(b for b in self.blocked if b.peer != peer))
+    def without_block(self, peer: PeerId, at: int | None = None,
+                      since: float = float("-inf")) -> CoordinatorState:
+        """The next state without ``peer``'s block; with ``at`` (the unblock's issue time)
+        it also remembers the unblock, dropping remembered ones issued before ``since``."""
+        unblocked = self.unblocked
+        if at is not None:
+            unblocked = (*(u for u in unblocked if u.peer != peer and u.at >= since),
+                         UnblockEntry(peer, at))[-MAX_UNBLOCKS:]
+        return self.successor(blocked=tuple(b for b in self.blocked if b.peer != peer),
+                              unblocked=unblocked)
+
+    def unblocked_after(self, peer: PeerId, at: int) -> bool:
+        """Whether the chain applied an unblock of ``peer`` issued at ``at`` or later."""
+        return any(u.peer == peer and u.at >= at for u in self.unblocked)
 
     # -- encoding ------------------------------------------------------------------------
 
@@ -109,9 +138,12 @@ class CoordinatorState:
         return self._head() | {"b": [_entry(b) for b in self.blocked]}
 
     def _head(self) -> dict:
-        return {"v": 1, "sw": self.swarm, "t": self.term, "q": self.seq,
+        head = {"v": 1, "sw": self.swarm, "t": self.term, "q": self.seq,
                 "c": self.coordinator.raw, "a": [a.raw for a in self.admins],
                 "p": dict(sorted(self.policy.items())), "pr": self.prev}
+        if self.unblocked:
+            head["u"] = [[u.peer.raw, u.at] for u in self.unblocked]
+        return head
 
     def encode(self) -> bytes:
         """The whole state, for hashing and the data dir (no size bound)."""
@@ -156,7 +188,7 @@ class CoordinatorState:
         data = msgpack.packb(self._head() | {
             "v": 3, "bn": len(self.blocked), "bd": blocklist_digest(self.blocked),
             "bh": pages[-1].target if pages else b""}, use_bin_type=True)
-        if len(data) > MAX_ITEM - 20:  # bencoding adds a length prefix
+        if len(data) > MAX_VALUE - 20:  # bencoding adds a length prefix
             raise ProtocolError(f"coordinator state item is {len(data)} bytes")
         return data
 
@@ -313,8 +345,13 @@ def _head_from(o: dict, blocked: tuple[BlockEntry, ...]) -> CoordinatorState:
         and (not isinstance(v, str) or len(v) <= 24) for k, v in policy.items()),
         "policy")
     _need(len({b.peer for b in blocked}) == len(blocked), "blocklist (a peer twice)")
+    u = o.get("u", [])
+    _need(isinstance(u, list) and len(u) <= MAX_UNBLOCKS and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], bytes) and type(e[1]) is int
+        for e in u), "unblocks")
     return CoordinatorState(swarm=sw, term=t, seq=q, coordinator=PeerId(c),
                             blocked=blocked,
+                            unblocked=tuple(UnblockEntry(PeerId(p), at) for p, at in u),
                             admins=tuple(sorted(PeerId(a) for a in o["a"])),
                             policy=dict(policy), prev=pr)
 
