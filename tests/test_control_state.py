@@ -36,6 +36,7 @@ def _state() -> CoordinatorState:
 def test_state_round_trip_and_chain():
     s = _state()
     assert CoordinatorState.decode(s.encode()) == s
+
     nxt = s.successor(term=4)
     assert nxt.seq == s.seq + 1 and nxt.prev == s.digest() and nxt.blocked == s.blocked
     assert PeerId(b"\x01" * 32) not in nxt.without_block(PeerId(b"\x01" * 32)).blocked_ids
@@ -123,6 +124,13 @@ def test_largest_state_item_fits_one_dht_item_and_one_message():
     assert CoordinatorState.decode(s.encode()) == s
     env = seal(KEY, SWARM, "hb", s.encode_item(), seal(KEY, SWARM, "endorse", b"x" * 60))
     assert len(env) <= MAX_MESSAGE
+
+
+def test_the_data_dir_keeps_the_states_unblocks(tmp_path):
+    s = CoordinatorState(SWARM, 3, 5, KEY.peer_id, (BlockEntry(PeerId(b"x" * 32)),))
+    s = s.without_block(PeerId(b"x" * 32), at=1_800_000_000)
+    save_state(tmp_path, s)
+    assert load_state(tmp_path, SWARM) == s and s.unblocked_after(PeerId(b"x" * 32), 1)
 
 
 def test_a_liar_report_carries_whatever_evidence_its_control_message_fits():

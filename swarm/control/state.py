@@ -546,9 +546,10 @@ def save_state(data_dir: Path, state: CoordinatorState) -> None:
     """Persist the latest state (0600, atomic) so a full restart keeps the blocklist."""
     obj = state.to_obj()
     text = json.dumps({k: (v.hex() if isinstance(v, bytes) else v) for k, v in obj.items()
-                       if k not in ("b", "a")} | {
+                       if k not in ("b", "a", "u")} | {
         "b": [[p.hex(), r, by, at] for p, r, by, at in obj["b"]],
-        "a": [a.hex() for a in obj["a"]]}, sort_keys=True)
+        "a": [a.hex() for a in obj["a"]],
+        "u": [[p.hex(), at] for p, at in obj.get("u", [])]}, sort_keys=True)
     write_private(state_path(data_dir, state.swarm), text.encode())
 
 
@@ -561,6 +562,8 @@ def load_state(data_dir: Path, swarm: bytes) -> CoordinatorState | None:
                for k in ("v", "sw", "t", "q", "c", "p", "pr")}
         obj["b"] = [[bytes.fromhex(p), r, by, at] for p, r, by, at in o["b"]]
         obj["a"] = [bytes.fromhex(a) for a in o["a"]]
+        if o.get("u"):  # absent from states saved before unblocks were kept
+            obj["u"] = [[bytes.fromhex(p), at] for p, at in o["u"]]
         state = CoordinatorState.from_obj(obj)
     except (OSError, ValueError, KeyError, TypeError, ProtocolError):
         return None
