@@ -41,7 +41,7 @@ from swarm.control.election import Candidate
 from swarm.control.machine import (
     MAX_SEEN_REPORTS,
     MAX_TERM_STEP,
-    Command,
+    CheckedCommand,
     Controller,
     Duty,
     counted_states,
@@ -197,7 +197,7 @@ def test_the_blocklist_has_no_fixed_cap_and_pages_rebuild_it():
     coord = sim.nodes[best]
     peers = [PeerKey.from_seed(bytes([i % 256, i // 256]) * 16).peer_id for i in range(300)]
     for i, p in enumerate(peers):
-        coord.command(Command("block", p, "r" * 100, "owner", i), sim.now)
+        coord.command(CheckedCommand("block", p, "r" * 100, "owner", i), sim.now)
     sim._run(best)
     st = coord.state
     assert st.blocked_ids >= set(peers)

@@ -16,7 +16,7 @@ from swarm.control import core as cc
 from swarm.control.election import Candidate
 from swarm.control.machine import (
     MAX_PIECES_PER_REPORTER,
-    Command,
+    CheckedCommand,
     Controller,
     Duty,
     Judgement,
@@ -294,7 +294,7 @@ def test_a_block_costs_each_follower_one_page_in_a_simulated_swarm():
     coord = sim.coordinator()
     c = coord.controller
     for i in range(60):  # an owner's blocks of peers long gone, long reasons: many pages
-        c.command(Command("block", PeerKey.from_seed(bytes([9, i]) * 16).peer_id, "r" * 200,
+        c.command(CheckedCommand("block", PeerKey.from_seed(bytes([9, i]) * 16).peer_id, "r" * 200,
                           "owner", int(sim.wall()), c.term), sim.loop.now)
     sim.do(coord, coord.core.pump())
     sim.loop.run_until(sim.loop.now + 10.0)

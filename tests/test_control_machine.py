@@ -12,7 +12,7 @@ import pytest
 from identity.keys import PeerId, PeerKey
 from swarm.control import machine as control
 from swarm.control.election import Candidate, Fitness
-from swarm.control.machine import Command, Controller, Duty, Timing
+from swarm.control.machine import CheckedCommand, Controller, Duty, Timing
 from swarm.control.state import BlockEntry, BlockPage, CoordinatorState, KickOrder, LiarReport
 from swarm.errors import NotCoordinator, ProtocolError, StaleTerm
 
@@ -64,14 +64,14 @@ class Sim:
         self.refused: list[tuple[str, str, str]] = []  # (receiver, what, error)
         self.disconnects: dict[str, list[tuple[PeerId, bool]]] = {n: [] for n in tflops}
         self.left: dict[str, str] = {}
-        self.issued: dict[PeerId, Command] = {}  # operator block commands, by target
-        self.unblocks: dict[PeerId, Command] = {}  # operator unblock commands, by target
+        self.issued: dict[PeerId, CheckedCommand] = {}  # operator block commands, by target
+        self.unblocks: dict[PeerId, CheckedCommand] = {}  # operator unblock commands, by target
         self.lose: dict[str, int] = {}  # messages of a kind still to lose (no link yet)
         self.announced: dict[str, float] = {}  # when each (re)announced itself (freshness)
 
     def operator(self, at_node: str, kind: str, target: str, at: int) -> None:
         """An owner's command reaching the coordinator ``at_node``."""
-        cmd = Command(kind, self.ids[target], "by the owner", "owner", at,
+        cmd = CheckedCommand(kind, self.ids[target], "by the owner", "owner", at,
                       self.nodes[at_node].term)
         if kind == "block":
             self.issued[cmd.target] = cmd
@@ -221,7 +221,7 @@ def test_tie_goes_to_the_lowest_peer_id():
 
 def test_crash_failover_within_bound_keeps_blocklist():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
-    sim.nodes["b"].command(Command("block", sim.ids["x"], "spam", "owner", 1), sim.now)
+    sim.nodes["b"].command(CheckedCommand("block", sim.ids["x"], "spam", "owner", 1), sim.now)
     sim._run("b")
     sim.run_until(lambda: all(sim.ids["x"] in sim.nodes[n].blocked() for n in ("a", "c")))
     sim.alive.discard("b")  # SIGKILL: silent, but its DHT record stays in everyone's view
@@ -354,7 +354,7 @@ def test_graceful_handoff_to_the_healthiest_carries_state():
     health = {"c": Fitness(battery=30.0, plugged=False), "d": Fitness(load=0.1)}
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "d": 2.0}, health=health)
     b = sim.nodes["b"]
-    b.command(Command("block", sim.ids["a"], "test", "admin", 5), sim.now)
+    b.command(CheckedCommand("block", sim.ids["a"], "test", "admin", 5), sim.now)
     sim._run("b")
     start = sim.now
     b.leave(sim.now)
@@ -378,7 +378,7 @@ def test_handoff_falls_back_when_the_successor_is_gone():
 
 def test_block_survives_coordinator_change_and_full_restart():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
-    sim.nodes["b"].command(Command("block", sim.ids["x"], "bad", "owner", 1), sim.now)
+    sim.nodes["b"].command(CheckedCommand("block", sim.ids["x"], "bad", "owner", 1), sim.now)
     sim._run("b")
     assert "x" in sim.left and sim.left["x"] == "this peer is blocked"
     sim.run_until(lambda: all(sim.ids["x"] in sim.persisted[n].blocked_ids
@@ -400,14 +400,14 @@ def test_block_survives_coordinator_change_and_full_restart():
     sim2.add("e", 0.1)
     sim2.run_until(lambda: sim2.ids["x"] in sim2.nodes["e"].blocked())
     # And unblock works, carried the same way.
-    sim2.nodes["b"].command(Command("unblock", sim2.ids["x"], "", "owner", 2), sim2.now)
+    sim2.nodes["b"].command(CheckedCommand("unblock", sim2.ids["x"], "", "owner", 2), sim2.now)
     sim2._run("b")
     sim2.run_until(lambda: sim2.ids["x"] not in sim2.nodes["e"].blocked())
 
 
 def test_blocked_peer_never_coordinates():
     sim, _ = _stable({"a": 1.0, "b": 3.0})
-    sim.nodes["b"].command(Command("block", sim.ids["a"], "", "owner", 1), sim.now)
+    sim.nodes["b"].command(CheckedCommand("block", sim.ids["a"], "", "owner", 1), sim.now)
     sim._run("b")
     fake = CoordinatorState(SWARM, 9, 9, sim.ids["a"])
     with pytest.raises(NotCoordinator, match="blocked"):
@@ -432,7 +432,7 @@ def test_faster_newcomer_gets_the_role_by_handoff():
 
 def test_kick_disconnects_and_the_kicked_peer_leaves():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
-    sim.nodes["b"].command(Command("kick", sim.ids["a"], "maintenance", "admin", 0), sim.now)
+    sim.nodes["b"].command(CheckedCommand("kick", sim.ids["a"], "maintenance", "admin", 0), sim.now)
     sim._run("b")
     assert sim.left.get("a") == "kicked: maintenance"
     assert (sim.ids["a"], False) in sim.disconnects["c"]
@@ -442,7 +442,7 @@ def test_kick_disconnects_and_the_kicked_peer_leaves():
 def test_a_kicked_peer_is_not_handed_the_role_it_was_kicked_from():
     sim, _ = _stable({"a": 1.0, "b": 2.0})
     sim.add("f", 10.0)  # faster: b would hand off to it at once, but b kicks it first
-    sim.nodes["b"].command(Command("kick", sim.ids["f"], "go away", "owner", 0), sim.now)
+    sim.nodes["b"].command(CheckedCommand("kick", sim.ids["f"], "go away", "owner", 0), sim.now)
     sim._run("b")
     assert sim.left.get("f") == "kicked: go away"
     sim.add("f", 10.0)  # rejoins straight away: kicked, not blocked, but not promoted yet
@@ -467,7 +467,7 @@ def test_repeat_liars_are_blocked_by_the_coordinator():
 def test_commands_need_the_coordinator_and_transitions_are_checked():
     sim, _ = _stable({"a": 1.0, "b": 3.0})
     with pytest.raises(NotCoordinator, match="follower"):
-        sim.nodes["a"].command(Command("block", sim.ids["b"]), sim.now)
+        sim.nodes["a"].command(CheckedCommand("block", sim.ids["b"]), sim.now)
     with pytest.raises(control.IllegalTransition):
         sim.nodes["a"]._set_state(Duty.COORDINATOR, sim.now)
     sim.nodes["a"].leave(sim.now)
@@ -478,7 +478,7 @@ def test_commands_need_the_coordinator_and_transitions_are_checked():
 
 def test_a_coordinator_blocked_by_the_owner_hands_off_with_its_own_block():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
-    sim.nodes["b"].command(Command("block", sim.ids["b"], "owner said so", "owner", 1), sim.now)
+    sim.nodes["b"].command(CheckedCommand("block", sim.ids["b"], "owner said so", "owner", 1), sim.now)
     sim._run("b")
     sim.run_until(lambda: "b" in sim.left and sim.agreed("c"))
     assert sim.left["b"] == "this peer is blocked"
@@ -719,10 +719,10 @@ def test_a_deposed_coordinator_that_coordinates_again_applies_the_blocks_it_owes
 def test_only_the_coordinator_takes_forwarded_blocks():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
     with pytest.raises(NotCoordinator):
-        sim.nodes["a"].forwarded_block(Command("block", sim.ids["x"], "r", "owner", 1),
+        sim.nodes["a"].forwarded_block(CheckedCommand("block", sim.ids["x"], "r", "owner", 1),
                                        sim.ids["b"], sim.now, 1)
     with pytest.raises(ProtocolError):
-        sim.nodes["b"].forwarded_block(Command("kick", sim.ids["x"], "r", "owner", 1),
+        sim.nodes["b"].forwarded_block(CheckedCommand("kick", sim.ids["x"], "r", "owner", 1),
                                        sim.ids["a"], sim.now, 1)
 
 
@@ -763,7 +763,7 @@ def test_a_block_keeps_the_whole_reason_its_signed_command_allows():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "x": 0.5})
     reason = "spam from a scraper, " * (MAX_REASON // 21) + "x" * (MAX_REASON % 21)
     assert len(reason.encode()) == MAX_REASON
-    sim.nodes["b"].command(Command("block", sim.ids["x"], reason, "owner", 1), sim.now)
+    sim.nodes["b"].command(CheckedCommand("block", sim.ids["x"], reason, "owner", 1), sim.now)
     sim._run("b")
     sim.run_until(lambda: sim.ids["x"] in sim.nodes["a"].blocked())
     entry, = (e for e in sim.nodes["a"].state.blocked if e.peer == sim.ids["x"])

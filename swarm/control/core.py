@@ -44,7 +44,7 @@ from swarm.control.charter import CharterError
 from swarm.control.election import Candidate, candidate
 from swarm.control.machine import (
     MAX_UNBLOCKED,
-    Command,
+    CheckedCommand,
     Controller,
     Disconnect,
     Duty,
@@ -1257,7 +1257,7 @@ class ControlCore:
         cmd = signed.statement
         self.admit(signed, wall)
         kind = COMMANDS[type(cmd)]
-        c.command(Command(kind, cmd.target, cmd.reason, role.value, int(wall), cmd.term),
+        c.command(CheckedCommand(kind, cmd.target, cmd.reason, role.value, int(wall), cmd.term),
                   self.now)
         if kind == "block":
             self.block_proofs[cmd.target] = signed.encode()
@@ -1299,7 +1299,7 @@ class ControlCore:
         role = verify_command(signed, self.ownership, now=wall)
         if role not in (Role.OWNER, Role.ADMIN):
             raise NotCoordinator("only owner and admin commands are forwarded")
-        c = Command(COMMANDS[type(cmd)], cmd.target, cmd.reason, role.value,
+        c = CheckedCommand(COMMANDS[type(cmd)], cmd.target, cmd.reason, role.value,
                     cmd.counter // 1000, cmd.term)
         if isinstance(cmd, UnblockCommand):
             self.controller.forwarded_unblock(c, sender, now, wall)

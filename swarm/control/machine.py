@@ -307,8 +307,10 @@ Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | For
 
 
 @dataclass(frozen=True)
-class Command:
-    """An authorised operator command, already verified by the adapter."""
+class CheckedCommand:
+    """An operator's command as the coordinator applies it: the signed
+    :class:`identity.statements.Command` (kick, block, unblock) after the core checked its
+    proof and role, or a block the coordinator makes itself (a proven liar)."""
 
     kind: str
     """block, unblock or kick."""
@@ -684,7 +686,7 @@ class Controller:
             self._kicked[order.target] = now + self.timing.kick_max_age
             self._actions.append(Disconnect(order.target, f"kicked: {order.reason}", False))
 
-    def command(self, cmd: Command, now: float) -> CoordinatorState:
+    def command(self, cmd: CheckedCommand, now: float) -> CoordinatorState:
         """Apply an authorised operator command; only the coordinator does this."""
         if self.role is not Duty.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator"
@@ -728,7 +730,7 @@ class Controller:
             raise ProtocolError(f"unknown command {cmd.kind!r}")
         return self.state
 
-    def forwarded_unblock(self, cmd: Command, sender: PeerId, now: float, wall: float) -> None:
+    def forwarded_unblock(self, cmd: CheckedCommand, sender: PeerId, now: float, wall: float) -> None:
         """An owner's or admin's unblock (proof verified by the adapter), forwarded after a
         heal: applied when it was issued after the block our state holds. The replay checks
         of :meth:`forwarded_block`, and a block issued after the unblock always stands.
@@ -762,7 +764,7 @@ class Controller:
                  cmd.target.short())
         self.command(cmd, now)
 
-    def forwarded_block(self, cmd: Command, sender: PeerId, now: float, wall: float) -> None:
+    def forwarded_block(self, cmd: CheckedCommand, sender: PeerId, now: float, wall: float) -> None:
         """A block that a deposed coordinator applied in its term, its owner or admin proof
         already verified by the adapter: applied unless it is a replay.
 
@@ -797,7 +799,7 @@ class Controller:
             or self._unblocked_at.get(peer, -1) >= at \
             or (self.state is not None and self.state.unblocked_after(peer, at))
 
-    def _check_forward(self, cmd: Command, sender: PeerId, wall: float) -> None:
+    def _check_forward(self, cmd: CheckedCommand, sender: PeerId, wall: float) -> None:
         if sender == self.me or sender not in self.past_coordinators:
             raise NotCoordinator(f"{sender.short()} never coordinated here; it forwards no "
                                  "blocks")
@@ -814,7 +816,7 @@ class Controller:
                                  "an owner's or admin's proof")
         if entry.peer == self.me:
             return
-        self.forwarded_block(Command("block", entry.peer, entry.reason, "coordinator",
+        self.forwarded_block(CheckedCommand("block", entry.peer, entry.reason, "coordinator",
                                      entry.at, term), sender, now, wall)
 
     def liar_report(self, report: LiarReport, reporter: PeerId, now: float,
@@ -892,7 +894,7 @@ class Controller:
         if peer in self._liars and len(seen) >= self.timing.liar_threshold:
             ids = ",".join(sorted(e.hex()[:12] for e in seen))
             log.warning("blocking %s: wrong results shown by evidence %s", peer.short(), ids)
-            self.command(Command("block", peer, f"wrong result; evidence {ids}"[:100],
+            self.command(CheckedCommand("block", peer, f"wrong result; evidence {ids}"[:100],
                                  "coordinator", wall), now)
             for e, (_, by) in self._liars.pop(peer).items():
                 self._drop_piece(by, peer, e)

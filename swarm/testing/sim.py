@@ -57,7 +57,7 @@ from identity.keys import PeerId, PeerKey
 from swarm.control import core as cc
 from swarm.control.charter import state_salt, validate_state_item
 from swarm.control.core import TICK, ControlCore
-from swarm.control.machine import Command, Controller, Duty, Timing
+from swarm.control.machine import CheckedCommand, Controller, Duty, Timing
 from swarm.control.state import CoordinatorState, StateItem, resolve
 from swarm.control.sync import Digest, Fetch, Mode, Sync, SyncTiming
 from swarm.errors import ProtocolError
@@ -708,7 +708,7 @@ class Sim:
         waiting = {m.index for m in self.live() if m is not target}
         self.watch = lambda m: waiting.discard(m.index) \
             if target.peer_id in m.controller.blocked() else None
-        coord.controller.command(Command("block", target.peer_id, "sim", "owner",
+        coord.controller.command(CheckedCommand("block", target.peer_id, "sim", "owner",
                                          int(self.wall()), coord.controller.term), t0)
         self.do(coord, coord.core.pump())
         try:
