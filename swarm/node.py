@@ -17,7 +17,9 @@ A :class:`Node` is what ``swarm join`` runs (worker role) and what a client embe
   (:mod:`swarm.links.circuit`, end to end encrypted). A worker with no path at all is
   reported unreachable and not dialed again for :data:`UNREACHABLE_BACKOFF` seconds.
 
-Hooks for the control plane (all optional, all on the instance):
+Hooks for the control plane (all optional, all on the instance; a control plane sets
+``accept_peer``, ``find_coordinator``, ``judge_evidence`` and a liar callback at once through
+:meth:`Node.attach_control`, typed by :class:`ControlHooks`):
 
 ``accept_peer(peer_id) -> bool``
     consulted for every incoming link (after the TLS handshake) and before any shard is
@@ -51,7 +53,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dht import DHTNode, LookupFailed
 from dht.validators import Validator
@@ -123,6 +125,7 @@ ControlHandler = Callable[[PeerLink, wire.Message], Awaitable[None] | None]
 
 
 @dataclass
+
 class NodeConfig:
     """How to run one node."""
 
@@ -180,6 +183,29 @@ class NodeConfig:
     """DHT item validators by salt, installed before the node serves anything: every node
     refuses forged swarm items (pass :func:`swarm.control.charter.validators`; required so
     that no caller forgets it)."""
+
+
+class ControlHooks(Protocol):
+    """What a control plane gives the node it runs on (:meth:`Node.attach_control`); the
+    node calls these and nothing else of it, and the plane drives the node only through its
+    public methods."""
+
+    def accept_peer(self, peer: PeerId) -> bool:
+        """False for a kicked or blocked peer: its links are refused, no shard goes to it."""
+        ...
+
+    async def find_coordinator(self) -> PeerId | None:
+        """Where evidence of a wrong result goes (None: nobody coordinates now)."""
+        ...
+
+    async def judge_evidence(self, evidence: Evidence,
+                             fetch_array: Callable[[bytes], Any]) -> bool:
+        """Re-check evidence when this node coordinates (False when it does not)."""
+        ...
+
+    def lying_peer(self, peer: PeerId, reason: str) -> None:
+        """A result from ``peer`` failed verification here."""
+        ...
 
 
 class Node:
@@ -260,6 +286,14 @@ class Node:
         except Exception:
             log.exception("accept_peer hook failed; refusing %s", peer.short())
             return False
+
+    def attach_control(self, plane: ControlHooks) -> None:
+        """The control plane this node runs under: its hooks replace the defaults (admit
+        everyone, deliver evidence nowhere), and it hears of every caught liar."""
+        self.accept_peer = plane.accept_peer
+        self.find_coordinator = plane.find_coordinator
+        self.judge_evidence = plane.judge_evidence
+        self.on_lying_peer(plane.lying_peer)
 
     def on_control(self, message_type: type, handler: ControlHandler) -> None:
         """Send messages of ``message_type`` arriving on any link to ``handler(link, msg)``."""

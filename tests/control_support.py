@@ -202,8 +202,9 @@ SIGTERM = signal.SIGTERM
 class FakeNode(SimpleNamespace):
     """The node hooks a ControlPlane registers on, for plane tests without sockets."""
 
-    def on_lying_peer(self, cb) -> None:
-        self.liar_cb = cb
+    def attach_control(self, plane) -> None:
+        self.accept_peer = plane.accept_peer
+        self.liar_cb = plane.lying_peer
 
     def on_control(self, message_type, handler) -> None:
         self.control = {**getattr(self, "control", {}), message_type: handler}

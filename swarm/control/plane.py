@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dht.errors import DHTError, ItemError, LookupFailed
 from dht.node import node_id_of
-from identity import Ownership, PeerKey
+from identity import Ownership, PeerId, PeerKey
 from swarm.control import core as cc
 from swarm.control.charter import (
     CharterError,
@@ -87,10 +87,7 @@ class ControlPlane:
         self._loop_task: asyncio.Task | None = None
         self._view_task: asyncio.Task | None = None
         register_validators(node.dht)
-        node.accept_peer = self.accept_peer
-        node.on_lying_peer(self._on_liar)
-        node.find_coordinator = self._evidence_coordinator
-        node.judge_evidence = self.judge_evidence
+        node.attach_control(self)
         node.on_control(EvidenceMsg, self._on_evidence)
         node.dht.on_message(self._on_message)
 
@@ -336,7 +333,8 @@ class ControlPlane:
 
     # -- evidence ------------------------------------------------------------------------
 
-    async def _evidence_coordinator(self):
+    async def find_coordinator(self) -> PeerId | None:
+        """The node's hook: where our runtime's evidence goes."""
         return self.core.evidence_coordinator()
 
     def _stored_array(self, oid: bytes):
@@ -383,9 +381,9 @@ class ControlPlane:
 
     # -- incoming --------------------------------------------------------------------------
 
-    def _on_liar(self, peer, reason: str, evidence: bytes = b"") -> None:
-        """The node caught ``peer`` returning a wrong result (``evidence``: the runtime's
-        proof, checked by the coordinator before it acts)."""
+    def lying_peer(self, peer: PeerId, reason: str, evidence: bytes = b"") -> None:
+        """The node's hook: it caught ``peer`` returning a wrong result (``evidence``: the
+        runtime's proof, checked by the coordinator before it acts)."""
         self._do_now(self._feed(cc.LiarCaught(peer, reason, evidence)))
 
     async def _on_message(self, sender, addr: tuple[str, int], payload: bytes) -> None:
