@@ -200,7 +200,10 @@ SIGTERM = signal.SIGTERM
 
 
 class FakeNode(SimpleNamespace):
-    """The node hooks a ControlPlane registers on, for plane tests without sockets."""
+    """The node a ControlPlane runs on (``control.plane.ControlledNode``), for plane tests
+    without sockets."""
+
+    host = None
 
     def attach_control(self, plane) -> None:
         self.accept_peer = plane.accept_peer

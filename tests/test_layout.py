@@ -62,8 +62,10 @@ SWARM_FORBIDDEN = {
     "swarm/links": _ABOVE_DATA_PLANE,
     "swarm/runtime": _ABOVE_DATA_PLANE,
     "swarm/control": ("swarm.node", "swarm.api", "swarm.processes", "swarm.cli", "swarm.commands"),
-    # the node and the control plane meet through control.plane.ControlledNode: the node
-    # imports nothing of the control plane (member records are swarm.members, below both)
+    # the node and the control plane meet through two typed interfaces, node.ControlHooks
+    # (the plane, as the node calls it) and control.plane.ControlledNode (the node, as the
+    # plane uses it): the node imports nothing of the control plane (member records are
+    # swarm.members, below both)
     "swarm/node.py": ("swarm.control", "swarm.api", "swarm.processes", "swarm.cli",
                       "swarm.commands"),
     "swarm/members.py": ("swarm.control", "swarm.node", "swarm.links", "swarm.runtime"),

@@ -16,9 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from dht.errors import DHTError, ItemError, LookupFailed
-from dht.node import node_id_of
+from dht.node import DHTNode, node_id_of
 from identity import Ownership, PeerId, PeerKey
 from swarm.control import core as cc
 from swarm.control.charter import (
@@ -51,10 +52,31 @@ def _log_crash(task: asyncio.Task) -> None:
         log.error("control-plane task failed", exc_info=task.exception())
 
 
+class ControlledNode(Protocol):
+    """What the plane uses of the node it runs on (:class:`swarm.node.Node` is one): its key,
+    config and DHT node, its own member record, its links and object store; and the two
+    ways in, :meth:`attach_control` (the node calls back through
+    :class:`swarm.node.ControlHooks`, which this plane is) and :meth:`on_control`."""
+
+    key: PeerKey
+    config: Any
+    """Its ``NodeConfig`` (``swarm_id``, ``announce``, ``announce_ttl``)."""
+    dht: DHTNode
+    record: MemberRecord | None
+    host: Any
+    """Its actor host (None on a client), whose object store holds evidence arrays."""
+
+    def link_to(self, peer: PeerId) -> Any: ...
+
+    def attach_control(self, plane: Any) -> None: ...
+
+    def on_control(self, message_type: type, handler: Callable) -> None: ...
+
+
 class ControlPlane:
     """Runs the control plane for one node until it leaves."""
 
-    def __init__(self, node, swarm_pubkey: bytes, data_dir: Path, *,
+    def __init__(self, node: ControlledNode, swarm_pubkey: bytes, data_dir: Path, *,
                  timing: Timing | None = None, ownership: Ownership | None = None,
                  owner_pin: bytes | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -338,7 +360,7 @@ class ControlPlane:
         return self.core.evidence_coordinator()
 
     def _stored_array(self, oid: bytes):
-        store = self.node.host.store if getattr(self.node, "host", None) is not None else None
+        store = self.node.host.store if self.node.host is not None else None
         return store.get(ObjectId(oid)) if store is not None else None
 
     async def _on_evidence(self, link, msg: EvidenceMsg) -> None:
