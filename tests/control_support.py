@@ -205,6 +205,9 @@ class FakeNode(SimpleNamespace):
 
     host = None
 
+    def follow(self, term, coordinator) -> None:
+        self.following = (term, coordinator)
+
     def attach_control(self, plane) -> None:
         self.accept_peer = plane.accept_peer
         self.liar_cb = plane.lying_peer

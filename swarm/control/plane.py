@@ -54,7 +54,8 @@ def _log_crash(task: asyncio.Task) -> None:
 
 class ControlledNode(Protocol):
     """What the plane uses of the node it runs on (:class:`swarm.node.Node` is one): its key,
-    config and DHT node, its own member record, its links and object store; and the two
+    config and DHT node, its own member record (and whom it says it follows), its links and
+    object store; and the two
     ways in, :meth:`attach_control` (the node calls back through
     :class:`swarm.node.ControlHooks`, which this plane is) and :meth:`on_control`."""
 
@@ -67,6 +68,10 @@ class ControlledNode(Protocol):
     """Its actor host (None on a client), whose object store holds evidence arrays."""
 
     def link_to(self, peer: PeerId) -> Any: ...
+
+    def follow(self, term: int, coordinator: PeerId) -> None:
+        """Our member record says whom we follow from its next announcement on."""
+        ...
 
     def attach_control(self, plane: Any) -> None: ...
 
@@ -241,9 +246,7 @@ class ControlPlane:
                 self.left_reason = act.reason
                 self.left.set()
             elif isinstance(act, cc.Follow):
-                follow = getattr(self.node, "follow", None)  # absent on test stand-ins
-                if follow is not None:
-                    follow(act.term, act.coordinator)
+                self.node.follow(act.term, act.coordinator)
             elif isinstance(act, cc.Started):
                 self._started.set()
 
