@@ -55,8 +55,7 @@ def _log_crash(task: asyncio.Task) -> None:
 class ControlledNode(Protocol):
     """What the plane uses of the node it runs on (:class:`swarm.node.Node` is one): its key,
     config and DHT node, its own member record (and whom it says it follows), its links and
-    object store; and the two
-    ways in, :meth:`attach_control` (the node calls back through
+    object store; and the two ways in, :meth:`attach_control` (the node calls back through
     :class:`swarm.node.ControlHooks`, which this plane is) and :meth:`on_control`."""
 
     key: PeerKey
