@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from dht.items import mutable_target
 from identity.files import write_private
 from identity.keys import PeerId
 from swarm.errors import ProtocolError
+from swarm.records import Bool, Bytes, Field, Int, Maybe, Num, OneOf, Peer, Row, Schema, Seq, Str
 
 log = logging.getLogger("swarm.members")
 
@@ -103,20 +103,9 @@ def read_health() -> Health:
     return Health(load, battery, plugged, thermal, int(mem))
 
 
-def _addr(value: object) -> tuple[str, int]:
-    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str)
-            or not 0 < len(value[0]) <= 253 or type(value[1]) is not int
-            or not 0 < value[1] < 65536):
-        raise ProtocolError("member record: an address is [host, port]")
-    return value[0], value[1]
-
-
-def _opt_num(value: object, name: str) -> float | None:
-    if value is None:
-        return None
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise ProtocolError(f"member record: {name} is not a number")
-    return float(value)
+FOLLOW_ID = 12
+"""Bytes of the coordinator's id a record's ``follows`` carries: enough that nobody can
+make a key that shares them (2^96 tries), short enough to keep listings small."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,21 +150,7 @@ class MemberRecord:
 
     def encode(self) -> bytes:
         """msgpack of at most MAX_RECORD bytes; ``serving`` is cut short to fit if need be."""
-        h = self.health
-        m = {
-            "v": RECORD_VERSION, "id": self.peer_id.raw, "tf": float(self.tflops),
-            "ln": [list(a) for a in self.links], "dht": list(self.dht) if self.dht else None,
-            "ver": self.version, "ro": list(self.roles), "ac": list(self.actors),
-            "h": [h.load, h.battery, h.plugged, h.thermal, h.mem_free],
-        }
-        if self.kind != "native":
-            m["k"] = self.kind
-        if self.via is not None:
-            m["via"] = self.via.raw
-        if self.follows is not None:
-            m["fo"] = list(self.follows)
-        if self.left:
-            m["lf"] = True
+        m = {"v": RECORD_VERSION} | RECORD.pack(self)
         serving = [[p.raw, n] for p, n in self.serving[:MAX_SERVING]]
         while True:
             if self.tasks:
@@ -191,7 +166,8 @@ class MemberRecord:
 
     @classmethod
     def decode(cls, data: bytes, announcer: PeerId | None = None) -> MemberRecord:
-        """Parse an untrusted record; ProtocolError says what is wrong."""
+        """Parse an untrusted record (its fields checked as :data:`RECORD` declares them);
+        ProtocolError says what is wrong."""
         if not isinstance(data, bytes) or len(data) > MAX_RECORD:
             raise ProtocolError(f"member record must be bytes of at most {MAX_RECORD}")
         try:
@@ -201,61 +177,40 @@ class MemberRecord:
             raise ProtocolError(f"member record is not msgpack: {exc}") from None
         if not isinstance(m, dict) or m.get("v") != RECORD_VERSION:
             raise ProtocolError("member record: unknown version")
-        try:
-            pid = PeerId(m["id"])
-        except (KeyError, ValueError, TypeError):
-            raise ProtocolError("member record: bad peer id") from None
-        if announcer is not None and pid != announcer:
+        f = RECORD.unpack(m)
+        if announcer is not None and f["peer_id"] != announcer:
             raise ProtocolError("member record names another peer than its announcer")
-        tflops = _opt_num(m.get("tf"), "tflops")
-        if tflops is None or tflops < 0:
-            raise ProtocolError("member record: tflops must be a number >= 0")
-        links = m.get("ln") or []
-        roles, actors = m.get("ro") or [], m.get("ac") or []
-        if not isinstance(links, list) or len(links) > 8:
-            raise ProtocolError("member record: links must be a list of at most 8")
-        if not (isinstance(roles, list) and all(isinstance(r, str) and len(r) <= 32
-                                                for r in roles)):
-            raise ProtocolError("member record: roles must be short strings")
-        if not (isinstance(actors, list) and all(isinstance(a, str) and len(a) <= 64
-                                                 for a in actors)):
-            raise ProtocolError("member record: actors must be short strings")
-        ver = m.get("ver", "")
-        if not isinstance(ver, str) or len(ver) > 32:
-            raise ProtocolError("member record: bad version string")
-        h = m.get("h") or [None] * 5
-        if not isinstance(h, list) or len(h) != 5:
-            raise ProtocolError("member record: health must be 5 figures")
-        if h[2] is not None and type(h[2]) is not bool:
-            raise ProtocolError("member record: plugged must be a bool")
-        mem = h[4]
-        if mem is not None and (type(mem) is not int or mem < 0):
-            raise ProtocolError("member record: mem_free must be an int >= 0")
-        health = Health(_opt_num(h[0], "load"), _opt_num(h[1], "battery"), h[2],
-                        _opt_num(h[3], "thermal"), mem)
         tasks, serving = _activity(m.get("rt", 0), m.get("sv", []))
-        kind, via = m.get("k", "native"), m.get("via")
-        if kind not in KINDS:
-            raise ProtocolError(f"member record: kind must be one of {', '.join(KINDS)}")
-        if via is not None and (type(via) is not bytes or len(via) != 32):
-            raise ProtocolError("member record: via must be a 32-byte peer id")
-        if (kind == "browser") != (via is not None):
+        if (f["kind"] == "browser") != (f["via"] is not None):
             raise ProtocolError("member record: a browser member names its relay (via), "
                                 "a native one does not")
-        left = m.get("lf", False)
-        if type(left) is not bool:
-            raise ProtocolError("member record: left must be a bool")
-        fo = m.get("fo")
-        if fo is not None and not (isinstance(fo, list) and len(fo) == 2
-                                   and type(fo[0]) is int and 0 < fo[0] < 1 << 63
-                                   and type(fo[1]) is bytes and len(fo[1]) == FOLLOW_ID):
-            raise ProtocolError(f"member record: follows must be [term, {FOLLOW_ID}-byte "
-                                "coordinator id prefix]")
-        return cls(pid, tflops, tuple(_addr(a) for a in links),
-                   _addr(m["dht"]) if m.get("dht") is not None else None,
-                   ver, tuple(roles), health, tuple(actors), tasks, serving, kind,
-                   PeerId(via) if via is not None else None,
-                   (fo[0], fo[1]) if fo is not None else None, left)
+        return cls(**f, tasks=tasks, serving=serving)
+
+
+_ADDR = Row((Str(253, least=1), Int(1, 65536)))
+"""A host and port: [host, port]."""
+
+RECORD = Schema("member record", (
+    Field("id", "peer_id", Peer()),
+    Field("tf", "tflops", Num(lo=0.0)),
+    Field("ln", "links", Seq(_ADDR, 8), (), null_is_default=True),
+    Field("dht", "dht", Maybe(_ADDR), None),
+    Field("ver", "version", Str(32), ""),
+    Field("ro", "roles", Seq(Str(32), 64), (), null_is_default=True),
+    Field("ac", "actors", Seq(Str(64), 64), (), null_is_default=True),
+    Field("h", "health", Row((Maybe(Num()), Maybe(Num()), Maybe(Bool()), Maybe(Num()),
+                              Maybe(Int())), make=Health,
+                             parts=lambda h: (h.load, h.battery, h.plugged, h.thermal,
+                                              h.mem_free)),
+          Health(), null_is_default=True),
+    Field("k", "kind", OneOf(KINDS), "native", omit=lambda k: k == "native"),
+    Field("via", "via", Maybe(Peer()), None, omit=lambda v: v is None),
+    Field("fo", "follows", Maybe(Row((Int(1), Bytes((FOLLOW_ID,))))), None,
+          omit=lambda v: v is None),
+    Field("lf", "left", Bool(), False, omit=lambda v: not v),
+))
+"""A member record as it travels (after ``"v"``; ``rt`` and ``sv``, its running work, are
+cut to fit and checked together by :func:`_activity`)."""
 
 
 def _activity(tasks: object, serving: object) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
@@ -303,9 +258,6 @@ ANNOUNCE_TTL = 120.0
 a member re-announces before a third of it has passed)."""
 
 
-FOLLOW_ID = 12
-"""Bytes of the coordinator's id a record's ``follows`` carries: enough that nobody can
-make a key that shares them (2^96 tries), short enough to keep listings small."""
 
 
 def follows(term: int, coordinator: PeerId) -> tuple[int, bytes]:

@@ -35,6 +35,7 @@ from identity.files import write_private
 from identity.keys import PeerId, PeerKey, verify
 from identity.statements import MAX_REASON, cut_reason
 from swarm.errors import ProtocolError
+from swarm.records import Blob, Bool, Bytes, Field, Int, OneOf, Peer, Row, Scalars, Schema, Seq, Str
 
 MAX_MESSAGE = 3800  # fits one DHT message (4096 bytes) with room for its envelope
 MAX_BLOCKLIST = 1 << 20
@@ -135,15 +136,7 @@ class CoordinatorState:
     def to_obj(self) -> dict:
         """The whole state (any number of blocks) as a msgpack-ready map: the data dir's
         copy and the input of :meth:`digest`."""
-        return self._head() | {"b": [_entry(b) for b in self.blocked]}
-
-    def _head(self) -> dict:
-        head = {"v": 1, "sw": self.swarm, "t": self.term, "q": self.seq,
-                "c": self.coordinator.raw, "a": [a.raw for a in self.admins],
-                "p": dict(sorted(self.policy.items())), "pr": self.prev}
-        if self.unblocked:
-            head["u"] = [[u.peer.raw, u.at] for u in self.unblocked]
-        return head
+        return {"v": 1} | HEAD.pack(self) | {"b": _BLOCKS.pack(self.blocked)}
 
     def encode(self) -> bytes:
         """The whole state, for hashing and the data dir (no size bound)."""
@@ -160,7 +153,7 @@ class CoordinatorState:
         chunks: list[list[BlockEntry]] = [[]]
         size = 0
         for entry in self.blocked:
-            n = len(msgpack.packb(_entry(entry), use_bin_type=True))
+            n = len(msgpack.packb(_ENTRY.pack(entry), use_bin_type=True))
             if chunks[-1] and size + n > PAGE_BYTES - 40:
                 chunks.append([])
                 size = 0
@@ -185,9 +178,9 @@ class CoordinatorState:
     @cached_property
     def _item(self) -> bytes:
         pages = self._pages
-        data = msgpack.packb(self._head() | {
-            "v": 3, "bn": len(self.blocked), "bd": blocklist_digest(self.blocked),
-            "bh": pages[-1].target if pages else b""}, use_bin_type=True)
+        data = msgpack.packb({"v": 3} | HEAD.pack(self) | REFERENCE.pack(
+            None, count=len(self.blocked), blocklist=blocklist_digest(self.blocked),
+            last_page=pages[-1].target if pages else b""), use_bin_type=True)
         if len(data) > MAX_VALUE - 20:  # bencoding adds a length prefix
             raise ProtocolError(f"coordinator state item is {len(data)} bytes")
         return data
@@ -202,13 +195,13 @@ class CoordinatorState:
     @classmethod
     def from_obj(cls, o: object) -> CoordinatorState:
         """The whole state (version 1, with its blocklist inline)."""
+        if not isinstance(o, dict) or o.get("v") != 1:
+            raise ProtocolError("malformed coordinator state: not a version-1 state")
         try:
-            if not isinstance(o, dict) or o.get("v") != 1:
-                raise ValueError("not a version-1 state")
-            _need(isinstance(o["b"], list) and len(o["b"]) <= MAX_BLOCKLIST, "blocklist")
-            return _head_from(o, tuple(_entry_from(item) for item in o["b"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed coordinator state: {exc}") from None
+            blocked = _BLOCKS.unpack(o.get("b"))
+        except ValueError as exc:
+            raise ProtocolError(f"malformed coordinator state: blocked must be {exc}") from None
+        return _head_from(o, blocked)
 
     @classmethod
     def decode(cls, data: bytes) -> CoordinatorState:
@@ -231,16 +224,13 @@ class StateItem:
     @classmethod
     def decode(cls, data: bytes) -> StateItem:
         o = _unpack(data)
-        try:
-            if not isinstance(o, dict) or o.get("v") != 3:
-                raise ValueError("not a version-3 state item")
-            n, bd, bh = o["bn"], o["bd"], o["bh"]
-            _need(type(n) is int and 0 <= n <= MAX_BLOCKLIST and isinstance(bd, bytes)
-                  and len(bd) == 32 and isinstance(bh, bytes) and len(bh) in (0, 20)
-                  and (n == 0) == (bh == b""), "blocklist reference")
-            return cls(_head_from(o, ()), n, bd, bh)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed coordinator state: {exc}") from None
+        if not isinstance(o, dict) or o.get("v") != 3:
+            raise ProtocolError("malformed coordinator state: not a version-3 state item")
+        ref = REFERENCE.unpack(o)
+        if (ref["count"] == 0) != (ref["last_page"] == b""):
+            raise ProtocolError("malformed coordinator state: a blocklist of no entries "
+                                "has no pages, and one of some has")
+        return cls(_head_from(o, ()), **ref)
 
     def complete(self, blocked: tuple[BlockEntry, ...]) -> CoordinatorState:
         """The full state, given the blocklist its pages hold (checked against the item)."""
@@ -260,8 +250,7 @@ class BlockPage:
     """Target of the page before this one; empty on the first."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"e": [_entry(e) for e in self.entries], "p": self.before},
-                             use_bin_type=True)
+        return msgpack.packb(PAGE.pack(self), use_bin_type=True)
 
     @property
     def target(self) -> bytes:
@@ -272,18 +261,14 @@ class BlockPage:
     def decode(cls, data: object) -> BlockPage:
         if not isinstance(data, bytes) or len(data) > PAGE_BYTES:
             raise ProtocolError("blocklist page is not bytes or too long")
-        o = _unpack(data)
-        try:
-            _need(isinstance(o, dict) and isinstance(o["e"], list) and o["e"]
-                  and isinstance(o["p"], bytes) and len(o["p"]) in (0, 20), "page")
-            return cls(tuple(_entry_from(e) for e in o["e"]), o["p"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed blocklist page: {exc}") from None
+        page = cls(**_fields(PAGE, _unpack(data)))
+        if not page.entries:
+            raise ProtocolError("malformed blocklist page: no entries")
+        return page
 
 
 def blocklist_digest(blocked: tuple[BlockEntry, ...]) -> bytes:
-    return hashlib.sha256(msgpack.packb([_entry(b) for b in blocked],
-                                        use_bin_type=True)).digest()
+    return hashlib.sha256(msgpack.packb(_BLOCKS.pack(blocked), use_bin_type=True)).digest()
 
 
 async def resolve(item: StateItem, fetch, known: CoordinatorState | None = None,
@@ -320,54 +305,76 @@ async def resolve(item: StateItem, fetch, known: CoordinatorState | None = None,
     return item.complete(prefix + tuple(e for chunk in reversed(tail) for e in chunk))
 
 
-def _entry(b: BlockEntry) -> list:
-    return [b.peer.raw, b.reason, BY.index(b.by), b.at]
+_ENTRY = Row((Peer(), Str(MAX_REASON, utf8=True), OneOf(BY, index=True),
+              Int(-(1 << 63), 1 << 64)),
+             make=BlockEntry, parts=lambda b: (b.peer, b.reason, b.by, b.at))
+"""A block entry as a row: [peer, reason, role index, issue time]."""
+_BLOCKS = Seq(_ENTRY, MAX_BLOCKLIST)
 
+HEAD = Schema("malformed coordinator state", (
+    Field("sw", "swarm", Bytes((20,))),
+    Field("t", "term", Int(0, 1 << 62)),
+    Field("q", "seq", Int(0, 1 << 62)),
+    Field("c", "coordinator", Peer()),
+    Field("a", "admins", Seq(Peer(), MAX_ADMINS)),
+    Field("p", "policy", Scalars(MAX_POLICY)),
+    Field("pr", "prev", Bytes((0, 32))),
+    Field("u", "unblocked", Seq(Row((Peer(), Int(0)), make=UnblockEntry,
+                                    parts=lambda u: (u.peer, u.at)), MAX_UNBLOCKS),
+          (), omit=lambda u: not u),
+))
+"""A coordinator state without its blocklist (after ``"v"``): the data dir's copy adds
+``"b"``, the entries; the signed item adds :data:`REFERENCE`."""
 
-def _entry_from(item: object) -> BlockEntry:
-    _need(isinstance(item, list) and len(item) == 4, "block entry")
-    peer, reason, by, at = item  # type: ignore[misc]
-    _need(isinstance(reason, str) and len(reason.encode()) <= MAX_REASON
-          and type(by) is int and 0 <= by < len(BY) and type(at) is int, "block entry")
-    return BlockEntry(PeerId(peer), reason, BY[by], at)
+REFERENCE = Schema("malformed coordinator state", (
+    Field("bn", "count", Int(0, MAX_BLOCKLIST + 1)),
+    Field("bd", "blocklist", Bytes((32,))),
+    Field("bh", "last_page", Bytes((0, 20))),
+))
+"""The signed item's reference to its blocklist pages."""
+
+PAGE = Schema("malformed blocklist page", (
+    Field("e", "entries", _BLOCKS),
+    Field("p", "before", Bytes((0, 20))),
+))
+
+ENDORSEMENT = Schema("malformed endorsement", (
+    Field("t", "term", Int(-(1 << 63), 1 << 64)),
+    Field("c", "successor", Peer()),
+))
+
+KICK = Schema("malformed kick order", (
+    Field("t", "term", Int(-(1 << 63), 1 << 64)),
+    Field("p", "target", Peer()),
+    Field("r", "reason", Str(MAX_REASON, utf8=True)),
+    Field("at", "at", Int(-(1 << 63), 1 << 64)),
+))
+
+LIAR = Schema("malformed liar report", (
+    Field("p", "peer", Peer()),
+    Field("r", "reason", Str(MAX_REASON, utf8=True)),
+    Field("e", "evidence", Blob(MAX_MESSAGE)),
+    Field("f", "relayed", Bool()),
+))
+
+FORWARDED = Schema("malformed forwarded block", (
+    Field("b", "entry", _ENTRY),
+    Field("t", "term", Int(0, 1 << 64)),
+))
 
 
 def _head_from(o: dict, blocked: tuple[BlockEntry, ...]) -> CoordinatorState:
-    sw, t, q, c, pr = o["sw"], o["t"], o["q"], o["c"], o["pr"]
-    _need(isinstance(sw, bytes) and len(sw) == 20, "swarm id")
-    _need(type(t) is int and 0 <= t < 2**62 and type(q) is int and 0 <= q < 2**62,
-          "term/seq")
-    _need(isinstance(pr, bytes) and len(pr) in (0, 32), "prev")
-    _need(isinstance(o["a"], list) and len(o["a"]) <= MAX_ADMINS, "admins")
-    policy = o["p"]
-    _need(isinstance(policy, dict) and len(policy) <= MAX_POLICY and all(
-        isinstance(k, str) and len(k) <= 24 and isinstance(v, str | int | float | bool)
-        and (not isinstance(v, str) or len(v) <= 24) for k, v in policy.items()),
-        "policy")
-    _need(len({b.peer for b in blocked}) == len(blocked), "blocklist (a peer twice)")
-    u = o.get("u", [])
-    _need(isinstance(u, list) and len(u) <= MAX_UNBLOCKS and all(
-        isinstance(e, list) and len(e) == 2 and isinstance(e[0], bytes) and type(e[1]) is int
-        for e in u), "unblocks")
-    return CoordinatorState(swarm=sw, term=t, seq=q, coordinator=PeerId(c),
-                            blocked=blocked,
-                            unblocked=tuple(UnblockEntry(PeerId(p), at) for p, at in u),
-                            admins=tuple(sorted(PeerId(a) for a in o["a"])),
-                            policy=dict(policy), prev=pr)
+    f = HEAD.unpack(o)
+    if len({b.peer for b in blocked}) != len(blocked):
+        raise ProtocolError("malformed coordinator state: a peer blocked twice")
+    return CoordinatorState(**(f | {"admins": tuple(sorted(f["admins"]))}), blocked=blocked)
 
 
-def _need(ok: bool, what: str) -> None:
-    if not ok:
-        raise ValueError(f"bad {what}")
-
-
-def _decoded(data: bytes, what: str, build):
-    """``build(map)`` on a decoded control message; any shape error names ``what``."""
-    o = _unpack(data)
-    try:
-        return build(o)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed {what}: {exc}") from None
+def _fields(schema: Schema, o: object) -> dict:
+    """``schema``'s fields of a decoded control message (a map)."""
+    if not isinstance(o, dict):
+        raise ProtocolError(f"{schema.name}: not a map")
+    return schema.unpack(o)
 
 
 def _unpack(data: bytes, unbounded: bool = False) -> object:
@@ -446,15 +453,11 @@ class Endorsement:
     """Who takes over."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"t": self.term, "c": self.successor.raw}, use_bin_type=True)
+        return msgpack.packb(ENDORSEMENT.pack(self), use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> Endorsement:
-        def build(o):
-            _need(type(o["t"]) is int, "endorsement")
-            return cls(o["t"], PeerId(o["c"]))
-
-        return _decoded(data, "endorsement", build)
+        return cls(**_fields(ENDORSEMENT, _unpack(data)))
 
 
 @dataclass(frozen=True)
@@ -471,17 +474,12 @@ class KickOrder:
     """Unix time of the order; old orders are ignored."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"t": self.term, "p": self.target.raw, "r": cut_reason(self.reason),
-                              "at": self.at}, use_bin_type=True)
+        return msgpack.packb(KICK.pack(self, reason=cut_reason(self.reason)),
+                             use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> KickOrder:
-        def build(o):
-            _need(type(o["t"]) is int and type(o["at"]) is int and isinstance(o["r"], str)
-                  and len(o["r"].encode()) <= MAX_REASON, "kick order")
-            return cls(o["t"], PeerId(o["p"]), o["r"], o["at"])
-
-        return _decoded(data, "kick order", build)
+        return cls(**_fields(KICK, _unpack(data)))
 
 
 @dataclass(frozen=True)
@@ -500,18 +498,12 @@ class LiarReport:
     """Passed on once by a peer that is not the coordinator (never passed on again)."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"p": self.peer.raw, "r": cut_reason(self.reason),
-                              "e": self.evidence, "f": self.relayed}, use_bin_type=True)
+        return msgpack.packb(LIAR.pack(self, reason=cut_reason(self.reason)),
+                             use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> LiarReport:
-        def build(o):
-            _need(isinstance(o["r"], str) and len(o["r"].encode()) <= MAX_REASON
-                  and isinstance(o["e"], bytes)
-                  and type(o["f"]) is bool, "liar report")
-            return cls(PeerId(o["p"]), o["r"], o["e"], o["f"])
-
-        return _decoded(data, "liar report", build)
+        return cls(**_fields(LIAR, _unpack(data)))
 
 
 @dataclass(frozen=True)
@@ -524,15 +516,11 @@ class ForwardedBlock:
     """The term in which the sender applied it."""
 
     def encode(self) -> bytes:
-        return msgpack.packb({"b": _entry(self.entry), "t": self.term}, use_bin_type=True)
+        return msgpack.packb(FORWARDED.pack(self), use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> ForwardedBlock:
-        def build(o):
-            _need(type(o["t"]) is int and o["t"] >= 0, "forwarded block")
-            return cls(_entry_from(o["b"]), o["t"])
-
-        return _decoded(data, "forwarded block", build)
+        return cls(**_fields(FORWARDED, _unpack(data)))
 
 
 # -- the copy in each node's data dir --------------------------------------------------------
