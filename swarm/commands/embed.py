@@ -112,9 +112,8 @@ def _jsonl(path: Path, lines: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    import swarm
     from models.minilm import MiniLM, ModelNotInstalled
-    from swarm.errors import ConfigError, LocalError, RemoteError
+    from swarm.errors import ConfigError, LocalError
 
     if not 1 <= args.batch <= MAX_BATCH:
         raise ConfigError(f"--batch must be from 1 to {MAX_BATCH}")
@@ -128,17 +127,10 @@ def run(args: argparse.Namespace) -> int:
         MiniLM.load()
     except ModelNotInstalled as exc:
         raise LocalError(str(exc)) from None
-    from swarm.commands.submit import _with_bootstrap
+    from swarm.commands.submit import connect
 
     started = time.monotonic()
-    try:
-        client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
-                               min_workers=args.min_workers, timeout=args.timeout,
-                               ice_servers=args.ice_servers)
-    except TimeoutError:
-        raise RemoteError(f"no worker of the swarm answered within {args.timeout:g} s "
-                          "(is anybody joined?)") from None
-    with client:
+    with connect(args, args.min_workers, args.timeout) as client:
         embedder = client.embedder()
         began = time.monotonic()
         result = _run_with_progress(embedder, texts, args.batch, quiet=args.json)

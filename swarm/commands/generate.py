@@ -58,10 +58,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    import swarm
     from models.generate import GenerationError, Usage, smollm2
-    from swarm.commands.submit import _with_bootstrap
-    from swarm.errors import ConfigError, RemoteError
+    from swarm.commands.submit import connect
+    from swarm.errors import ConfigError
 
     if args.timeout <= 0:
         raise ConfigError("--timeout must be > 0 seconds")
@@ -84,13 +83,8 @@ def run(args: argparse.Namespace) -> int:
                    top_p=args.top_p, seed=args.seed, stop=args.stop)
     except GenerationError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        client = swarm.connect(_with_bootstrap(args), swarm=args.swarm, data_dir=args.data_dir,
-                               min_workers=args.min_workers, timeout=args.timeout,
-                               ice_servers=args.ice_servers)
-    except TimeoutError:
-        raise RemoteError(f"no worker of the swarm answered within {args.timeout:g} s "
-                          "(is anybody joined? --min-workers 0 runs the model here)") from None
+    client = connect(args, args.min_workers, args.timeout,
+                     hint=" --min-workers 0 runs the model here")
     usage = Usage()
     text: list[str] = []
     started = time.monotonic()

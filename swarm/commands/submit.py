@@ -138,9 +138,25 @@ def _target(args: argparse.Namespace) -> tuple[str, bytes | None]:
     return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in peers), sid
 
 
-def _with_bootstrap(args: argparse.Namespace) -> str:
-    """Just the target of :func:`_target` (`swarm generate` joins the same way)."""
-    return _target(args)[0]
+def connect(args: argparse.Namespace, min_workers: int, timeout: float, hint: str = "",
+            target: str | None = None):
+    """A client joined as :func:`_target` says (`submit`, `embed` and `generate` alike),
+    with the errors a user can act on: no worker within ``timeout`` (``hint`` says what
+    else to try), or no peer answering at all."""
+    import swarm
+    from swarm.commands._network import unreachable
+    from swarm.errors import RemoteError
+
+    target = target if target is not None else _target(args)[0]
+    try:
+        return swarm.connect(target, swarm=args.swarm, data_dir=args.data_dir,
+                             min_workers=min_workers, timeout=timeout,
+                             ice_servers=args.ice_servers)
+    except TimeoutError:
+        raise RemoteError(f"no worker of the swarm answered within {timeout:g} s "
+                          f"(is anybody joined?{hint})") from None
+    except RemoteError as exc:
+        raise unreachable(exc, target.count("x.pe=") or target.count(",") + 1) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,8 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    import swarm
-    from swarm.errors import ConfigError, RemoteError
+    from swarm.errors import ConfigError
     from swarm.runtime.actors import method_spec
 
     if args.timeout <= 0:
@@ -166,17 +181,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output.parent.exists():
         raise ConfigError(f"output directory {args.output.parent} does not exist")
     started = time.monotonic()
-    try:
-        client = swarm.connect(target, swarm=args.swarm, data_dir=args.data_dir,
-                               min_workers=0, timeout=min(args.timeout, 60.0),
-                               ice_servers=args.ice_servers)
-    except TimeoutError:
-        raise RemoteError(f"no worker of the swarm answered within "
-                          f"{min(args.timeout, 60.0):g} s (is anybody joined?)") from None
-    except RemoteError as exc:
-        from swarm.commands._network import unreachable
-
-        raise unreachable(exc, target.count("x.pe=") or target.count(",") + 1) from None
+    client = connect(args, 0, min(args.timeout, 60.0), target=target)
     with client:
         _wait_for_workers(client, args.min_workers, min(args.timeout, 60.0))
         _remember_members(client, args.data_dir, sid)
