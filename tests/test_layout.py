@@ -114,7 +114,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("compute", "identity"),
     ("dht", "models"),
     ("swarm", "swarm.errors", "swarm.netaddr", "swarm.wire", "swarm.uri", "swarm.config",
-     "swarm.loop", "swarm.members"),
+     "swarm.loop", "swarm.members", "swarm.records"),
     ("swarm.links",),
     ("swarm.runtime",),
     ("swarm.control",),
