@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 from dht import DHTNode
 from identity import PeerKey
@@ -186,3 +187,30 @@ def test_voters_are_checked_only_when_states_disagree():
     recs = [MemberRecord(a, 1.0, follows=follows(1, a)), MemberRecord(b, 1.0, follows=follows(2, b))]
     assert deciding_voters([one], view, recs) == []
     assert deciding_voters([one, two], view, recs) == recs
+
+
+def test_a_coordinator_puts_its_item_again_as_a_small_swarm_grows():
+    """The publisher's item, put while it was alone, lived on its own node only, so a
+    reader's lookup rested on that one busy node (``swarm status`` said "coordinator: none"
+    under load, tests/test_newcomer.py). While the swarm has fewer members than the DHT's k,
+    the coordinator puts the same item again each time its view grows."""
+    from swarm.testing.sim import Sim, SyncAdapter
+
+    sim = Sim(6, seed=2, adapter=SyncAdapter)
+    sim.start(hold=1)
+    assert sim.converge(30.0) is not None
+    coord = sim.coordinator()
+    puts = []
+    real = sim.dht.put_mutable
+
+    def counted(me, item, kind):
+        if me == coord.index:
+            puts.append(item.seq)
+        return real(me, item, kind)
+
+    sim.dht.put_mutable = counted
+    late = sim.members[-1]
+    late.record = replace(late.record, tflops=1e-6)  # never rebalanced to: coord stays
+    sim.join(late)
+    sim.loop.run_until(sim.loop.now + 10.0)
+    assert puts and set(puts) == {coord.controller.state.seq}  # the same item, refreshed

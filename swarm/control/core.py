@@ -98,6 +98,11 @@ UNKNOWN_READ = 5.0
 our view lacks."""
 MAX_PAGES_PUT = 4096
 """Blocklist pages remembered as stored (a heartbeat stores each page once)."""
+SPREAD_BELOW = 20
+"""Members (the DHT's k) below which a coordinator puts its state item again each time its
+view grows: a put made while the swarm was smaller reached only the nodes there were (the
+publisher's first one, its own node alone), so a reader's lookup rested on that one busy
+node and ``swarm status`` said "coordinator: none" (tests/test_newcomer.py under load)."""
 
 
 class Purpose(enum.Enum):
@@ -530,6 +535,8 @@ class ControlCore:
         self._noted: set[PeerId] = set()
         """Suspects already reported to the DHT node (:meth:`_note_suspects`)."""
         self._pages_put: OrderedDict[bytes, None] = OrderedDict()
+        self._put_members = 0
+        """Members in our view when we last put our state item (see SPREAD_BELOW)."""
         self._pages_of: tuple[tuple, list[BlockPage]] = ((), [])
         self._rivals_after: PeerId | None = None
         """The last member the previous rival check read (the next batch starts after it)."""
@@ -876,6 +883,10 @@ class ControlCore:
                                              and v.peer_id != self.me)))
         c.members(view, self.now)
         self.sync.have(view=view_digest(c.view), members=len(c.view))
+        if self.role is Duty.COORDINATOR and c.state is not None \
+                and self._put_members < SPREAD_BELOW and len(c.view) > self._put_members:
+            self._put_members = len(c.view)  # the same item again: a refresh where it is
+            self._out.append(PutItem(c.state, False, self._pages(c.state)))
 
     def _candidate(self, rec: MemberRecord, expires: float) -> Candidate:
         """The election's view of an announcement (kept while the announcement is)."""
@@ -998,6 +1009,7 @@ class ControlCore:
         else:
             # Only pages not put yet: a new block changes the last page alone (the DHT
             # re-puts what we stored; a claim puts every page once, see _claim_cas)
+            self._put_members = len(self.controller.view)
             self._out.append(PutItem(act.state, False, self._pages(act.state)))
 
     def _claim_cas(self, claim: CoordinatorState, began: float) -> None:
@@ -1013,6 +1025,7 @@ class ControlCore:
             c.claim_result(False, self.now, f"{top.coordinator.short()} holds term {top.term}",
                            beaten_by=top)
             return
+        self._put_members = len(self.controller.view)
         self._out.append(PutItem(read.claim, True, self._pages(read.claim, again=True),
                                  read.began))
 
