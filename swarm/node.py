@@ -651,7 +651,10 @@ class Node:
         for delay, after in zip(REDIAL_DELAYS, afters, strict=True):
             await asyncio.sleep(delay)
             current = self.requester.links.get(r.peer_id)
-            if self._stopping or (current is not None and not current.closed):
+            if self._stopping:
+                return
+            if current is not None and not current.closed:  # linked again another way
+                log.info("worker %s reached again over %s", r.peer_id.short(), current.kind)
                 return
             try:
                 link = await self._dial(r, next_try=after)
