@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,31 +201,70 @@ class MiniLM:
 
     def forward(self, batch: Batch, executor: Executor | None = None) -> np.ndarray:
         ex = executor or LocalExecutor()
-        n = batch.lengths.size
-        if n == 0:
+        if batch.lengths.size == 0:
             return np.zeros((0, DIM), np.float32)
+
+        def products(j: int, part: str, x: np.ndarray) -> np.ndarray:
+            (y,) = ex.matmuls([Product(x, getattr(self.layers[j], part))])
+            return y
+
+        x = run_layers(self.layers, self.embed_tokens(batch), batch.lengths, products)
+        return pool(x, batch.lengths)
+
+    def embed_tokens(self, batch: Batch) -> np.ndarray:
+        """The first layer's input: word + position + token-type embeddings, LayerNorm'd,
+        float32 [tokens, 384] (cheap: a lookup; the requester makes it for every call)."""
         starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]])
         pos = np.arange(batch.tokens) - np.repeat(starts, batch.lengths)
         x = self.word[batch.ids] + self.position[pos] + self.token_type
-        x = _layer_norm(x, *self.ln0)
-        # attention works on a padded [n, longest] layout; `real` marks the packed rows' slots
-        longest = int(batch.lengths.max())
-        slot = np.arange(longest)
-        real = slot[None, :] < batch.lengths[:, None]  # [n, L]
-        mask = np.where(real, 0.0, np.finfo(np.float32).min).astype(np.float32)
-        for layer in self.layers:
-            (qkv,) = ex.matmuls([Product(x, layer.qkv)])
-            ctx = _attention(qkv + layer.qkv_bias, real, mask, n, longest)
-            (o,) = ex.matmuls([Product(ctx, layer.out)])
-            x = _layer_norm(o + layer.out_bias + x, *layer.ln1)
-            (h,) = ex.matmuls([Product(x, layer.up)])
-            h = _gelu(h + layer.up_bias)
-            (d,) = ex.matmuls([Product(h, layer.down)])
-            x = _layer_norm(d + layer.down_bias + x, *layer.ln2)
-        sums = np.add.reduceat(x, starts, axis=0)
-        pooled = sums / batch.lengths[:, None].astype(np.float32)
-        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        return np.ascontiguousarray(pooled / norms, np.float32)
+        return np.ascontiguousarray(_layer_norm(x, *self.ln0), np.float32)
+
+
+PARTS = ("qkv", "out", "up", "down")
+"""A layer's weight products, in the order the pass needs them (the fields of :class:`Layer`)."""
+
+Products = Callable[[int, str, np.ndarray], np.ndarray]
+"""``products(j, part, x)`` -> ``x @ W`` for weight ``part`` of layer ``j`` of the pass."""
+
+
+def run_layers(layers: Sequence[Layer], x: np.ndarray, lengths: np.ndarray,
+               products: Products) -> np.ndarray:
+    """The encoder layers over ``x`` (packed [tokens, 384]; sentence i has ``lengths[i]``
+    tokens), every weight product through ``products``; the hidden states after the last.
+    The one pass shared by the local forward, a worker running the layers, the requester
+    checking that worker's trace, and a judge of evidence (models.minilm_span)."""
+    for j, layer in enumerate(layers):
+        qkv = products(j, "qkv", x)
+        ctx = attention(qkv + layer.qkv_bias, lengths)
+        x = residual_layer_norm(products(j, "out", ctx), layer.out_bias, x, *layer.ln1)
+        act = bias_gelu(products(j, "up", x), layer.up_bias)
+        x = residual_layer_norm(products(j, "down", act), layer.down_bias, x, *layer.ln2)
+    return x
+
+
+def pool(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Mean over each sentence's tokens, L2-normalised: float32 [n, 384]."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    sums = np.add.reduceat(x, starts, axis=0)
+    pooled = sums / lengths[:, None].astype(np.float32)
+    norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return np.ascontiguousarray(pooled / norms, np.float32)
+
+
+def attention(qkv: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    n, longest = lengths.size, int(lengths.max())
+    real = np.arange(longest)[None, :] < lengths[:, None]  # [n, L]
+    mask = np.where(real, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    return _attention(qkv, real, mask, n, longest)
+
+
+def residual_layer_norm(y: np.ndarray, bias: np.ndarray, residual: np.ndarray,
+                        gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    return _layer_norm(y + bias + residual, gamma, beta)
+
+
+def bias_gelu(h: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    return _gelu(h + bias)
 
 
 def _attention(qkv: np.ndarray, real: np.ndarray, mask: np.ndarray,

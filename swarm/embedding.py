@@ -1,13 +1,25 @@
-"""Sentence embeddings over the swarm: MiniLM's forward with every matmul a verified job.
+"""Sentence embeddings over the swarm: MiniLM's six layers on workers, every value checked.
 
-The forward pass (:mod:`models.minilm`) runs in the requester; its weight products go to the
-workers through :class:`swarm.executor.SwarmExecutor` (weights sent once, cached by content
-address, every band Freivalds-checked). Sentences go in batches: one batch's products are one
-job each, so per-call overhead is spread over all the batch's tokens.
+A batch's sentences are split into one chunk per worker (at most :data:`CALL_TOKENS` tokens
+each). A worker runs the whole encoder over its chunk (the ``minilm`` actor: the layers'
+weights sent once as one content-addressed bundle) and answers with the trace of every weight
+product; the requester runs the same pass with its own non-linear steps, taking each product
+from the trace only after Freivalds' check against the weight's fingerprint
+(:mod:`models.minilm_span`). A wrong product is a signed lie: its evidence goes to the node,
+the worker gets no more chunks, and the chunk is redone elsewhere, or here.
+
+Workers that host no ``minilm`` actor (browser tabs: they run only matmul shards) still take
+part: one chunk a batch then runs product by product, each product a verified matmul job over
+every worker (:class:`swarm.executor.SwarmExecutor`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,14 +27,31 @@ from typing import Any
 
 import numpy as np
 
-from models.minilm import DIM, MiniLM
+from identity.keys import PeerId
+from models import minilm_span
+from models.minilm import DIM, Batch, MiniLM, pool, run_layers
+from models.span import Fingerprints
+from swarm.errors import LinkClosed
 from swarm.executor import SwarmExecutor
+from swarm.runtime.actors import MiniLMActor
 from swarm.runtime.jobcore import PeerReport
+from swarm.runtime.requester import Arg, Call, TaskFailure
 
 DEFAULT_BATCH = 32
 MAX_BATCH = 1024
 PIPELINE = 2
 """Batches in flight at once (see :meth:`Embedder.run`)."""
+MIN_CHUNK_TOKENS = 128
+"""Fewest tokens worth a call of their own."""
+CHECKERS = 4
+"""Threads that wait for chunks and check them, as they come (two cores' worth, and two
+waiting)."""
+CALL_TOKENS = 2048
+"""Most tokens in one worker call (a trace of 170 MB); a larger chunk is cut."""
+CALL_TIMEOUT = 120.0
+"""Seconds one call may take before its worker counts as lost."""
+PRODUCTS = "products"
+"""The route of a chunk run product by product (matmul jobs over every worker)."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +84,23 @@ def check_batch(batch: object) -> int:
 
 
 class Embedder:
-    """MiniLM bound to a client: the model loaded once, its weights pinned for the client."""
+    """MiniLM bound to a client: the model loaded once, its weights pinned for the client.
+
+    ``verify="none"`` (benchmarks only): workers answer with their last hidden states and
+    nothing is checked."""
 
     def __init__(self, client: Any, *, verify: str = "freivalds") -> None:
         self.model = MiniLM.load()
+        self._client = client
         self.executor = SwarmExecutor(client, verify=verify)
-        self.executor.prepare(self.model.weights())
+        self._verify = verify != "none"
+        self._bundle = client.put(minilm_span.bundle(self.model.layers))
+        self.fingerprints = Fingerprints()
+        self._lock = threading.Lock()  # guards the two sets below (batches run at once)
+        self._excluded: set[PeerId] = set()
+        """Workers lost, refusing or lying: no more chunks."""
+        self._matmul_only: set[PeerId] = set()
+        """Workers without the ``minilm`` actor (tabs): they take the products route."""
 
     def run(self, texts: Sequence[str], *, batch: int = DEFAULT_BATCH,
             progress: Callable[[int], None] | None = None) -> Embeddings:
@@ -70,24 +110,195 @@ class Embedder:
         out = np.empty((len(texts), DIM), np.float32)
         truncated: list[int] = []
         tokens = 0
-        executor = self.executor.session()  # this run's report, apart from runs at once
+        run = _Run(self.executor.session(),  # this run's report, apart from runs at once
+                   ThreadPoolExecutor(CHECKERS, thread_name_prefix="embed-check"))
 
         def one(start: int):
             enc = self.model.tokenizer.encode(texts[start:start + batch])
-            return start, enc, self.model.forward(enc, executor)
+            return start, enc, self._forward(enc, run)
 
-        # PIPELINE batches in flight: one batch's attention, GELU and LayerNorm run here
-        # while another's products run on the workers (numpy releases the GIL)
-        with ThreadPoolExecutor(PIPELINE, thread_name_prefix="embed") as pool:
+        # PIPELINE batches in flight: one batch's checks run here while another's layers run
+        # on the workers (numpy and the checks release the GIL)
+        with ThreadPoolExecutor(PIPELINE, thread_name_prefix="embed") as pool_:
             starts = list(range(0, len(texts), batch))
-            futures = [pool.submit(one, s) for s in starts[:PIPELINE]]
+            futures = [pool_.submit(one, s) for s in starts[:PIPELINE]]
             for i in range(len(starts)):
                 start, enc, vecs = futures[i].result()
                 if i + PIPELINE < len(starts):
-                    futures.append(pool.submit(one, starts[i + PIPELINE]))
+                    futures.append(pool_.submit(one, starts[i + PIPELINE]))
                 out[start:start + enc.lengths.size] = vecs
                 truncated += [start + int(j) for j in np.flatnonzero(enc.truncated)]
                 tokens += enc.tokens
                 if progress is not None:
                     progress(start + enc.lengths.size)
-        return Embeddings(out, truncated, tokens, executor.take_report())
+        run.checks.shutdown()
+        return Embeddings(out, truncated, tokens, run.report())
+
+    # -- one batch --------------------------------------------------------------------------
+
+    def _routes(self) -> list[PeerId | str]:
+        """Where chunks may go now: each worker hosting the actor, and the products route
+        when some worker computes only matmul shards."""
+        client = self._client
+        with self._lock:
+            live = [p for p in client.workers() if p not in self._excluded
+                    and p not in client.node.proven_liars]
+            routes: list[PeerId | str] = [p for p in live if p not in self._matmul_only]
+            if any(p in self._matmul_only for p in live):
+                routes.append(PRODUCTS)
+        return routes
+
+    def _forward(self, enc: Batch, run: _Run) -> np.ndarray:
+        if enc.lengths.size == 0:
+            return np.zeros((0, DIM), np.float32)
+        x = self.model.embed_tokens(enc)
+        routes = self._routes()
+        # two chunks a route: a worker's second chunk computes while its first is checked,
+        # and the batch's last check is short
+        parts = max(len(routes), min(2 * len(routes), enc.tokens // MIN_CHUNK_TOKENS))
+        chunks = _chunks(enc.lengths, max(1, parts), CALL_TOKENS)
+        client = self._client
+        done = []
+        for i, chunk in chunks.items():
+            route = routes[i % len(routes)] if routes else None
+            first = None
+            if isinstance(route, PeerId):
+                first = route, client._loop.submit(self._call(route, x, enc, chunk))
+            done.append((chunk, run.checks.submit(self._chunk, x, enc, chunk, run, first)))
+        out = np.empty((enc.lengths.size, DIM), np.float32)
+        for chunk, fut in done:
+            out[chunk.sentences] = fut.result()
+        return out
+
+    def _chunk(self, x: np.ndarray, enc: Batch, chunk: _Chunk, run: _Run,
+               first: tuple[PeerId, Any] | None) -> np.ndarray:
+        """The chunk's checked embeddings: from its first call, or retried elsewhere."""
+        tried = 0
+        while True:
+            if first is not None:
+                peer, fut = first
+                got = self._take(peer, fut, x, chunk, run)
+                if got is not None:
+                    return got
+                first = None
+            tried += 1
+            routes = self._routes() if tried <= len(self._client.workers()) + 2 else []
+            route = routes[(chunk.index + tried) % len(routes)] if routes else None
+            if isinstance(route, PeerId):
+                first = route, self._client._loop.submit(self._call(route, x, enc, chunk))
+                continue
+            sub = Batch(enc.ids[chunk.rows], chunk.lengths, enc.truncated[chunk.sentences])
+            if route == PRODUCTS:
+                self.executor.prepare(self.model.weights())  # once; later calls find them
+                return self.model.forward(sub, run.executor)
+            started = time.perf_counter()  # no worker left: here
+            vecs = self.model.forward(sub)
+            run.add("local", PeerReport(shards=1, seconds=time.perf_counter() - started))
+            return vecs
+
+    async def _call(self, peer: PeerId, x: np.ndarray, enc: Batch, chunk: _Chunk):
+        client = self._client
+        arr, oid = await client._resolve(self._bundle)
+        call = Call(MiniLMActor.NAME, "forward", (Arg(np.ascontiguousarray(x[chunk.rows])),
+                                                  Arg(arr, oid)),
+                    {"lengths": chunk.lengths.tolist(), "trace": self._verify})
+        report = PeerReport()  # counts the bundle too, the first time this worker is sent it
+        reply = await asyncio.wait_for(client.node.requester.call(peer, call, report=report),
+                                       CALL_TIMEOUT)
+        return call, reply, report
+
+    def _take(self, peer: PeerId, fut: Any, x: np.ndarray, chunk: _Chunk, run: _Run
+              ) -> np.ndarray | None:
+        """Wait for a chunk's call and check it: its embeddings, or None (the worker was
+        lost, refused or lied, and gets no more chunks)."""
+        client = self._client
+        try:
+            call, reply, report = fut.result(CALL_TIMEOUT + 10)
+        except (LinkClosed, TaskFailure, TimeoutError) as exc:
+            with self._lock:
+                if isinstance(exc, TaskFailure) and exc.kind == "invalid" \
+                        and "no installed actor" in str(exc):
+                    self._matmul_only.add(peer)  # a tab: products route from now on
+                else:
+                    self._excluded.add(peer)
+            if not (isinstance(exc, TaskFailure) and exc.kind == "invalid"):
+                run.add(str(peer), PeerReport(failed=1))
+            return None
+        (result,) = reply.outputs
+        report.shards, report.seconds = 1, reply.seconds
+        xs = np.ascontiguousarray(x[chunk.rows])
+        try:
+            if not self._verify:
+                hidden = np.asarray(result, np.float32).reshape(xs.shape)
+            else:
+                checked = minilm_span.checked_products(result, xs.shape[0], self.model.layers,
+                                                       self.fingerprints)
+                hidden = run_layers(self.model.layers, xs, chunk.lengths, checked)
+        except (minilm_span.TraceMismatch, ValueError) as exc:
+            report.rejected = 1
+            run.add(str(peer), report)
+            with self._lock:
+                self._excluded.add(peer)
+            client._loop.submit(self._report(peer, call, reply, f"minilm: {exc}"))
+            return None
+        report.verified = int(self._verify)
+        run.add(str(peer), report)
+        client._loop.submit(self._accept(peer, reply.task))
+        return pool(hidden, chunk.lengths)
+
+    async def _accept(self, peer: PeerId, task: int) -> None:
+        self._client.node.requester.accept(peer, [task])
+
+    async def _report(self, peer: PeerId, call: Call, reply: Any, reason: str) -> None:
+        self._client.node.requester.report(peer, call, reply, reason)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Consecutive sentences of a batch: one call's share."""
+
+    index: int
+    sentences: slice
+    rows: slice
+    lengths: np.ndarray
+
+
+def _chunks(lengths: np.ndarray, parts: int, most: int) -> dict[int, _Chunk]:
+    """Cut a batch into ``parts`` runs of sentences with about equal tokens (fewer when it has
+    fewer sentences; more when a run would exceed ``most`` tokens)."""
+    n = lengths.size
+    ends = np.cumsum(lengths)
+    total = int(ends[-1])
+    parts = min(n, max(parts, -(-total // most)))
+    bounds = [0]
+    for k in range(1, parts):  # the sentence boundary nearest k/parts of the tokens
+        b = int(np.abs(ends - k * total / parts).argmin()) + 1
+        bounds.append(min(max(b, bounds[-1] + 1), n - (parts - k)))
+    bounds.append(n)
+    chunks, row = {}, 0
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        size = int(ends[b - 1] - (ends[a - 1] if a else 0))
+        chunks[i] = _Chunk(i, slice(a, b), slice(row, row + size), lengths[a:b])
+        row += size
+    return chunks
+
+
+class _Run:
+    """One run's per-peer report (its batches add to it from their threads)."""
+
+    def __init__(self, executor: SwarmExecutor, checks: ThreadPoolExecutor) -> None:
+        self.executor = executor
+        self.checks = checks
+        self._peers: dict[str, PeerReport] = {}
+        self._lock = threading.Lock()
+
+    def add(self, peer: str, r: PeerReport) -> None:
+        with self._lock:
+            total = self._peers.setdefault(peer, PeerReport())
+            for f in dataclasses.fields(PeerReport):
+                setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
+
+    def report(self) -> dict[str, PeerReport]:
+        for peer, r in self.executor.take_report().items():
+            self.add(peer, r)
+        return self._peers

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import swarm
-from models.minilm import MiniLM
+from models.minilm import DIM, MiniLM
 
 TEXTS = ["hello world", "", "Café au lait 🍕", "word " * 300,
          "The quick brown fox jumps over the lazy dog.", "a"]
@@ -25,23 +25,26 @@ def test_swarm_embeddings_equal_the_local_forward(client):
     assert np.abs(got - want).max() <= 1e-5
 
 
-def test_every_band_on_workers_and_verified_and_weights_travel_once(client):
-    embedder = client.embedder()
-    assert client._verifier.max_entries >= 24  # the check's b @ R kept for every weight
-    first = embedder.run(TEXTS[:4])
-    again = embedder.run(TEXTS[:4])
-    workers = {str(w) for w in client.worker_ids}
+def test_every_chunk_on_workers_and_verified_and_the_bundle_travels_once():
+    """Each worker runs the six layers over its chunk and is sent the weights once, as one
+    bundle; after that only each token's first-layer input (384 floats) goes out, and the
+    trace of every product (20,736 floats a token) comes back, every product checked."""
+    from models.minilm_span import TRACE_WIDTH, bundle
+
+    with swarm.local(2) as fresh:
+        embedder = fresh.embedder()
+        first = embedder.run(TEXTS[:4])
+        again = embedder.run(TEXTS[:4])
+        workers = {str(w) for w in fresh.worker_ids}
     for run in (first, again):
-        assert set(run.peers) <= workers and run.peers, run.peers
+        assert set(run.peers) == workers, run.peers  # both workers had a chunk
         assert sum(r.verified for r in run.peers.values()) == sum(
-            r.shards for r in run.peers.values()) > 0
-        assert not any(r.rejected for r in run.peers.values())
-    weights = sum(w.array.nbytes for w in embedder.model.weights())  # 42 MB
-    # per layer the activations into Q/K/V, the attention output and FFN in (384 floats a
-    # token each) and FFN out (1536): all that travels once each worker holds the weights
-    activations = again.tokens * 4 * (3 * 384 + 1536) * 6
-    assert activations < weights / 2
-    assert activations <= sum(r.bytes_out for r in again.peers.values()) < 1.5 * activations
+            r.shards for r in run.peers.values()) >= 2
+        assert not any(r.rejected or r.failed for r in run.peers.values())
+        assert sum(r.bytes_in for r in run.peers.values()) == run.tokens * TRACE_WIDTH * 4
+    size = bundle(embedder.model.layers).nbytes  # 42.6 MB: once to each worker
+    assert sum(r.bytes_out for r in first.peers.values()) == first.tokens * DIM * 4 + 2 * size
+    assert sum(r.bytes_out for r in again.peers.values()) == again.tokens * DIM * 4
     assert first.truncated == [3] and again.tokens == first.tokens
 
 
@@ -52,55 +55,40 @@ def test_bad_arguments(client):
         client.embed(["x"], batch=0)
 
 
-def test_concurrent_runs_each_report_their_own_jobs(client, monkeypatch):
-    """Two runs of one embedder at once (two threads calling ``client.embed``): each run's
-    per-peer report is exactly the sum of its own jobs' reports, none of the other's. Each
-    run's batches have their own token count, so every job tells whose it is by its rows."""
+def test_concurrent_runs_each_report_their_own_calls(client, monkeypatch):
+    """Two runs of one embedder at once (two threads calling ``embedder.run``): each run's
+    per-peer report counts exactly its own calls, none of the other's. The runs' sentences
+    have different token counts, so every call tells whose it is by its rows."""
     import threading
 
-    from swarm.runtime import jobs
-
     embedder = client.embedder()
-    a_texts, b_texts = ["alpha beta"] * 8, ["gamma delta epsilon zeta eta theta"] * 8
+    a_texts, b_texts = ["alpha beta"] * 8, ["gamma delta epsilon zeta eta theta iota kappa"] * 8
     tokenize = embedder.model.tokenizer.encode
-    rows_a, rows_b = tokenize(a_texts[:2]).tokens, tokenize(b_texts[:2]).tokens
-    assert rows_a != rows_b
-    rows_of: dict[int, int] = {}
-    seen: dict[int, list] = {rows_a: [], rows_b: []}
-    a_done_one = threading.Event()
-    plan, run = jobs.matmul_job, client._node.requester.run
+    size_a, size_b = tokenize(a_texts[:1]).tokens, tokenize(b_texts[:1]).tokens
+    assert size_b % size_a and size_b * 2 % size_a  # no chunk of B has A's sizes
+    calls: dict[str, list[int]] = {"a": [], "b": []}
+    a_sent = threading.Event()
+    plain = client._node.requester.call
 
-    def planned(a, b, **kw):
-        job = plan(a, b, **kw)
-        rows_of[id(job.calls)] = a.shape[0]
-        return job
+    async def call(peer, c, **kw):
+        rows = c.args[0].array.shape[0]
+        calls["a" if rows % size_a == 0 and rows % size_b else "b"].append(rows)
+        if rows % size_b:
+            a_sent.set()
+        return await plain(peer, c, **kw)
 
-    async def ran(calls, **kw):
-        rows = rows_of.pop(id(calls))
-        results, report = await run(calls, **kw)
-        seen[rows].append(report)
-        if rows == rows_a:
-            a_done_one.set()
-        return results, report
-
-    monkeypatch.setattr(jobs, "matmul_job", planned)
-    monkeypatch.setattr(client._node.requester, "run", ran)
+    monkeypatch.setattr(client._node.requester, "call", call)
     got = {}
     a = threading.Thread(target=lambda: got.setdefault("a", embedder.run(a_texts, batch=2)))
     a.start()
-    assert a_done_one.wait(60)  # B starts while A is under way
+    assert a_sent.wait(60)  # B starts while A is under way
     got["b"] = embedder.run(b_texts, batch=2)
     a.join(120)
-    counts = ("shards", "bytes_out", "bytes_in", "verified", "rejected", "failed")
-    for key, rows in (("a", rows_a), ("b", rows_b)):
-        want: dict[str, list[int]] = {}
-        for report in seen[rows]:
-            for peer, r in report.peers.items():
-                total = want.setdefault(peer, [0] * len(counts))
-                for i, c in enumerate(counts):
-                    total[i] += getattr(r, c)
-        assert len(seen[rows]) == 4 * 24  # 4 batches, 24 weight products each
-        assert {p: [getattr(r, c) for c in counts] for p, r in got[key].peers.items()} == want
+    for key in ("a", "b"):
+        peers = got[key].peers.values()
+        assert sum(r.shards for r in peers) == sum(r.verified for r in peers) == len(calls[key])
+        assert sum(r.bytes_out for r in peers) == sum(calls[key]) * DIM * 4
+        assert sum(calls[key]) == got[key].tokens
 
 
 def test_the_readmes_semantic_search_runs_as_written(tmp_path):

@@ -295,8 +295,67 @@ class LlamaSpanActor:
         return self.forward(arrays, params, shift=1)
 
 
+def check_minilm_forward(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    from models import minilm_span  # on first use: it loads numba (0.3 s of every start)
+
+    if len(arrays) != 2:
+        raise TypeError(f"forward takes 2 arrays (x, bundle), got {len(arrays)}")
+    extra = set(params) - {"lengths", "trace"}
+    if extra:
+        raise TypeError(f"forward takes lengths=, trace=; got {sorted(extra)}")
+    x, flat = arrays
+    _require_2d_float("x", x)
+    if x.dtype != np.float32 or x.shape[1] != minilm_span.DIM:
+        raise ValueError(f"x must be float32 [tokens, {minilm_span.DIM}], got {x.dtype} "
+                         f"{x.shape}")
+    if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 \
+            or flat.shape != (minilm_span.bundle_size(),):
+        raise ValueError(f"the bundle must be float32 [{minilm_span.bundle_size()}]")
+    minilm_span.check_lengths(params.get("lengths"), x.shape[0])
+    if not isinstance(params.get("trace", True), bool):
+        raise ValueError("trace= must be true or false")
+    if x.shape[0] * minilm_span.TRACE_WIDTH > MAX_OUTPUT:
+        raise ValueError("the trace would be too large: send fewer tokens")
+
+
+class MiniLMActor:
+    """Built-in actor: all-MiniLM-L6-v2's six encoder layers over a batch of sentences
+    (models.minilm_span). The weights come as one bundle by content address (sent once, kept
+    in the worker's store); a call carries the batch's first-layer input and answers with the
+    trace of every product (``trace=false``, for benchmarks only: the last hidden states),
+    which the requester checks (swarm.embedding)."""
+
+    NAME = "minilm"
+    METHODS = {
+        "forward": MethodSpec("forward", check_minilm_forward,
+                              "forward(x, bundle, lengths=[tokens per sentence], trace=true) "
+                              "-> trace"),
+    }
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def forward(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any],
+                shift: int = 0) -> list[np.ndarray]:
+        from models import minilm_span
+
+        x, flat = arrays
+        layers = minilm_span.unbundle(flat)
+        if shift:  # SWARM_CHAOS layer=P: a plausible wrong weight (the next layer's)
+            layers = layers[shift:] + layers[:shift]
+        lengths = minilm_span.check_lengths(params["lengths"], x.shape[0])
+        with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            trace, hidden = minilm_span.traced(layers, np.asarray(x, np.float32), lengths)
+        return [trace if params.get("trace", True) else hidden]
+
+    def forward_wrong_layer(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
+                            ) -> list[np.ndarray]:
+        return self.forward(arrays, params, shift=1)
+
+
 REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor,
-                             LlamaSpanActor.NAME: LlamaSpanActor}
+                             LlamaSpanActor.NAME: LlamaSpanActor,
+                             MiniLMActor.NAME: MiniLMActor}
 
 """Actor classes this process can host or call, by name."""
 

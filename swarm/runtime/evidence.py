@@ -39,7 +39,12 @@ from identity.keys import PeerId, PeerKey, verify
 from identity.statements import cut_reason
 from models import span as llama_span
 from swarm import wire
-from swarm.runtime.actors import SpanConfig, check_matmul, check_span_forward
+from swarm.runtime.actors import (
+    SpanConfig,
+    check_matmul,
+    check_minilm_forward,
+    check_span_forward,
+)
 from swarm.runtime.objects import ID_LEN, ObjectId, object_id
 from swarm.runtime.protocol import MAX_PARAMS
 
@@ -198,7 +203,8 @@ def check_evidence(evidence: Evidence,
     if params_digest(evidence.params) != r.params:
         return Finding("unproven", "the parameters do not match the receipt")
     kind = (r.actor, r.method)
-    if kind not in (("matmul", "matmul"), ("llama_span", "forward")) or len(r.inputs) != 2 \
+    if kind not in (("matmul", "matmul"), ("llama_span", "forward"), ("minilm", "forward")) \
+            or len(r.inputs) != 2 \
             or len(r.outputs) != 1:
         return Finding("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
     arrays = []
@@ -210,6 +216,8 @@ def check_evidence(evidence: Evidence,
         arrays.append(wire.restore_precision(arr) if wire.precision_of(arr) else arr)
     if kind == ("llama_span", "forward"):
         return _check_span(r, evidence.params, *arrays)
+    if kind == ("minilm", "forward"):
+        return _check_minilm(r, evidence.params, *arrays)
     a, b, c = arrays
     try:
         params = msgpack.unpackb(evidence.params, raw=False) if evidence.params else {}
@@ -273,6 +281,56 @@ def _check_span(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trac
                                          f"{params['first'] + j} {part} ({wrong})")
     return Finding("unproven", "every product in the trace is within what some honest "
                                "backend can produce for its recorded input")
+
+
+def _check_minilm(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trace: Any
+                  ) -> Finding:
+    """A MiniLM trace (models.minilm_span) claims every product's output for the pass over
+    ``x``: each product's input is what the pass computes from ``x`` and the outputs before
+    it, here as on the requester. The first output beyond every honest rounding of its input
+    times its weight proves the lie."""
+    from models import minilm_span
+    from models.minilm import run_layers
+
+    try:
+        params = msgpack.unpackb(packed, raw=False) if packed else {}
+        if not isinstance(params, dict):
+            raise ValueError("parameters are not a map")
+        check_minilm_forward([x, flat], params)
+        if not params.get("trace", True):
+            raise ValueError("the call asked for no trace")
+        lengths = minilm_span.check_lengths(params["lengths"], x.shape[0])
+        layers = minilm_span.unbundle(flat)
+    except (ValueError, TypeError) as exc:
+        return Finding("unproven", f"the inputs are not a valid minilm call: {exc}")
+    tokens = x.shape[0]
+    if not isinstance(trace, np.ndarray) or trace.dtype != np.float32 \
+            or trace.shape != (tokens * minilm_span.TRACE_WIDTH,):
+        return Finding("proven", f"{r.worker.short()} signed a trace of the wrong shape")
+    blocks = minilm_span.trace_blocks(trace, tokens)
+
+    class _Wrong(Exception):
+        pass
+
+    def products(j: int, part: str, a: np.ndarray) -> np.ndarray:
+        out = blocks[j][part]
+        b = getattr(layers[j], part).array
+        with contextlib.suppress(compute.InvalidInput), \
+                np.errstate(over="ignore", invalid="ignore"):
+            if compute.verify_matmul(a, b, out):
+                return out
+        wrong = _beyond_worst_case(a, b, out.astype(np.float64), "f32")
+        if wrong is not None:
+            raise _Wrong(f"layer {j} {part} ({wrong})")
+        return out
+
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            run_layers(layers, np.ascontiguousarray(x, np.float32), lengths, products)
+    except _Wrong as exc:
+        return Finding("proven", f"{r.worker.short()} signed a wrong product in {exc}")
+    return Finding("unproven", "every product in the trace is within what some honest "
+                               "backend can produce for the input the pass gives it")
 
 
 MAX_SUSPECT_ROWS = 32
