@@ -9,8 +9,12 @@ Rows, for typical sentences (10-30 tokens) and 128-token ones, at batch 32 and 6
   makes .venv-st; never a product or test dependency), run as a subprocess, 2 threads.
 - ``numpy``: ``models.minilm`` in this process (BLAS on the machine's cores).
 - ``swarm verified`` / ``swarm unverified``: ``client.embedder(verify=...)`` on
-  ``swarm.local(2, threads=1)``: the forward here, every matmul on the two worker processes,
-  each band Freivalds-checked (or only shape-checked).
+  ``swarm.local(2, threads=1)``: each batch cut into chunks of sentences, each chunk's six
+  layers run on a worker process, and here the same pass with every product taken from the
+  worker's trace after its Freivalds check (unverified: the workers' last hidden states,
+  nothing checked).
+- ``per product``: the design first shipped, as tabs still run it: the pass here, each of
+  its 24 weight products a verified matmul job over both workers.
 - ``netns verified``: the same verified embedder, as deployed: ``swarm publish`` and ``swarm
   join`` (numpy, one BLAS thread each) on two network-namespace hosts, the requester
   (``swarm.connect``, a process of its own) on a third, links over the hosts' veths and
@@ -19,8 +23,8 @@ Rows, for typical sentences (10-30 tokens) and 128-token ones, at batch 32 and 6
 Each figure: sentences/s, the median of ``--runs`` runs after one warm-up, the systems
 taking turns within each run (round robin) so that load changes hit them alike. ``check %``:
 CPU time inside the Freivalds checks over the CPU time of the whole verified job (the
-requester plus both workers); ``netns check %`` the same on the namespace hosts. The goals (issue 31): verified >= 0.8x torch on the same two
-cores; the check <= 3% of the job's CPU.
+requester plus both workers); ``netns check %`` the same on the namespace hosts. The goals
+(issue 31): verified >= 0.8x torch on the same two cores; the check <= 3% of the job's CPU.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,7 +119,7 @@ def serve_requester(uri: str, data_dir: str) -> int:
 
     client = swarm.connect(uri, data_dir=data_dir, min_workers=2, timeout=120)
     embedder = client.embedder()
-    check_cpu = _count_checks(client)
+    check_cpu = _count_checks(embedder)
     print(json.dumps({"workers": len(client.workers())}), flush=True)
     for line in sys.stdin:
         texts, batch = json.loads(line)
@@ -127,14 +132,15 @@ def serve_requester(uri: str, data_dir: str) -> int:
     return 0
 
 
-def _count_checks(client):
-    """Wrap the client's Freivalds checks; returns a function giving the CPU seconds spent
+def _count_checks(embedder):
+    """Wrap the embedder's Freivalds checks; returns a function giving the CPU seconds spent
     in them so far: the checking threads' own time plus that of the check's pinned helper
     threads (``compute.verify`` hands large passes to them; they do nothing else)."""
     from compute import verify
 
     spent = [0.0]
-    checker = client._verifier
+    lock = threading.Lock()
+    checker = embedder.fingerprints
     plain_check = checker.check
 
     def timed_check(*a, **kw):
@@ -142,7 +148,8 @@ def _count_checks(client):
         try:
             return plain_check(*a, **kw)
         finally:
-            spent[0] += time.thread_time() - t
+            with lock:
+                spent[0] += time.thread_time() - t
 
     def helpers() -> float:
         threads = [t for pool in (verify._pool or []) for t in list(pool._threads)]
@@ -214,6 +221,19 @@ class NetnsSwarm:
             self._stack.close()
 
 
+def PerProduct(client):
+    """The design issue 31 first shipped, for comparison: every chunk through the products
+    route (each of its 24 weight products a verified matmul job over both workers, the
+    non-linear steps here), as tabs still run it."""
+    from swarm.embedding import PRODUCTS, Embedder
+
+    class PerProduct(Embedder):
+        def _routes(self):
+            return [PRODUCTS]
+
+    return PerProduct(client)
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -260,7 +280,8 @@ def main() -> int:
     rows = []
     with swarm.local(2, threads=1) as client:
         verified, unverified = client.embedder(), client.embedder(verify="none")
-        check_cpu = _count_checks(client)
+        per_product = PerProduct(client)
+        check_cpu = _count_checks(verified)
         for key, (ts, b) in cases.items():
             kind = key.split("/")[0]
             systems = {
@@ -268,6 +289,7 @@ def main() -> int:
                                              for i in range(0, len(ts), b)],
                 "swarm unverified": lambda ts=ts, b=b: unverified.run(ts, batch=b),
                 "swarm verified": lambda ts=ts, b=b: verified.run(ts, batch=b),
+                "per product": lambda ts=ts, b=b: per_product.run(ts, batch=b),
             }
             times: dict[str, list[float]] = {"torch": [], **{k: [] for k in systems},
                                              "netns verified": []}
@@ -298,6 +320,8 @@ def main() -> int:
             row["netns check %"] = 100.0 * ns_check / ns_cpu if ns_cpu else None
             row["verified / torch"] = (row["swarm verified"] / row["torch"]
                                        if row["torch"] else None)
+            row["per product / torch"] = (row["per product"] / row["torch"]
+                                          if row["torch"] else None)
             row["netns / torch"] = (row["netns verified"] / row["torch"]
                                     if row["torch"] and row["netns verified"] else None)
             rows.append(row)

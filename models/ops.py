@@ -1,0 +1,251 @@
+"""MiniLM's non-matmul steps as single-threaded numba kernels (attention, LayerNorm, GELU).
+
+Each kernel fuses what numpy does in several passes over freshly allocated temporaries (bias
+and residual adds, padding to the longest sentence, masks, transposes, softmax reductions)
+into one pass per row or per head that stays in L1/L2. No ``parallel=True``: these run in
+worker processes capped at one thread, beside others on small machines.
+
+Numba's LLVM pipeline only runs the *loop* vectorizer (SLP is off), and a loop with a constant
+trip count (the 32 dimensions of a head) is unrolled before it gets there. So every hot loop
+here runs over a long runtime dimension (tokens, or the 384/1536 features) with the short
+constant one unrolled inside it; attention therefore works on transposed [dim, query] tiles.
+
+``fastmath`` lets LLVM contract multiply-adds and (LayerNorm, GELU) reorder sums: results differ
+from numpy's by float32 rounding only. Inputs are finite; no kernel relies on inf/NaN (the
+softmax subtracts each column's max, and exp clamps its argument at -87). Outputs are allocated
+by numpy, which asks for huge pages (numba's allocator does not: page faults on a fresh 50 MB
+output made bias_gelu 3x slower).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+HEADS = 12
+HEAD = 32
+DIM = HEADS * HEAD
+EPS = 1e-12
+F = np.float32
+_SCALE = F(1.0 / math.sqrt(HEAD))
+_BLOCK = 16  # keys per step of the probabilities x values product
+_LANES = 16  # float32 lanes of an AVX-512 vector
+
+# Attention's loops are all element-wise over queries, so they vectorise without reordering
+# sums: its kernels skip fastmath's reassociation, which keeps each sum in its written order and
+# exp's two-step range reduction exact (2.9e-7 relative error with it, 8e-8 without). LayerNorm's
+# row sums do need reordering to vectorise; GELU's flags are those of minilm's ``_gelu``.
+_NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
+_kernel = functools.partial(numba.njit, cache=True, error_model="numpy")
+
+
+def attention(qkv: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """qkv: float32 [tokens, 1152] packed (every sentence's tokens one after another; the
+    bias ALREADY added; columns: query 0:384, key 384:768, value 768:1152, 12 heads of 32 each);
+    lengths: int64 [n] tokens per sentence. Returns float32 C-contiguous [tokens, 384]: each
+    sentence's tokens attend over that sentence's own tokens only (no padding),
+    softmax(q k^T / sqrt(32)) v per head, heads side by side (head h in columns h*32:(h+1)*32).
+
+    Packed rather than padded: no work or memory for padding, no mask, and one head of one
+    sentence at a time, whose scores ([n, n] floats) stay in cache."""
+    qkv = np.ascontiguousarray(qkv, np.float32)
+    lengths = np.asarray(lengths, np.int64)
+    if qkv.ndim != 2 or qkv.shape[1] != 3 * DIM:
+        raise ValueError(f"qkv is [tokens, {3 * DIM}], got {qkv.shape}")
+    if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != qkv.shape[0]:
+        raise ValueError(f"lengths must be >= 0 and sum to {qkv.shape[0]} tokens")
+    if qkv.shape[0] == 0:
+        return np.zeros((0, DIM), np.float32)
+    out = np.empty((qkv.shape[0], DIM), np.float32)
+    _attention(qkv, lengths, out)
+    return out
+
+
+def residual_layer_norm(y: np.ndarray, bias: np.ndarray, residual: np.ndarray,
+                        gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """LayerNorm(y + bias + residual) * gamma + beta over the last axis, eps 1e-12, float32
+    [tokens, 384]. One pass per row (three over its 384 values, in L1) instead of numpy's
+    eight passes over [tokens, 384] temporaries."""
+    y, residual = np.ascontiguousarray(y, np.float32), np.ascontiguousarray(residual, np.float32)
+    if y.ndim != 2 or residual.shape != y.shape:
+        raise ValueError(f"y and residual are [tokens, dim], got {y.shape} and {residual.shape}")
+    bias, gamma, beta = (_vector(v, y.shape[1]) for v in (bias, gamma, beta))
+    out = np.empty(y.shape, np.float32)
+    _residual_layer_norm(y, bias, residual, gamma, beta, out)
+    return out
+
+
+def bias_gelu(h: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """exact-erf GELU of (h + bias), float32 [tokens, 1536]: the erf rational approximation of
+    models/minilm.py's ``_gelu`` (Eigen's and XLA's, abs error ~1e-7, coefficients copied so
+    the results agree), fused with the bias add in one pass (numpy: two, and a temporary)."""
+    h = np.ascontiguousarray(h, np.float32)
+    if h.ndim != 2:
+        raise ValueError(f"h is [tokens, dim], got {h.shape}")
+    out = np.empty(h.shape, np.float32)
+    _bias_gelu(h, _vector(bias, h.shape[1]), out)
+    return out
+
+
+def _vector(v: np.ndarray, dim: int) -> np.ndarray:
+    v = np.ascontiguousarray(v, np.float32)
+    if v.shape != (dim,):
+        raise ValueError(f"expected a [{dim}] vector, got {v.shape}")
+    return v
+
+
+@intrinsic
+def _bits_as_float32(typingctx, bits):
+    """Reinterpret an int32's bits as a float32 (vectorisable, unlike a call to ldexp)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@_kernel(fastmath=_NO_REASSOC, inline="always")
+def _exp(x):
+    """float32 exp for x <= 0 (Cephes' expf: ~1 ulp): LLVM vectorises it, where it calls libm's
+    expf once per element. Clamped at -87 (exp ~1.6e-38; numpy's would be smaller still)."""
+    x = max(x, F(-87.0))
+    k = np.floor(x * F(1.4426950408889634) + F(0.5))
+    r = x - k * F(0.693359375) - k * F(-2.12194440e-4)
+    p = F(1.9875691500e-4)
+    p = p * r + F(1.3981999507e-3)
+    p = p * r + F(8.3334519073e-3)
+    p = p * r + F(4.1665795894e-2)
+    p = p * r + F(1.6666665459e-1)
+    p = p * r + F(5.0000001201e-1)
+    p = p * r * r + r + F(1.0)
+    return p * _bits_as_float32((np.int32(k) + np.int32(127)) << np.int32(23))
+
+
+@_kernel(fastmath=_NO_REASSOC)
+def _attention(qkv, lengths, out):
+    wide = _padded(lengths.max())
+    qt = np.zeros((HEAD, wide), np.float32)           # scaled queries, transposed
+    ot = np.empty((HEAD, wide), np.float32)           # output, transposed
+    st = np.empty((wide, wide), np.float32)           # scores, then probabilities: [key, query]
+    top = np.empty(wide, np.float32)
+    total = np.empty(wide, np.float32)
+    start = 0
+    for n in lengths:
+        qt[:, n:_padded(n)] = 0.0                     # padding queries: finite, never written out
+        for h in range(HEADS):
+            _attend(qkv, start, n, h, qt, st, ot, top, total, out)
+        start += n
+
+
+@_kernel(fastmath=_NO_REASSOC)
+def _padded(n):
+    """n rounded up to whole 16-float vectors: loops over queries then have no scalar tail."""
+    return (n + _LANES - 1) // _LANES * _LANES
+
+
+@_kernel(fastmath=_NO_REASSOC)
+def _attend(qkv, start, n, h, qt, st, ot, top, total, out):
+    """Head h of the sentence in rows start:start+n. Every inner loop runs over queries i
+    (m of them: n plus padding), with the head's 32 dimensions or a block of keys unrolled."""
+    m = _padded(n)
+    q0, k0, v0 = h * HEAD, DIM + h * HEAD, 2 * DIM + h * HEAD
+    for i in range(n):
+        query = qkv[start + i, q0:q0 + HEAD]
+        for d in range(HEAD):
+            qt[d, i] = query[d] * _SCALE
+    top[:m] = F(-3.0e38)
+    for j in range(n):                                 # st[j, i] = k_j . q_i, and its max
+        key = qkv[start + j, k0:k0 + HEAD]
+        row = st[j]
+        for i in range(m):
+            s = F(0.0)
+            for d in range(HEAD):
+                s += key[d] * qt[d, i]
+            row[i] = s
+            top[i] = max(top[i], s)
+    total[:m] = 0.0                                    # softmax over keys j, per query i
+    for j in range(n):
+        row = st[j]
+        for i in range(m):
+            e = _exp(row[i] - top[i])
+            row[i] = e
+            total[i] += e
+    ot[:, :m] = 0.0                                    # ot[d, i] = sum_j v_j[d] p[j, i]
+    j = 0
+    while j < n:
+        b = min(_BLOCK, n - j)
+        values = qkv[start + j:start + j + b, v0:v0 + HEAD]
+        probs = st[j:j + b]
+        for d in range(HEAD):
+            row = ot[d]
+            if b == _BLOCK:                            # unrolled: a block of keys per store
+                for i in range(m):
+                    s = row[i]
+                    for a in range(_BLOCK):
+                        s += values[a, d] * probs[a, i]
+                    row[i] = s
+            else:
+                for a in range(b):
+                    v = values[a, d]
+                    p = probs[a]
+                    for i in range(m):
+                        row[i] += v * p[i]
+        j += b
+    for i in range(n):
+        inv = F(1.0) / total[i]
+        dst = out[start + i, q0:q0 + HEAD]
+        for d in range(HEAD):
+            dst[d] = ot[d, i] * inv
+
+
+@_kernel(fastmath=True)
+def _residual_layer_norm(y, bias, residual, gamma, beta, out):
+    rows, dim = y.shape
+    for r in range(rows):
+        x = out[r]
+        s = F(0.0)
+        for c in range(dim):
+            v = y[r, c] + bias[c] + residual[r, c]
+            x[c] = v
+            s += v
+        mean = s / F(dim)
+        s = F(0.0)
+        for c in range(dim):
+            v = x[c] - mean
+            x[c] = v
+            s += v * v
+        inv = F(1.0) / np.sqrt(s / F(dim) + F(EPS))
+        for c in range(dim):
+            x[c] = x[c] * inv * gamma[c] + beta[c]
+
+
+@_kernel(fastmath=True)
+def _bias_gelu(h, bias, out):
+    rows, dim = h.shape
+    for r in range(rows):
+        for c in range(dim):
+            out[r, c] = _gelu(h[r, c] + bias[c])
+
+
+@_kernel(fastmath=True, inline="always")
+def _gelu(x):
+    """0.5 x (1 + erf(x / sqrt 2)); erf as in models/minilm.py's _gelu (clamped at |z| = 4)."""
+    z = x * F(0.7071067811865476)
+    z = min(max(z, F(-4.0)), F(4.0))
+    z2 = z * z
+    p = z2 * F(-2.72614225801306e-10) + F(2.77068142495902e-08)
+    p = z2 * p + F(-2.10102402082508e-06)
+    p = z2 * p + F(-5.69250639462346e-05)
+    p = z2 * p + F(-7.34990630326855e-04)
+    p = z2 * p + F(-2.95459980854025e-03)
+    p = z2 * p + F(-1.60960333262415e-02)
+    q = z2 * F(-1.45660718464996e-05) + F(-2.13374055278905e-04)
+    q = z2 * q + F(-1.68282697438203e-03)
+    q = z2 * q + F(-7.37332916720468e-03)
+    q = z2 * q + F(-1.42647390514189e-02)
+    return F(0.5) * x * (F(1.0) + z * p / q)

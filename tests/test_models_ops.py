@@ -1,0 +1,248 @@
+"""models.ops' numba kernels against models.minilm's numpy steps, on random data and on real
+MiniLM activations (sentences of 2 to 256 tokens), and swapped into a whole forward pass."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import pytest
+
+from models import minilm, ops
+from models.executor import LocalExecutor, Product
+from models.minilm import MiniLM
+
+TEXTS = [
+    "",                                         # [CLS] [SEP]: 2 tokens
+    "hello world",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "attention " * 60,                          # 62 tokens
+    "a long line of words, " * 80,              # truncated at 256 tokens
+    "Numba compiles Python loops to machine code.",
+]
+
+
+@numba.vectorize(["float32(float32)"], fastmath=True, cache=True)
+def _gelu(x):
+    """The numpy forward's GELU before models.ops (erf: the float32 rational that Eigen and
+    XLA use), kept as the reference."""
+    z = x * np.float32(0.7071067811865476)
+    z = min(max(z, np.float32(-4.0)), np.float32(4.0))
+    z2 = z * z
+    p = z2 * np.float32(-2.72614225801306e-10) + np.float32(2.77068142495902e-08)
+    p = z2 * p + np.float32(-2.10102402082508e-06)
+    p = z2 * p + np.float32(-5.69250639462346e-05)
+    p = z2 * p + np.float32(-7.34990630326855e-04)
+    p = z2 * p + np.float32(-2.95459980854025e-03)
+    p = z2 * p + np.float32(-1.60960333262415e-02)
+    q = z2 * np.float32(-1.45660718464996e-05) + np.float32(-2.13374055278905e-04)
+    q = z2 * q + np.float32(-1.68282697438203e-03)
+    q = z2 * q + np.float32(-7.37332916720468e-03)
+    q = z2 * q + np.float32(-1.42647390514189e-02)
+    return np.float32(0.5) * x * (np.float32(1.0) + z * p / q)
+
+
+
+
+def _attention(qkv: np.ndarray, real: np.ndarray, mask: np.ndarray,
+               n: int, longest: int) -> np.ndarray:
+    """The numpy forward's attention before models.ops (padded to the longest sentence, with
+    a mask), kept as the reference: packed [tokens, 1152] -> packed [tokens, 384]."""
+    head = minilm.DIM // minilm.HEADS
+    padded = np.zeros((n * longest, 3 * minilm.DIM), np.float32)
+    padded[real.reshape(-1)] = qkv
+    # contiguous [n, heads, longest, 32] operands: numpy's stacked matmul on strided views
+    # skips BLAS (1.6 s a layer at 32 x 128 tokens here, against ~40 ms contiguous)
+    q, k, v = (np.ascontiguousarray(padded[:, i * minilm.DIM:(i + 1) * minilm.DIM]
+                                    .reshape(n, longest, minilm.HEADS, head).transpose(0, 2, 1, 3))
+               for i in range(3))
+    q *= np.float32(1.0 / math.sqrt(head))
+    scores = q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+    scores += mask[:, None, None, :]
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    ctx = (scores @ v).transpose(0, 2, 1, 3).reshape(n * longest, minilm.DIM)
+    return np.ascontiguousarray(ctx[real.reshape(-1)])
+
+
+@pytest.fixture(scope="module")
+def model() -> MiniLM:
+    return MiniLM.load()
+
+
+def _reference_attention(qkv: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """models.minilm's padded numpy attention, given packed rows and lengths."""
+    longest = int(lengths.max())
+    real = np.arange(longest)[None, :] < lengths[:, None]
+    mask = np.where(real, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    return _attention(qkv, real, mask, lengths.size, longest)
+
+
+def _forward(model: MiniLM, texts: list[str], fused: bool,
+             trace: list[dict[str, np.ndarray]] | None = None) -> np.ndarray:
+    """MiniLM.forward with either its numpy steps or models.ops' kernels (``fused``); ``trace``
+    collects every layer's inputs and outputs of those steps."""
+    batch = model.tokenizer.encode(texts)
+    ex = LocalExecutor()
+    starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]])
+    pos = np.arange(batch.tokens) - np.repeat(starts, batch.lengths)
+    x = minilm._layer_norm(model.word[batch.ids] + model.position[pos] + model.token_type,
+                           *model.ln0)
+    for layer in model.layers:
+        (qkv,) = ex.matmuls([Product(x, layer.qkv)])
+        qkv = qkv + layer.qkv_bias
+        if fused:
+            ctx = ops.attention(qkv, batch.lengths)
+        else:
+            ctx = _reference_attention(qkv, batch.lengths)
+        (o,) = ex.matmuls([Product(ctx, layer.out)])
+        if fused:
+            x1 = ops.residual_layer_norm(o, layer.out_bias, x, *layer.ln1)
+        else:
+            x1 = minilm._layer_norm(o + layer.out_bias + x, *layer.ln1)
+        (h,) = ex.matmuls([Product(x1, layer.up)])
+        g = ops.bias_gelu(h, layer.up_bias) if fused else _gelu(h + layer.up_bias)
+        (d,) = ex.matmuls([Product(g, layer.down)])
+        if fused:
+            x2 = ops.residual_layer_norm(d, layer.down_bias, x1, *layer.ln2)
+        else:
+            x2 = minilm._layer_norm(d + layer.down_bias + x1, *layer.ln2)
+        if trace is not None:
+            trace.append(dict(qkv=qkv, ctx=ctx, o=o, x=x, x1=x1, h=h, g=g, d=d, x2=x2,
+                              lengths=batch.lengths, layer=layer))
+        x = x2
+    pooled = np.add.reduceat(x, starts, axis=0) / batch.lengths[:, None].astype(np.float32)
+    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def trace(model) -> list[dict[str, np.ndarray]]:
+    """Every layer's activations of the numpy forward over TEXTS."""
+    out: list[dict[str, np.ndarray]] = []
+    _forward(model, TEXTS, fused=False, trace=out)
+    return out
+
+
+def test_real_batch_has_the_edge_lengths(trace):
+    lengths = trace[0]["lengths"]
+    assert lengths.min() == 2 and lengths.max() == minilm.MAX_TOKENS
+
+
+def _float64_attention(qkv: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    x = qkv.astype(np.float64)
+    out = np.zeros((x.shape[0], 384))
+    for s, e in zip(np.cumsum(lengths) - lengths, np.cumsum(lengths), strict=True):
+        for h in range(12):
+            q, k, v = (x[s:e, c + h * 32:c + (h + 1) * 32] for c in (0, 384, 768))
+            scores = q @ k.T / np.sqrt(32)
+            p = np.exp(scores - scores.max(axis=1, keepdims=True))
+            out[s:e, h * 32:(h + 1) * 32] = p / p.sum(axis=1, keepdims=True) @ v
+    return out
+
+
+def test_attention_matches_numpy_on_random_data():
+    rng = np.random.default_rng(0)
+    lengths = np.array([1, 2, 17, 33, 64, 5, 16, 129], np.int64)
+    qkv = (rng.standard_normal((int(lengths.sum()), 1152)) * 1.5).astype(np.float32)
+    got = ops.attention(qkv, lengths)
+    want = _reference_attention(qkv, lengths)
+    assert got.dtype == np.float32 and got.shape == (qkv.shape[0], 384)
+    assert got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, _float64_attention(qkv, lengths), rtol=1e-5, atol=2e-6)
+
+
+def test_attention_is_stable_for_peaked_softmaxes():
+    """Scores in the thousands: nothing overflows or turns NaN, and the error against float64
+    is numpy's (float32 scores that large are only known to ~1e-3, and near-ties amplify it)."""
+    rng = np.random.default_rng(3)
+    lengths = np.array([3, 40, 100], np.int64)
+    qkv = (rng.standard_normal((int(lengths.sum()), 1152)) * 25).astype(np.float32)
+    got = ops.attention(qkv, lengths)
+    assert np.isfinite(got).all()
+    exact = _float64_attention(qkv, lengths)
+    numpy_error = np.abs(_reference_attention(qkv, lengths) - exact).max()
+    assert np.abs(got - exact).max() <= 1.1 * numpy_error + 1e-6
+
+
+def test_attention_matches_numpy_on_real_activations(trace):
+    for t in trace:
+        got = ops.attention(t["qkv"], t["lengths"])
+        np.testing.assert_allclose(got, t["ctx"], rtol=1e-5, atol=5e-6)
+
+
+def test_attention_of_a_batch_is_each_sentence_alone(trace):
+    qkv, lengths = trace[2]["qkv"], trace[2]["lengths"]
+    together = ops.attention(qkv, lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for s, e in zip(starts[:-1], starts[1:], strict=True):
+        alone = ops.attention(qkv[s:e], np.array([e - s]))
+        assert np.array_equal(together[s:e], alone)
+    # changing one sentence's rows leaves every other sentence's output as it was
+    changed = qkv.copy()
+    changed[starts[1]:starts[2]] *= 3
+    again = ops.attention(changed, lengths)
+    assert not np.allclose(again[starts[1]:starts[2]], together[starts[1]:starts[2]])
+    keep = np.ones(qkv.shape[0], bool)
+    keep[starts[1]:starts[2]] = False
+    assert np.array_equal(again[keep], together[keep])
+
+
+def test_attention_checks_its_input():
+    qkv = np.zeros((5, 1152), np.float32)
+    with pytest.raises(ValueError, match="sum to 5"):
+        ops.attention(qkv, np.array([2, 2]))
+    with pytest.raises(ValueError, match="1152"):
+        ops.attention(np.zeros((5, 384), np.float32), np.array([5]))
+    assert ops.attention(np.zeros((0, 1152), np.float32), np.zeros(0, np.int64)).shape == (0, 384)
+
+
+def test_residual_layer_norm_matches_numpy_on_random_data():
+    rng = np.random.default_rng(1)
+    y, residual = (rng.standard_normal((300, 384)).astype(np.float32) * 4 for _ in range(2))
+    bias, beta = (rng.standard_normal(384).astype(np.float32) for _ in range(2))
+    gamma = rng.uniform(0.1, 3, 384).astype(np.float32)
+    got = ops.residual_layer_norm(y, bias, residual, gamma, beta)
+    want = minilm._layer_norm(y + bias + residual, gamma, beta)
+    assert got.dtype == np.float32 and got.shape == y.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-6)
+
+
+def test_residual_layer_norm_matches_numpy_on_real_activations(trace):
+    for t in trace:
+        layer = t["layer"]
+        got = ops.residual_layer_norm(t["o"], layer.out_bias, t["x"], *layer.ln1)
+        np.testing.assert_allclose(got, t["x1"], rtol=1e-5, atol=2e-5)
+        got = ops.residual_layer_norm(t["d"], layer.down_bias, t["x1"], *layer.ln2)
+        np.testing.assert_allclose(got, t["x2"], rtol=1e-5, atol=2e-5)
+
+
+def test_bias_gelu_matches_numpy_on_random_data():
+    rng = np.random.default_rng(2)
+    h = (rng.standard_normal((50, 1536)) * 4).astype(np.float32)
+    bias = rng.standard_normal(1536).astype(np.float32)
+    got = ops.bias_gelu(h, bias)
+    want = _gelu(h + bias)
+    assert got.dtype == np.float32 and got.shape == h.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_bias_gelu_matches_numpy_on_real_activations(trace):
+    for t in trace:
+        got = ops.bias_gelu(t["h"], t["layer"].up_bias)
+        np.testing.assert_allclose(got, t["g"], rtol=1e-6, atol=1e-7)
+
+
+def test_exp_is_accurate_over_the_softmax_range():
+    x = -np.linspace(0, 87, 20001).astype(np.float32)
+    got = np.array([ops._exp(v) for v in x], np.float64)
+    want = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 1.5e-7
+
+
+def test_forward_with_the_kernels_equals_the_models_embeddings(model):
+    got = _forward(model, TEXTS, fused=True)
+    want = model.embed(TEXTS)
+    assert np.abs(got - want).max() <= 1e-6
