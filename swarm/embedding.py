@@ -141,11 +141,14 @@ class Embedder:
         """Where chunks may go now: each worker hosting the actor, and the products route
         when some worker computes only matmul shards."""
         client = self._client
+        links = client.node.requester.links
         with self._lock:
             live = [p for p in client.workers() if p not in self._excluded
                     and p not in client.node.proven_liars]
-            routes: list[PeerId | str] = [p for p in live if p not in self._matmul_only]
-            if any(p in self._matmul_only for p in live):
+            only = {p for p in live if p in self._matmul_only
+                    or getattr(links.get(p), "tab", False)}
+            routes: list[PeerId | str] = [p for p in live if p not in only]
+            if only:
                 routes.append(PRODUCTS)
         return routes
 
@@ -164,40 +167,39 @@ class Embedder:
         done = []
         for i, chunk in chunks.items():
             route = routes[i % len(routes)] if routes else None
-            first = None
-            if isinstance(route, PeerId):
-                first = route, client._loop.submit(self._call(route, x, enc, chunk))
-            done.append((chunk, run.checks.submit(self._chunk, x, enc, chunk, run, first)))
+            fut = (client._loop.submit(self._call(route, x, enc, chunk))
+                   if isinstance(route, PeerId) else None)
+            done.append((chunk, run.checks.submit(self._chunk, x, enc, chunk, run, route, fut)))
         out = np.empty((enc.lengths.size, DIM), np.float32)
         for chunk, fut in done:
             out[chunk.sentences] = fut.result()
         return out
 
     def _chunk(self, x: np.ndarray, enc: Batch, chunk: _Chunk, run: _Run,
-               first: tuple[PeerId, Any] | None) -> np.ndarray:
-        """The chunk's checked embeddings: from its first call, or retried elsewhere."""
-        tried = 0
-        while True:
-            if first is not None:
-                peer, fut = first
-                got = self._take(peer, fut, x, chunk, run)
-                if got is not None:
-                    return got
-                first = None
-            tried += 1
-            routes = self._routes() if tried <= len(self._client.workers()) + 2 else []
-            route = routes[(chunk.index + tried) % len(routes)] if routes else None
-            if isinstance(route, PeerId):
-                first = route, self._client._loop.submit(self._call(route, x, enc, chunk))
-                continue
-            sub = Batch(enc.ids[chunk.rows], chunk.lengths, enc.truncated[chunk.sentences])
-            if route == PRODUCTS:
-                self.executor.prepare(self.model.weights())  # once; later calls find them
-                return self.model.forward(sub, run.executor)
-            started = time.perf_counter()  # no worker left: here
-            vecs = self.model.forward(sub)
-            run.add("local", PeerReport(shards=1, seconds=time.perf_counter() - started))
-            return vecs
+               route: PeerId | str | None, fut: Any) -> np.ndarray:
+        """The chunk's checked embeddings: from ``route`` (a worker, whose call ``fut`` is
+        under way; the products route; None: here), or retried elsewhere."""
+        tries = 0
+        while isinstance(route, PeerId):
+            if fut is None:
+                fut = self._client._loop.submit(self._call(route, x, enc, chunk))
+            got = self._take(route, fut, x, chunk, run)
+            if isinstance(got, np.ndarray):
+                return got
+            fut, tries = None, tries + 1
+            if got == "matmul only":
+                route = PRODUCTS
+            else:
+                routes = self._routes() if tries <= len(self._client.workers()) + 2 else []
+                route = routes[(chunk.index + tries) % len(routes)] if routes else None
+        sub = Batch(enc.ids[chunk.rows], chunk.lengths, enc.truncated[chunk.sentences])
+        if route == PRODUCTS:
+            self.executor.prepare(self.model.weights())  # once; later calls find them
+            return self.model.forward(sub, run.executor)
+        started = time.perf_counter()  # no worker left: here
+        vecs = self.model.forward(sub)
+        run.add("local", PeerReport(shards=1, seconds=time.perf_counter() - started))
+        return vecs
 
     async def _call(self, peer: PeerId, x: np.ndarray, enc: Batch, chunk: _Chunk):
         client = self._client
@@ -211,22 +213,23 @@ class Embedder:
         return call, reply, report
 
     def _take(self, peer: PeerId, fut: Any, x: np.ndarray, chunk: _Chunk, run: _Run
-              ) -> np.ndarray | None:
-        """Wait for a chunk's call and check it: its embeddings, or None (the worker was
-        lost, refused or lied, and gets no more chunks)."""
+              ) -> np.ndarray | str:
+        """Wait for a chunk's call and check it: its embeddings, or why not ("matmul only":
+        the worker hosts no ``minilm`` actor; else it was lost, refused or lied, and gets no
+        more chunks)."""
         client = self._client
         try:
             call, reply, report = fut.result(CALL_TIMEOUT + 10)
         except (LinkClosed, TaskFailure, TimeoutError) as exc:
+            if isinstance(exc, TaskFailure) and exc.kind == "invalid" \
+                    and "no installed actor" in str(exc):
+                with self._lock:
+                    self._matmul_only.add(peer)  # products route from now on
+                return "matmul only"
             with self._lock:
-                if isinstance(exc, TaskFailure) and exc.kind == "invalid" \
-                        and "no installed actor" in str(exc):
-                    self._matmul_only.add(peer)  # a tab: products route from now on
-                else:
-                    self._excluded.add(peer)
-            if not (isinstance(exc, TaskFailure) and exc.kind == "invalid"):
-                run.add(str(peer), PeerReport(failed=1))
-            return None
+                self._excluded.add(peer)
+            run.add(str(peer), PeerReport(failed=1))
+            return "lost"
         (result,) = reply.outputs
         report.shards, report.seconds = 1, reply.seconds
         xs = np.ascontiguousarray(x[chunk.rows])
@@ -243,7 +246,7 @@ class Embedder:
             with self._lock:
                 self._excluded.add(peer)
             client._loop.submit(self._report(peer, call, reply, f"minilm: {exc}"))
-            return None
+            return "lied"
         report.verified = int(self._verify)
         run.add(str(peer), report)
         client._loop.submit(self._accept(peer, reply.task))

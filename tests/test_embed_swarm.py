@@ -48,6 +48,31 @@ def test_every_chunk_on_workers_and_verified_and_the_bundle_travels_once():
     assert first.truncated == [3] and again.tokens == first.tokens
 
 
+def test_a_worker_that_runs_only_matmul_takes_its_share_product_by_product(client,
+                                                                          monkeypatch):
+    """A browser tab runs only matmul shards (its link says so): it is never sent a
+    ``minilm`` call (nor the 42 MB bundle), and a chunk of every batch runs product by
+    product, each product a verified matmul job that the tab takes shards of."""
+    embedder = client.embedder()
+    tab, native = client.worker_ids
+    monkeypatch.setattr(client._node.requester.links[tab], "tab", True, raising=False)
+    seen: list[tuple] = []
+    plain = client._node.requester.call
+
+    async def call(peer, c, **kw):
+        seen.append((peer, c.actor))
+        return await plain(peer, c, **kw)
+
+    monkeypatch.setattr(client._node.requester, "call", call)
+    run = embedder.run(TEXTS, batch=6)
+    want = MiniLM.load().embed(TEXTS)
+    assert np.abs(run.vectors - want).max() <= 1e-5
+    assert (tab, "minilm") not in seen and (native, "minilm") in seen
+    assert (tab, "matmul") in seen
+    mine = run.peers[str(tab)]
+    assert mine.shards >= 1 and mine.verified == mine.shards and not mine.rejected
+
+
 def test_bad_arguments(client):
     with pytest.raises(TypeError, match="wrap a single one"):
         client.embed("hello")

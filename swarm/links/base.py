@@ -197,6 +197,8 @@ class PeerLink(abc.ABC):
     """The peer's PeerId, proven by the link's handshake (certificate or signed SDP)."""
     shm: shm.Channel | None = None
     """Shared memory with a peer on this host, once negotiated (see swarm.links.shm)."""
+    tab: bool = False
+    """The peer is a browser tab: it runs only the matmul actor (swarm/web/static/host.js)."""
 
     @abc.abstractmethod
     async def send(self, msg: wire.Message) -> None:

@@ -59,6 +59,7 @@ class ChannelLink(WebRTCLink):
     requester): closing it closes the channel, not the tab's connection."""
 
     kind = "webrtc"
+    tab = True
 
     async def _close_transport(self) -> None:
         if self._closing_locally:
@@ -88,6 +89,7 @@ class RelayedLink(PeerLink):
     """A requester's link to a tab through its relay: the TLS link, with the tab as remote."""
 
     kind = "relay"
+    tab = True
 
     def __init__(self, inner: PeerLink, target: PeerId) -> None:
         self.inner = inner
