@@ -68,6 +68,8 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
     "embed": (["--runs", "3"], ["--quick"], 2400,
               "all-MiniLM-L6-v2 sentences/s: sentence-transformers (torch CPU, 2 threads, its own "
               "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified "
+              "(each chunk's six layers on a worker, every product checked here) vs per "
+              "product (the design first shipped: each weight product a verified matmul job) "
               "vs two workers on network-namespace hosts (verified; needs root), round robin "
               "in one run; check % = CPU in Freivalds checks over the verified job's CPU "
               "(requester + workers)"),

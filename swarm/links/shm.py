@@ -276,6 +276,24 @@ def mapped(arr: np.ndarray) -> bool:
     return isinstance(base, mmap.mmap)
 
 
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+"""Linux 5.14+: map every page of a range now, in one call (Python 3.11 lacks the name)."""
+
+
+def populate(arr: np.ndarray) -> None:
+    """Map all of the received mapping ``arr`` lives in at once, before a pass over it: one
+    call instead of a page fault per 64 KiB (the kernel's fault-around; a 42 MB trace:
+    ~650). No-op elsewhere."""
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if isinstance(base, mmap.mmap):
+        with contextlib.suppress(OSError, ValueError):  # an older kernel: faults as before
+            base.madvise(MADV_POPULATE_READ)
+
+
 def settle(arr: np.ndarray) -> None:
     """``arr`` stays where it is: close the descriptor its segment kept (the mapping stays)."""
     seg = segment_of(arr)
