@@ -1,10 +1,10 @@
 """Verified model outputs from untrusted workers: liars get no wrong embedding into the output.
 
-A real local swarm (worker processes over TLS): one honest worker, one that corrupts every
-result (``SWARM_CHAOS=corrupt=1``) and one that answers every matmul with a plausible wrong
-layer: another layer's weight of the same shape, or the layer skipped (``layer=1``). Every
-embedding equals the local forward's; each liar is caught, proven by the result it signed,
-and given no more work; the job completes on the honest worker.
+A real local swarm (worker processes over TLS): one honest worker, and one that corrupts every
+result (``SWARM_CHAOS=corrupt=1``) or runs the layers with a plausible wrong layer's weights
+(the next layer's, ``layer=1``). Every embedding equals the local forward's; each liar is
+caught, proven by the trace it signed, and given no more work; the job completes on the
+honest worker.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`swarm embed`: sentence embeddings (all-MiniLM-L6-v2) over a swarm, every matmul verified."""
+"""`swarm embed`: sentence embeddings (all-MiniLM-L6-v2) over a swarm, every product verified."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 from swarm.commands._common import add_json_option, print_json, print_table
 
-HELP = "embed sentences (all-MiniLM-L6-v2) on a swarm, every matmul verified"
+HELP = "embed sentences (all-MiniLM-L6-v2) on a swarm, every product verified"
 DESCRIPTION = """\
 Joins the swarm named by URI as a requester and computes all-MiniLM-L6-v2 sentence
-embeddings: the forward pass runs here, every matrix product on the workers, each one checked
-(Freivalds) before it is used. The weights go to each worker once.
+embeddings: each worker runs the model's six layers over a chunk of the sentences and sends
+back every matrix product it computed; this process runs the same pass with its own
+attention, LayerNorm and GELU, and checks each product (Freivalds) before it uses it. The
+weights go to each worker once. Browser tabs take part product by product.
 
   swarm embed 'magnet:?xs=urn:btpk:...' --input sentences.txt -o vectors.npy
   swarm embed HOST:PORT --swarm ID --input docs.jsonl -o vectors.npy --batch 64 --json
@@ -198,7 +200,7 @@ def _print_report(args, result, n: int, seconds: float, rate: float) -> None:
     print_table(("peer", *cols), [
         (r["peer"] if r["peer"] == "local" else r["peer"][:12], *(r[k] for k in keys))
         for r in rows], right=cols, title=f"{args.output}: {n}x384 in {seconds:.2f} s "
-                                          f"({rate:.1f} sentences/s embedding, every matmul "
+                                          f"({rate:.1f} sentences/s embedding, every product "
                                           "verified)")
     if truncated_lines:
         shown = ", ".join(map(str, truncated_lines[:10]))

@@ -2,7 +2,8 @@
 
 Existing clients work unchanged (``openai.OpenAI(base_url="http://HOST:PORT/v1",
 api_key=KEY).embeddings.create(model="all-MiniLM-L6-v2", input=[...])``). Each request runs
-MiniLM's forward on this member with every matmul a verified job on the swarm's workers.
+MiniLM's layers on the swarm's workers, every product checked on this member
+(:mod:`swarm.embedding`).
 
 Who may use it: only holders of this member's API key (``Authorization: Bearer KEY``), from
 anywhere the ``--http`` address is reachable. The key is made on first use, 32 random bytes,
