@@ -497,3 +497,39 @@ def test_a_restarted_member_waits_from_its_start_to_suspect():
     assert not core.controller.suspects
     core.handle(cc.Tick(), late + 2 * failover + 0.5, WALL)
     assert coord.peer_id in core.controller.suspects  # silence still counts after that
+
+
+# -- a block whose one notice is lost --------------------------------------------------------
+
+
+def test_a_member_that_never_hears_its_new_coordinator_learns_its_block_from_the_dht():
+    """The coordinator dies; the new one's messages never reach one member (it is out of
+    that coordinator's view, or its datagrams are lost), and the new coordinator blocks it:
+    the one notice of the block is lost too. The member's coordinator stays silent, so it
+    reads the DHT: not only its silent coordinator's item (which never changes again) but
+    the one it now expects, finds the block and stops (seen under load in
+    tests/system/test_faults.py: a blocked liar that never left)."""
+    sim = settled(20)
+    coord = sim.coordinator()
+    victim = loser(sim, coord)
+    rest = [m for m in sim.live() if m is not coord and m is not victim]
+    heir = max(rest, key=lambda m: (m.record.tflops, m.peer_id.raw))
+    real = sim.send
+
+    def lossy(m, peer, kind, msg):
+        if m is heir and peer == victim.peer_id:
+            return
+        real(m, peer, kind, msg)
+
+    sim.send = lossy
+    sim.kill(coord)
+    sim.loop.run_until(sim.loop.now + 30.0, lambda: all(
+        m.controller.state.coordinator == heir.peer_id for m in rest))
+    assert heir.controller.role is Duty.COORDINATOR
+    coord_before = victim.controller.state.coordinator
+    heir.controller.command(CheckedCommand("block", victim.peer_id, "sim", "owner",
+                                           int(sim.wall()), heir.controller.term), sim.loop.now)
+    sim.do(heir, heir.core.pump())
+    sim.loop.run_until(sim.loop.now + 30.0, lambda: victim.controller.role is Duty.STOPPED)
+    assert victim.controller.role is Duty.STOPPED, (coord_before, victim.controller.state)
+    assert victim.peer_id in victim.controller.state.blocked_ids

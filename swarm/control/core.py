@@ -801,7 +801,11 @@ class ControlCore:
             if self.passive or st is None:
                 self._read(Purpose.STATE, tuple(self.records))
             elif st.coordinator != self.me and self.role is not Duty.STOPPED:
-                self._read(Purpose.CATCH_UP, (st.coordinator,))
+                # and the successor we expect once ours went silent: its item is how we
+                # learn a term (and a block of us) whose heartbeats never reached us
+                heir = c.expected
+                self._read(Purpose.CATCH_UP, (st.coordinator,) if heir in (
+                    None, self.me, st.coordinator) else (st.coordinator, heir))
             else:
                 self._state_fetched()
         elif self.role is Duty.COORDINATOR:  # RIVALS, in round-robin batches
@@ -970,11 +974,15 @@ class ControlCore:
 
     def _caught_up(self, st: CoordinatorState | None, found: list[CoordinatorState]) -> None:
         """Heartbeats are datagrams: our coordinator's DHT item shows anything missed (a
-        block of this very peer is sent to it only once)."""
+        block of this very peer is sent to it only once), and the item of the successor we
+        expect since ours went silent shows a term we never heard of (adopted only if the
+        election makes it ours: :meth:`Controller.heartbeat`)."""
         if st is None:
             return
+        heir = self.controller.expected
         for newer in found:
-            if newer.coordinator == st.coordinator and newer.seq > st.seq:
+            if (newer.coordinator == st.coordinator and newer.seq > st.seq) or (
+                    newer.coordinator == heir != st.coordinator and newer.term > st.term):
                 try:
                     self.controller.heartbeat(newer, newer.coordinator, self.now, heard=False)
                 except (StaleTerm, NotCoordinator, ProtocolError) as exc:
