@@ -332,6 +332,13 @@ def headlines(results: list[dict]) -> list[str]:
             out.append(f"a browser tab joins in {j['median_ms'] / 1e3:.2f} s (median); shard "
                        f"round trip tab {sh['browser tab']['median_ms']:.0f} ms vs native "
                        f"{sh['native worker']['median_ms']:.0f} ms")
+        if "embed" in d:
+            rows = [r for r in d["embed"]["rows"] if r.get("verified / torch")]
+            ratios = sorted(r["verified / torch"] for r in rows)
+            checks = sorted(r["check % of job CPU"] for r in rows)
+            out.append(f"MiniLM embeddings, every product verified on swarm.local(2): "
+                       f"{ratios[0]:.2f}-{ratios[-1]:.2f}x torch's speed on the same cores; "
+                       f"the check {checks[0]:.1f}-{checks[-1]:.1f}% of the job's CPU")
     except (KeyError, TypeError, IndexError, ValueError):
         pass
     return out
