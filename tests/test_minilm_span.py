@@ -131,3 +131,23 @@ def test_the_judge_proves_a_wrong_product_and_never_an_honest_trace(model, call)
     assert finding.proven and "layer 3 up" in finding.why
     assert judge(bad[:-1]).proven  # the wrong shape, signed
     assert not judge(bad, msgpack.packb({**params, "trace": False})).proven  # not its params
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])
+def test_a_non_finite_or_huge_value_is_caught_and_proven(model, call, value):
+    from identity.keys import PeerKey
+    from swarm.runtime.evidence import Evidence, Receipt, check_evidence, output_ids
+    from swarm.runtime.objects import object_id
+
+    x, flat, params, enc = call
+    (trace,) = MiniLMActor(None).forward([x, flat], params)
+    minilm_span.trace_blocks(trace, enc.tokens)[2]["qkv"][1, 3] = value
+    with pytest.raises(minilm_span.TraceMismatch, match="layer 2 qkv"):
+        _check(model, x, enc.lengths, trace)
+    packed = msgpack.packb(params, use_bin_type=True)
+    worker = PeerKey.generate()
+    r = Receipt.sign(worker, PeerKey.generate().peer_id, 1, "minilm", "forward", packed,
+                     [object_id(x).raw, object_id(flat).raw], output_ids([trace]))
+    arrays = {object_id(a).raw: a for a in (x, flat, trace)}
+    finding = check_evidence(Evidence(r, packed), arrays.get)
+    assert finding.proven and "layer 2 qkv" in finding.why
