@@ -16,7 +16,6 @@ every worker (:class:`swarm.executor.SwarmExecutor`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import threading
 import time
@@ -302,9 +301,7 @@ class _Run:
 
     def add(self, peer: str, r: PeerReport) -> None:
         with self._lock:
-            total = self._peers.setdefault(peer, PeerReport())
-            for f in dataclasses.fields(PeerReport):
-                setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
+            self._peers.setdefault(peer, PeerReport()).add(r)
 
     def report(self) -> dict[str, PeerReport]:
         for peer, r in self.executor.take_report().items():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
-import dataclasses
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -80,9 +79,7 @@ class SwarmExecutor:
         c, report = await self._client._matmul_reported(x, right, self._opts)
         with self._totals_lock:
             for peer, r in report.peers.items():
-                total = self._totals.setdefault(peer, PeerReport())
-                for f in dataclasses.fields(PeerReport):
-                    setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
+                self._totals.setdefault(peer, PeerReport()).add(r)
         return np.ascontiguousarray(c, np.float32)
 
     def session(self) -> SwarmExecutor:

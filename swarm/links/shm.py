@@ -265,15 +265,20 @@ def segment_of(arr: np.ndarray) -> Segment | None:
     return base
 
 
-def mapped(arr: np.ndarray) -> bool:
-    """Whether ``arr`` lives in a received mapping (which holds a descriptor while it lives:
-    Python's mmap keeps a duplicate of the one it was made from)."""
+def _mapping_of(arr: np.ndarray) -> mmap.mmap | None:
+    """The received mapping ``arr`` lives in, if any."""
     base: object = arr
     while isinstance(base, np.ndarray):
         base = base.base
     if isinstance(base, memoryview):
         base = base.obj
-    return isinstance(base, mmap.mmap)
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def mapped(arr: np.ndarray) -> bool:
+    """Whether ``arr`` lives in a received mapping (which holds a descriptor while it lives:
+    Python's mmap keeps a duplicate of the one it was made from)."""
+    return _mapping_of(arr) is not None
 
 
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -284,14 +289,10 @@ def populate(arr: np.ndarray) -> None:
     """Map all of the received mapping ``arr`` lives in at once, before a pass over it: one
     call instead of a page fault per 64 KiB (the kernel's fault-around; a 42 MB trace:
     ~650). No-op elsewhere."""
-    base: object = arr
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj
-    if isinstance(base, mmap.mmap):
+    mapping = _mapping_of(arr)
+    if mapping is not None:
         with contextlib.suppress(OSError, ValueError):  # an older kernel: faults as before
-            base.madvise(MADV_POPULATE_READ)
+            mapping.madvise(MADV_POPULATE_READ)
 
 
 def settle(arr: np.ndarray) -> None:

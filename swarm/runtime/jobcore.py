@@ -16,6 +16,7 @@ straggler's late copy is ignored; a wrong result counts even when another copy a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Hashable, Sequence
@@ -52,6 +53,11 @@ class PeerReport:
     """Results that failed verification."""
     failed: int = 0
     """Attempts that ended in an error, a timeout or a lost link."""
+
+    def add(self, other: PeerReport) -> None:
+        """Count ``other``'s figures into these."""
+        for f in dataclasses.fields(PeerReport):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass
