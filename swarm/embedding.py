@@ -238,9 +238,9 @@ class Embedder:
             if not self._verify:
                 hidden = np.asarray(result, np.float32).reshape(xs.shape)
             else:
-                checked = minilm_span.checked_products(result, xs.shape[0], self.model.layers,
-                                                       self.fingerprints)
-                hidden = run_layers(self.model.layers, xs, chunk.lengths, checked)
+                checked = minilm_span.TraceCheck(result, xs.shape[0], self.model.layers,
+                                                 self.fingerprints)
+                hidden = run_layers(self.model.layers, xs, chunk.lengths, checked, checked)
         except (minilm_span.TraceMismatch, ValueError) as exc:
             report.rejected = 1
             run.add(str(peer), report)

@@ -87,6 +87,7 @@ def test_concurrent_runs_each_report_their_own_calls(client, monkeypatch):
     import threading
 
     embedder = client.embedder()
+    embedder.run(["both workers get the bundle first"] * 4, batch=4)  # not counted below
     a_texts, b_texts = ["alpha beta"] * 8, ["gamma delta epsilon zeta eta theta iota kappa"] * 8
     tokenize = embedder.model.tokenizer.encode
     size_a, size_b = tokenize(a_texts[:1]).tokens, tokenize(b_texts[:1]).tokens

@@ -30,8 +30,8 @@ def call(model):
 
 
 def _check(model, x, lengths, trace):
-    products = minilm_span.checked_products(trace, x.shape[0], model.layers, Fingerprints())
-    return pool(run_layers(model.layers, x, lengths, products), lengths)
+    check = minilm_span.TraceCheck(trace, x.shape[0], model.layers, Fingerprints())
+    return pool(run_layers(model.layers, x, lengths, check, check), lengths)
 
 
 def test_the_checked_trace_gives_the_local_forwards_embeddings(model, call):
@@ -133,16 +133,18 @@ def test_the_judge_proves_a_wrong_product_and_never_an_honest_trace(model, call)
     assert not judge(bad, msgpack.packb({**params, "trace": False})).proven  # not its params
 
 
+@pytest.mark.parametrize("part", ["qkv", "out", "up", "down"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])
-def test_a_non_finite_or_huge_value_is_caught_and_proven(model, call, value):
+def test_a_non_finite_or_huge_value_is_caught_and_proven(model, call, value, part):
+    """Whichever step reads it first (bias add, LayerNorm, GELU), with its check's sums."""
     from identity.keys import PeerKey
     from swarm.runtime.evidence import Evidence, Receipt, check_evidence, output_ids
     from swarm.runtime.objects import object_id
 
     x, flat, params, enc = call
     (trace,) = MiniLMActor(None).forward([x, flat], params)
-    minilm_span.trace_blocks(trace, enc.tokens)[2]["qkv"][1, 3] = value
-    with pytest.raises(minilm_span.TraceMismatch, match="layer 2 qkv"):
+    minilm_span.trace_blocks(trace, enc.tokens)[2][part][1, 3] = value
+    with pytest.raises(minilm_span.TraceMismatch, match=f"layer 2 {part}"):
         _check(model, x, enc.lengths, trace)
     packed = msgpack.packb(params, use_bin_type=True)
     worker = PeerKey.generate()
@@ -150,4 +152,4 @@ def test_a_non_finite_or_huge_value_is_caught_and_proven(model, call, value):
                      [object_id(x).raw, object_id(flat).raw], output_ids([trace]))
     arrays = {object_id(a).raw: a for a in (x, flat, trace)}
     finding = check_evidence(Evidence(r, packed), arrays.get)
-    assert finding.proven and "layer 2 qkv" in finding.why
+    assert finding.proven and f"layer 2 {part}" in finding.why

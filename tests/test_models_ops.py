@@ -246,3 +246,71 @@ def test_forward_with_the_kernels_equals_the_models_embeddings(model):
     got = _forward(model, TEXTS, fused=True)
     want = model.embed(TEXTS)
     assert np.abs(got - want).max() <= 1e-6
+
+
+def _taps(rng, rows, y_width, x_width, rounds=4):
+    """A tap of a step's input (check vectors only) and one of its output (weighted)."""
+    from compute.verify import draw_vectors
+
+    weights = rng.uniform(0.5, 2.0, x_width)
+    return (ops.Tap(draw_vectors(y_width, rounds, rng), None, rows),
+            ops.Tap(draw_vectors(x_width, rounds, rng), weights, rows))
+
+
+def _steps(rng, rows):
+    """Each tapped step: (name, call(taps), the rows it reads)."""
+    y384, res = (rng.standard_normal((rows, 384), dtype=np.float32) for _ in range(2))
+    y1536 = rng.standard_normal((rows, 1536), dtype=np.float32)
+    y1152 = rng.standard_normal((rows, 1152), dtype=np.float32)
+    g, b = rng.standard_normal(384, dtype=np.float32), rng.standard_normal(384, dtype=np.float32)
+    b1536, b1152 = (np.linspace(-1, 1, n, dtype=np.float32) for n in (1536, 1152))
+    return [
+        ("layer norm", lambda t: ops.residual_layer_norm(y384, b, res, g, b, taps=t), y384),
+        ("gelu", lambda t: ops.bias_gelu(y1536, b1536, taps=t), y1536),
+        ("bias add", lambda t: ops.bias_add(y1152, b1152, t[0]), y1152),  # writes no input
+    ]
+
+
+@pytest.mark.parametrize("rounds", [4, 3])
+@pytest.mark.parametrize("rows", [1, 37, 512])
+def test_a_tapped_step_writes_the_same_rows_and_takes_a_passs_sums(rows, rounds):
+    """A step that also takes a check's sums (models.ops.Tap) writes what it writes untapped,
+    bit for bit, and its sums are compute.verify's pass's within float32 rounding (odd row
+    counts: the kernel takes rows two at a time; 3 rounds: its general path)."""
+    from compute.verify import project
+
+    rng = np.random.default_rng(rows + rounds)
+    for name, step, y in _steps(rng, rows):
+        plain = step((None, None))
+        y_tap, x_tap = _taps(rng, rows, y.shape[1], plain.shape[1], rounds)
+        out = step((y_tap, x_tap))
+        assert np.array_equal(out, plain), name
+        sides = [(y_tap, y)] + ([(x_tap, out)] if name != "bias add" else [])
+        for tap, seen in sides:
+            proj, sq = project(seen, tap.right_t.T.copy(), tap.weights.astype(np.float64))
+            scale = np.sqrt(sq)[:, None] * np.linalg.norm(tap.right_t, axis=1)[None, :]
+            assert (np.abs(tap.proj - proj) <= 1e-5 * scale).all(), name
+            np.testing.assert_allclose(tap.sq, sq, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 3e20])
+def test_a_non_finite_or_huge_value_reaches_a_taps_sums(value):
+    """A tap sums a worker's unchecked output: a NaN, an infinity, or a value whose square
+    overflows float32 makes that row's sums non-finite (the check then fails it), however
+    the step itself treats it (no fast-math assumption that values are finite)."""
+    rng = np.random.default_rng(5)
+    for name, step, y in _steps(rng, 9):
+        y[4, 17] = value
+        y_tap, x_tap = _taps(rng, 9, y.shape[1], 384 if name == "layer norm" else y.shape[1])
+        step((y_tap, x_tap))
+        assert not np.isfinite(y_tap.sq[4]) or not np.isfinite(y_tap.proj[4]).all(), name
+        others = np.delete(np.arange(9), 4)
+        assert np.isfinite(y_tap.sq[others]).all() and np.isfinite(y_tap.proj[others]).all()
+
+
+def test_a_tap_of_the_wrong_shape_is_refused():
+    rng = np.random.default_rng(6)
+    y = rng.standard_normal((8, 1536), dtype=np.float32)
+    with pytest.raises(ValueError, match="a tap of"):
+        ops.bias_gelu(y, np.zeros(1536, np.float32),
+                      taps=(ops.Tap(np.ones((1536, 4), np.float32), None, 7), None))
