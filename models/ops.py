@@ -45,25 +45,31 @@ _NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 _kernel = functools.partial(numba.njit, cache=True, error_model="numpy")
 
 
-def attention(qkv: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """qkv: float32 [tokens, 1152] packed (every sentence's tokens one after another; the
-    bias ALREADY added; columns: query 0:384, key 384:768, value 768:1152, 12 heads of 32 each);
-    lengths: int64 [n] tokens per sentence. Returns float32 C-contiguous [tokens, 384]: each
-    sentence's tokens attend over that sentence's own tokens only (no padding),
-    softmax(q k^T / sqrt(32)) v per head, heads side by side (head h in columns h*32:(h+1)*32).
+def attention(qkv: np.ndarray, lengths: np.ndarray, bias: np.ndarray | None = None,
+              tap: Tap | None = None) -> np.ndarray:
+    """qkv: float32 [tokens, 1152] packed (every sentence's tokens one after another;
+    columns: query 0:384, key 384:768, value 768:1152, 12 heads of 32 each), to which
+    ``bias`` [1152] is added here; lengths: int64 [n] tokens per sentence. Returns float32
+    C-contiguous [tokens, 384]: each sentence's tokens attend over that sentence's own tokens
+    only (no padding), softmax(q k^T / sqrt(32)) v per head, heads side by side (head h in
+    columns h*32:(h+1)*32). ``tap`` (:class:`Tap`) projects ``qkv`` itself, a sentence's rows
+    at a time as they are read.
 
     Packed rather than padded: no work or memory for padding, no mask, and one head of one
-    sentence at a time, whose scores ([n, n] floats) stay in cache."""
+    sentence at a time, whose scores ([n, n] floats) stay in cache. The bias goes into a
+    sentence's rows as they are copied to a buffer that stays in cache (a pass of its own
+    wrote a fresh [tokens, 1152] array)."""
     qkv = np.ascontiguousarray(qkv, np.float32)
     lengths = np.asarray(lengths, np.int64)
     if qkv.ndim != 2 or qkv.shape[1] != 3 * DIM:
         raise ValueError(f"qkv is [tokens, {3 * DIM}], got {qkv.shape}")
     if lengths.ndim != 1 or (lengths < 0).any() or int(lengths.sum()) != qkv.shape[0]:
         raise ValueError(f"lengths must be >= 0 and sum to {qkv.shape[0]} tokens")
+    bias = np.zeros(3 * DIM, np.float32) if bias is None else _vector(bias, 3 * DIM)
     if qkv.shape[0] == 0:
         return np.zeros((0, DIM), np.float32)
     out = np.empty((qkv.shape[0], DIM), np.float32)
-    _attention(qkv, lengths, out)
+    _attention(qkv, lengths, bias, out, *_tap_args(tap, *qkv.shape))
     return out
 
 
@@ -126,17 +132,6 @@ def residual_layer_norm(y: np.ndarray, bias: np.ndarray, residual: np.ndarray,
     return out
 
 
-def bias_add(y: np.ndarray, bias: np.ndarray, tap: Tap | None = None) -> np.ndarray:
-    """y + bias, float32 [tokens, dim]; ``tap`` (:class:`Tap`) projects ``y`` itself as the
-    rows go by."""
-    y = np.ascontiguousarray(y, np.float32)
-    if y.ndim != 2:
-        raise ValueError(f"y is [tokens, dim], got {y.shape}")
-    out = np.empty(y.shape, np.float32)
-    _tapped_add(y, _vector(bias, y.shape[1]), out, *_tap_args(tap, *y.shape))
-    return out
-
-
 def bias_gelu(h: np.ndarray, bias: np.ndarray,
               taps: tuple[Tap | None, Tap | None] = (None, None)) -> np.ndarray:
     """exact-erf GELU of (h + bias), float32 [tokens, 1536]: the erf rational approximation of
@@ -186,8 +181,9 @@ def _exp(x):
 
 
 @_kernel(fastmath=_NO_REASSOC)
-def _attention(qkv, lengths, out):
+def _attention(qkv, lengths, bias, out, tr, tw, tp, ts):
     wide = _padded(lengths.max())
+    rows = np.empty((wide, 3 * DIM), np.float32)      # one sentence's qkv + bias
     qt = np.zeros((HEAD, wide), np.float32)           # scaled queries, transposed
     ot = np.empty((HEAD, wide), np.float32)           # output, transposed
     st = np.empty((wide, wide), np.float32)           # scores, then probabilities: [key, query]
@@ -195,9 +191,14 @@ def _attention(qkv, lengths, out):
     total = np.empty(wide, np.float32)
     start = 0
     for n in lengths:
+        for r in range(n):
+            for c in range(3 * DIM):
+                rows[r, c] = qkv[start + r, c] + bias[c]
+        if tp.shape[0]:
+            _project(qkv, tr, tw, tp, ts, start, start + n)
         qt[:, n:_padded(n)] = 0.0                     # padding queries: finite, never written out
         for h in range(HEADS):
-            _attend(qkv, start, n, h, qt, st, ot, top, total, out)
+            _attend(rows, start, n, h, qt, st, ot, top, total, out)
         start += n
 
 
@@ -208,18 +209,19 @@ def _padded(n):
 
 
 @_kernel(fastmath=_NO_REASSOC)
-def _attend(qkv, start, n, h, qt, st, ot, top, total, out):
-    """Head h of the sentence in rows start:start+n. Every inner loop runs over queries i
-    (m of them: n plus padding), with the head's 32 dimensions or a block of keys unrolled."""
+def _attend(rows, start, n, h, qt, st, ot, top, total, out):
+    """Head h of the sentence whose n rows (bias added) are ``rows[:n]``, written to rows
+    start:start+n of ``out``. Every inner loop runs over queries i (m of them: n plus
+    padding), with the head's 32 dimensions or a block of keys unrolled."""
     m = _padded(n)
     q0, k0, v0 = h * HEAD, DIM + h * HEAD, 2 * DIM + h * HEAD
     for i in range(n):
-        query = qkv[start + i, q0:q0 + HEAD]
+        query = rows[i, q0:q0 + HEAD]
         for d in range(HEAD):
             qt[d, i] = query[d] * _SCALE
     top[:m] = F(-3.0e38)
     for j in range(n):                                 # st[j, i] = k_j . q_i, and its max
-        key = qkv[start + j, k0:k0 + HEAD]
+        key = rows[j, k0:k0 + HEAD]
         row = st[j]
         for i in range(m):
             s = F(0.0)
@@ -238,7 +240,7 @@ def _attend(qkv, start, n, h, qt, st, ot, top, total, out):
     j = 0
     while j < n:
         b = min(_BLOCK, n - j)
-        values = qkv[start + j:start + j + b, v0:v0 + HEAD]
+        values = rows[j:j + b, v0:v0 + HEAD]
         probs = st[j:j + b]
         for d in range(HEAD):
             row = ot[d]
@@ -385,14 +387,3 @@ def _tapped_gelu(h, bias, out, yr, yw, yp, ys, xr, xw, xp, xs):
             _project(h, yr, yw, yp, ys, b0, b1)
         if xp.shape[0]:
             _project(out, xr, xw, xp, xs, b0, b1)
-
-
-@_kernel
-def _tapped_add(y, bias, out, yr, yw, yp, ys):
-    for b0 in range(0, y.shape[0], _TAP_ROWS):
-        b1 = min(b0 + _TAP_ROWS, y.shape[0])
-        for r in range(b0, b1):
-            for c in range(y.shape[1]):
-                out[r, c] = y[r, c] + bias[c]
-        if yp.shape[0]:
-            _project(y, yr, yw, yp, ys, b0, b1)

@@ -136,7 +136,7 @@ def test_the_judge_proves_a_wrong_product_and_never_an_honest_trace(model, call)
 @pytest.mark.parametrize("part", ["qkv", "out", "up", "down"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, 1e30])
 def test_a_non_finite_or_huge_value_is_caught_and_proven(model, call, value, part):
-    """Whichever step reads it first (bias add, LayerNorm, GELU), with its check's sums."""
+    """Whichever step reads it first (attention, LayerNorm, GELU), with its check's sums."""
     from identity.keys import PeerKey
     from swarm.runtime.evidence import Evidence, Receipt, check_evidence, output_ids
     from swarm.runtime.objects import object_id

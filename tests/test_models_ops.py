@@ -258,16 +258,18 @@ def _taps(rng, rows, y_width, x_width, rounds=4):
 
 
 def _steps(rng, rows):
-    """Each tapped step: (name, call(taps), the rows it reads)."""
+    """Each tapped step: (name, call(taps), the rows it reads; attention takes only a tap of
+    its input: the pass projects its output itself)."""
     y384, res = (rng.standard_normal((rows, 384), dtype=np.float32) for _ in range(2))
     y1536 = rng.standard_normal((rows, 1536), dtype=np.float32)
     y1152 = rng.standard_normal((rows, 1152), dtype=np.float32)
+    lengths = np.array([rows // 2, rows - rows // 2] if rows > 1 else [1], np.int64)
     g, b = rng.standard_normal(384, dtype=np.float32), rng.standard_normal(384, dtype=np.float32)
     b1536, b1152 = (np.linspace(-1, 1, n, dtype=np.float32) for n in (1536, 1152))
     return [
         ("layer norm", lambda t: ops.residual_layer_norm(y384, b, res, g, b, taps=t), y384),
         ("gelu", lambda t: ops.bias_gelu(y1536, b1536, taps=t), y1536),
-        ("bias add", lambda t: ops.bias_add(y1152, b1152, t[0]), y1152),  # writes no input
+        ("attention", lambda t: ops.attention(y1152, lengths, b1152, t[0]), y1152),
     ]
 
 
@@ -285,7 +287,7 @@ def test_a_tapped_step_writes_the_same_rows_and_takes_a_passs_sums(rows, rounds)
         y_tap, x_tap = _taps(rng, rows, y.shape[1], plain.shape[1], rounds)
         out = step((y_tap, x_tap))
         assert np.array_equal(out, plain), name
-        sides = [(y_tap, y)] + ([(x_tap, out)] if name != "bias add" else [])
+        sides = [(y_tap, y)] + ([(x_tap, out)] if name != "attention" else [])
         for tap, seen in sides:
             proj, sq = project(seen, tap.right_t.T.copy(), tap.weights.astype(np.float64))
             scale = np.sqrt(sq)[:, None] * np.linalg.norm(tap.right_t, axis=1)[None, :]
