@@ -65,14 +65,15 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
                  "layer's products at batch 1 and 16 and their fingerprint check"),
     "startup": (["--runs", "30"], ["--runs", "5"], 300,
                 "start-up of `swarm --help` and of `swarm dht serve` until it listens"),
-    "embed": (["--runs", "3"], ["--quick"], 2400,
+    "embed": (["--runs", "5"], ["--quick"], 2400,
               "all-MiniLM-L6-v2 sentences/s: sentence-transformers (torch CPU, 2 threads, its own "
               "venv .venv-st) vs the numpy forward vs swarm.local(2) verified and unverified "
               "(each chunk's six layers on a worker, every product checked here) vs per "
               "product (the design first shipped: each weight product a verified matmul job) "
               "vs two workers on network-namespace hosts (verified; needs root), round robin "
-              "in one run; check % = CPU in Freivalds checks over the verified job's CPU "
-              "(requester + workers)"),
+              "in one run; check % = the CPU the Freivalds checks add (the requester's pass "
+              "over recorded chunks replayed with and without them) over the verified job's "
+              "CPU (requester + workers)"),
     "embed_soak": ([], ["--batches", "200"], 1200,
                    "MiniLM worker memory on swarm.local(2): RSS (MiB) per worker before the "
                    "weights, after the first batch, after a second embedder on the same weights, "
