@@ -346,13 +346,10 @@ def row_norms2(x: np.ndarray) -> np.ndarray:
     return _pass(x, None, None)[1]
 
 
-def project(x: np.ndarray, right: np.ndarray, weights: np.ndarray | None = None
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """``x @ right`` (float32) and ``(x * x) @ weights`` (float64; ``x``'s squared row norms
-    when ``weights`` is None), reading ``x`` once: a weight's check vectors for several
-    checks and its norms cost one pass over it, and so does one side of a check
-    (:func:`judge`)."""
-    return _pass(x, right, weights)
+def project(x: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x @ right`` (float32) and ``x``'s squared row norms (float64), reading ``x`` once:
+    a weight's check vectors for several checks and its norms cost one pass over it."""
+    return _pass(x, right, None)
 
 
 _BLAS_COLUMNS = 32
@@ -431,7 +428,7 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
 
 def judge(z: np.ndarray, q: np.ndarray, cr: np.ndarray, c_norms2: np.ndarray,
           shape: tuple[int, int], precision: str = "f32") -> bool:
-    """The check's verdict from its two sides, each one pass (:func:`project`): the input's
+    """The check's verdict from its two sides, each one pass (:func:`_pass`): the input's
     ``z = a (b r)`` and ``q = (a * a) @ ||b_t||**2``, and the output's ``c r`` and ``||c_i||**2``
     (a caller may take each side where the rows already pass through a core, as
     models.minilm_span does inside the steps that read or write them). ``shape`` is ``b``'s.

@@ -145,7 +145,7 @@ class TraceCheck:
     step that writes it (LayerNorm, GELU) or by a pass of its own where none does (the first
     layer's input, attention's output), and the output's, taken by the step that reads it
     (attention, LayerNorm, GELU). Both are the same sums a pass over memory would give, taken
-    while the rows are in cache: 30% less CPU for the check than passes of their own
+    while the rows are in cache: about half the CPU of passes of their own
     (docs/architecture.md)."""
 
     def __init__(self, trace: np.ndarray, tokens: int, layers: Sequence[Layer],

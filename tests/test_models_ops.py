@@ -279,7 +279,7 @@ def test_a_tapped_step_writes_the_same_rows_and_takes_a_passs_sums(rows, rounds)
     """A step that also takes a check's sums (models.ops.Tap) writes what it writes untapped,
     bit for bit, and its sums are compute.verify's pass's within float32 rounding (odd row
     counts: the kernel takes rows two at a time; 3 rounds: its general path)."""
-    from compute.verify import project
+    from compute.verify import _pass
 
     rng = np.random.default_rng(rows + rounds)
     for name, step, y in _steps(rng, rows):
@@ -289,7 +289,7 @@ def test_a_tapped_step_writes_the_same_rows_and_takes_a_passs_sums(rows, rounds)
         assert np.array_equal(out, plain), name
         sides = [(y_tap, y)] + ([(x_tap, out)] if name != "attention" else [])
         for tap, seen in sides:
-            proj, sq = project(seen, tap.right_t.T.copy(), tap.weights.astype(np.float64))
+            proj, sq = _pass(seen, tap.right_t.T.copy(), tap.weights.astype(np.float64))
             scale = np.sqrt(sq)[:, None] * np.linalg.norm(tap.right_t, axis=1)[None, :]
             assert (np.abs(tap.proj - proj) <= 1e-5 * scale).all(), name
             np.testing.assert_allclose(tap.sq, sq, rtol=1e-5, err_msg=name)
