@@ -300,25 +300,53 @@ def _attend(rows, start, n, h, qt, st, ot, top, total, out):
             dst[d] = ot[d, i] * inv
 
 
-@_kernel(fastmath=True)
+@_kernel
 def _residual_layer_norm(y, bias, residual, gamma, beta, out):
+    """No fast-math, and each row's sums in one fixed order (:func:`_sum8`): the same bits on
+    every machine, whatever its vector width. The judge of evidence recomputes this step;
+    had its sums run in another order than the worker's (8 lanes on AVX2, 16 on AVX-512), a
+    requester could have made rows that cancel (offset 1e3, spread 1e-3) turn the reordering
+    into differences of order 1, and an honest product "proven" wrong (SECURITY.md)."""
     rows, dim = y.shape
     for r in range(rows):
         x = out[r]
-        s = F(0.0)
         for c in range(dim):
-            v = y[r, c] + bias[c] + residual[r, c]
-            x[c] = v
-            s += v
-        mean = s / F(dim)
-        s = F(0.0)
+            x[c] = y[r, c] + bias[c] + residual[r, c]
+        mean = _sum8(x, False) / F(dim)
         for c in range(dim):
-            v = x[c] - mean
-            x[c] = v
-            s += v * v
-        inv = F(1.0) / np.sqrt(s / F(dim) + F(EPS))
+            x[c] = x[c] - mean
+        inv = F(1.0) / np.sqrt(_sum8(x, True) / F(dim) + F(EPS))
         for c in range(dim):
             x[c] = x[c] * inv * gamma[c] + beta[c]
+
+
+@_kernel
+def _sum8(x, squares):
+    """Sum of x (or of its squares) in float32, in a fixed order: 8 interleaved partial sums
+    (element c into sum c % 8, in order), added pairwise ((0+1)+(2+3))+((4+5)+(6+7))."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = F(0.0)
+    n = x.shape[0]
+    c = 0
+    while c + 8 <= n:
+        v0, v1, v2, v3 = x[c], x[c + 1], x[c + 2], x[c + 3]
+        v4, v5, v6, v7 = x[c + 4], x[c + 5], x[c + 6], x[c + 7]
+        if squares:
+            v0, v1, v2, v3 = v0 * v0, v1 * v1, v2 * v2, v3 * v3
+            v4, v5, v6, v7 = v4 * v4, v5 * v5, v6 * v6, v7 * v7
+        s0 += v0
+        s1 += v1
+        s2 += v2
+        s3 += v3
+        s4 += v4
+        s5 += v5
+        s6 += v6
+        s7 += v7
+        c += 8
+    while c < n:
+        v = x[c] * x[c] if squares else x[c]
+        s0 += v
+        c += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
 @_kernel(fastmath=True)
