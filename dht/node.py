@@ -52,7 +52,7 @@ from dht.items import (
     mutable_target,
     public_bytes_of,
 )
-from dht.lookup import LookupResult, lookup
+from dht.lookup import GRACE, LookupResult, lookup
 from dht.messages import MAX_PAYLOAD, Envelope, ReplayGuard
 from dht.protocol import DHTProtocol
 from dht.routing import NearestRoutingTable
@@ -470,7 +470,13 @@ class DHTNode(Server):
         return (self.node.long_id ^ t) < (responses[-1][0].long_id ^ t)
 
     async def _send_writes(self, writes: list[tuple[Node, str, tuple]]) -> tuple[int, list]:
-        """Send (node, request, args) writes; (number accepted, list of refusals)."""
+        """Send (node, request, args) writes; (number accepted, list of refusals).
+
+        Once some node has answered, the others get the lookup's grace for a slow node; one
+        still silent then (it answered the lookup and has died since) stops holding the
+        write: its request runs on in the background, and its timeout still marks it dead. Waiting it out cost
+        a whole RPC timeout per write, and a coordinator's heartbeats wait for its pages.
+        """
         async def one(node: Node, name: str, args: tuple) -> bool | ItemError | None:
             data = await self.protocol.call(node, name, *args)
             if data is None:
@@ -480,7 +486,23 @@ class DHTNode(Server):
                 return err
             return isinstance(data, dict) and data.get("ok") is True
 
-        results = await asyncio.gather(*(one(n, name, a) for n, name, a in writes))
+        def answered(task: asyncio.Task) -> bool:
+            return task.done() and task.exception() is None and task.result() is not None
+
+        tasks = [asyncio.ensure_future(one(n, name, a)) for n, name, a in writes]
+        pending = set(tasks)
+        try:
+            while pending and not any(answered(t) for t in tasks):
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if pending:
+                _, pending = await asyncio.wait(pending, timeout=GRACE * self._slow_after())
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            raise
+        for task in pending:
+            self.spawn(task)
+        results = [t.result() for t in tasks if t.done()]
         refusals = [r for r in results if isinstance(r, ItemError)]
         return sum(r is True for r in results), refusals
 

@@ -22,6 +22,7 @@ from swarm.control.machine import (
     Judgement,
 )
 from swarm.control.state import BlockEntry, CoordinatorState, LiarReport, seal
+from swarm.errors import ProtocolError
 from swarm.members import MemberRecord, follows
 from swarm.testing.sim import Member, Sim, SyncAdapter
 from tests.test_control_machine import SWARM, _pid, _stable
@@ -533,3 +534,34 @@ def test_a_member_that_never_hears_its_new_coordinator_learns_its_block_from_the
     sim.loop.run_until(sim.loop.now + 30.0, lambda: victim.controller.role is Duty.STOPPED)
     assert victim.controller.role is Duty.STOPPED, (coord_before, victim.controller.state)
     assert victim.peer_id in victim.controller.state.blocked_ids
+
+
+def test_a_heartbeat_whose_pages_are_slow_to_resolve_still_shows_the_coordinator_alive():
+    """A block gives the state a blocklist page; each member resolves it through the DHT
+    before it adopts the state. Where that lookup is slow (a dead node in it), the signed
+    heartbeats of the coordinator it follows, at its term, still show that coordinator
+    alive: the member takes no live coordinator for dead (on main it suspected it after
+    2 s and, in test_term_inflation_through_the_cli, followed the blocked peer's claim)."""
+    sim = settled(5)
+    coord = sim.coordinator()
+    target = loser(sim, coord)
+    slow = next(m for m in sim.live() if m is not coord and m is not target)
+    real = sim._resolve
+
+    async def stuck(m, item, *args):
+        if m is slow and item.count:
+            raise ProtocolError("blocklist page not found")  # its page lookups fail
+        return await real(m, item, *args)
+
+    sim._resolve = stuck
+    coord.controller.command(CheckedCommand("block", target.peer_id, "sim", "owner",
+                                            int(sim.wall()), coord.controller.term), sim.loop.now)
+    sim.do(coord, coord.core.pump())
+    sim.loop.run_until(sim.loop.now + 10.0)
+    assert slow.controller.role is Duty.FOLLOWER
+    assert not slow.controller.suspects
+    assert slow.controller.state.coordinator == coord.peer_id
+    sim._resolve = real  # once its lookups work, it takes the block
+    sim.loop.run_until(sim.loop.now + 5.0,
+                       lambda: target.peer_id in slow.controller.blocked())
+    assert target.peer_id in slow.controller.blocked()

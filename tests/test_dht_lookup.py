@@ -11,6 +11,7 @@ from kademlia.node import Node
 from dht.lookup import lookup
 from dht.routing import NearestRoutingTable
 from dht.rtt import RttEstimator
+from identity import PeerKey
 from tests.dht_support import loopback_dht
 
 K = 8
@@ -214,3 +215,28 @@ async def test_bucket_head_ping_runs_under_the_nodes_supervisor():
     assert len(spawned) == 1 and table._checking
     await spawned[0]
     assert pinged == [b"\xff" * 20] and not table._checking
+
+
+async def test_a_node_that_dies_after_the_lookup_does_not_hold_the_write():
+    """A node answered the lookup, then left (a CLI's short-lived node, a crash) before the
+    write reached it: the write returns once the others took it, not after the dead one's
+    RPC timeout. A coordinator's blocklist page waited out that timeout (5 s) and held every
+    heartbeat behind it, so each member took it for dead and a failover followed
+    (test_term_inflation_through_the_cli, the blocked peer won it)."""
+    key = PeerKey.generate()
+    async with loopback_dht(5, rpc_timeout=30.0) as nodes:
+        writer, doomed = nodes[1], nodes[2]
+        for name in ("_write_immutable", "_write_mutable"):
+            write = getattr(writer, name)
+
+            async def after_a_death(*args, write=write):
+                await doomed.stop()  # answered the lookup; gone before the write
+                return await write(*args)
+
+            setattr(writer, name, after_a_death)
+        async with asyncio.timeout(10):  # 30 s on main: the write waited for the dead node
+            target = await writer.put_immutable(b"a blocklist page")
+            await writer.put_mutable(key, b"a state item", salt=b"s")
+        reader = nodes[3]
+        assert await reader.get_immutable(target) == b"a blocklist page"
+        assert (await reader.get_mutable(key.public_bytes, b"s")).value == b"a state item"

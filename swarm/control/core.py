@@ -1192,6 +1192,8 @@ class ControlCore:
                 raise NotCoordinator(f"handoff offer refused: {why}")
             state = completed(item, c.state)
             if state is None:
+                if kind == "hb" and item.head.coordinator == env.sender:
+                    c.alive(env.sender, item.head.term, now)
                 self._out.append(ResolveItem(item, c.state, env, addr, then))
                 return True
             self._resolved(env, addr, state)

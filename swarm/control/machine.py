@@ -627,9 +627,8 @@ class Controller:
                 self._same_term(state, now)
             if state.coordinator == cur.coordinator and state.seq <= cur.seq \
                     and state.term == cur.term:
-                if heard and self.role is Duty.FOLLOWER:  # alive: whatever we suspected
-                    self.suspects.pop(state.coordinator, None)
-                    self.expected, self.last_heard = state.coordinator, now
+                if heard:
+                    self.alive(state.coordinator, state.term, now)
                 return state.seq == cur.seq
             if not self._legitimate(state, endorsed_by):
                 raise NotCoordinator(f"{sender.short()} claims term {state.term} but is neither "
@@ -640,6 +639,17 @@ class Controller:
                 self.suspects.setdefault(cur.coordinator, now)
         self._adopt(state, now, heard)
         return True
+
+    def alive(self, sender: PeerId, term: int, now: float) -> None:
+        """A heartbeat that ``sender`` signed at ``term`` came (its new state may still wait
+        for its blocklist pages): the coordinator we follow at that term is alive, whatever
+        we suspected. Its life does not wait on a DHT lookup: a slow page would otherwise
+        make us take a live coordinator for dead and follow whoever claims next."""
+        cur = self.state
+        if self.role is Duty.FOLLOWER and cur is not None \
+                and (cur.coordinator, cur.term) == (sender, term):
+            self.suspects.pop(sender, None)
+            self.expected, self.last_heard = sender, now
 
     def handoff_offer(self, state: CoordinatorState, sender: PeerId, now: float,
                       endorsement: bytes = b"") -> None:
