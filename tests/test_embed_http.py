@@ -129,20 +129,47 @@ def test_an_empty_api_key_file_is_replaced_not_a_crash(tmp_path):
     assert api_key(tmp_path) == key
 
 
+def _secrets(root: Path) -> dict[str, bytes]:
+    """Every secret the members under ``root`` keep: peer and swarm keys (their Ed25519
+    seeds), the owner's software key (its master secret) and the API key."""
+    from fido2 import cbor
+
+    from identity import PeerKey
+
+    found = {str(p): PeerKey.load(p).seed() for p in [*root.rglob("peer.key"),
+                                                    *root.rglob("swarm.key")]}
+    found.update({str(p): cbor.decode(p.read_bytes())[2] for p in root.glob("owner.key")})
+    found.update({str(p): p.read_text().strip().encode() for p in root.rglob("api-key")})
+    return found
+
+
+def _shown(secret: bytes) -> list[str]:
+    """The forms a secret would take in a log line: itself, hex, base64, base32."""
+    forms = [secret.hex(), base64.b64encode(secret).decode().rstrip("="),
+             base64.urlsafe_b64encode(secret).decode().rstrip("="),
+             base64.b32encode(secret).decode().rstrip("=")]
+    if secret.isascii():
+        forms.append(secret.decode())
+    return forms
+
+
 def test_a_published_member_serves_embeddings(tmp_path):
     """The real path: `swarm publish --http` with a worker joined; the openai client gets
-    the model's embeddings with the key from the member's data dir."""
+    the model's embeddings with the key from the member's data dir. Invariant 5: at the
+    most verbose level, through a wrong key and a right one, no secret either member keeps
+    (peer, swarm and owner keys, the API key) shows in anything they print."""
     from tests.control_support import Cluster
 
     cluster = Cluster(tmp_path)
     owner = ["--owner-key", f"soft:{tmp_path / 'owner.key'}"]
     try:
         pub = cluster.start("pub", "publish", "--name", "lab", *owner, "--backend", "numpy",
-                            "--http", "127.0.0.1:0", "--json")
+                            "--http", "127.0.0.1:0", "--json", "-vv")
         line = pub.wait_line(lambda s: "join from a browser: " in s, 90)
         url = line.split("join from a browser: ", 1)[1].strip()
         up = json.loads(pub.wait_line(lambda s: s.startswith("{"), 30, "out"))
-        cluster.start("w1", "join", up["uri"], "--yes", "--backend", "numpy", "--threads", "1")
+        cluster.start("w1", "join", up["uri"], "--yes", "--backend", "numpy", "--threads", "1",
+                      "-vv")
         key = (tmp_path / "pub" / "api-key").read_text().strip()
         api = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0,
                             timeout=180)
@@ -160,3 +187,9 @@ def test_a_published_member_serves_embeddings(tmp_path):
                           max_retries=0).embeddings.create(model="all-MiniLM-L6-v2", input="x")
     finally:
         cluster.close()
+    secrets = _secrets(tmp_path)
+    assert len(secrets) == 5, secrets.keys()  # 2 peer keys, the swarm key, owner, API key
+    printed = "\n".join(line for p in cluster.procs for line in p.out + p.err)
+    assert "DEBUG" in printed
+    for path, secret in secrets.items():
+        assert not [f for f in _shown(secret) if f in printed], f"{path} shows in the output"
