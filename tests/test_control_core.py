@@ -565,3 +565,22 @@ def test_a_heartbeat_whose_pages_are_slow_to_resolve_still_shows_the_coordinator
     sim.loop.run_until(sim.loop.now + 5.0,
                        lambda: target.peer_id in slow.controller.blocked())
     assert target.peer_id in slow.controller.blocked()
+
+
+def test_a_client_that_gets_no_heartbeats_does_not_warn_about_their_silence(caplog):
+    """A client announces nothing, so no coordinator sends it heartbeats: it follows the DHT,
+    and its silence timer is how it moves on. `swarm demo` showed "WARNING ... no heartbeat
+    from <the new coordinator>: suspecting it" after every failover, as if the new
+    coordinator were failing; for a client that silence is the design, not news (INFO)."""
+    caplog.set_level(logging.INFO, logger="swarm")
+    me, coord = PeerKey.generate(), PeerKey.generate()
+    for passive, level in ((True, logging.INFO), (False, logging.WARNING)):
+        caplog.clear()
+        core = cc.ControlCore(me, SWARM, NOW, state=CoordinatorState(SWARM, 3, 7, coord.peer_id),
+                              passive=passive)
+        core.handle(cc.Start(), NOW, WALL)
+        core.handle(cc.ViewRead(((MemberRecord(coord.peer_id, 1.0), WALL + 60),)), NOW, WALL)
+        core.handle(cc.Tick(), NOW + 3 * core.controller.timing.failover, WALL)
+        assert coord.peer_id in core.controller.suspects  # it still moves on by silence
+        said = [r for r in caplog.records if "no heartbeat from" in r.getMessage()]
+        assert [r.levelno for r in said] == [level], (passive, said)

@@ -496,7 +496,7 @@ class ControlCore:
         self.announce_ttl = announce_ttl
         timing = timing or Timing()
         self.controller = Controller(self.me, swarm_id, now, timing, state,
-                                     check_evidence=check_evidence)
+                                     check_evidence=check_evidence, passive=passive)
         self.controller.followed = self._followed
         self.sync = reads or Sync(now, SyncTiming(silence=timing.failover / 2), passive=passive)
         """What to read from the DHT and when (heartbeat digests; fallback on silence). Silence

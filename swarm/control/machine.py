@@ -339,8 +339,11 @@ class Controller:
 
     def __init__(self, me: PeerId, swarm: bytes, now: float, timing: Timing = Timing(),
                  state: CoordinatorState | None = None,
-                 check_evidence: EvidenceCheck = refuse_unchecked) -> None:
+                 check_evidence: EvidenceCheck = refuse_unchecked, passive: bool = False) -> None:
         self.me = me
+        self.passive = passive
+        """A client that announces nothing: no heartbeats reach it, so the silence it judges
+        coordinators by is its design, not news (logged at INFO, not as a warning)."""
         self.swarm = swarm
         self.timing = timing
         self.role = Duty.FOLLOWER
@@ -1104,8 +1107,9 @@ class Controller:
             return
         if self.expected is not None:
             self.suspects[self.expected] = now  # only what it does after this clears it
-            log.warning("no heartbeat from %s for %.1f s: suspecting it", self.expected.short(),
-                        now - self.last_heard)
+            log.log(logging.INFO if self.passive else logging.WARNING,
+                    "no heartbeat from %s for %.1f s: suspecting it", self.expected.short(),
+                    now - self.last_heard)
         winner = elect(self.view.values(), self.blocked(), self._candidates_out())
         self.last_heard = now
         if winner == self.me:
