@@ -641,7 +641,8 @@ class Node:
     def _lost(self, r: MemberRecord, link: PeerLink) -> None:
         reason = getattr(link, "_closed", None)
         text = reason.reason if isinstance(reason, LinkClosed) else ""
-        if self._stopping or text.startswith(("closed by peer", "closed locally")):
+        if self._stopping or text.startswith(("closed by peer", "closed locally")) \
+                or not self._accepts(r.peer_id):  # blocked or a proven liar: it may go
             return
         log.info("link to worker %s lost (%s); dialing it again", r.peer_id.short(), text)
         self._spawn(self._redial(r))
@@ -651,7 +652,7 @@ class Node:
         for delay, after in zip(REDIAL_DELAYS, afters, strict=True):
             await asyncio.sleep(delay)
             current = self.requester.links.get(r.peer_id)
-            if self._stopping:
+            if self._stopping or not self._accepts(r.peer_id):  # refused since it was lost
                 return
             if current is not None and not current.closed:  # linked again another way
                 log.info("worker %s reached again over %s", r.peer_id.short(), current.kind)

@@ -40,6 +40,22 @@ async def test_a_goodbye_is_not_redialed(nodes):
     assert link is None or link.closed
 
 
+async def test_a_lost_link_to_a_refused_peer_is_not_dialed_again(nodes, caplog):
+    """A blocked worker leaves when it learns of its block (its link drops), and a peer
+    whose lie was proven is refused: neither is dialed again. `make demo` warned "worker
+    <the blocked liar> unreachable" after the liar had rightly gone."""
+    a, b = nodes
+    await a.wait_for_workers(1, 20)
+    a.proven_liars.add(b.peer_id)  # what the runtime does on proof; a block is the same
+    caplog.set_level("INFO", logger="swarm.node")
+    a.requester.links[b.peer_id]._abort("connection lost: it left")
+    await asyncio.sleep(1.5)  # longer than the first redial delay
+    link = a.requester.links.get(b.peer_id)
+    assert link is None or link.closed
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()
+                or "reached again" in r.getMessage()]
+
+
 async def test_a_worker_with_no_path_is_marked_unreachable(nodes):
     a, b = nodes
     records = [r for r in await a.members() if r.peer_id == b.peer_id]
