@@ -16,7 +16,7 @@ import pytest
 import swarm
 from identity import PeerId, PeerKey
 from swarm.control.state import seal
-from swarm.members import swarm_id
+from swarm.members import live_members, swarm_id
 from swarm.uri import parse
 from tests.conftest import run_swarm, subprocess_env
 from tests.control_support import Cluster
@@ -109,5 +109,9 @@ def test_the_liar_is_blocked_on_evidence_from_one_shot_submits(cluster, tmp_path
     assert peers["honest"] not in {b["peer_id"] for b in st["blocked"]}
     assert peers["pub"] not in {b["peer_id"] for b in st["blocked"]}
     assert liar.wait_exit(30) == 3                # it learns it is blocked and leaves
+    # and says so: a client that has not read the block yet deals it no more work (and
+    # does not dial it, warning that it is unreachable) until its record expires in 120 s
+    listed = obs._run(live_members(obs.node, sid), 30)
+    assert peers["liar"] not in {str(r.peer_id) for r in listed}
     assert honest.popen.poll() is None
     _submit(tmp_path, cluster.uri, 9)             # and the swarm still works

@@ -126,11 +126,11 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
         await asyncio.wait([left, stopping], return_when=asyncio.FIRST_COMPLETED)
         for f in (left, stopping):
             f.cancel()
-        if control.left.is_set():
+        if control.left.is_set():  # blocked or kicked: our record must not outlive us
             reason = control.left_reason
         else:
             reason = await control.leave()
-            await node.withdraw()  # after a handoff: its successor still had us in view
+        await node.withdraw()  # after a handoff: its successor still had us in view
         return INTERRUPTED if got and got[0] == signal.SIGINT else reason
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
