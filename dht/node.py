@@ -598,6 +598,29 @@ class DHTNode(Server):
 
     # -- immutable items ----------------------------------------------------------------------
 
+    def hold_immutable(self, value: object) -> bytes:
+        """Keep ``value`` in this node's own store now (no I/O); its target. A peer told of
+        it asks us first (:meth:`get_immutable_from`) while :meth:`put_immutable` spreads
+        it, which can take a lookup's grace for each node that died since it was listed."""
+        encoded = encode_value(value)
+        return self.store.put_immutable(encoded, self.clock())
+
+    async def get_immutable_from(self, address: tuple[str, int], target: bytes) -> Value | None:
+        """The value under ``target`` asked of the node at ``address`` alone (a peer that
+        just named it to us holds it), checked against the hash; None when that node is no
+        contact of ours or does not have it (then ask the DHT: :meth:`get_immutable`)."""
+        if not is_node_id(target):
+            raise ValueError("target must be 20 bytes")
+        local = self.store.get_immutable(target, self.clock())
+        if local is not None:
+            return bdecode(local)
+        self._require_listening()
+        node = self.protocol.router.by_address(tuple(address))
+        answer = await self._q_get(node, target=target) if node is not None else None
+        if answer is None or answer[1].immutable is None:
+            return None
+        return bdecode(answer[1].immutable)
+
     async def put_immutable(self, value: object) -> bytes:
         """Store ``value`` (bencodable, <= 1000 bytes encoded) under its hash; the target."""
         encoded = encode_value(value)

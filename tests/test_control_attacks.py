@@ -547,45 +547,50 @@ async def test_a_suspected_member_is_not_asked_in_dht_lookups(tmp_path):
     await plane.close()
 
 
-async def test_a_heartbeat_waits_for_the_pages_its_state_names(tmp_path):
-    """A block changes the state; its pages go to the DHT with the item while the heartbeat
-    carrying the state leaves at once. A follower that resolves the heartbeat before the pages
-    are stored finds "blocklist page ... not found" and, if it is the blocked one, is never
-    told again (beats skip blocked peers): CI saw such a member still running 30 s after its
-    block. The plane sends a message only once the page puts started before it are done."""
+async def test_a_heartbeat_leaves_at_once_its_pages_held_by_its_sender(tmp_path):
+    """A block changes the state; its pages go to the DHT with the item. A follower that
+    resolves the heartbeat must find them, but a heartbeat that waited for the DHT put
+    waited out a lookup's grace for each node that had died since it was listed (5 s for
+    the exiting `swarm block` CLI's node): every member took the live coordinator for dead,
+    and the blocked peer claimed the role before its one notice came (CI). The pages are
+    held in the sender's own node before the heartbeat leaves, at once; the follower asks
+    the sender first (`_resolve`), the DHT after."""
     (tmp_path / "b").mkdir()
     b = _plane(tmp_path / "b")
     x = _pid("x")
     gate, sent = asyncio.Event(), []
-    stored: list[bytes] = []
 
     async def put_immutable(value: bytes) -> bytes:
-        await gate.wait()
-        stored.append(value)
+        await gate.wait()  # the DHT put hangs
         return b"\0" * 20
 
     async def put_mutable(*args, **kwargs) -> None:
         return None
 
+    now = int(time.time())
+    st = CoordinatorState(SWARM, 1, 2, b.key.peer_id, (BlockEntry(_pid("y"), "r", "owner", now),))
+    pages = st.pages()
+
     async def send(addr, msg: bytes) -> None:
-        sent.append((len(stored), msg))
+        held = [b.node.dht.store.get_immutable(p.target, b.node.dht.clock()) for p in pages]
+        sent.append((all(h is not None for h in held), unseal(SWARM, msg).kind))
 
     b.node.dht.put_immutable = put_immutable
     b.node.dht.put_mutable = put_mutable
     b.node.dht.send_message = send
     b.addrs[x] = ("127.0.0.1", 9)
-    now = int(time.time())
-    st = CoordinatorState(SWARM, 1, 2, b.key.peer_id, (BlockEntry(_pid("y"), "r", "owner", now),))
     b.controller.state = st
     b.controller._actions += [control.PutState(st, claim=False),
                               control.SendHeartbeat(st, (x,))]
     await b._do(b.core.pump())
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert sent == []  # nothing leaves before the page is stored
+    async with asyncio.timeout(5):
+        while not sent:
+            await asyncio.sleep(0.01)
+    assert sent == [(True, "hb")]  # gone while the DHT put hangs, its pages held here
+    got = await b.node.dht.get_immutable_from(("127.0.0.1", 9), pages[-1].target)
+    assert BlockPage.decode(got).target == pages[-1].target
     gate.set()
     await asyncio.gather(*b._tasks)
-    assert [(n, unseal(SWARM, m).kind) for n, m in sent] == [(len(st.pages()), "hb")]
     await b.close()
 
 

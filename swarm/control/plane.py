@@ -218,10 +218,10 @@ class ControlPlane:
                 self._spawn(self._resolve(act))
             elif isinstance(act, cc.ReadCharter):
                 self._spawn(self._read_charter(act))
-            elif isinstance(act, cc.PutItem):
-                self._spawn(self._put_item(act))
+            elif isinstance(act, cc.PutItem):  # its pages held here before anything sends
+                self._spawn(self._put_item(act, self._hold_pages(act.pages)))
             elif isinstance(act, cc.Send):
-                self._spawn(self._send_all(act), send=True)
+                self._spawn(self._send_all(act, self._hold_pages(act.pages)), send=True)
             elif isinstance(act, cc.CheckEvidence):
                 self._spawn(self._check(act, self._stored_array))
             elif isinstance(act, cc.NoteGone):
@@ -279,9 +279,15 @@ class ControlPlane:
         return value if isinstance(value, bytes) else None
 
     async def _resolve(self, act: cc.ResolveItem) -> None:
+        """A message's state, its pages asked of its sender's node first (it holds them
+        before it sends: :meth:`_hold_pages`), then of the DHT."""
+        async def page(target: bytes) -> bytes | None:
+            value = await self.node.dht.get_immutable_from(act.addr, target)
+            return value if isinstance(value, bytes) else await self._page(target)
+
         state, why = None, ""
         try:
-            state = await resolve(act.item, self._page, act.known)
+            state = await resolve(act.item, page, act.known)
         except (ProtocolError, DHTError) as exc:
             why = str(exc)
         self._do_now(self._feed(cc.ItemResolved(act, state, why)))
@@ -297,11 +303,11 @@ class ControlPlane:
 
     # -- carrying out puts and sends -------------------------------------------------------
 
-    async def _put_item(self, act: cc.PutItem) -> None:
+    async def _put_item(self, act: cc.PutItem, pages: list[asyncio.Future]) -> None:
         dht, salt = self.node.dht, state_salt(self.swarm_id)
         ok, why, stored = True, "", None
         try:
-            await self._put_pages(act.pages)  # the item pins its pages: they go first
+            await asyncio.gather(*pages)  # the item pins its pages: they go first
             await dht.put_mutable(self.key, act.state.encode_item(), salt=salt,
                                   seq=act.state.seq)
         except ItemError as exc:
@@ -313,28 +319,40 @@ class ControlPlane:
             ok, why = False, str(exc)
         self._do_now(self._feed(cc.PutDone(act, ok, why, stored)))
 
-    async def _put_pages(self, pages) -> None:
-        """Store blocklist pages, all at once; messages sent meanwhile wait for them."""
+    def _hold_pages(self, pages) -> list[asyncio.Future]:
+        """Keep blocklist pages in our own DHT node at once, where a recipient of a message
+        naming them asks first, and spread them in the DHT in the background. Messages do
+        not wait for the spreading: it waits a lookup's grace (up to the RPC timeout) for
+        each node that died since it was listed, and heartbeats held that long made every
+        member take a live coordinator for dead (and the peer it had just blocked claim
+        the role before its one notice came)."""
+        for p in pages:
+            try:
+                self.node.dht.hold_immutable(p.encode())
+            except ItemError as exc:  # the DHT put below reports it too
+                log.info("blocklist page not kept here: %s", exc)
         puts = [asyncio.ensure_future(self.node.dht.put_immutable(p.encode())) for p in pages]
         for put in puts:
             self._page_puts.add(put)
             put.add_done_callback(self._page_puts.discard)
-        await asyncio.gather(*puts)
+        return puts
 
-    async def _send_all(self, act: cc.Send) -> None:
-        """Store the pages the message names, then send it to every recipient. A state's
-        pages may be on their way with its item (the core counts them as put): a message
-        leaves only once those are stored, or a follower resolving it finds a page missing."""
-        if self._page_puts:
-            await asyncio.wait(set(self._page_puts))
-        for i, page in enumerate(act.pages):
-            try:
-                await self.node.dht.put_immutable(page.encode())
-            except (ItemError, LookupFailed, DHTError) as exc:
-                log.info("blocklist pages not stored (%s); sending anyway", exc)
-                self._do_now(self._feed(cc.PagesLost(tuple(p.target for p in act.pages[i:]))))
-                break
+    async def _send_all(self, act: cc.Send, pages: list[asyncio.Future]) -> None:
+        """Send the message to every recipient; the pages it names are held here already
+        (a recipient asks us for them) and spread in the DHT meanwhile."""
+        if pages:
+            self._spawn(self._spread(act.pages, pages))
         await asyncio.gather(*(self._send(peer, act.payload) for peer in act.to))
+
+    async def _spread(self, pages, puts: list[asyncio.Future]) -> None:
+        """Report pages that did not reach the DHT (the core puts them again)."""
+        done = await asyncio.gather(*puts, return_exceptions=True)
+        lost = tuple(p.target for p, r in zip(pages, done, strict=True)
+                     if isinstance(r, (ItemError, LookupFailed, DHTError)))
+        if lost:
+            log.info("blocklist pages not stored in the DHT (%s)", next(
+                r for r in done if isinstance(r, Exception)))
+            self._do_now(self._feed(cc.PagesLost(lost)))
 
     async def _send(self, peer, msg: bytes) -> None:
         addr = self.core.address(peer)
