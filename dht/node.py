@@ -474,8 +474,8 @@ class DHTNode(Server):
 
         Once some node has answered, the others get the lookup's grace for a slow node; one
         still silent then (it answered the lookup and has died since) stops holding the
-        write: its request runs on in the background, and its timeout still marks it dead. Waiting it out cost
-        a whole RPC timeout per write, and a coordinator's heartbeats wait for its pages.
+        write: its request runs on in the background, and its timeout still marks it dead.
+        Waiting it out cost a whole RPC timeout per write.
         """
         async def one(node: Node, name: str, args: tuple) -> bool | ItemError | None:
             data = await self.protocol.call(node, name, *args)

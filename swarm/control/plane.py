@@ -274,16 +274,14 @@ class ControlPlane:
                                        for p in act.peers))
         self._do_now(self._feed(cc.StatesRead(act, tuple(s for s in found if s is not None))))
 
-    async def _page(self, target: bytes) -> bytes | None:
-        value = await self.node.dht.get_immutable(target)
-        return value if isinstance(value, bytes) else None
-
     async def _resolve(self, act: cc.ResolveItem) -> None:
         """A message's state, its pages asked of its sender's node first (it holds them
         before it sends: :meth:`_hold_pages`), then of the DHT."""
         async def page(target: bytes) -> bytes | None:
             value = await self.node.dht.get_immutable_from(act.addr, target)
-            return value if isinstance(value, bytes) else await self._page(target)
+            if not isinstance(value, bytes):
+                value = await self.node.dht.get_immutable(target)
+            return value if isinstance(value, bytes) else None
 
         state, why = None, ""
         try:
