@@ -5,7 +5,7 @@ KRPC mode form one network. libtorrent puts mutable and immutable BEP 44 items t
 gets, swarm puts items that libtorrent gets, BEP 5 peers go both ways, and a libtorrent
 session that knows only a swarm node still finds items (its lookups route through swarm).
 Nothing leaves 127.0.0.1: ``dht_bootstrap_nodes`` is empty and no router is named.
-In CI (``CI=true``) a missing libtorrent is an error, never a skip.
+In CI a missing libtorrent is an error, never a skip (tests/conftest.py).
 """
 
 from __future__ import annotations

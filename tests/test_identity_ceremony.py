@@ -36,6 +36,7 @@ from identity import (
     open_authenticator,
     verify_proof,
 )
+from tests.conftest import no_install_fixes
 from tests.identity_support import CountingInteraction, owner_key
 
 
@@ -167,7 +168,7 @@ def test_fido2_spec_without_a_key_refuses_clearly(monkeypatch):
     assert "plug in your key" in str(info.value) and "soft:PATH" in str(info.value)
 
 
-@pytest.mark.skipif(bool(glob.glob("/dev/hidraw*")), reason="a HID device is present here")
+@pytest.mark.skipif(bool(glob.glob("/dev/hidraw*")), reason=no_install_fixes("a HID device is present here"))
 def test_fido2_spec_on_this_machine_finds_no_key():
     with pytest.raises(NoAuthenticator, match="udev rule"):
         open_authenticator("fido2")

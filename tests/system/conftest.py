@@ -3,8 +3,6 @@ on them, both always torn down."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.system.nat import NatNet
@@ -18,7 +16,7 @@ _WHY = unavailable()
 @pytest.fixture
 def net():
     if _WHY:
-        pytest.skip(_WHY)
+        pytest.skip(_WHY)  # a failure under CI (tests/conftest.py)
     n = Net()
     try:
         yield n
@@ -40,9 +38,7 @@ def natnet(tmp_path):
     """Public segment, NAT routers, LAN hosts, coturn (:mod:`tests.system.nat`)."""
     why = nat_unavailable()
     if why:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true and {why}")
-        pytest.skip(why)
+        pytest.skip(why)  # a failure under CI (tests/conftest.py)
     n = NatNet(tmp_path)
     try:
         yield n

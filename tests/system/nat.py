@@ -15,8 +15,8 @@ destination, a symmetric NAT, which no hole punching gets through: only TURN or 
 
 Every name carries the test process's pid and a counter; every address exists only inside
 these namespaces; :meth:`NatNet.close` stops coturn and deletes every namespace it made. What
-the testbed needs from the system is listed by :func:`unavailable`; under ``CI=true`` a
-missing piece fails the test instead of skipping it.
+the testbed needs from the system is listed by :func:`unavailable`; under CI a missing piece
+fails the test instead of skipping it (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from tests.conftest import no_install_fixes
+
 SUBNET = "10.213.0"
 """The /24 every test host's address comes from (private, only inside our namespaces)."""
 
@@ -76,7 +78,8 @@ def netem_unavailable() -> str | None:
                               "root", "netem", "delay", "20ms"], capture_output=True, text=True,
                              timeout=20)
         if res.returncode != 0:
-            return f"tc netem is not supported by this kernel: {res.stderr.strip()}"
+            return no_install_fixes(
+                f"tc netem is not supported by this kernel: {res.stderr.strip()}")
         return None
     finally:
         net.close()

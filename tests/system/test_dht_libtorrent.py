@@ -7,7 +7,7 @@ others, holding a URI that names no peer at all: members find each other through
 peers under the membership topic's info-hash and each member's own entries (signed), the
 charter and coordinator state are BEP 44 items on the libtorrent nodes, a coordinator is
 elected, and ``swarm submit`` (bootstrapped from yet another libtorrent node) computes a
-matmul correctly. Under ``CI=true`` a missing libtorrent fails the test.
+matmul correctly. Under CI a missing libtorrent fails the test.
 """
 
 from __future__ import annotations
