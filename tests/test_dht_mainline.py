@@ -25,7 +25,8 @@ from dht.items import immutable_target
 from tests.libtorrent_support import alert as _alert
 from tests.libtorrent_support import lt, network, session
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180),
+              pytest.mark.slow]
 LT_SESSIONS = 6
 SWARM_NODES = 3
 

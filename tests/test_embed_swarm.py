@@ -8,6 +8,8 @@ import pytest
 import swarm
 from models.minilm import DIM, MiniLM
 
+pytestmark = pytest.mark.system
+
 TEXTS = ["hello world", "", "Café au lait 🍕", "word " * 300,
          "The quick brown fox jumps over the lazy dog.", "a"]
 

@@ -199,6 +199,7 @@ async def test_a_slow_receiver_stops_the_sender_at_the_credit_window(make_peer):
     await link.close()
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("child_mode", [[], ["--standard"]], ids=["tuned", "standard"])
 async def test_two_processes(make_peer, child_mode):
     me = await make_peer()

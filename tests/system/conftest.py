@@ -3,6 +3,8 @@ on them, both always torn down."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.system.nat import NatNet
@@ -11,6 +13,14 @@ from tests.system.netns import Net, unavailable
 from tests.system.support import NetCluster
 
 _WHY = unavailable()
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    """Every test in this folder starts processes, a browser or network namespaces."""
+    for item in items:
+        if _HERE in item.path.parents:
+            item.add_marker(pytest.mark.system)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """A one-minute soak (bench/soak.py): continuous verified jobs with seeded churn; nothing
-wrong, nothing lost."""
+wrong, nothing lost. `make soak` runs it, CI does not: CI's shorter churn runs are
+tests/system/test_faults.py (churn across hosts) and test_runtime_local.py (killed mid-job)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, subprocess_env
 
-pytestmark = [pytest.mark.system, pytest.mark.slow]
+pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.soak]
 
 
 def test_soak_one_minute():
