@@ -28,6 +28,27 @@ def tabs(tmp_path):
         yield from _tabs(tmp_path, net, cluster)
 
 
+@pytest.fixture(scope="module")
+def _pages_testbed(tmp_path_factory):
+    browser.require()
+    tmp = tmp_path_factory.mktemp("pages")
+    with Net() as net, closing(NetCluster(tmp, net)) as cluster:
+        yield from _tabs(tmp, net, cluster)
+
+
+@pytest.fixture
+def pages(_pages_testbed):
+    """The same, shared by the tests whose tabs never join, each in fresh browser contexts
+    (closed after it). A tab that joined stays listed in the DHT until its record expires,
+    and the tests that join check who is listed, so each of those gets its own (``tabs``)."""
+    b = _pages_testbed[-1]
+    before = set(b.browser.contexts)
+    yield _pages_testbed
+    for ctx in b.browser.contexts:
+        if ctx not in before:
+            ctx.close()
+
+
 def _tabs(tmp_path, net, cluster):
     host = net.host("a")
     pub = cluster.start("pub", host, swarm_cmd(
@@ -108,7 +129,7 @@ def submit(host, tmp_path, uri: str, m: int = 768, k: int = 256, n: int = 256,
     return proc, a @ b, out
 
 
-def test_the_tab_computes_content_addresses_as_native_peers_do(tabs):
+def test_the_tab_computes_content_addresses_as_native_peers_do(pages):
     """A tab checks every object it is sent against its content address (BLAKE3, in plain JS:
     WebCrypto has none): its digests equal the native ones for every shape of BLAKE3's chunk
     tree (empty, one block, one chunk, several levels), and an array's address with its
@@ -117,7 +138,7 @@ def test_the_tab_computes_content_addresses_as_native_peers_do(tabs):
 
     from swarm.runtime.objects import object_id
 
-    cluster, host, pub, url, b = tabs
+    cluster, host, pub, url, b = pages
     page = b.page()
     page.goto(url)
     lens = [0, 1, 63, 64, 65, 1024, 1025, 2048, 4097, 5121, 31744, 100_003]
@@ -139,14 +160,14 @@ def test_the_tab_computes_content_addresses_as_native_peers_do(tabs):
     assert got[1] == object_id(np.arange(12, dtype=np.float32).reshape(3, 4)).hex()
 
 
-def test_a_tab_asked_for_a_receipt_says_at_once_it_has_none(tabs):
+def test_a_tab_asked_for_a_receipt_says_at_once_it_has_none(pages):
     """A requester asks for the receipt of a large result it rejected (a rejecting
     ``rt.verdict``); a tab signs nothing and says so, so the requester does not wait
     RECEIPT_TIMEOUT for it. An accepting verdict needs no answer."""
     from swarm import wire
     from swarm.runtime.protocol import TaskReceipt, Verdict
 
-    cluster, host, pub, url, b = tabs
+    cluster, host, pub, url, b = pages
     page = b.page()
     page.goto(url)
     asked = [list(bytes(f)) for i, v in enumerate((Verdict(6, True), Verdict(7, False)))
@@ -207,8 +228,8 @@ def tab_ids(page) -> list[str]:
     return page.evaluate("fetch('/status.json').then(r => r.json()).then(s => s.tabs)")
 
 
-def test_not_now_joins_nothing(tabs):
-    cluster, host, pub, url, b = tabs
+def test_not_now_joins_nothing(pages):
+    cluster, host, pub, url, b = pages
     page = b.page()
     sockets = []
     page.on("websocket", lambda ws: sockets.append(ws.url))
