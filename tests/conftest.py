@@ -96,3 +96,18 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _ci_fails_skip(outcome.get_result())
+
+
+# --- the order of files: the slow ones first (issue 43) ------------------------------------
+# `make test` runs two xdist workers, one file at a time each: a slow file started last would
+# run alone at the end. Files with a test marked system or slow go first; the order inside a
+# file and among the others is kept (both workers must collect the same order).
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = {item.path for item in items
+            if item.get_closest_marker("system") or item.get_closest_marker("slow")}
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+    items.sort(key=lambda item: (item.path not in slow, first[item.path]))

@@ -52,15 +52,19 @@ def wrapper(tmp: Path, ns: str) -> Path:
 class Browser:
     """One playwright-driven Chromium in a namespace; :meth:`close` ends both."""
 
-    def __init__(self, tmp: Path, ns: str) -> None:
+    def __init__(self, tmp: Path, ns: str, pw=None) -> None:
+        """``pw``: a started playwright to launch with (one thread can run only one at a
+        time, so tests that hold several browsers share one); None: one of its own."""
         from playwright.sync_api import sync_playwright
 
-        self._pw = sync_playwright().start()
+        self._own = pw is None
+        self._pw = sync_playwright().start() if pw is None else pw
         try:
             self.browser = self._pw.chromium.launch(executable_path=str(wrapper(tmp, ns)),
                                                     args=FLAGS, headless=True, timeout=60_000)
         except BaseException:
-            self._pw.stop()
+            if self._own:
+                self._pw.stop()
             raise
 
     def page(self, init_script: str | None = None):
@@ -80,4 +84,5 @@ class Browser:
         try:
             self.browser.close()
         finally:
-            self._pw.stop()
+            if self._own:
+                self._pw.stop()

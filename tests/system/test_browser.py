@@ -20,20 +20,32 @@ pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(420)]
 LINK = re.compile(r"join from a browser: (http://\S+)")
 
 
-@pytest.fixture
-def tabs(tmp_path):
-    """A published swarm serving tabs on one test host, and a browser on that host."""
+@pytest.fixture(scope="module")
+def playwright():
+    """One playwright for the module: a thread runs one at a time, and the shared testbed
+    below holds its browser while other tests start theirs."""
     browser.require()
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        yield pw
+    finally:
+        pw.stop()
+
+
+@pytest.fixture
+def tabs(tmp_path, playwright):
+    """A published swarm serving tabs on one test host, and a browser on that host."""
     with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
-        yield from _tabs(tmp_path, net, cluster)
+        yield from _tabs(tmp_path, net, cluster, playwright)
 
 
 @pytest.fixture(scope="module")
-def _pages_testbed(tmp_path_factory):
-    browser.require()
+def _pages_testbed(tmp_path_factory, playwright):
     tmp = tmp_path_factory.mktemp("pages")
     with Net() as net, closing(NetCluster(tmp, net)) as cluster:
-        yield from _tabs(tmp, net, cluster)
+        yield from _tabs(tmp, net, cluster, playwright)
 
 
 @pytest.fixture
@@ -49,7 +61,7 @@ def pages(_pages_testbed):
             ctx.close()
 
 
-def _tabs(tmp_path, net, cluster):
+def _tabs(tmp_path, net, cluster, pw):
     host = net.host("a")
     pub = cluster.start("pub", host, swarm_cmd(
         "publish", "--name", "lab", "--owner-key", f"soft:{tmp_path / 'owner.key'}",
@@ -57,7 +69,7 @@ def _tabs(tmp_path, net, cluster):
         "--data-dir", str(tmp_path / "pub")), env={"SWARM_CHAOS": "delay=300"})
     cluster.uri = pub.wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
     url = LINK.search(pub.wait_line(lambda s: bool(LINK.search(s)), 30)).group(1)
-    b = Browser(tmp_path, host.ns)
+    b = Browser(tmp_path, host.ns, pw)
     try:
         yield cluster, host, pub, url, b
     finally:
@@ -319,9 +331,8 @@ def test_a_hidden_tab_takes_no_shards(tabs, tmp_path):
     assert row["shards"] == 0 and page.evaluate("window.swarmTab.host.stats.tasks") == before
 
 
-def test_any_member_can_host_tabs(tmp_path):
+def test_any_member_can_host_tabs(tmp_path, playwright):
     """`swarm join --http`: a tab joins through a member that is not the publisher."""
-    browser.require()
     with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
         cluster.publish(net.host("a"))
         host = net.host("a")
@@ -329,7 +340,7 @@ def test_any_member_can_host_tabs(tmp_path):
             "join", cluster.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
             host.addr, "--http", "127.0.0.1:0", "--data-dir", str(tmp_path / "w1")))
         url = LINK.search(member.wait_line(lambda s: bool(LINK.search(s)), 90)).group(1)
-        b = Browser(tmp_path, host.ns)
+        b = Browser(tmp_path, host.ns, playwright)
         try:
             page, tab = join_tab(b, url)
             st = cluster.wait_status(host, lambda s: any(m["peer_id"] == tab
