@@ -64,7 +64,7 @@ def test_a_newcomer_follows_the_coordinator_members_follow_not_the_highest_item(
     """One eligible member puts its own state item at the coordinator's term + 1; a
     newcomer must still follow the coordinator every member follows (it followed the
     attacker's item, refused the honest heartbeats as stale, and followed nobody). At 1,000
-    members: :func:`test_attacks_at_1000_members`."""
+    members: :func:`test_attacks_at_scale` (`make soak`)."""
     _newcomer_after_a_forged_item(settled(100, hold=1))
 
 
