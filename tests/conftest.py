@@ -34,25 +34,6 @@ def run_swarm(*args: str, timeout: float = 60, env: dict[str, str] | None = None
     )
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """A fresh SWARM_HOME for one test."""
-    d = tmp_path / "home"
-    return d
-
-
-@pytest.fixture
-def even_rates(client):
-    """The module's ``client`` with rates started afresh, for a test that counts how bands
-    were dealt: a stall earlier in the module (a busy CI host) holds a worker's rate down for
-    RATE_HOLD seconds, and such a worker is dealt a band under the inline budget, or none (a
-    stall-free deal is what these tests check, not the deal itself)."""
-    from swarm.runtime.scheduler import RateBook
-
-    client.node.requester.rates = RateBook()
-    return client
-
-
 # --- CI: a skip for a missing required component fails the run (issue 43) -------------------
 # Under CI (CI=1/true/yes, any case; .ci/run exports it) every skip is a failure unless its
 # reason says no install can fix it (a fact about the machine: the kernel lacks sch_netem, the
@@ -111,3 +92,22 @@ def pytest_collection_modifyitems(config, items):
     for i, item in enumerate(items):
         first.setdefault(item.path, i)
     items.sort(key=lambda item: (item.path not in slow, first[item.path]))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A fresh SWARM_HOME for one test."""
+    d = tmp_path / "home"
+    return d
+
+
+@pytest.fixture
+def even_rates(client):
+    """The module's ``client`` with rates started afresh, for a test that counts how bands
+    were dealt: a stall earlier in the module (a busy CI host) holds a worker's rate down for
+    RATE_HOLD seconds, and such a worker is dealt a band under the inline budget, or none (a
+    stall-free deal is what these tests check, not the deal itself)."""
+    from swarm.runtime.scheduler import RateBook
+
+    client.node.requester.rates = RateBook()
+    return client

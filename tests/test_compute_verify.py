@@ -186,8 +186,12 @@ def sequential(a, b):
 
 
 def test_honest_results_are_never_rejected():
-    """>= 1,000 honest checks: every f32 backend here (numpy, wgpu tiled and naive) and
-    sequential f32 sums, three distributions, assorted shapes. f16: the test below."""
+    """>= 1,000 honest checks: every backend here (numpy, wgpu tiled and naive, f16 where the
+    adapter has shader-f16) and sequential f32 sums, three distributions, assorted shapes.
+    Where f16 cannot be exercised the run says so (a warning in pytest's summary), so a GPU
+    run shows whether it covered f16."""
+    import warnings
+
     from compute import available_backends
 
     producers = {"numpy": (lambda a, b: a @ b, "f32"), "sequential": (sequential, "f32")}
@@ -197,6 +201,11 @@ def test_honest_results_are_never_rejected():
         gpu = get_backend("wgpu")
         producers["wgpu-tiled"] = (lambda a, b: gpu.matmul(a, b, kernel="tiled"), "f32")
         producers["wgpu-naive"] = (lambda a, b: gpu.matmul(a, b, kernel="naive"), "f32")
+        if gpu.f16_available:
+            producers["wgpu-f16"] = (lambda a, b: gpu.matmul(a, b, "f16"), "f16")
+    if "wgpu-f16" not in producers:
+        why = gpu.f16_reason if wgpu else status.get("wgpu") and status["wgpu"].reason
+        warnings.warn(f"f16 honest checks NOT exercised here: {why}", stacklevel=1)
     rng = np.random.default_rng(4)
     checks = dict.fromkeys(producers, 0)
     for kind in ("normal", "positive", "lognormal"):
@@ -211,31 +220,6 @@ def test_honest_results_are_never_rejected():
                     checks[name] += 1
     print(f"honest checks per producer: {checks}")
     assert sum(checks.values()) >= 1000 or not wgpu
-
-
-def test_honest_f16_results_are_never_rejected():
-    """The same honest checks on the wgpu f16 path, where the adapter has shader-f16 (a GPU;
-    Mesa's llvmpipe has none, so it is a skip there, and a failure under CI without any
-    wgpu adapter at all: tests/conftest.py)."""
-    from compute import available_backends
-
-    status = {s.name: s for s in available_backends()}
-    if "wgpu" not in status or not status["wgpu"].validated:
-        pytest.skip(f"no wgpu adapter here: {status.get('wgpu') and status['wgpu'].reason}")
-    gpu = get_backend("wgpu")
-    if not gpu.f16_available:
-        pytest.skip(no_install_fixes(f"f16 honest checks need shader-f16: {gpu.f16_reason}"))
-    rng = np.random.default_rng(4)
-    checks = 0
-    for kind in ("normal", "positive", "lognormal"):
-        for m, k, n in [(1, 1, 1), (7, 300, 2), (64, 64, 64), (33, 257, 129), (128, 512, 96),
-                        (16, 1500, 16)]:
-            a, b = operands(m, k, n, seed=m + k + n, kind=kind)
-            c = gpu.matmul(a, b, "f16")
-            for _ in range(15):
-                assert verify_matmul(a, b, c, rng=rng, precision="f16"), (kind, (m, k, n))
-                checks += 1
-    assert checks == 270
 
 
 def test_four_rounds_are_the_fewest_that_meet_the_goal_at_2048():
@@ -418,3 +402,28 @@ def test_products_for_many_check_vectors_match_and_leave_blas_threads_as_they_we
         assert got.dtype == np.float32 and got.shape == (300, cols)
         np.testing.assert_allclose(got, x.astype(np.float64) @ r, rtol=1e-4, atol=1e-3)
     assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
+
+
+def test_honest_f16_results_are_never_rejected():
+    """The honest checks of test_honest_results_are_never_rejected on the GPU's own f16
+    kernel, where the adapter has shader-f16 (a GPU; Mesa's llvmpipe has none: a skip that
+    says no install fixes it; no wgpu adapter at all is a failure under CI)."""
+    from compute import available_backends
+
+    status = {s.name: s for s in available_backends()}
+    if "wgpu" not in status or not status["wgpu"].validated:
+        pytest.skip(f"no wgpu adapter here: {status.get('wgpu') and status['wgpu'].reason}")
+    gpu = get_backend("wgpu")
+    if not gpu.f16_available:
+        pytest.skip(no_install_fixes(f"f16 honest checks need shader-f16: {gpu.f16_reason}"))
+    rng = np.random.default_rng(4)
+    checks = 0
+    for kind in ("normal", "positive", "lognormal"):
+        for m, k, n in [(1, 1, 1), (7, 300, 2), (64, 64, 64), (33, 257, 129), (128, 512, 96),
+                        (16, 1500, 16)]:
+            a, b = operands(m, k, n, seed=m + k + n, kind=kind)
+            c = gpu.matmul(a, b, "f16")
+            for _ in range(15):
+                assert verify_matmul(a, b, c, rng=rng, precision="f16"), (kind, (m, k, n))
+                checks += 1
+    assert checks == 270

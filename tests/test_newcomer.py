@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import swarm_cmd
-from tests.control_support import Observer, Proc, stop_all
+from tests.control_support import Proc, stop_all
 
 pytestmark = [pytest.mark.system]
 
@@ -57,7 +57,6 @@ class Tour:
         self.env = newcomer_env(home)
         self.procs: list[Proc] = []
         self.uri = ""
-        self.observer: Observer | None = None
 
     @property
     def default_dir(self) -> Path:
@@ -90,13 +89,8 @@ class Tour:
                           "--threads", "1", *extra)
 
     def status(self, pred=lambda s: True, timeout: float = 60, uri: str | None = None) -> dict:
-        """``swarm status --json`` until ``pred`` holds (bounded). An in-process observer
-        waits first (a CLI process per poll took a core from the swarm under test), so the
-        CLI normally runs once."""
+        """``swarm status --json`` until ``pred`` holds (bounded)."""
         deadline = time.monotonic() + timeout
-        if self.observer is None:
-            self.observer = Observer(uri or self.uri)
-        self.observer.wait(pred, timeout, "what the tour waits for")
         last: object = None
         while time.monotonic() < deadline:
             res = self.run("status", uri or self.uri, "--json")
@@ -111,11 +105,7 @@ class Tour:
         raise AssertionError(f"status never matched in {timeout} s; last: {last}")
 
     def close(self, root: Path) -> None:
-        try:
-            if self.observer is not None:
-                self.observer.close()
-        finally:
-            stop_all(self.procs, root)
+        stop_all(self.procs, root)
         for p in self.procs:
             assert_clean("\n".join(p.out + p.err))
 

@@ -78,8 +78,7 @@ class NetCluster:
         return json.loads(res.stdout)
 
     def wait_status(self, host: Host, pred, timeout: float, what: str, uri: str = "") -> dict:
-        """Poll ``swarm status`` from ``host`` until ``pred(status)``; bounded. A pause
-        between polls: back to back, the status processes took a core from the swarm."""
+        """Poll ``swarm status`` from ``host`` until ``pred(status)``; bounded."""
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
@@ -89,7 +88,6 @@ class NetCluster:
                     return last
             except AssertionError as exc:  # not reachable or items not stored yet
                 last = exc
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         raise AssertionError(f"status from {host.ns} never showed {what} in {timeout} s; "
                              f"last: {last}")
 
