@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,29 @@ def even_rates(client):
 
     client.node.requester.rates = RateBook()
     return client
+
+
+# --- issue 43 (tests43fix): an address where nothing answers -----------------------------
+
+def _hold_dead_port() -> tuple[int, list[socket.socket]]:
+    """A loopback port held for this test process by a TCP socket that never listens (a
+    connect is refused at once) and a UDP socket that never reads (a datagram gets no reply),
+    so no other process can take it; 127.0.0.1:9 was assumed closed, not known to be."""
+    while True:
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.bind(("127.0.0.1", 0))
+        port = tcp.getsockname()[1]
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            udp.bind(("127.0.0.1", port))
+        except OSError:
+            tcp.close()
+            udp.close()
+            continue
+        return port, [tcp, udp]
+
+
+DEAD_PORT, _DEAD_SOCKETS = _hold_dead_port()
+DEAD_ADDR = ("127.0.0.1", DEAD_PORT)
+"""(host, port) that refuses TCP and never answers UDP, for as long as the tests run."""
+DEAD = f"127.0.0.1:{DEAD_PORT}"

@@ -11,7 +11,7 @@ import pytest
 from identity import BlockCommand, PeerKey, Role, Signed, sign_as_peer
 from swarm.errors import RemoteError
 from swarm.uri import parse
-from tests.conftest import run_swarm
+from tests.conftest import DEAD, run_swarm
 from tests.control_support import SIGKILL, SIGTERM, Cluster
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -161,7 +161,7 @@ def test_idle_members_do_not_poll_the_dht_while_heartbeats_flow(cluster, tmp_pat
 
 
 def test_consent_refused_without_a_terminal_names_yes(tmp_path):
-    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + "&dn=lab&x.pe=127.0.0.1:9&x.op=" + "ab" * 16
+    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + f"&dn=lab&x.pe={DEAD}&x.op=" + "ab" * 16
     res = run_swarm("join", uri, "--data-dir", str(tmp_path / "d"), timeout=60)
     assert res.returncode == 3
     assert "--yes" in res.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import swarm_cmd
+from tests.conftest import DEAD, swarm_cmd
 from tests.control_support import Proc, stop_all
 
 pytestmark = [pytest.mark.system]
@@ -258,7 +258,7 @@ def test_the_readme_tour(tour, tmp_path):
 
 def test_nothing_answering_says_what_to_do(tour):
     """Finding 2: when no peer answers, the error names --bootstrap and join_uri."""
-    dead = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe=127.0.0.1:9"
+    dead = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe={DEAD}"
     for cmd in (["status", dead], ["kick", dead, "p" + "a" * 11, "--owner-key", "fido2"]):
         res = tour.run(*cmd)
         assert_clean(res, code=1)
