@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,13 @@ DEAD_PORT, _DEAD_SOCKETS = _hold_dead_port()
 DEAD_ADDR = ("127.0.0.1", DEAD_PORT)
 """(host, port) that refuses TCP and never answers UDP, for as long as the tests run."""
 DEAD = f"127.0.0.1:{DEAD_PORT}"
+
+
+def wait_held(hold: Path, count: int, timeout: float = 30.0) -> list[str]:
+    """The ``held-TASK`` files once ``count`` tasks are held at a ``hold=`` worker: each
+    reached the worker, was computed and waits for ``hold/release`` to be answered."""
+    deadline = time.monotonic() + timeout
+    while len(held := sorted(p.name for p in hold.glob("held-*"))) < count:
+        assert time.monotonic() < deadline, f"{len(held)} of {count} tasks held"
+        time.sleep(0.02)
+    return held
