@@ -89,3 +89,33 @@ def wait_held(hold: Path, count: int, timeout: float = 30.0) -> list[str]:
         assert time.monotonic() < deadline, f"{len(held)} of {count} tasks held"
         time.sleep(0.02)
     return held
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """A :class:`tests.control_support.Cluster` of real processes, stopped after the test."""
+    from tests.control_support import Cluster
+
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The next line ``proc`` writes to its stdout pipe, waiting at most ``timeout`` s; a
+    child that prints nothing in time is killed and the test fails (a bare readline() waits
+    until pytest's own timeout, with no word of which child hung)."""
+    import threading
+
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        proc.kill()
+        reader.join(10)
+        raise AssertionError(f"process {proc.pid} ({proc.args!r:.120}) printed no line "
+                             f"in {timeout} s")
+    return got[0]

@@ -25,7 +25,6 @@ from swarm.members import MemberRecord, announce, swarm_id
 from swarm.uri import parse
 from tests.conftest import run_swarm, subprocess_env
 from tests.control_support import SIGKILL
-from tests.test_control_system import cluster  # noqa: F401 - the shared fixture
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 

@@ -316,7 +316,7 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
     import sys
     import time
 
-    from tests.conftest import subprocess_env
+    from tests.conftest import read_line, subprocess_env
 
     script = ("import swarm, sys\n"
               "c = swarm.local(workers=1, threads=1)\n"
@@ -325,7 +325,7 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                               stdin=subprocess.PIPE, env=subprocess_env(), text=True)
     try:
-        worker = int(parent.stdout.readline())
+        worker = int(read_line(parent, 60))
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 20
