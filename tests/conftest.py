@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -119,3 +120,37 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
         raise AssertionError(f"process {proc.pid} ({proc.args!r:.120}) printed no line "
                              f"in {timeout} s")
     return got[0]
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread for a module's tests, as models.generate runs: two BLAS threads on
+    busy cores are several times slower."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
+
+
+@contextlib.contextmanager
+def served_api(workers: int, make_api):
+    """A node's web server on loopback with ``make_api(node)`` mounted, as a member runs it
+    (a client attached to the member's own node and loop, the key in its data dir), over a
+    ``swarm.local(workers)``: (base URL, API key, client)."""
+    import swarm
+    from swarm.web.server import SwarmInfo, WebServer
+
+    with swarm.local(workers, threads=1) as client:
+        info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
+
+        async def start():
+            server = WebServer(client.node, info, "127.0.0.1", 0, api=make_api(client.node))
+            await server.start()
+            return server
+
+        server = client._loop.run(start(), 30)
+        key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
+        try:
+            yield f"http://127.0.0.1:{server.port}/v1", key, client
+        finally:
+            client._loop.run(server.stop(), 30)
