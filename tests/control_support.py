@@ -73,6 +73,19 @@ class Proc:
         if self.popen.poll() is None:
             os.kill(self.popen.pid, sig)
 
+    @classmethod
+    def spawn(cls, name: str, argv: list[str], env: dict[str, str],
+              cwd: Path | None = None) -> Proc:
+        """Start ``argv`` with both output streams pumped into ``out`` and ``err``."""
+        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
+        p = cls(name, popen, time.monotonic())
+        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
+                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
+        for t in p.threads:
+            t.start()
+        return p
+
 
 def stop_all(procs: list[Proc], root: Path) -> None:
     """Kill what still runs, reap everything, and keep each process's output in ``root``
@@ -109,15 +122,8 @@ class Cluster:
         return obs
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        popen = subprocess.Popen(
-            swarm_cmd(*args, "--data-dir", str(self.root / name)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=subprocess_env(**self.env, **(env or {})))
-        p = Proc(name, popen, time.monotonic())
-        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
-                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
-        for t in p.threads:
-            t.start()
+        p = Proc.spawn(name, swarm_cmd(*args, "--data-dir", str(self.root / name)),
+                       subprocess_env(**self.env, **(env or {})))
         self.procs.append(p)
         return p
 

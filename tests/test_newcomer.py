@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -63,14 +62,7 @@ class Tour:
         return self.home / ".local" / "share" / "swarm"
 
     def start(self, name: str, *args: str) -> Proc:
-        popen = subprocess.Popen(swarm_cmd(*args), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                 env=self.env, cwd=self.home)
-        p = Proc(name, popen, time.monotonic())
-        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
-                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
-        for t in p.threads:
-            t.start()
+        p = Proc.spawn(name, swarm_cmd(*args), self.env, cwd=self.home)
         self.procs.append(p)
         return p
 
