@@ -56,7 +56,8 @@ def even_rates(client):
     return client
 
 
-# --- issue 43 (tests43fix): an address where nothing answers -----------------------------
+# --- issue 43 (tests43fix): shared helpers (a dead address, held tasks, cluster, bounded
+# readline, one BLAS thread, the web server); the block runs to the end of the file --------
 
 def _hold_dead_port() -> tuple[int, list[socket.socket]]:
     """A loopback port held for this test process by a TCP socket that never listens (a
