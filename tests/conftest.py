@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,104 @@ def even_rates(client):
 
     client.node.requester.rates = RateBook()
     return client
+
+
+# --- issue 43 (tests43fix): shared helpers (a dead address, held tasks, cluster, bounded
+# readline, one BLAS thread, the web server); the block runs to the end of the file --------
+
+def _hold_dead_port() -> tuple[int, list[socket.socket]]:
+    """A loopback port held for this test process by a TCP socket that never listens (a
+    connect is refused at once) and a UDP socket that never reads (a datagram gets no reply),
+    so no other process can take it; 127.0.0.1:9 was assumed closed, not known to be."""
+    while True:
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.bind(("127.0.0.1", 0))
+        port = tcp.getsockname()[1]
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            udp.bind(("127.0.0.1", port))
+        except OSError:
+            tcp.close()
+            udp.close()
+            continue
+        return port, [tcp, udp]
+
+
+DEAD_PORT, _DEAD_SOCKETS = _hold_dead_port()
+DEAD_ADDR = ("127.0.0.1", DEAD_PORT)
+"""(host, port) that refuses TCP and never answers UDP, for as long as the tests run."""
+DEAD = f"127.0.0.1:{DEAD_PORT}"
+
+
+def wait_held(hold: Path, count: int, timeout: float = 30.0) -> list[str]:
+    """The ``held-TASK`` files once ``count`` tasks are held at a ``hold=`` worker: each
+    reached the worker, was computed and waits for ``hold/release`` to be answered."""
+    deadline = time.monotonic() + timeout
+    while len(held := sorted(p.name for p in hold.glob("held-*"))) < count:
+        assert time.monotonic() < deadline, f"{len(held)} of {count} tasks held"
+        time.sleep(0.02)
+    return held
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """A :class:`tests.control_support.Cluster` of real processes, stopped after the test."""
+    from tests.control_support import Cluster
+
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The next line ``proc`` writes to its stdout pipe, waiting at most ``timeout`` s; a
+    child that prints nothing in time is killed and the test fails (a bare readline() waits
+    until pytest's own timeout, with no word of which child hung)."""
+    import threading
+
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        proc.kill()
+        reader.join(10)
+        raise AssertionError(f"process {proc.pid} ({proc.args!r:.120}) printed no line "
+                             f"in {timeout} s")
+    return got[0]
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread for a module's tests, as models.generate runs: two BLAS threads on
+    busy cores are several times slower."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
+
+
+@contextlib.contextmanager
+def served_api(workers: int, make_api):
+    """A node's web server on loopback with ``make_api(node)`` mounted, as a member runs it
+    (a client attached to the member's own node and loop, the key in its data dir), over a
+    ``swarm.local(workers)``: (base URL, API key, client)."""
+    import swarm
+    from swarm.web.server import SwarmInfo, WebServer
+
+    with swarm.local(workers, threads=1) as client:
+        info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
+
+        async def start():
+            server = WebServer(client.node, info, "127.0.0.1", 0, api=make_api(client.node))
+            await server.start()
+            return server
+
+        server = client._loop.run(start(), 30)
+        key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
+        try:
+            yield f"http://127.0.0.1:{server.port}/v1", key, client
+        finally:
+            client._loop.run(server.stop(), 30)

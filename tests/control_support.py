@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from dht.errors import DHTError
 from swarm.control import observer
+from swarm.errors import SwarmError
 from swarm.uri import JoinURI, parse
 from tests.conftest import subprocess_env, swarm_cmd
 
@@ -71,6 +73,19 @@ class Proc:
         if self.popen.poll() is None:
             os.kill(self.popen.pid, sig)
 
+    @classmethod
+    def spawn(cls, name: str, argv: list[str], env: dict[str, str],
+              cwd: Path | None = None) -> Proc:
+        """Start ``argv`` with both output streams pumped into ``out`` and ``err``."""
+        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
+        p = cls(name, popen, time.monotonic())
+        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
+                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
+        for t in p.threads:
+            t.start()
+        return p
+
 
 def stop_all(procs: list[Proc], root: Path) -> None:
     """Kill what still runs, reap everything, and keep each process's output in ``root``
@@ -107,15 +122,8 @@ class Cluster:
         return obs
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        popen = subprocess.Popen(
-            swarm_cmd(*args, "--data-dir", str(self.root / name)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=subprocess_env(**self.env, **(env or {})))
-        p = Proc(name, popen, time.monotonic())
-        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
-                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
-        for t in p.threads:
-            t.start()
+        p = Proc.spawn(name, swarm_cmd(*args, "--data-dir", str(self.root / name)),
+                       subprocess_env(**self.env, **(env or {})))
         self.procs.append(p)
         return p
 
@@ -165,10 +173,11 @@ class Observer:
         while time.monotonic() < deadline:
             try:
                 last = self.status()
-                if pred(last):
+            except (SwarmError, DHTError, TimeoutError) as exc:  # no charter in the DHT yet,
+                last = exc                                   # a lookup that found nobody
+            else:
+                if pred(last):  # a predicate's own error is a test bug: it is raised
                     return last
-            except Exception as exc:  # the DHT may not have the items yet
-                last = exc
             time.sleep(0.2)
         raise AssertionError(f"status never showed {what} in {timeout} s; last: {last}")
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import openai
 import pytest
 
-import swarm
 from models.generate import smollm2
 from swarm.processes.member import openai_api
-from swarm.web.server import SwarmInfo, WebServer
+from tests.conftest import served_api
 
 pytestmark = [pytest.mark.system]
 MODEL = "SmolLM2-135M-Instruct"
@@ -23,20 +21,8 @@ HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 
 @pytest.fixture(scope="module")
 def served():
-    with swarm.local(1, threads=1) as client:
-        info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
-
-        async def start():
-            server = WebServer(client.node, info, "127.0.0.1", 0, api=openai_api(client.node))
-            await server.start()
-            return server
-
-        server = client._loop.run(start(), 30)
-        key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
-        try:
-            yield f"http://127.0.0.1:{server.port}/v1", key, client
-        finally:
-            client._loop.run(server.stop(), 30)
+    with served_api(1, openai_api) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

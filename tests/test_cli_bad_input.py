@@ -13,9 +13,8 @@ import pytest
 from numpy.lib import format as npy
 
 from swarm.cli import COMMANDS, EXIT_UNAVAILABLE, EXIT_USAGE, main
-from tests.conftest import run_swarm, subprocess_env
+from tests.conftest import DEAD, run_swarm, subprocess_env
 
-DEAD = "127.0.0.1:9"
 URI = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe={DEAD}"
 PEER = "p" + "a" * 52
 

@@ -10,7 +10,7 @@ import pytest
 import swarm
 from models.generate import GenerationError, Usage
 from swarm.cli import main
-from tests.conftest import run_swarm, subprocess_env
+from tests.conftest import DEAD, run_swarm, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +68,14 @@ def test_a_swarm_without_workers(tmp_path):
 ])
 def test_bad_requests_exit_2_before_joining(capsys, extra, needle):
     # an unreachable bootstrap address: a request that got as far as joining would hang
-    assert main(["generate", "127.0.0.1:9", "--swarm", "00" * 20, "Hi", *extra]) == 2
+    assert main(["generate", DEAD, "--swarm", "00" * 20, "Hi", *extra]) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_empty_and_oversized_prompts_exit_2(capsys):
-    assert main(["generate", "127.0.0.1:9", "--swarm", "00" * 20, ""]) == 2
+    assert main(["generate", DEAD, "--swarm", "00" * 20, ""]) == 2
     assert "prompt is empty" in capsys.readouterr().err
-    assert main(["generate", "127.0.0.1:9", "--swarm", "00" * 20, "--raw", "7 " * 9000]) == 2
+    assert main(["generate", DEAD, "--swarm", "00" * 20, "--raw", "7 " * 9000]) == 2
     assert "the model's context is 8192 tokens" in capsys.readouterr().err
 
 

@@ -25,7 +25,6 @@ from swarm.members import MemberRecord, announce, swarm_id
 from swarm.uri import parse
 from tests.conftest import run_swarm, subprocess_env
 from tests.control_support import SIGKILL
-from tests.test_control_system import cluster  # noqa: F401 - the shared fixture
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -81,12 +80,14 @@ def test_term_inflation_through_the_cli(cluster, tmp_path):  # noqa: F811 - the 
     try:
         # the coordinator reads the members' state items every 5 s (rivals): it saw the lie
         # and did not count it
-        named = _status(cluster.uri)["coordinator"]
+        named = obs.status()["coordinator"]
         coordinator = next(p for p in (pub, w1, w2) if p.peer == named)
         coordinator.wait_line(lambda s: "ignoring the DHT's state" in s
                               and mallory.peer_id.short() in s, 30)
-        st, took = _wait_status(cluster.uri, lambda s: s["coordinator"] in honest
-                                and s["term"] < 100, 10, "an honest coordinator")
+        started = time.monotonic()
+        st = obs.wait(lambda s: s["coordinator"] in honest and s["term"] < 100, 10,
+                      "an honest coordinator")
+        took = time.monotonic() - started
         print(f"honest coordinator named {took:.1f} s after the attack, term {st['term']}")
         owner = ("--owner-key", f"soft:{tmp_path / 'owner.key'}",
                  "--data-dir", str(tmp_path / "op"))
@@ -114,8 +115,8 @@ def test_newcomers_find_the_swarm_after_the_publisher_is_gone(cluster, tmp_path)
     original = str(replace(j, peers=tuple(p for p in j.peers if f"{p[0]}:{p[1]}" != addr)))
     workers = [cluster.join(n) for n in ("w1", "w2", "w3")]
     peers = {pub.peer, *(w.peer for w in workers)}
-    _wait_status(uri, lambda s: {m["peer_id"] for m in s["members"]} == peers
-                 and s["coordinator"] in peers, 90, "4 members and a coordinator")
+    cluster.observer().wait(lambda s: {m["peer_id"] for m in s["members"]} == peers
+                            and s["coordinator"] in peers, 90, "4 members and a coordinator")
 
     pub.signal(SIGKILL)
     pub.wait_exit(10)

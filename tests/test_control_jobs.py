@@ -1,6 +1,7 @@
 """`swarm status` shows running jobs: real `swarm publish`/`swarm join` processes whose tasks
-are held in flight by SWARM_CHAOS (each answers late), a real client, and status polled with
-bounded deadlines until the workers' re-announcements show the work, then show it gone."""
+are held in flight by SWARM_CHAOS (hold: unanswered until the test releases them), a real
+client, and status polled with bounded deadlines until the workers' re-announcements show the
+work, then show it gone."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from tests.control_support import Cluster
 
 pytestmark = [pytest.mark.system]
 
-DELAY_MS = 6000
-"""Every task answers this late, so the job's tasks are certainly in flight meanwhile."""
 
 def _status_cli(uri: str, *extra: str) -> str:
     res = run_swarm("status", uri, *extra, timeout=60)
@@ -26,7 +25,9 @@ def _status_cli(uri: str, *extra: str) -> str:
     return res.stdout
 
 def test_status_shows_running_jobs_then_none(tmp_path):
-    cluster = Cluster(tmp_path, env={"SWARM_CHAOS": f"delay={DELAY_MS}"})
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    cluster = Cluster(tmp_path, env={"SWARM_CHAOS": f"hold={hold}"})
     client = None
     try:
         pub = cluster.publish()
@@ -49,13 +50,15 @@ def test_status_shows_running_jobs_then_none(tmp_path):
                     and s["running_tasks"] >= job["tasks"] > 0)
 
         t0 = time.monotonic()
-        obs.wait(busy, DELAY_MS / 1000, "the running job")
+        obs.wait(busy, 60, "the running job")
         seen = time.monotonic() - t0
         # the CLI shows the same: JSON and the readable table
         st = json.loads(_status_cli(cluster.uri, "--json"))
         assert busy(st), st
         table = _status_cli(cluster.uri)
         assert f"job of {me[:12]}" in table and "running tasks: 0" not in table
+        assert not ref.future().done()      # all of it seen while the tasks were held
+        (hold / "release").touch()
 
         np.testing.assert_allclose(get(ref, timeout=60), a @ b, rtol=1e-3, atol=1e-2)
         t1 = time.monotonic()
@@ -65,6 +68,7 @@ def test_status_shows_running_jobs_then_none(tmp_path):
         print(f"\nrunning job visible {seen:.2f} s after submit; idle again "
               f"{time.monotonic() - t1:.2f} s after it completed")
     finally:
+        (hold / "release").touch()
         if client is not None:
             client.close()
         cluster.close()

@@ -42,6 +42,8 @@ def _report(reporter: PeerKey, liar: PeerKey, forwarded: bool = False) -> bytes:
 
 
 async def test_a_follower_passes_a_liar_report_on_to_its_coordinator(tmp_path):
+    """What the plane sends is captured at ``_send`` (no DHT): the forwarded report, to the
+    coordinator. Delivery itself: test_runtime_untrusted_cli (real processes)."""
     me, coord, reporter, liar = (PeerKey.generate() for _ in range(4))
     plane, sent = await _plane(tmp_path, me)
     state = CoordinatorState(swarm=SWARM, term=3, seq=1, coordinator=coord.peer_id)

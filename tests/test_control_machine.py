@@ -376,7 +376,7 @@ def test_handoff_falls_back_when_the_successor_is_gone():
     sim.run_until(lambda: "b" in sim.left and sim.agreed("a"), limit=10)
 
 
-def test_block_survives_coordinator_change_and_full_restart():
+def test_block_survives_coordinator_change_and_full_restart_in_the_sim():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0, "x": 0.5})
     sim.nodes["b"].command(CheckedCommand("block", sim.ids["x"], "bad", "owner", 1), sim.now)
     sim._run("b")

@@ -9,21 +9,13 @@ import time
 import pytest
 
 from identity import BlockCommand, PeerKey, Role, Signed, sign_as_peer
+from swarm.control.machine import Timing
 from swarm.errors import RemoteError
 from swarm.uri import parse
-from tests.conftest import run_swarm
-from tests.control_support import SIGKILL, SIGTERM, Cluster
+from tests.conftest import DEAD, run_swarm
+from tests.control_support import SIGKILL, SIGTERM
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _members(st: dict) -> set[str]:
@@ -70,7 +62,15 @@ def test_failover_block_and_full_restart(cluster, tmp_path):
     failover = time.monotonic() - killed_at
     print(f"\njoin times {join_times}; failover after SIGKILL {failover:.2f} s")
     assert peers["w3"] in {b["peer_id"] for b in st2["blocked"]}
-    assert failover < 15
+    # The design's bound, not a guess: silence for `failover`, a claim of the next term that
+    # may take `claim`, a first successor that fails to take over within `handoff`, and one
+    # observation to see it (its time measured here). The typical figure (about 2 s) is a
+    # speed goal and lives in bench/, not here.
+    started = time.monotonic()
+    obs.status()
+    observe = time.monotonic() - started
+    t = Timing()
+    assert failover < t.failover + t.claim + t.handoff + 2 * observe, (failover, observe)
 
     # The deposed coordinator's key signing a command at its old term: refused (fencing).
     old_key = PeerKey.load(tmp_path / coord / "peer.key")
@@ -161,7 +161,7 @@ def test_idle_members_do_not_poll_the_dht_while_heartbeats_flow(cluster, tmp_pat
 
 
 def test_consent_refused_without_a_terminal_names_yes(tmp_path):
-    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + "&dn=lab&x.pe=127.0.0.1:9&x.op=" + "ab" * 16
+    uri = "magnet:?xs=urn:btpk:" + "11" * 32 + f"&dn=lab&x.pe={DEAD}&x.op=" + "ab" * 16
     res = run_swarm("join", uri, "--data-dir", str(tmp_path / "d"), timeout=60)
     assert res.returncode == 3
     assert "--yes" in res.stderr

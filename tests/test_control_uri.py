@@ -40,22 +40,58 @@ def test_round_trip(j):
             uri.parse(text)
 
 
+PARTS = ("xs", "s", "dn", "x.op", "x.pe")
+
+
+def _names_a_part(text: str, exc: URIError) -> None:
+    """The error says which part of ``text`` is wrong: a named parameter, a parameter with no
+    value, the length, or that it is no join URI at all (the prefix)."""
+    msg = str(exc)
+    part, sep, _ = msg.partition(": ")
+    if sep and part in PARTS:
+        return
+    if sep and msg.endswith("percent-escapes are not UTF-8"):
+        assert f"{part}=" in text, msg          # the parameter whose value is bad
+        return
+    assert (msg.startswith(("parameter ", "join URI longer than"))
+            or "is not a join URI: expected magnet:?xs=urn:btpk:" in msg), msg
+
+
 @given(st.text(max_size=300))
 def test_garbage_raises_uri_error_only(text):
+    """Any text parses or raises URIError (never another exception), and the error names a
+    part."""
     try:
         uri.parse(text)
     except URIError as exc:
-        assert str(exc)
+        _names_a_part(text, exc)
 
 
 @given(join_uris, st.integers(0, 400), st.text(max_size=5))
 def test_mutated_uri_parses_or_names_a_part(j, pos, junk):
     text = str(j)
     pos = min(pos, len(text))
+    mutated = text[:pos] + junk + text[pos:]
     try:
-        uri.parse(text[:pos] + junk + text[pos:])
+        uri.parse(mutated)
     except URIError as exc:
-        assert str(exc)
+        _names_a_part(mutated, exc)
+
+
+@pytest.mark.parametrize(("text", "part"), [
+    ("magnet:?xs=urn:btpk:00", "xs: public key has 2 hex digits"),
+    (f"magnet:?xs=urn:btpk:{KEY.hex()}&s=zz&x.op={'ab' * 16}", "s: 'zz' is not hex"),
+    (f"magnet:?xs=urn:btpk:{KEY.hex()}&x.pe=h:0&x.op={'ab' * 16}", "x.pe: port 0 out of range"),
+    (f"magnet:?xs=urn:btpk:{KEY.hex()}&dn=%ff&x.op={'ab' * 16}", "dn: percent-escapes"),
+    (f"magnet:?xs=urn:btpk:{KEY.hex()}&x.op=ab", "x.op: the owner pin is 16 bytes"),
+    (f"magnet:?xs=urn:btpk:{KEY.hex()}&dn", "parameter 'dn' has no '=value'"),
+    ("http://example.org/", "is not a join URI"),
+])
+def test_bad_uris_name_their_part(text, part):
+    with pytest.raises(URIError) as info:
+        uri.parse(text)
+    assert part in str(info.value)
+    _names_a_part(text, info.value)
 
 
 def test_swarm_id_is_the_bep44_target():

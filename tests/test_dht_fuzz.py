@@ -15,13 +15,17 @@ import umsgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dht import Announcement, DHTNode, MutableItem
+from dht import Announcement, DHTNode, MutableItem, errors
 from dht.announce import topic_target
 from dht.messages import Envelope
 from dht.wire import REQUESTS, announcement_to_wire, mutable_to_wire
 from identity import PeerKey
+from tests.conftest import DEAD_ADDR
 
-FUZZ_ADDR = ("127.0.0.1", 9)  # discard port: nothing answers the pings it may trigger
+FUZZ_ADDR = DEAD_ADDR  # nothing answers the pings it may trigger
+KNOWN_CODES = {errors.GENERIC, errors.SERVER, errors.PROTOCOL, 204, errors.VALUE_TOO_BIG,
+               errors.BAD_SIGNATURE, errors.SALT_TOO_BIG, errors.CAS_MISMATCH,
+               errors.SEQ_TOO_LOW}
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -63,25 +67,40 @@ def _honest_still_fine(loop, target, honest, item):
     assert target.store.get_mutable(item.target, target.clock()) == item
 
 
-@FUZZ
-@given(st.binary(max_size=300))
-def test_random_datagrams(env, data):
+def _check_reply(request, reply) -> None:
+    """A reply fit for the wire that a handler produced without failing: a result, a retry
+    token, or a refusal with a known error number (a handler that raised is answered with
+    202, "server error", so that code means a crash the fuzzing found)."""
+    assert isinstance(reply, dict | list | bytes), (request, reply)
+    if isinstance(reply, dict) and "error" in reply:
+        code, message = reply["error"]
+        assert code in KNOWN_CODES and isinstance(message, str), (request, reply)
+        assert message != "server error", ("a handler raised", request)
+    well_formed = (isinstance(request, list) and len(request) == 2
+                   and isinstance(request[0], str) and isinstance(request[1], list))
+    if not well_formed:
+        assert reply == {"error": [errors.PROTOCOL, "malformed request"]}, (request, reply)
+    elif request[0] not in REQUESTS:
+        assert reply["error"][0] == 204, (request, reply)
+
+
+def _fuzz_datagrams(env, data):
     loop, target, honest, item = env
     for datagram in (data, b"\x00" + os.urandom(20) + data, b"\x01" + os.urandom(20) + data):
         loop.run_until_complete(target.protocol._solve_datagram(datagram, FUZZ_ADDR))
 
 
-@FUZZ
-@given(st.sampled_from(sorted(REQUESTS)) | st.text(max_size=10),
-       st.lists(packable, max_size=6), st.booleans())
-def test_random_requests(env, name, args, real_id):
+def _fuzz_requests(env, name, args, real_id):
     loop, target, honest, item = env
     if real_id and args:
         args[0] = os.urandom(20)
-    reply = _dispatch(loop, target, [name, args])
-    assert isinstance(reply, dict | list | bytes)
-    if isinstance(reply, dict) and "error" in reply:
-        assert isinstance(reply["error"][0], int)
+    _check_reply([name, args], _dispatch(loop, target, [name, args]))
+
+
+REQUEST_ARGS = (st.sampled_from(sorted(REQUESTS)) | st.text(max_size=10),
+                st.lists(packable, max_size=6), st.booleans())
+test_random_datagrams = FUZZ(given(st.binary(max_size=300))(_fuzz_datagrams))
+test_random_requests = FUZZ(given(*REQUEST_ARGS)(_fuzz_requests))
 
 
 def _valid_requests(target: DHTNode, item: MutableItem) -> list[list]:
@@ -130,17 +149,17 @@ def _mutate(value, data):
     return data.draw(packable)
 
 
-@FUZZ
-@given(st.data())
-def test_mutated_valid_requests(env, data):
+def _fuzz_mutations(env, data):
     loop, target, honest, item = env
     for request in _valid_requests(target, item):
         mutated = _mutate(request, data)
-        reply = _dispatch(loop, target, mutated)
-        assert isinstance(reply, dict | list | bytes)
+        _check_reply(mutated, _dispatch(loop, target, mutated))
     # nothing invalid got in: every stored item still verifies
     for (t,) in target.store._db.execute("SELECT target FROM mutable").fetchall():
         assert target.store.get_mutable(t, target.clock()) is not None
+
+
+test_mutated_valid_requests = FUZZ(given(st.data())(_fuzz_mutations))
 
 
 def test_valid_requests_are_accepted(env):
@@ -152,5 +171,11 @@ def test_valid_requests_are_accepted(env):
 
 
 def test_honest_node_survives_the_fuzzing(env):
+    """Fuzzes the target itself (a shorter run of each fuzz test above), so that it checks
+    the same whether it runs alone, first or last."""
     loop, target, honest, item = env
+    short = settings(FUZZ, max_examples=40)
+    short(given(st.binary(max_size=300))(_fuzz_datagrams))(env)
+    short(given(*REQUEST_ARGS)(_fuzz_requests))(env)
+    short(given(st.data())(_fuzz_mutations))(env)
     _honest_still_fine(loop, target, honest, item)

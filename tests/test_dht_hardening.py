@@ -18,6 +18,7 @@ from dht.messages import Envelope, ReplayGuard
 from dht.protocol import DHTProtocol
 from dht.wire import announcement_to_wire, mutable_to_wire
 from identity import PeerKey
+from tests.conftest import DEAD_ADDR
 
 pytestmark = pytest.mark.timeout(120)
 T0 = 1_000_000.0
@@ -267,7 +268,7 @@ async def test_a_spoofed_source_does_not_become_a_contact():
     node = await _node()
     try:
         # a ping "from" an address nobody answers at: challenged, never added
-        await node.protocol.dispatch(["ping", [b"s" * 20]], ("127.0.0.1", 9))
+        await node.protocol.dispatch(["ping", [b"s" * 20]], DEAD_ADDR)
         await node.settle()
         assert node.protocol.router.contacts() == []
     finally:

@@ -28,10 +28,15 @@ def _closest(nodes, target, k=K):
     return sorted(nodes, key=lambda n: n.long_id ^ t)[:k]
 
 
-def _query_for(nodes, dead=frozenset(), delay=0.0, dead_delay=0.2, finished=None):
+def _query_for(nodes, dead=frozenset(), delay=0.0, finished=None, dead_until=None):
+    """A query over ``nodes``; a node in ``dead`` answers nothing, after 0.2 s or, given
+    ``dead_until`` (an asyncio.Event), only once it is set."""
     async def query(node):
         if node.id in dead:
-            await asyncio.sleep(dead_delay)
+            if dead_until is not None:
+                await dead_until.wait()
+            else:
+                await asyncio.sleep(0.2)
             if finished is not None:
                 finished.append(node)
             return None
@@ -57,12 +62,15 @@ async def test_dead_nodes_do_not_hold_the_lookup_open():
     target = hashlib.sha1(b"churn").digest()
     dead = {n.id for n in _closest(nodes, target, 2 * K)[::2]}  # half of the nearest are gone
     finished: list[Node] = []
-    query = _query_for(nodes, dead, finished=finished, dead_delay=0.5)
+    timed_out = asyncio.Event()  # no dead query ends before the lookup has returned
+    query = _query_for(nodes, dead, finished=finished, dead_until=timed_out)
     query.target = target
     kept: list[asyncio.Task] = []
-    res = await lookup(target, nodes[:3], query, k=K, alpha=3, slow_after=0.01,
-                       keep=kept.append)
-    assert finished == []  # returned before any dead query timed out
+    # a lookup that waited for a dead query would never return: the bound says so
+    res = await asyncio.wait_for(lookup(target, nodes[:3], query, k=K, alpha=3,
+                                        slow_after=0.01, keep=kept.append), 30)
+    assert finished == []
+    timed_out.set()
     alive = [n for n in nodes if n.id not in dead]
     assert [n.id for n, _ in res.responses] == [n.id for n in _closest(alive, target)]
     await asyncio.gather(*kept)  # the dead ones' queries finish on their own

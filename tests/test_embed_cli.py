@@ -11,7 +11,7 @@ import swarm
 from models.minilm import MiniLM
 from swarm.commands.embed import read_sentences
 from swarm.errors import ConfigError
-from tests.conftest import run_swarm, subprocess_env
+from tests.conftest import DEAD, run_swarm, subprocess_env
 
 pytestmark = [pytest.mark.system]
 
@@ -65,7 +65,7 @@ def test_bad_input_exit_2_and_nothing_written(tmp_path, content, message):
     path.write_bytes(content)
     out = tmp_path / "out.npy"
     # the input is read before anything connects: a URI nobody answers is fine here
-    r = run_swarm("embed", "127.0.0.1:9", "--input", str(path), "-o", str(out),
+    r = run_swarm("embed", DEAD, "--input", str(path), "-o", str(out),
                   env=subprocess_env(SWARM_HOME=str(tmp_path / "home")))
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr

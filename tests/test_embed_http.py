@@ -14,33 +14,19 @@ import numpy as np
 import openai
 import pytest
 
-import swarm
 from models.minilm import MiniLM
 from swarm.processes.member import embeddings_api
 from swarm.web.embeddings import api_key
-from swarm.web.server import SwarmInfo, WebServer
+from tests.conftest import served_api
 
 pytestmark = [pytest.mark.system]
 
 
 @pytest.fixture(scope="module")
 def served():
-    """The web server as a member runs it (start_for_member's API: a client attached to the
-    member's own node and loop, the key in its data dir)."""
-    with swarm.local(2, threads=1) as client:
-        info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
-
-        async def start():
-            server = WebServer(client.node, info, "127.0.0.1", 0, api=embeddings_api(client.node))
-            await server.start()
-            return server
-
-        server = client._loop.run(start(), 30)
-        key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
-        try:
-            yield f"http://127.0.0.1:{server.port}/v1", key
-        finally:
-            client._loop.run(server.stop(), 30)
+    """(base URL, API key) of the embeddings API as a member serves it."""
+    with served_api(2, embeddings_api) as (url, key, _):
+        yield url, key
 
 
 def test_openai_client_float_and_base64(served):

@@ -52,9 +52,10 @@ def test_every_chunk_on_workers_and_verified_and_the_bundle_travels_once():
 
 def test_a_worker_that_runs_only_matmul_takes_its_share_product_by_product(client,
                                                                           monkeypatch):
-    """A browser tab runs only matmul shards (its link says so): it is never sent a
-    ``minilm`` call (nor the 42 MB bundle), and a chunk of every batch runs product by
-    product, each product a verified matmul job that the tab takes shards of."""
+    """A worker whose link says it runs only matmul shards, as a browser tab's does (here a
+    native worker's link is flagged so; a real tab: tests/system/test_browser.py), is never
+    sent a ``minilm`` call (nor the 42 MB bundle), and a chunk of every batch runs product
+    by product, each product a verified matmul job that it takes shards of."""
     embedder = client.embedder()
     tab, native = client.worker_ids
     monkeypatch.setattr(client._node.requester.links[tab], "tab", True, raising=False)

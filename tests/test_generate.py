@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from models import gguf_weights
 from models.generate import GenerationError, Generator, _safe_end
@@ -21,10 +20,8 @@ HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """As models.generate runs: two BLAS threads on busy cores are several times slower."""
-    with threadpool_limits(1, user_api="blas"):
-        yield
+def _one_blas_thread(one_blas_thread):
+    """Every test here runs on one BLAS thread (tests.conftest.one_blas_thread)."""
 
 @pytest.fixture(scope="module")
 def gen() -> Generator:

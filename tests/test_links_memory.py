@@ -194,29 +194,3 @@ def test_any_sequence_of_messages_arrives_intact_and_in_order(sizes):
         await a.close()
 
     asyncio.run(run())
-
-
-async def test_an_application_that_does_not_read_holds_at_most_a_window():
-    """Issue 34: the bytes of decoded messages held for the application are bounded
-    (``window``), whatever the link type: the reader stops there, not at 64 messages."""
-    from swarm.links.echo import Bulk
-
-    a, b = memory_pair(A, B, LinkOptions(window=2 << 20))
-    chunk = np.zeros(1 << 19, np.uint8)
-
-    async def send_all():
-        for _ in range(30):
-            await a.send(Bulk(chunk))
-
-    sender = asyncio.create_task(send_all())
-
-    async def stalled():
-        while not b._stalled:
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(stalled(), 10)
-    assert sum(m.data.nbytes for m in b._queue._items) <= (2 << 20) + (1 << 19)
-    for _ in range(30):
-        assert (await asyncio.wait_for(b.recv(), 10)).data.nbytes == 1 << 19
-    await asyncio.wait_for(sender, 10)
-    await a.close()

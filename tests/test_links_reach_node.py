@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 
 from tests import test_runtime_node
+from tests.conftest import DEAD, DEAD_ADDR
 
 nodes = test_runtime_node.two_nodes  # a fixture: requester a (listening), worker b
 
@@ -21,26 +22,50 @@ async def _linked(a, b, timeout=10.0):
             await asyncio.sleep(0.05)
 
 
-async def test_a_lost_link_is_dialed_again(nodes):
+def _watch_redials(node, monkeypatch) -> tuple[asyncio.Event, list]:
+    """(set once ``node`` has handled a lost link, the peers it scheduled redials of): a
+    redial is decided when the link's close reaches ``node._lost``, so once the event is set
+    the answer is final, with no time to wait out."""
+    handled, redials = asyncio.Event(), []
+    lost, redial = node._lost, node._redial
+
+    def watched_lost(r, link):
+        lost(r, link)
+        handled.set()
+
+    def watched_redial(r):
+        redials.append(r.peer_id)
+        return redial(r)
+
+    monkeypatch.setattr(node, "_lost", watched_lost)
+    monkeypatch.setattr(node, "_redial", watched_redial)
+    return handled, redials
+
+
+async def test_a_lost_link_is_dialed_again(nodes, monkeypatch):
     a, b = nodes
     assert b.peer_id in await a.wait_for_workers(1, 20)
+    handled, redials = _watch_redials(a, monkeypatch)
     first = a.requester.links[b.peer_id]
     first._abort("connection lost: the NAT forgot us")
     second = await _linked(a, b)
     assert second is not first
     assert await second.ping(5) > 0
+    assert handled.is_set() and redials == [b.peer_id]  # the redial below did it
 
 
-async def test_a_goodbye_is_not_redialed(nodes):
+async def test_a_goodbye_is_not_redialed(nodes, monkeypatch):
     a, b = nodes
     await a.wait_for_workers(1, 20)
+    handled, redials = _watch_redials(a, monkeypatch)
     await b._incoming[a.peer_id].close("leaving")
-    await asyncio.sleep(1.5)  # longer than the first redial delay
+    await asyncio.wait_for(handled.wait(), 10)  # a has read the goodbye and decided
+    assert redials == []
     link = a.requester.links.get(b.peer_id)
     assert link is None or link.closed
 
 
-async def test_a_lost_link_to_a_refused_peer_is_not_dialed_again(nodes, caplog):
+async def test_a_lost_link_to_a_refused_peer_is_not_dialed_again(nodes, caplog, monkeypatch):
     """A blocked worker leaves when it learns of its block (its link drops), and a peer
     whose lie was proven is refused: neither is dialed again. `make demo` warned "worker
     <the blocked liar> unreachable" after the liar had rightly gone."""
@@ -48,8 +73,10 @@ async def test_a_lost_link_to_a_refused_peer_is_not_dialed_again(nodes, caplog):
     await a.wait_for_workers(1, 20)
     a.proven_liars.add(b.peer_id)  # what the runtime does on proof; a block is the same
     caplog.set_level("INFO", logger="swarm.node")
+    handled, redials = _watch_redials(a, monkeypatch)
     a.requester.links[b.peer_id]._abort("connection lost: it left")
-    await asyncio.sleep(1.5)  # longer than the first redial delay
+    await asyncio.wait_for(handled.wait(), 10)
+    assert redials == []
     link = a.requester.links.get(b.peer_id)
     assert link is None or link.closed
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()
@@ -60,10 +87,10 @@ async def test_a_worker_with_no_path_is_marked_unreachable(nodes):
     a, b = nodes
     records = [r for r in await a.members() if r.peer_id == b.peer_id]
     await b.server.close()  # its address stops answering
-    gone = [dataclasses.replace(records[0], links=(("127.0.0.1", 9),))]
+    gone = [dataclasses.replace(records[0], links=(DEAD_ADDR,))]
     assert await a.connect_workers(gone) == []
     until, why = a.unreachable[b.peer_id]
-    assert "tls 127.0.0.1:9" in why
+    assert f"tls {DEAD}" in why
     assert await a.connect_workers(gone) == []  # not dialed again while backing off
 
 
@@ -103,7 +130,7 @@ async def test_one_round_links_a_member_that_only_a_relay_reaches(tmp_path):
             while {b.peer_id, c.peer_id} - {r.peer_id for r in await a.members()}:
                 await asyncio.sleep(0.05)
         records = {r.peer_id: r for r in await a.members()}
-        hidden = dataclasses.replace(records[c.peer_id], links=(("127.0.0.1", 9),))
+        hidden = dataclasses.replace(records[c.peer_id], links=(DEAD_ADDR,))
         linked = await asyncio.wait_for(a.connect_workers([hidden, records[b.peer_id]]), 60)
         assert set(linked) == {b.peer_id, c.peer_id}, a.unreachable
         assert a.requester.links[c.peer_id].kind == "webrtc"
@@ -164,7 +191,7 @@ async def test_a_worker_still_unreachable_is_warned_about_once(nodes, caplog):
     a, b = nodes
     records = [r for r in await a.members() if r.peer_id == b.peer_id]
     await b.server.close()  # its address stops answering
-    gone = dataclasses.replace(records[0], links=(("127.0.0.1", 9),))
+    gone = dataclasses.replace(records[0], links=(DEAD_ADDR,))
     caplog.set_level("INFO", logger="swarm.node")
     for _ in range(3):
         assert await a._dial(gone) is None

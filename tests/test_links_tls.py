@@ -261,36 +261,3 @@ async def test_half_a_large_chunk_then_silence_closes_within_the_frame_timeout(m
         assert isinstance(exc.error, ProtocolError) and "stalled" in exc.reason
         assert link._stream.landed == len(chunk) - wire.CHUNK_HEAD  # it had begun in place
         writer.close()
-
-
-async def test_an_application_that_does_not_read_holds_at_most_a_window():
-    """Issue 34: decoded messages held for the application are bounded in bytes too
-    (``window``), not only in number: 64 messages of up to 2 GiB each had been held. Here
-    1 MiB messages against a 4 MiB window: reading stops at the window (TCP's flow control
-    or the sender's bound on shared-memory segments then stops the sender)."""
-    opts = LinkOptions(window=4 << 20)
-    server, links = await _server(options=opts)
-    try:
-        dialer = await tls.connect(B, "127.0.0.1", server.port, expect=A.peer_id)
-        listener = await asyncio.wait_for(links.get(), 5)
-        chunk = np.zeros(1 << 20, np.uint8)
-
-        async def send_all():
-            for _ in range(40):
-                await dialer.send(Bulk(chunk))
-
-        sender = asyncio.create_task(send_all())
-
-        async def stalled():
-            while not listener._stalled:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(stalled(), 10)
-        held = sum(m.data.nbytes for m in listener._queue._items)
-        assert held <= (4 << 20) + (1 << 20)  # (arrays come through shared memory here)
-        for _ in range(40):                    # nothing lost: all arrive once read
-            assert (await asyncio.wait_for(listener.recv(), 10)).data.nbytes == 1 << 20
-        await asyncio.wait_for(sender, 10)
-        await dialer.close()
-    finally:
-        await server.close()

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from models import gguf_weights
 from models.executor import LocalExecutor, Weight
@@ -19,10 +18,8 @@ REFERENCE = json.loads((ROOT / "bench" / "llama_reference.json").read_text())
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """As models.generate runs: two BLAS threads on busy cores are several times slower."""
-    with threadpool_limits(1, user_api="blas"):
-        yield
+def _one_blas_thread(one_blas_thread):
+    """Every test here runs on one BLAS thread (tests.conftest.one_blas_thread)."""
 
 @pytest.fixture(scope="module")
 def model() -> Llama:

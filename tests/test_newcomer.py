@@ -14,14 +14,13 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import swarm_cmd
+from tests.conftest import DEAD, swarm_cmd
 from tests.control_support import Proc, stop_all
 
 pytestmark = [pytest.mark.system]
@@ -63,14 +62,7 @@ class Tour:
         return self.home / ".local" / "share" / "swarm"
 
     def start(self, name: str, *args: str) -> Proc:
-        popen = subprocess.Popen(swarm_cmd(*args), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                 env=self.env, cwd=self.home)
-        p = Proc(name, popen, time.monotonic())
-        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
-                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
-        for t in p.threads:
-            t.start()
+        p = Proc.spawn(name, swarm_cmd(*args), self.env, cwd=self.home)
         self.procs.append(p)
         return p
 
@@ -258,7 +250,7 @@ def test_the_readme_tour(tour, tmp_path):
 
 def test_nothing_answering_says_what_to_do(tour):
     """Finding 2: when no peer answers, the error names --bootstrap and join_uri."""
-    dead = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe=127.0.0.1:9"
+    dead = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe={DEAD}"
     for cmd in (["status", dead], ["kick", dead, "p" + "a" * 11, "--owner-key", "fido2"]):
         res = tour.run(*cmd)
         assert_clean(res, code=1)

@@ -5,6 +5,7 @@ swarm.local (used between co-located peers, not when switched off)."""
 from __future__ import annotations
 
 import mmap
+import time
 
 import msgpack
 import numpy as np
@@ -14,6 +15,7 @@ import swarm
 from swarm import api
 from swarm.errors import ActorDiedError, TaskCancelledError
 from swarm.runtime import actors
+from tests.conftest import wait_held
 from tests.links_helpers import mapping_at, memfds
 from tests.test_runtime_local import rand
 
@@ -85,13 +87,38 @@ def test_remote_calls_called_directly_say_what_to_do(client):
         client.matmul.options().remote(x)
 
 
-def test_cancel_a_running_task():
-    with swarm.local(workers=1, threads=1, chaos="delay=5000") as c:
-        x = np.ones((4, 4), np.float32)
-        ref = c.matmul.remote(x, x)
-        assert swarm.cancel(ref) is True
+def test_cancel_a_running_task(tmp_path):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    sent = []
+    with swarm.local(workers=1, threads=1, chaos=f"hold={hold}") as c:
+        real = c.node.requester._cancel
+
+        async def cancel(link, tid):
+            sent.append(tid)
+            await real(link, tid)
+
+        c.node.requester._cancel = cancel
+        try:
+            x = np.ones((4, 4), np.float32)
+            ref = c.matmul.remote(x, x)
+            wait_held(hold, 1)                     # running at the worker, not answered
+            queued = c.matmul.remote(2 * x, x)      # behind it
+            assert swarm.cancel(ref) is True and swarm.cancel(queued) is True
+            for r in (ref, queued):
+                with pytest.raises(TaskCancelledError):
+                    swarm.get(r, timeout=10)
+            deadline = time.monotonic() + 10  # told from the client's loop thread
+            while not sent:
+                assert time.monotonic() < deadline, "the worker was not told to drop the task"
+                time.sleep(0.02)
+        finally:
+            (hold / "release").touch()
+        # the late answer changes nothing, the queued task never ran, the worker serves on
+        np.testing.assert_array_equal(swarm.get(c.matmul.remote(x, x), timeout=30), 4 * x)
         with pytest.raises(TaskCancelledError):
             swarm.get(ref, timeout=10)
+        assert len(wait_held(hold, 2)) == 2
         done = c.put(x)
         assert swarm.cancel(done) is False  # nothing to cancel
         with pytest.raises(TypeError, match="ObjectRef"):
@@ -116,26 +143,43 @@ def test_named_actor_get_and_kill(client):
         swarm.kill("mm")
 
 
-def test_kill_cancels_calls_in_flight():
-    with swarm.local(workers=1, threads=1, chaos="delay=5000") as c:
-        h = c.actor("matmul", max_restarts=-1)
-        x = np.ones((4, 4), np.float32)
-        ref = h.matmul.remote(x, x)
-        swarm.kill(h)
-        with pytest.raises(TaskCancelledError):
-            swarm.get(ref, timeout=10)
+def test_kill_cancels_calls_in_flight(tmp_path):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    with swarm.local(workers=1, threads=1, chaos=f"hold={hold}") as c:
+        try:
+            h = c.actor("matmul", max_restarts=-1)
+            x = np.ones((4, 4), np.float32)
+            ref = h.matmul.remote(x, x)
+            wait_held(hold, 1)                     # in flight: at the worker, unanswered
+            swarm.kill(h)
+            with pytest.raises(TaskCancelledError):
+                swarm.get(ref, timeout=10)
+        finally:
+            (hold / "release").touch()
+        with pytest.raises(ActorDiedError, match="killed"):
+            h.matmul.remote(x, x)                   # no restart, whatever max_restarts said
 
 
-def test_refs_of_running_tasks_nest_into_kernels_and_actor_calls(client):
+def test_refs_of_running_tasks_nest_into_kernels_and_actor_calls(tmp_path):
+    hold = tmp_path / "hold"
+    hold.mkdir()
     rng = np.random.default_rng(4)
     a = rand(rng, 64, 1)
     ones = np.ones((1, 1), np.float32)
-    col = client.matmul.remote(a, ones)            # still running when passed on
-    flat = client.actor("matmul").matmul.remote(col, ones)
-    y = client.kernel.options(verify="none").remote(
-        flat, np.zeros((64, 1), np.float32), wgsl=SAXPY, inputs=["x", "y"],
-        outputs=[("y", (64,), "float32")], dispatch=(1, 1, 1))
-    np.testing.assert_allclose(swarm.get(y, timeout=60), 3 * a.reshape(-1), rtol=1e-5)
+    with swarm.local(workers=1, threads=1, chaos=f"hold={hold}") as c:
+        try:
+            col = c.matmul.remote(a, ones)
+            wait_held(hold, 1)
+            assert not col.future().done()          # still running when passed on
+            flat = c.actor("matmul").matmul.remote(col, ones)
+            y = c.kernel.options(verify="none").remote(
+                flat, np.zeros((64, 1), np.float32), wgsl=SAXPY, inputs=["x", "y"],
+                outputs=[("y", (64,), "float32")], dispatch=(1, 1, 1))
+            assert not y.future().done()
+        finally:
+            (hold / "release").touch()
+        np.testing.assert_allclose(swarm.get(y, timeout=60), 3 * a.reshape(-1), rtol=1e-5)
 
 
 def test_colocated_workers_exchange_arrays_through_shared_memory(even_rates):

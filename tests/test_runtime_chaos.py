@@ -26,6 +26,28 @@ def test_bad_values_are_config_errors(bad):
         parse(bad)
 
 
+def test_hold_names_an_existing_directory(tmp_path):
+    spec = parse(f"hold={tmp_path}")
+    assert spec.hold == str(tmp_path) and spec.active
+    assert Chaos(spec).next_task().hold == str(tmp_path)
+    with pytest.raises(ConfigError, match="not a directory"):
+        parse(f"hold={tmp_path / 'missing'}")
+
+
+async def test_a_held_task_waits_for_the_release_file(tmp_path):
+    import asyncio
+
+    from swarm.runtime.chaos import hold
+
+    held = asyncio.ensure_future(hold(str(tmp_path), 7))
+    async with asyncio.timeout(10):
+        while not (tmp_path / "held-7").exists():
+            await asyncio.sleep(0.01)
+    assert not held.done()
+    (tmp_path / "release").touch()
+    await asyncio.wait_for(held, 10)
+
+
 @given(st.text(max_size=40))
 def test_parser_never_crashes(text):
     try:

@@ -27,9 +27,14 @@ def test_cached_check_accepts_right_and_rejects_wrong():
     assert not cache.check(key, a, b, np.full_like(c, np.nan))
 
 
-def test_cached_check_gives_a_lucky_corruption_no_second_pass():
+def test_cached_check_gives_a_lucky_corruption_no_second_pass(monkeypatch):
     """A vector kept per weight let one lucky pass teach a worker a corruption that passes
     every later check (62 of 62); fresh vectors per check give it nothing to reuse."""
+    from compute import verify
+
+    # Seeded check vectors: the search below finds a lucky corruption on every run (at try
+    # 186 with these seeds), so the assertion that matters is always reached.
+    monkeypatch.setattr(verify._rngs, "rng", np.random.default_rng(5), raising=False)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((16, 128)).astype(np.float32)
     b = rng.standard_normal((128, 64)).astype(np.float32)
@@ -38,15 +43,14 @@ def test_cached_check_gives_a_lucky_corruption_no_second_pass():
     key = object_id(b)
     d = 0.1 * float(np.sqrt(np.mean(c.astype(np.float64) ** 2)))
     lucky = None
-    for _ in range(400):   # look for pairs of errors that cancel under the current vectors
+    for _ in range(5000):   # look for pairs of errors that cancel under the current vectors
         bad = c.copy()
         bad[0, 0] += d
         bad[0, 1] += d * rng.choice([-1.0, 1.0])
         if cache.check(key, a, b, bad):
             lucky = bad
             break
-    if lucky is None:
-        return      # nothing passed even once: the point holds
+    assert lucky is not None, "no corruption passed a check: the search proves nothing"
     assert sum(cache.check(key, a, b, lucky) for _ in range(60)) <= 3
 
 

@@ -5,9 +5,9 @@ One local swarm per module where possible (start-up is ~1 s); faults use their o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -128,22 +128,26 @@ def test_misuse_fails_before_sending(client, call, err, match):
     assert sent == []
 
 
-@pytest.mark.slow
-def test_worker_killed_mid_job_and_job_still_correct():
-    # worker 0 answers 2 s late, so it is certainly holding a shard when it is killed
-    with swarm.local(workers=2, threads=1, chaos=["delay=2000", None]) as c:
-        victim = c.worker_ids[0]
-        got_shard = threading.Event()
-        c.node.requester.on_task_sent = lambda peer, msg: (
-            got_shard.set() if peer == victim else None)
-        rng = np.random.default_rng(4)
+@contextlib.contextmanager
+def _worker_stopped_mid_job(hold, sig: int, seed: int):
+    """A job on two workers; worker 0 holds a shard (computed, unanswered: ``hold=``) when
+    it gets ``sig``; the job's result checked. Yields (client, worker 0's id)."""
+    from tests.conftest import wait_held
+
+    with swarm.local(workers=2, threads=1, chaos=[f"hold={hold}", None]) as c:
+        rng = np.random.default_rng(seed)
         a, b = rand(rng, 400, 200), rand(rng, 200, 300)
         ref = c.matmul.remote(a, b)
-        assert got_shard.wait(30)
-        os.kill(c.processes[0].pid, signal.SIGKILL)
+        wait_held(hold, 1)
+        c.processes[0].send_signal(sig)
         np.testing.assert_allclose(swarm.get(ref, timeout=60), a @ b, rtol=1e-4, atol=1e-3)
-        report = c.last_report
-        assert report.peers[str(victim)].verified == 0
+        yield c, c.worker_ids[0]
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_job_and_job_still_correct(tmp_path):
+    with _worker_stopped_mid_job(tmp_path, signal.SIGKILL, 4) as (c, victim):
+        assert c.last_report.peers[str(victim)].verified == 0
         assert c.processes[0].wait(10) == -signal.SIGKILL
 
 
@@ -289,18 +293,8 @@ def test_solo_mode_without_workers():
 
 
 @pytest.mark.slow
-def test_graceful_stop_finishes_or_hands_back_its_shards():
-    with swarm.local(workers=2, threads=1, chaos=["delay=1000", None]) as c:
-        leaving = c.worker_ids[0]
-        got_shard = threading.Event()
-        c.node.requester.on_task_sent = lambda peer, msg: (
-            got_shard.set() if peer == leaving else None)
-        rng = np.random.default_rng(6)
-        a, b = rand(rng, 400, 200), rand(rng, 200, 300)
-        ref = c.matmul.remote(a, b)
-        assert got_shard.wait(30)
-        c.processes[0].send_signal(signal.SIGTERM)
-        np.testing.assert_allclose(swarm.get(ref, timeout=60), a @ b, rtol=1e-4, atol=1e-3)
+def test_graceful_stop_finishes_or_hands_back_its_shards(tmp_path):
+    with _worker_stopped_mid_job(tmp_path, signal.SIGTERM, 6) as (c, leaving):
         assert c.processes[0].wait(30) == 0          # it left cleanly, not killed
         assert c.last_report.peers[str(leaving)].rejected == 0
 
@@ -316,7 +310,7 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
     import sys
     import time
 
-    from tests.conftest import subprocess_env
+    from tests.conftest import read_line, subprocess_env
 
     script = ("import swarm, sys\n"
               "c = swarm.local(workers=1, threads=1)\n"
@@ -325,7 +319,7 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                               stdin=subprocess.PIPE, env=subprocess_env(), text=True)
     try:
-        worker = int(parent.stdout.readline())
+        worker = int(read_line(parent, 60))
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 20
@@ -344,29 +338,30 @@ def test_worker_processes_leave_with_a_killed_client(tmp_path):
 
 
 @pytest.mark.slow
-def test_straggler_is_re_executed_elsewhere():
-    with swarm.local(workers=2, threads=1, chaos=["delay=20000", None]) as c:
+def test_straggler_is_re_executed_elsewhere(tmp_path):
+    with swarm.local(workers=2, threads=1, chaos=[f"hold={tmp_path}", None]) as c:
         slow = c.worker_ids[0]
-        try:
-            rng = np.random.default_rng(10)
-            a, b = rand(rng, 300, 200), rand(rng, 200, 200)
-            # the slow worker holds its shards 20 s; the job ends long before that
-            np.testing.assert_allclose(c.matmul(a, b, timeout=15), a @ b, rtol=1e-4, atol=1e-3)
-            report = c.last_report
-            assert report.peers.get(str(slow)) is None or report.peers[str(slow)].shards == 0
-            fast = report.peers[str(c.worker_ids[1])]
-            assert fast.shards == report.shards and fast.verified == report.shards
-        finally:
-            c.processes[0].kill()   # it would finish its sleeping task before leaving
+        rng = np.random.default_rng(10)
+        a, b = rand(rng, 300, 200), rand(rng, 200, 200)
+        # the slow worker holds its shards until it is stopped; the job ends without them
+        np.testing.assert_allclose(c.matmul(a, b, timeout=15), a @ b, rtol=1e-4, atol=1e-3)
+        report = c.last_report
+        assert report.peers.get(str(slow)) is None or report.peers[str(slow)].shards == 0
+        fast = report.peers[str(c.worker_ids[1])]
+        assert fast.shards == report.shards and fast.verified == report.shards
+        assert list(tmp_path.glob("held-*")), "the slow worker was dealt nothing to redo"
 
 
-def test_closing_the_client_cancels_pending_refs():
+def test_closing_the_client_cancels_pending_refs(tmp_path):
     import concurrent.futures as cf
 
-    c = swarm.local(workers=1, threads=1, chaos="delay=5000")
+    from tests.conftest import wait_held
+
+    c = swarm.local(workers=1, threads=1, chaos=f"hold={tmp_path}")
     try:
         x = np.ones((2, 2), np.float32)
         ref = c.matmul.remote(x, x)
+        wait_held(tmp_path, 1)         # at the worker, unanswered until it is stopped
     finally:
         c.close()
     with pytest.raises(cf.CancelledError):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import swarm
-from tests.conftest import run_swarm, subprocess_env
+from tests.conftest import DEAD, run_swarm, subprocess_env
 
 pytestmark = [pytest.mark.system]
 
@@ -60,7 +60,7 @@ def test_submit_bad_inputs_exit_2(tmp_path, case, match):
         np.save(b, np.array([{"x": 1}], dtype=object), allow_pickle=True)
     elif case == "shapes":
         np.save(b, np.ones((2, 3), np.float32))
-    r = run_swarm("submit", "127.0.0.1:9", "--swarm", "00" * 20, "matmul", str(a), str(b),
+    r = run_swarm("submit", DEAD, "--swarm", "00" * 20, "matmul", str(a), str(b),
                   "-o", str(tmp_path / "c.npy"),
                   env=subprocess_env(SWARM_HOME=str(tmp_path / "home")))
     assert r.returncode == 2, r.stderr
@@ -77,7 +77,7 @@ def test_submit_bad_uri_exit_2(tmp_path):
 
 def test_submit_unreachable_swarm_fails_clearly(tmp_path):
     np.save(tmp_path / "a.npy", np.ones((2, 2), np.float32))
-    r = run_swarm("submit", "127.0.0.1:9", "--swarm", "00" * 20, "matmul",
+    r = run_swarm("submit", DEAD, "--swarm", "00" * 20, "matmul",
                   str(tmp_path / "a.npy"), str(tmp_path / "a.npy"), "-o", str(tmp_path / "c.npy"),
                   "--timeout", "5", env=subprocess_env(SWARM_HOME=str(tmp_path / "home")))
     assert r.returncode == 1, r.stderr

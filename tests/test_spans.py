@@ -28,9 +28,8 @@ TOKENS = 16
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    with threadpool_limits(1, user_api="blas"):
-        yield
+def _one_blas_thread(one_blas_thread):
+    """Every test here runs on one BLAS thread (tests.conftest.one_blas_thread)."""
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,12 @@ Format: comma-separated ``key=value`` pairs, all optional::
     model's layer that is plausible but not the one asked for. Another array of the same
     shape the worker holds (another layer's weight) if there is one, else the layer skipped
     (its input returned) where the shapes allow, else the weight with its columns rotated.
+``hold=DIR``
+    every task, once computed, is held unanswered until the file ``DIR/release`` exists (a
+    task in flight for as long as a test needs, with no delay to wait out). On holding task
+    T the worker creates ``DIR/held-T``, so a test knows the task reached it and is running.
+    A worker asked to stop (draining) lets its held answers go.
+    DIR is an existing directory (it cannot contain a comma).
 ``crash_after=N``
     the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
     or a pulled plug would.
@@ -35,8 +41,9 @@ A bad value is a :class:`~swarm.errors.ConfigError` at worker start, never a sil
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -63,13 +70,15 @@ class ChaosSpec:
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
     """Tasks to serve before the process dies; None = never."""
+    hold: str = ""
+    """Directory whose ``release`` file lets held answers go; "" = no hold."""
     seed: int | None = None
     """Dice seed; None = random."""
 
     @property
     def active(self) -> bool:
         return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer
-                    or self.delay_ms
+                    or self.delay_ms or self.hold
                     or self.crash_after is not None)
 
 
@@ -77,7 +86,7 @@ def parse(text: str | None) -> ChaosSpec:
     """Parse a ``SWARM_CHAOS`` value; empty or None means no faults."""
     if not text or not text.strip():
         return ChaosSpec()
-    values: dict[str, float | int] = {}
+    values: dict[str, float | int | str] = {}
     for part in text.split(","):
         key, sep, raw = part.strip().partition("=")
         if not sep:
@@ -94,6 +103,8 @@ def parse(text: str | None) -> ChaosSpec:
                 if not 0.0 <= ms <= 600_000:
                     raise ValueError
                 values["delay_ms"] = ms
+            elif key == "hold":
+                values["hold"] = raw
             elif key in ("crash_after", "seed"):
                 n = int(raw)
                 if n < 0:
@@ -102,13 +113,15 @@ def parse(text: str | None) -> ChaosSpec:
             else:
                 raise ConfigError(
                     f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, delay, "
-                    "crash_after, seed)"
+                    "hold, crash_after, seed)"
                 )
         except ValueError:
             raise ConfigError(
                 f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer: 0..1, delay: milliseconds, "
                 "crash_after/seed: integers >= 0)"
             ) from None
+    if "hold" in values and not Path(str(values["hold"])).is_dir():
+        raise ConfigError(f"{ENV}: hold={values['hold']!r} is not a directory")
     return ChaosSpec(**values)
 
 
@@ -130,6 +143,8 @@ class Fault:
     """Run a compute that never finishes (stopped only by the time limit)."""
     layer: bool = False
     """Compute a matmul with a plausible wrong weight."""
+    hold: str = ""
+    """Hold the answer until ``hold/release`` exists ("" = no hold)."""
 
 
 class Chaos:
@@ -154,6 +169,7 @@ class Chaos:
             invalid=self._rng.random() < s.invalid,
             hang=self._rng.random() < s.hang,
             layer=s.layer > 0 and self._rng.random() < s.layer,  # old seeds' dice kept
+            hold=s.hold,
         )
 
     def wrong_layer(self, a: np.ndarray, b: np.ndarray, held: Iterable[np.ndarray]
@@ -176,3 +192,19 @@ class Chaos:
             i = self._rng.randrange(flat.size)
             flat[i] = flat[i] + (1 + abs(flat[i])) * 3
         return bad
+
+
+HOLD_POLL = 0.02
+"""Seconds between looks for the release file of a held task."""
+
+
+async def hold(directory: str, task: int, stopping: Callable[[], bool] = lambda: False
+               ) -> None:
+    """Tell the test that ``task`` is held (``held-TASK``), then wait for ``release`` (or
+    for ``stopping()``: a worker asked to stop answers what it holds and goes)."""
+    import asyncio
+
+    where = Path(directory)
+    (where / f"held-{task}").touch()
+    while not (where / "release").exists() and not stopping():
+        await asyncio.sleep(HOLD_POLL)

@@ -32,7 +32,7 @@ from swarm.links import shm
 from swarm.links.base import PeerLink
 from swarm.loop import Supervisor
 from swarm.runtime.actors import REGISTRY
-from swarm.runtime.chaos import Chaos, ChaosSpec
+from swarm.runtime.chaos import Chaos, ChaosSpec, hold
 from swarm.runtime.evidence import Receipt, input_ids, output_ids
 from swarm.runtime.hostcore import (  # noqa: F401 - the limits, re-exported for their users
     HELD_SHARE,
@@ -242,6 +242,8 @@ class ActorHost:
         answer = self.core.answer(plan, outputs)
         if answer.delay_s:
             await asyncio.sleep(answer.delay_s)
+        if answer.hold:
+            await hold(answer.hold, msg.task, lambda: self.draining)
         if answer.drop:
             return
         self.stats.tasks += 1

@@ -122,6 +122,8 @@ class Answer:
     """Wait this long first."""
     drop: bool
     """Send nothing at all."""
+    hold: str = ""
+    """Wait for this directory's ``release`` file first (``SWARM_CHAOS`` hold)."""
 
 
 class HostCore:
@@ -309,7 +311,8 @@ class HostCore:
         fault = plan.fault
         if fault.corrupt:
             outputs = [self.chaos.corrupt(o) for o in outputs]
-        return Answer([np.ascontiguousarray(o) for o in outputs], fault.delay_s, fault.drop)
+        return Answer([np.ascontiguousarray(o) for o in outputs], fault.delay_s, fault.drop,
+                      fault.hold)
 
     def _tiny(self, actor: object, method: str, arrays: list[np.ndarray]) -> bool:
         """Whether a task is a numpy matmul small enough to run on the loop itself."""

@@ -69,7 +69,8 @@ async def main(role: str, root: Path, seed: str, peer: str, mb: int) -> None:
         try:
             link = await ep.connect(other, ("0.0.0.0", 0))
         except (TimeoutError, ConnectionError) as exc:
-            print(json.dumps({"ok": False, "error": str(exc)}), flush=True)
+            print(json.dumps({"ok": False, "error": str(exc),
+                              "seconds": time.perf_counter() - t0}), flush=True)
             return
         setup = time.perf_counter() - t0
         rtts = [await link.ping(10) for _ in range(20)]
@@ -97,7 +98,7 @@ def run_pair(dialer, answerer, root: Path, ice: list[dict] | None, mb: int = 4,
     import subprocess
     import tempfile
 
-    from tests.conftest import subprocess_env
+    from tests.conftest import read_line, subprocess_env
 
     ka, kb = PeerKey.generate(), PeerKey.generate()
     d = Path(tempfile.mkdtemp(dir=root))
@@ -110,7 +111,7 @@ def run_pair(dialer, answerer, root: Path, ice: list[dict] | None, mb: int = 4,
                                               ka.peer_id.raw.hex()]),
                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     try:
-        assert ans.stdout.readline().strip() == "ready", (d / "answer.err").read_text()
+        assert read_line(ans, 60).strip() == "ready", (d / "answer.err").read_text()
         res = subprocess.run(dialer.wrap([*cmd, "dial", str(d), ka.seed().hex(),
                                           kb.peer_id.raw.hex()]),
                              capture_output=True, text=True, env=env, timeout=timeout + 90)

@@ -23,6 +23,10 @@ LEAD = re.compile(r"-> coordinator at term (\d+)")
 """A node's log line when it becomes the coordinator itself."""
 
 
+POLL = 0.3
+"""Seconds between two `swarm status` runs of a wait."""
+
+
 class NetCluster:
     """Swarm processes on the hosts of one :class:`Net`; :meth:`close` kills what is left."""
 
@@ -35,16 +39,7 @@ class NetCluster:
 
     def start(self, name: str, host: Host, argv: list[str], env: dict[str, str] | None = None
               ) -> Proc:
-        popen = subprocess.Popen(host.wrap(argv), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                 env=subprocess_env(**(env or {})))
-        import threading
-
-        p = Proc(name, popen, time.monotonic())
-        p.threads = [threading.Thread(target=p._pump, args=(popen.stdout, p.out), daemon=True),
-                     threading.Thread(target=p._pump, args=(popen.stderr, p.err), daemon=True)]
-        for t in p.threads:
-            t.start()
+        p = Proc.spawn(name, host.wrap(argv), subprocess_env(**(env or {})))
         self.procs.append(p)
         self.hosts[name] = host
         return p
@@ -68,26 +63,31 @@ class NetCluster:
                                        uri or self.uri,
                                        "--data-dir", str(self.root / name), *args])
 
-    def status(self, host: Host, uri: str = "") -> dict:
+    def status(self, host: Host, uri: str = "", timeout: float = 60) -> dict:
         res = subprocess.run(host.wrap(swarm_cmd("status", uri or self.uri, "--json",
                                                  "--data-dir",
                                                  str(self.root / "obs"))),
-                             capture_output=True, text=True, timeout=60, env=subprocess_env())
+                             capture_output=True, text=True, timeout=timeout,
+                             env=subprocess_env())
         if res.returncode != 0:
             raise AssertionError(res.stderr.strip()[-500:])
         return json.loads(res.stdout)
 
     def wait_status(self, host: Host, pred, timeout: float, what: str, uri: str = "") -> dict:
-        """Poll ``swarm status`` from ``host`` until ``pred(status)``; bounded."""
+        """Poll ``swarm status`` from ``host`` until ``pred(status)``; bounded by ``timeout``
+        in all (each run too). A run is a process in ``host``'s namespace (the in-process
+        observer cannot join it), so runs are spaced by POLL, not back to back."""
         deadline = time.monotonic() + timeout
         last: object = None
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
             try:
-                last = self.status(host, uri)
-                if pred(last):
-                    return last
+                last = self.status(host, uri, timeout=max(left, 5))
             except AssertionError as exc:  # not reachable or items not stored yet
                 last = exc
+            else:
+                if pred(last):
+                    return last
+            time.sleep(POLL)
         raise AssertionError(f"status from {host.ns} never showed {what} in {timeout} s; "
                              f"last: {last}")
 

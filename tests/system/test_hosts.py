@@ -52,11 +52,18 @@ def test_wan_emulated_with_netem(cluster, net, tmp_path):
         subprocess.run(h.wrap(["tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
                                "20ms", "loss", "1%"]), check=True, timeout=20)
     cluster.publish(hosts[0])
-    for i in (1, 2):
-        cluster.join(f"w{i}", hosts[i])
-    cluster.wait_status(hosts[3], lambda s: len(s["members"]) == 3 and s["coordinator"], 120,
-                        "3 members")
-    _submit(cluster, hosts[3], tmp_path)
+    workers = {cluster.join(f"w{i}", hosts[i]).peer for i in (1, 2)}
+    st = cluster.wait_status(hosts[3], lambda s: len(s["members"]) == 3 and s["coordinator"],
+                             120, "3 members")
+    report = _submit(cluster, hosts[3], tmp_path)
+    # the delay and loss were in effect the whole time, and remote workers did the work
+    for h in hosts:
+        shown = subprocess.run(h.wrap(["tc", "qdisc", "show", "dev", "eth0"]),
+                               capture_output=True, text=True, check=True, timeout=20).stdout
+        assert "netem" in shown and "delay 20ms" in shown and "loss 1%" in shown, shown
+    done = {r["peer"] for r in report["peers"] if r["verified"]}
+    assert done & workers and done <= members(st), report
+    assert all(r["rejected"] == 0 for r in report["peers"])
 
 
 def test_namespaces_a_killed_run_left_are_swept_and_live_ones_kept(net):
