@@ -2,7 +2,7 @@
 
 A weight matrix is ``[out, in]``, one row per output, each row ``in / QK`` blocks as the file
 stores them. Every kernel reads a row's blocks once and decodes them in registers, 16 weights
-(one vector) at a time: :func:`_vec` gives vector ``v`` of a block. A decoded weight is exactly
+(one vector) at a time: :data:`_DECODERS` give vector ``v`` of a block. A decoded weight is exactly
 the float32 that ``gguf.quants.dequantize`` gives (the same operations in the same order:
 ``d * q``, ``d * q + m``, ``(d * sc) * q - dmin * m``, each a separate rounding).
 
@@ -88,121 +88,122 @@ def _scale_min_k4(row, at, s):
 
 
 @_inline
-def _vec(qt, row, base, v):
-    """Weights ``16 v .. 16 v + 15`` of the block at byte ``base`` of ``row``, as float32."""
-    if qt == Q4_0:
-        q = load_u8(row, base + 2)
-        q = iand(q, 15) if v == 0 else ishr(q, 4)
-        return scale(to_f32(isub(q, 8)), half(_u16(row, base)))
-    if qt == Q4_1:
-        q = load_u8(row, base + 4)
-        q = iand(q, 15) if v == 0 else ishr(q, 4)
-        return shift(scale(to_f32(q), half(_u16(row, base))), half(_u16(row, base + 2)))
-    if qt == Q8_0:
-        return scale(to_f32(load_i8(row, base + 2 + 16 * v)), half(_u16(row, base)))
-    if qt == Q4_K:
-        s = v // 2
-        q = load_u8(row, base + 16 + 32 * (s // 2) + 16 * (v % 2))
-        q = iand(q, 15) if s % 2 == 0 else ishr(q, 4)
-        sc, mn = _scale_min_k4(row, base + 4, s)
-        d = half(_u16(row, base)) * F(sc)
-        dm = half(_u16(row, base + 2)) * F(mn)
-        return shift(scale(to_f32(q), d), -dm)
-    if qt == Q6_K:
-        g, h = v // 2, v % 2
-        ql = load_u8(row, base + 64 * (g // 4) + 32 * (g % 2) + 16 * h)
-        ql = iand(ishr(ql, 4 * ((g // 2) % 2)), 15)
-        qh = load_u8(row, base + 128 + 32 * (g // 4) + 16 * h)
-        qh = iand(ishr(qh, 2 * (g % 4)), 3)
-        q = isub(ior(ql, ishl(qh, 4)), 32)
-        sc = np.int8(row[base + 192 + v])
-        return scale(to_f32(q), half(_u16(row, base + 208)) * F(sc))
-    if qt == Q5_0:
-        q = load_u8(row, base + 6)
-        q = iand(q, 15) if v == 0 else ishr(q, 4)
-        q = ior(q, ishl(bits_of(_u32(row, base + 2), 16 * v), 4))
-        return scale(to_f32(isub(q, 16)), half(_u16(row, base)))
-    if qt == Q5_1:
-        q = load_u8(row, base + 8)
-        q = iand(q, 15) if v == 0 else ishr(q, 4)
-        q = ior(q, ishl(bits_of(_u32(row, base + 4), 16 * v), 4))
-        return shift(scale(to_f32(q), half(_u16(row, base))), half(_u16(row, base + 2)))
-    if qt == Q5_K:
-        s = v // 2
-        q = load_u8(row, base + 48 + 32 * (s // 2) + 16 * (v % 2))
-        q = iand(q, 15) if s % 2 == 0 else ishr(q, 4)
-        hb = load_u8(row, base + 16 + 16 * (v % 2))
-        q = ior(q, ishl(iand(ishr(hb, s), 1), 4))
-        sc, mn = _scale_min_k4(row, base + 4, s)
-        d = half(_u16(row, base)) * F(sc)
-        dm = half(_u16(row, base + 2)) * F(mn)
-        return shift(scale(to_f32(q), d), -dm)
-    if qt == F16:
-        return load_f16(row, base)
-    if qt == BF16:
-        return load_bf16(row, base)
-    return load_f32(row, base)  # F32
+def _q4_0(row, base, v):
+    q = load_u8(row, base + 2)
+    q = iand(q, 15) if v == 0 else ishr(q, 4)
+    return scale(to_f32(isub(q, 8)), half(_u16(row, base)))
 
 
 @_inline
-def _vectors(qt):
-    if qt == Q4_K or qt == Q5_K or qt == Q6_K:
-        return 16
-    if qt == F32 or qt == F16 or qt == BF16:
-        return 1
-    return 2
+def _q4_1(row, base, v):
+    q = load_u8(row, base + 4)
+    q = iand(q, 15) if v == 0 else ishr(q, 4)
+    return shift(scale(to_f32(q), half(_u16(row, base))), half(_u16(row, base + 2)))
 
 
 @_inline
-def _block_bytes(qt):
-    if qt == F32:
-        return 64
-    if qt == F16 or qt == BF16:
-        return 32
-    if qt == Q4_0:
-        return 18
-    if qt == Q4_1:
-        return 20
-    if qt == Q5_0:
-        return 22
-    if qt == Q5_1:
-        return 24
-    if qt == Q8_0:
-        return 34
-    if qt == Q4_K:
-        return 144
-    if qt == Q5_K:
-        return 176
-    return 210  # Q6_K
+def _q5_0(row, base, v):
+    q = load_u8(row, base + 6)
+    q = iand(q, 15) if v == 0 else ishr(q, 4)
+    q = ior(q, ishl(bits_of(_u32(row, base + 2), 16 * v), 4))
+    return scale(to_f32(isub(q, 16)), half(_u16(row, base)))
 
 
 @_inline
-def _decode_row(qt, row, out):
-    """Row ``row`` (bytes) decoded into ``out`` (float32, its length)."""
-    nv, bb = _vectors(qt), _block_bytes(qt)
-    for b in range(out.shape[0] // (LANES * nv)):
-        for v in range(nv):
-            store_f32(out, (b * nv + v) * LANES, _vec(qt, row, b * bb, v))
+def _q5_1(row, base, v):
+    q = load_u8(row, base + 8)
+    q = iand(q, 15) if v == 0 else ishr(q, 4)
+    q = ior(q, ishl(bits_of(_u32(row, base + 4), 16 * v), 4))
+    return shift(scale(to_f32(q), half(_u16(row, base))), half(_u16(row, base + 2)))
+
+
+@_inline
+def _q8_0(row, base, v):
+    return scale(to_f32(load_i8(row, base + 2 + 16 * v)), half(_u16(row, base)))
+
+
+@_inline
+def _q4_k(row, base, v):
+    s = v // 2
+    q = load_u8(row, base + 16 + 32 * (s // 2) + 16 * (v % 2))
+    q = iand(q, 15) if s % 2 == 0 else ishr(q, 4)
+    sc, mn = _scale_min_k4(row, base + 4, s)
+    d = half(_u16(row, base)) * F(sc)
+    dm = half(_u16(row, base + 2)) * F(mn)
+    return shift(scale(to_f32(q), d), -dm)
+
+
+@_inline
+def _q5_k(row, base, v):
+    s = v // 2
+    q = load_u8(row, base + 48 + 32 * (s // 2) + 16 * (v % 2))
+    q = iand(q, 15) if s % 2 == 0 else ishr(q, 4)
+    hb = load_u8(row, base + 16 + 16 * (v % 2))
+    q = ior(q, ishl(iand(ishr(hb, s), 1), 4))
+    sc, mn = _scale_min_k4(row, base + 4, s)
+    d = half(_u16(row, base)) * F(sc)
+    dm = half(_u16(row, base + 2)) * F(mn)
+    return shift(scale(to_f32(q), d), -dm)
+
+
+@_inline
+def _q6_k(row, base, v):
+    g, h = v // 2, v % 2
+    ql = load_u8(row, base + 64 * (g // 4) + 32 * (g % 2) + 16 * h)
+    ql = iand(ishr(ql, 4 * ((g // 2) % 2)), 15)
+    qh = load_u8(row, base + 128 + 32 * (g // 4) + 16 * h)
+    qh = iand(ishr(qh, 2 * (g % 4)), 3)
+    q = isub(ior(ql, ishl(qh, 4)), 32)
+    sc = np.int8(row[base + 192 + v])
+    return scale(to_f32(q), half(_u16(row, base + 208)) * F(sc))
+
+
+@_inline
+def _f16(row, base, v):
+    return load_f16(row, base)
+
+
+@_inline
+def _bf16(row, base, v):
+    return load_bf16(row, base)
+
+
+@_inline
+def _f32(row, base, v):
+    return load_f32(row, base)
+
+
+_DECODERS = {F32: _f32, F16: _f16, BF16: _bf16, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0,
+             Q5_1: _q5_1, Q8_0: _q8_0, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+"""Kernel code -> vector ``v`` of a block: weights ``16 v .. 16 v + 15`` of the block at byte
+``base`` of ``row``, as float32."""
 
 
 @functools.cache
 def kernels(qt: int) -> SimpleNamespace:
-    """The kernels for block layout ``qt``, compiled for it alone: ``qt`` is a constant of
-    the closure, so every branch on it folds away (numba keys its on-disk cache by the
-    closure's values too)."""
+    """The kernels for block layout ``qt``, compiled for it alone: its decoder and block sizes
+    are constants of the closure (numba keys its on-disk cache by the closure's values too)."""
+    vec = _DECODERS[qt]
+    per_block, bb = LAYOUT[qt]
+    nv = per_block // LANES
+    lg = nv.bit_length() - 1  # log2(nv): 1, 2 or 16 vectors per block
+
+    @_inline
+    def decode_row(row, out):
+        for b in range(out.shape[0] // per_block):
+            for v in range(nv):
+                store_f32(out, (b * nv + v) * LANES, vec(row, b * bb, v))
 
     @_jit
     def dequantize_range(data, r0, r1, out):
         """``out[i] = row r0 + i of data`` for rows ``r0 .. r1 - 1``, decoded."""
         for r in range(r0, r1):
-            _decode_row(qt, data[r], out[r - r0])
+            decode_row(data[r], out[r - r0])
 
     @_jit
     def matvec(data, x, y, r0, r1):
         """``y[0, o] = data[o] . x[0]`` for rows ``o`` in ``[r0, r1)`` (module docstring's order),
         each weight decoded in registers as it is read."""
-        nv, bb = _vectors(qt), _block_bytes(qt)
-        lg = 4 if nv == 16 else nv - 1  # log2(nv): 1 -> 0, 2 -> 1, 16 -> 4
         xs = x[0]
         chunks = xs.shape[0] // LANES
         for o in range(r0, r1):
@@ -210,13 +211,13 @@ def kernels(qt: int) -> SimpleNamespace:
             a0 = zeros()
             a1 = zeros()
             for c in range(0, chunks - 1, 2):
-                w0 = _vec(qt, row, (c >> lg) * bb, c & (nv - 1))
-                w1 = _vec(qt, row, ((c + 1) >> lg) * bb, (c + 1) & (nv - 1))
+                w0 = vec(row, (c >> lg) * bb, c & (nv - 1))
+                w1 = vec(row, ((c + 1) >> lg) * bb, (c + 1) & (nv - 1))
                 a0 = fma(w0, load_f32(xs, c * LANES), a0)
                 a1 = fma(w1, load_f32(xs, (c + 1) * LANES), a1)
             if chunks % 2 == 1:
                 c = chunks - 1
-                a0 = fma(_vec(qt, row, (c >> lg) * bb, c & (nv - 1)), load_f32(xs, c * LANES), a0)
+                a0 = fma(vec(row, (c >> lg) * bb, c & (nv - 1)), load_f32(xs, c * LANES), a0)
             y[0, o] = total(a0) + total(a1)
 
     return SimpleNamespace(dequantize_range=dequantize_range, matvec=matvec)
