@@ -28,7 +28,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from models import quant_kernels as qk
 
@@ -251,6 +251,29 @@ class QTensor:
 
     def _kernels(self):
         return qk.kernels(self._code)
+
+
+def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
+    """Every tensor of a ``gguf.GGUFReader`` by name, nothing copied or dequantized in bulk:
+    2-D ones as :class:`QTensor` over the file's map, 1-D ones (norms, biases: F32 in every
+    file seen) as float32 arrays (decoded if they are stored otherwise). ValueError names
+    a tensor of an unsupported type or rank."""
+    out: dict[str, QTensor | np.ndarray] = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            out[t.name] = QTensor.from_reader(t)
+        elif len(t.shape) == 1:
+            _qtype(t.tensor_type)
+            if t.tensor_type == Q.F32:
+                out[t.name] = np.asarray(t.data, np.float32)
+            else:
+                n = int(t.shape[0])
+                out[t.name] = QTensor(t.tensor_type, (1, n), np.asarray(t.data).view(
+                    np.uint8).reshape(1, -1)).dequantize()[0]
+        else:
+            raise ValueError(f"tensor {t.name!r} has {len(t.shape)} dimensions; "
+                             "a model's weights are matrices and vectors")
+    return out
 
 
 _pool: list[ThreadPoolExecutor] = []
