@@ -181,13 +181,8 @@ class QTensor:
         k = self._kernels()
         if x.shape[0] == 1:
             k.matvec(self.data, x, y, r0, r1)
-            return
-        rows = max(1, min(r1 - r0, (TILE_BYTES // 8) // (4 * self.shape[1])))
-        tile = np.empty((rows, self.shape[1]), np.float32)
-        for t0 in range(r0, r1, rows):
-            t1 = min(r1, t0 + rows)
-            k.dequantize_range(self.data, t0, t1, tile)
-            qk.dot_rows(tile[:t1 - t0], x, y, t0)
+        else:
+            k.matmul_few(self.data, x, y, r0, r1, np.empty(self.shape[1], np.float32))
 
     def _split(self, work) -> None:
         """``work(r0, r1)`` over all output rows, split between the caller and helpers."""

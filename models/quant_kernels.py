@@ -2,7 +2,7 @@
 
 A weight matrix is ``[out, in]``, one row per output, each row ``in / QK`` blocks as the file
 stores them. Every kernel reads a row's blocks once and decodes them in registers, 16 weights
-(one vector) at a time: :data:`_DECODERS` give vector ``v`` of a block. A decoded weight is exactly
+(one vector) at a time: :data:`_PAIRS` give two vectors at a time. A decoded weight is exactly
 the float32 that ``gguf.quants.dequantize`` gives (the same operations in the same order:
 ``d * q``, ``d * q + m``, ``(d * sc) * q - dmin * m``, each a separate rounding).
 
@@ -123,39 +123,47 @@ def _q8_0(row, base, v):
 
 
 @_inline
-def _q4_k(row, base, v):
-    s = v // 2
-    q = load_u8(row, base + 16 + 32 * (s // 2) + 16 * (v % 2))
-    q = iand(q, 15) if s % 2 == 0 else ishr(q, 4)
+def _q4_k(row, p):
+    """Sub-block ``s = p % 8`` of block ``p // 8``: its scale and min decoded once."""
+    base, s = (p >> 3) * 144, p & 7
+    at = base + 16 + 32 * (s >> 1)
+    sh = 4 * (s & 1)
     sc, mn = _scale_min_k4(row, base + 4, s)
     d = half(_u16(row, base)) * F(sc)
-    dm = half(_u16(row, base + 2)) * F(mn)
-    return shift(scale(to_f32(q), d), -dm)
+    dm = -(half(_u16(row, base + 2)) * F(mn))
+    return (shift(scale(to_f32(iand(ishr(load_u8(row, at), sh), 15)), d), dm),
+            shift(scale(to_f32(iand(ishr(load_u8(row, at + 16), sh), 15)), d), dm))
 
 
 @_inline
-def _q5_k(row, base, v):
-    s = v // 2
-    q = load_u8(row, base + 48 + 32 * (s // 2) + 16 * (v % 2))
-    q = iand(q, 15) if s % 2 == 0 else ishr(q, 4)
-    hb = load_u8(row, base + 16 + 16 * (v % 2))
-    q = ior(q, ishl(iand(ishr(hb, s), 1), 4))
+def _q5_k(row, p):
+    base, s = (p >> 3) * 176, p & 7
+    at = base + 48 + 32 * (s >> 1)
+    sh = 4 * (s & 1)
     sc, mn = _scale_min_k4(row, base + 4, s)
     d = half(_u16(row, base)) * F(sc)
-    dm = half(_u16(row, base + 2)) * F(mn)
-    return shift(scale(to_f32(q), d), -dm)
+    dm = -(half(_u16(row, base + 2)) * F(mn))
+    q0 = ior(iand(ishr(load_u8(row, at), sh), 15),
+             ishl(iand(ishr(load_u8(row, base + 16), s), 1), 4))
+    q1 = ior(iand(ishr(load_u8(row, at + 16), sh), 15),
+             ishl(iand(ishr(load_u8(row, base + 32), s), 1), 4))
+    return shift(scale(to_f32(q0), d), dm), shift(scale(to_f32(q1), d), dm)
 
 
 @_inline
-def _q6_k(row, base, v):
-    g, h = v // 2, v % 2
-    ql = load_u8(row, base + 64 * (g // 4) + 32 * (g % 2) + 16 * h)
-    ql = iand(ishr(ql, 4 * ((g // 2) % 2)), 15)
-    qh = load_u8(row, base + 128 + 32 * (g // 4) + 16 * h)
-    qh = iand(ishr(qh, 2 * (g % 4)), 3)
-    q = isub(ior(ql, ishl(qh, 4)), 32)
-    sc = np.int8(row[base + 192 + v])
-    return scale(to_f32(q), half(_u16(row, base + 208)) * F(sc))
+def _q6_k(row, p):
+    """Group ``g = p % 8`` (32 weights, two 16-weight scales) of block ``p // 8``."""
+    base, g = (p >> 3) * 210, p & 7
+    lo = base + 64 * (g >> 2) + 32 * (g & 1)
+    hi = base + 128 + 32 * (g >> 2)
+    sl, sh = 4 * ((g >> 1) & 1), 2 * (g & 3)
+    d = half(_u16(row, base + 208))
+    q0 = ior(iand(ishr(load_u8(row, lo), sl), 15), ishl(iand(ishr(load_u8(row, hi), sh), 3), 4))
+    q1 = ior(iand(ishr(load_u8(row, lo + 16), sl), 15),
+             ishl(iand(ishr(load_u8(row, hi + 16), sh), 3), 4))
+    d0 = d * F(np.int8(row[base + 192 + 2 * g]))
+    d1 = d * F(np.int8(row[base + 193 + 2 * g]))
+    return scale(to_f32(isub(q0, 32)), d0), scale(to_f32(isub(q1, 32)), d1)
 
 
 @_inline
@@ -173,26 +181,49 @@ def _f32(row, base, v):
     return load_f32(row, base)
 
 
-_DECODERS = {F32: _f32, F16: _f16, BF16: _bf16, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0,
-             Q5_1: _q5_1, Q8_0: _q8_0, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
-"""Kernel code -> vector ``v`` of a block: weights ``16 v .. 16 v + 15`` of the block at byte
-``base`` of ``row``, as float32."""
+def _block_pair(vec, bb):
+    """Chunks 2p, 2p+1 of a row whose blocks hold two vectors (block p)."""
+    @_inline
+    def pair(row, p):
+        return vec(row, p * bb, 0), vec(row, p * bb, 1)
+    return pair
+
+
+def _float_pair(vec, bb):
+    """Chunks 2p, 2p+1 of a row of 16-weight blocks (blocks 2p and 2p+1)."""
+    @_inline
+    def pair(row, p):
+        return vec(row, 2 * p * bb, 0), vec(row, (2 * p + 1) * bb, 0)
+    return pair
+
+
+_SINGLE = {F32: _f32, F16: _f16, BF16: _bf16}
+"""Float layouts: one vector per block (a row's odd last chunk)."""
+_PAIRS = {F32: _float_pair(_f32, 64), F16: _float_pair(_f16, 32), BF16: _float_pair(_bf16, 32),
+          Q4_0: _block_pair(_q4_0, 18), Q4_1: _block_pair(_q4_1, 20),
+          Q5_0: _block_pair(_q5_0, 22), Q5_1: _block_pair(_q5_1, 24),
+          Q8_0: _block_pair(_q8_0, 34), Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+"""Kernel code -> ``pair(row, p)``: weights ``32 p .. 32 p + 31`` of ``row`` (bytes), as two
+float32 vectors (the K-quants decode a sub-block's scales once for both)."""
 
 
 @functools.cache
 def kernels(qt: int) -> SimpleNamespace:
     """The kernels for block layout ``qt``, compiled for it alone: its decoder and block sizes
     are constants of the closure (numba keys its on-disk cache by the closure's values too)."""
-    vec = _DECODERS[qt]
-    per_block, bb = LAYOUT[qt]
-    nv = per_block // LANES
-    lg = nv.bit_length() - 1  # log2(nv): 1, 2 or 16 vectors per block
+    pair = _PAIRS[qt]
+    single = _SINGLE.get(qt, _f32)
+    bb = LAYOUT[qt][1]
 
     @_inline
     def decode_row(row, out):
-        for b in range(out.shape[0] // per_block):
-            for v in range(nv):
-                store_f32(out, (b * nv + v) * LANES, vec(row, b * bb, v))
+        chunks = out.shape[0] // LANES
+        for p in range(chunks // 2):
+            w0, w1 = pair(row, p)
+            store_f32(out, 2 * p * LANES, w0)
+            store_f32(out, (2 * p + 1) * LANES, w1)
+        if chunks % 2:  # a float row of an odd number of 16-weight blocks
+            store_f32(out, (chunks - 1) * LANES, single(row, (chunks - 1) * bb, 0))
 
     @_jit
     def dequantize_range(data, r0, r1, out):
@@ -202,43 +233,82 @@ def kernels(qt: int) -> SimpleNamespace:
 
     @_jit
     def matvec(data, x, y, r0, r1):
-        """``y[0, o] = data[o] . x[0]`` for rows ``o`` in ``[r0, r1)`` (module docstring's order),
-        each weight decoded in registers as it is read."""
+        """``y[0, o] = data[o] . x[0]`` for rows ``o`` in ``[r0, r1)`` (module docstring's
+        order), each weight decoded in registers as it is read."""
         xs = x[0]
         chunks = xs.shape[0] // LANES
         for o in range(r0, r1):
             row = data[o]
             a0 = zeros()
             a1 = zeros()
-            for c in range(0, chunks - 1, 2):
-                w0 = vec(row, (c >> lg) * bb, c & (nv - 1))
-                w1 = vec(row, ((c + 1) >> lg) * bb, (c + 1) & (nv - 1))
-                a0 = fma(w0, load_f32(xs, c * LANES), a0)
-                a1 = fma(w1, load_f32(xs, (c + 1) * LANES), a1)
-            if chunks % 2 == 1:
+            for p in range(chunks // 2):
+                w0, w1 = pair(row, p)
+                a0 = fma(w0, load_f32(xs, 2 * p * LANES), a0)
+                a1 = fma(w1, load_f32(xs, (2 * p + 1) * LANES), a1)
+            if chunks % 2:
                 c = chunks - 1
-                a0 = fma(vec(row, (c >> lg) * bb, c & (nv - 1)), load_f32(xs, c * LANES), a0)
+                a0 = fma(single(row, c * bb, 0), load_f32(xs, c * LANES), a0)
             y[0, o] = total(a0) + total(a1)
 
-    return SimpleNamespace(dequantize_range=dequantize_range, matvec=matvec)
+    @_jit
+    def matmul_few(data, x, y, r0, r1, buf):
+        """``y[t, o] = data[o] . x[t]`` for rows ``o`` in ``[r0, r1)`` and every row ``t`` of
+        ``x`` (a few): each weight row decoded once into ``buf`` (float32 [in]), then
+        :func:`dot_row`."""
+        for o in range(r0, r1):
+            decode_row(data[o], buf)
+            dot_row(buf, x, y, o)
+
+    return SimpleNamespace(dequantize_range=dequantize_range, matvec=matvec,
+                           matmul_few=matmul_few)
 
 
 @_jit
-def dot_rows(w, x, y, o0):
-    """``y[t, o0 + i] = w[i] . x[t]`` for every row ``i`` of the decoded weights ``w`` (float32
-    [rows, in], a tile in cache) and every row ``t`` of ``x`` (a few), in :func:`kernels`'
-    ``matvec`` order: a row's result has the same bits whichever path computed it."""
+def dot_row(wr, x, y, o):
+    """``y[t, o] = wr . x[t]`` for the decoded weight row ``wr`` (float32 [in], in L1) and
+    every row ``t`` of ``x`` (a few), in :func:`kernels`' ``matvec`` order: a row's result has
+    the same bits whichever path computed it. Rows of ``x`` go four at a time: eight
+    independent accumulators hide the multiply-add latency and each load of ``wr`` serves
+    four products."""
     chunks = x.shape[1] // LANES
-    for i in range(w.shape[0]):
-        wr = w[i]
-        for t in range(x.shape[0]):
-            xs = x[t]
-            a0 = zeros()
-            a1 = zeros()
-            for c in range(0, chunks - 1, 2):
-                a0 = fma(load_f32(wr, c * LANES), load_f32(xs, c * LANES), a0)
-                a1 = fma(load_f32(wr, (c + 1) * LANES), load_f32(xs, (c + 1) * LANES), a1)
-            if chunks % 2 == 1:
-                c = chunks - 1
-                a0 = fma(load_f32(wr, c * LANES), load_f32(xs, c * LANES), a0)
-            y[t, o0 + i] = total(a0) + total(a1)
+    n = x.shape[0]
+    t = 0
+    while t + 4 <= n:
+        x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
+        a0 = b0 = c0 = d0 = zeros()
+        a1 = b1 = c1 = d1 = zeros()
+        for c in range(0, chunks - 1, 2):
+            w0 = load_f32(wr, c * LANES)
+            w1 = load_f32(wr, (c + 1) * LANES)
+            a0 = fma(w0, load_f32(x0, c * LANES), a0)
+            b0 = fma(w0, load_f32(x1, c * LANES), b0)
+            c0 = fma(w0, load_f32(x2, c * LANES), c0)
+            d0 = fma(w0, load_f32(x3, c * LANES), d0)
+            a1 = fma(w1, load_f32(x0, (c + 1) * LANES), a1)
+            b1 = fma(w1, load_f32(x1, (c + 1) * LANES), b1)
+            c1 = fma(w1, load_f32(x2, (c + 1) * LANES), c1)
+            d1 = fma(w1, load_f32(x3, (c + 1) * LANES), d1)
+        if chunks % 2 == 1:
+            c = chunks - 1
+            w0 = load_f32(wr, c * LANES)
+            a0 = fma(w0, load_f32(x0, c * LANES), a0)
+            b0 = fma(w0, load_f32(x1, c * LANES), b0)
+            c0 = fma(w0, load_f32(x2, c * LANES), c0)
+            d0 = fma(w0, load_f32(x3, c * LANES), d0)
+        y[t, o] = total(a0) + total(a1)
+        y[t + 1, o] = total(b0) + total(b1)
+        y[t + 2, o] = total(c0) + total(c1)
+        y[t + 3, o] = total(d0) + total(d1)
+        t += 4
+    while t < n:
+        xs = x[t]
+        a0 = zeros()
+        a1 = zeros()
+        for c in range(0, chunks - 1, 2):
+            a0 = fma(load_f32(wr, c * LANES), load_f32(xs, c * LANES), a0)
+            a1 = fma(load_f32(wr, (c + 1) * LANES), load_f32(xs, (c + 1) * LANES), a1)
+        if chunks % 2 == 1:
+            c = chunks - 1
+            a0 = fma(load_f32(wr, c * LANES), load_f32(xs, c * LANES), a0)
+        y[t, o] = total(a0) + total(a1)
+        t += 1
