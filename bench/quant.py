@@ -5,7 +5,8 @@
 Per block format and matrix shape (SmolLM2- and Qwen2.5-0.5B-sized, [out, in]):
 
 * matvec: one row of x (a decode step). GB/s = the matrix's bytes as the file stores them
-  over the median time, on ``models.quant.THREADS`` threads and on one.
+  over the median time, on ``models.quant.THREADS`` threads and on one (wall and the thread's
+  CPU time: on a machine others load, the CPU time shows what the kernel does when it runs).
 * numpy sgemv: the same product on the dequantized float32 matrix (what the forward did
   before): its time, and GB/s over its float32 bytes.
 * prefill: 64 rows of x, GFLOPS (2 out in 64 / time), beside numpy sgemm on the float32 copy.
@@ -53,14 +54,14 @@ def weights(qtype: GGMLQuantizationType, out: int, n_in: int, rng) -> QTensor:
     return QTensor(qtype, (out, n_in), raw)
 
 
-def timed(fns: list, reps: int) -> list[float]:
+def timed(fns: list, reps: int, clock=time.perf_counter) -> list[float]:
     """Median seconds of each function, calls interleaved."""
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
         for i, f in enumerate(fns):
-            t = time.perf_counter()
+            t = clock()
             f()
-            times[i].append(time.perf_counter() - t)
+            times[i].append(clock() - t)
     return [statistics.median(t) for t in times]
 
 
@@ -145,9 +146,9 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}; kernel threads: {quant.THREADS}")
     print(f"memory bandwidth (numpy sum of 512 MiB, one thread): {bandwidth(args.reps):.1f} GB/s")
     rng = np.random.default_rng(0)
-    print("| type | out x in | MiB | matvec GB/s (threads) | 1 thread | numpy sgemv f32 ms "
-          "(GB/s) | matvec ms | prefill n=64 GFLOPS | numpy sgemm GFLOPS |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| type | out x in | MiB | matvec GB/s (threads) | 1 thread | 1 thread, CPU time | "
+          "numpy sgemv f32 ms (GB/s) | matvec ms | prefill n=64 GFLOPS | numpy sgemm GFLOPS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     threads = quant.THREADS
     for name in args.types:
         qtype = GGMLQuantizationType[name]
@@ -169,11 +170,12 @@ def main() -> None:
 
             mv, mv1, sgemv = timed([lambda w=w, x1=x1: w.matmul(x1), one_thread,
                                     lambda deq=deq, x1=x1: deq @ x1[0]], args.reps)
+            (cpu1,) = timed([one_thread], args.reps, time.thread_time)
             pre, sgemm = timed([lambda w=w, x64=x64: w.matmul(x64),
                                 lambda deq=deq, x64=x64: x64 @ deq.T], max(3, args.reps // 2))
             flops = 2 * out * n_in * 64
             print(f"| {name} | {out}x{n_in} | {w.nbytes / 2**20:.2f} | {w.nbytes / mv / 1e9:.1f} "
-                  f"| {w.nbytes / mv1 / 1e9:.1f} | {sgemv * 1e3:.3f} ({deq.nbytes / sgemv / 1e9:.1f}) "
+                  f"| {w.nbytes / mv1 / 1e9:.1f} | {w.nbytes / cpu1 / 1e9:.1f} | {sgemv * 1e3:.3f} ({deq.nbytes / sgemv / 1e9:.1f}) "
                   f"| {mv * 1e3:.3f} | {flops / pre / 1e9:.0f} | {flops / sgemm / 1e9:.0f} |",
                   flush=True)
     print(f"load average after: {os.getloadavg()}")

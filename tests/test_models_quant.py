@@ -151,6 +151,18 @@ def test_from_reader_maps_the_files_bytes_without_a_copy(tmp_path):
                            atol=1e-4 * np.abs(ref).sum(axis=1).max())
 
 
+def test_gguf_tensors_maps_matrices_and_reads_vectors(tmp_path):
+    raw, ref = _weights(Q.Q8_0, out=8, n_in=64)
+    norm = np.arange(64, dtype=np.float32)
+    _write_gguf(tmp_path / "m.gguf", {"w": (Q.Q8_0, raw), "norm": (Q.F32, norm.view(np.uint8))})
+    tensors = quant.gguf_tensors(GGUFReader(tmp_path / "m.gguf"))
+    assert isinstance(tensors["w"], QTensor) and np.array_equal(tensors["w"].dequantize(), ref)
+    assert tensors["norm"].dtype == np.float32 and np.array_equal(tensors["norm"], norm)
+    _write_gguf(tmp_path / "cube.gguf", {"c": (Q.F32, np.ones((2, 2, 32), np.float32))})
+    with pytest.raises(ValueError, match="'c' has 3 dimensions"):
+        quant.gguf_tensors(GGUFReader(tmp_path / "cube.gguf"))
+
+
 def test_bad_input_gets_a_clear_error():
     raw, ref = _weights(Q.Q8_0)
     with pytest.raises(ValueError, match="is 21760 bytes, got 21759"):
