@@ -23,6 +23,7 @@ weights it would have dequantized (:meth:`QTensor.check_vectors`, streamed by ro
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ FEW = 8
 THREADS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                      else os.cpu_count() or 1))
 """Threads a decoding product is split over (the caller and ``THREADS - 1`` helpers)."""
+SHARES = 4
+"""Shares of a split product per thread (each a numba call of a few microseconds)."""
 SPLIT_BYTES = 256 << 10
 """Weights below this many bytes run on the calling thread alone: handing half to a helper
 costs ~20-50 us of wake-up, about what 256 KiB takes to stream."""
@@ -187,18 +190,36 @@ class QTensor:
             k.matmul_few(self.data, x, y, r0, r1, np.empty(self.shape[1], np.float32))
 
     def _split(self, work) -> None:
-        """``work(r0, r1)`` over all output rows, split between the caller and helpers."""
+        """``work(r0, r1)`` over all output rows, in :data:`SHARES` shares per thread that the
+        caller and the helpers take as they come free. The caller waits only for shares a
+        helper has started: on a loaded machine a helper that is not scheduled in time
+        finds nothing left, instead of the product waiting for it to wake."""
         out = self.shape[0]
-        parts = THREADS if self.nbytes >= SPLIT_BYTES and out >= 2 * THREADS else 1
-        if parts == 1:
+        if THREADS < 2 or self.nbytes < SPLIT_BYTES or out < SHARES * THREADS:
             work(0, out)
             return
-        edges = [out * p // parts for p in range(parts + 1)]
-        futures = [h.submit(work, edges[p], edges[p + 1])
-                   for p, h in enumerate(_helpers(parts - 1), start=1)]
-        work(edges[0], edges[1])
-        for f in futures:
-            f.result()
+        shares = SHARES * THREADS
+        edges = [out * p // shares for p in range(shares + 1)]
+        taken = itertools.count()  # next() is atomic under the GIL
+        lock, finished, state = threading.Lock(), threading.Event(), {"done": 0, "error": None}
+
+        def take() -> None:
+            while (p := next(taken)) < shares:
+                try:
+                    work(edges[p], edges[p + 1])
+                except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                    state["error"] = e
+                with lock:
+                    state["done"] += 1
+                    if state["done"] == shares:
+                        finished.set()
+
+        for helper in _helpers(THREADS - 1):
+            helper.submit(take)
+        take()
+        finished.wait()
+        if state["error"] is not None:
+            raise state["error"]
 
     def _tiled(self, x: np.ndarray) -> np.ndarray:
         """Prefill: float32 tiles of the weights, each multiplied by BLAS (module docstring)."""
