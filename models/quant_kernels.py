@@ -2,7 +2,7 @@
 
 A weight matrix is ``[out, in]``, one row per output, each row ``in / QK`` blocks as the file
 stores them. Every kernel reads a row's blocks once and decodes them in registers, 16 weights
-(one vector) at a time: :data:`_PAIRS` give two vectors at a time. A decoded weight is exactly
+(one vector) at a time: :func:`_pair` gives two vectors at a time. A decoded weight is exactly
 the float32 that ``gguf.quants.dequantize`` gives (the same operations in the same order:
 ``d * q``, ``d * q + m``, ``(d * sc) * q - dmin * m``, each a separate rounding).
 
@@ -26,6 +26,8 @@ from types import SimpleNamespace
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from models.quant_simd import (
     LANES,
@@ -182,54 +184,90 @@ def _f32(row, base, v):
 
 
 def _block_pair(vec, bb):
-    """Chunks 2p, 2p+1 of a row whose blocks hold two vectors (block p)."""
-    @_inline
-    def pair(row, p):
+    def pair(qt, row, p):
         return vec(row, p * bb, 0), vec(row, p * bb, 1)
     return pair
 
 
+def _k_pair(vec):
+    def pair(qt, row, p):
+        return vec(row, p)
+    return pair
+
+
 def _float_pair(vec, bb):
-    """Chunks 2p, 2p+1 of a row of 16-weight blocks (blocks 2p and 2p+1)."""
-    @_inline
-    def pair(row, p):
+    def pair(qt, row, p):
         return vec(row, 2 * p * bb, 0), vec(row, (2 * p + 1) * bb, 0)
     return pair
 
 
-_SINGLE = {F32: _f32, F16: _f16, BF16: _bf16}
-"""Float layouts: one vector per block (a row's odd last chunk)."""
+def _float_single(vec, bb):
+    def single(qt, row, c):
+        return vec(row, c * bb, 0)
+    return single
+
+
 _PAIRS = {F32: _float_pair(_f32, 64), F16: _float_pair(_f16, 32), BF16: _float_pair(_bf16, 32),
           Q4_0: _block_pair(_q4_0, 18), Q4_1: _block_pair(_q4_1, 20),
           Q5_0: _block_pair(_q5_0, 22), Q5_1: _block_pair(_q5_1, 24),
-          Q8_0: _block_pair(_q8_0, 34), Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
-"""Kernel code -> ``pair(row, p)``: weights ``32 p .. 32 p + 31`` of ``row`` (bytes), as two
-float32 vectors (the K-quants decode a sub-block's scales once for both)."""
+          Q8_0: _block_pair(_q8_0, 34), Q4_K: _k_pair(_q4_k), Q5_K: _k_pair(_q5_k),
+          Q6_K: _k_pair(_q6_k)}
+_SINGLES = {F16: _float_single(_f16, 32), BF16: _float_single(_bf16, 32)}
+
+
+def _pair(qt, row, p):
+    """Weights ``32 p .. 32 p + 31`` of ``row`` (bytes) in layout ``qt``, as two float32
+    vectors (the K-quants decode a sub-block's scales once for both). Typed by numba only
+    (overloaded below): ``qt`` must be a compile-time constant, and only its layout's decoder
+    is compiled into the caller."""
+    raise NotImplementedError("compiled code only")
+
+
+def _single(qt, row, c):
+    """Weights ``16 c .. 16 c + 15`` of a row of a float layout (16-weight blocks)."""
+    raise NotImplementedError("compiled code only")
+
+
+def _literal(qt) -> int:
+    if not isinstance(qt, types.IntegerLiteral):
+        raise numba.errors.TypingError("the block layout must be a compile-time constant")
+    return qt.literal_value
+
+
+@overload(_pair, inline="always")
+def _pair_typed(qt, row, p):
+    return _PAIRS[_literal(qt)]
+
+
+@overload(_single, inline="always")
+def _single_typed(qt, row, c):
+    return _SINGLES.get(_literal(qt), _float_single(_f32, 64))
+
+
+@_inline
+def _decode_row(qt, row, out):
+    chunks = out.shape[0] // LANES
+    for p in range(chunks // 2):
+        w0, w1 = _pair(qt, row, p)
+        store_f32(out, 2 * p * LANES, w0)
+        store_f32(out, (2 * p + 1) * LANES, w1)
+    if chunks % 2:  # a float row of an odd number of 16-weight blocks
+        store_f32(out, (chunks - 1) * LANES, _single(qt, row, chunks - 1))
 
 
 @functools.cache
 def kernels(qt: int) -> SimpleNamespace:
-    """The kernels for block layout ``qt``, compiled for it alone: its decoder and block sizes
-    are constants of the closure (numba keys its on-disk cache by the closure's values too)."""
-    pair = _PAIRS[qt]
-    single = _SINGLE.get(qt, _f32)
-    bb = LAYOUT[qt][1]
-
-    @_inline
-    def decode_row(row, out):
-        chunks = out.shape[0] // LANES
-        for p in range(chunks // 2):
-            w0, w1 = pair(row, p)
-            store_f32(out, 2 * p * LANES, w0)
-            store_f32(out, (2 * p + 1) * LANES, w1)
-        if chunks % 2:  # a float row of an odd number of 16-weight blocks
-            store_f32(out, (chunks - 1) * LANES, single(row, (chunks - 1) * bb, 0))
+    """The kernels for block layout ``qt``, compiled for it alone: ``qt`` is an integer
+    constant of the closure, which picks the decoder at typing time (:func:`_pair`). Only
+    integers may sit in the closure: numba keys its on-disk cache by the closure's pickled
+    values, and a compiled function pickles differently in every process (a closure over
+    the decoders compiled afresh in each)."""
 
     @_jit
     def dequantize_range(data, r0, r1, out):
         """``out[i] = row r0 + i of data`` for rows ``r0 .. r1 - 1``, decoded."""
         for r in range(r0, r1):
-            decode_row(data[r], out[r - r0])
+            _decode_row(qt, data[r], out[r - r0])
 
     @_jit
     def matvec(data, x, y, r0, r1):
@@ -242,12 +280,12 @@ def kernels(qt: int) -> SimpleNamespace:
             a0 = zeros()
             a1 = zeros()
             for p in range(chunks // 2):
-                w0, w1 = pair(row, p)
+                w0, w1 = _pair(qt, row, p)
                 a0 = fma(w0, load_f32(xs, 2 * p * LANES), a0)
                 a1 = fma(w1, load_f32(xs, (2 * p + 1) * LANES), a1)
             if chunks % 2:
                 c = chunks - 1
-                a0 = fma(single(row, c * bb, 0), load_f32(xs, c * LANES), a0)
+                a0 = fma(_single(qt, row, c), load_f32(xs, c * LANES), a0)
             y[0, o] = total(a0) + total(a1)
 
     @_jit
@@ -256,7 +294,7 @@ def kernels(qt: int) -> SimpleNamespace:
         ``x`` (a few): each weight row decoded once into ``buf`` (float32 [in]), then
         :func:`dot_row`."""
         for o in range(r0, r1):
-            decode_row(data[o], buf)
+            _decode_row(qt, data[o], buf)
             dot_row(buf, x, y, o)
 
     return SimpleNamespace(dequantize_range=dequantize_range, matvec=matvec,
