@@ -172,6 +172,8 @@ class QTensor:
             raise ValueError(f"x is float32 [n, {self.shape[1]}], got {x.dtype} "
                              f"{list(x.shape)}")
         x2 = np.ascontiguousarray(x2)
+        if not x2.flags.writeable:  # one compiled signature per kernel: writable x
+            x2 = x2.copy()
         n, out = x2.shape[0], self.shape[0]
         if n == 0 or out == 0:
             y = np.zeros((n, out), np.float32)
