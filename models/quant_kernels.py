@@ -33,7 +33,6 @@ from models.quant_simd import (
     LANES,
     bits_of,
     fma,
-    half,
     iand,
     ior,
     ishl,
@@ -42,8 +41,10 @@ from models.quant_simd import (
     load_bf16,
     load_f16,
     load_f32,
+    load_half,
     load_i8,
     load_u8,
+    load_u32,
     scale,
     shift,
     store_f32,
@@ -70,16 +71,6 @@ _inline = numba.njit(cache=True, nogil=True, inline="always")
 
 
 @_inline
-def _u16(row, at):
-    return np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8))
-
-
-@_inline
-def _u32(row, at):
-    return _u16(row, at) | (_u16(row, at + 2) << np.uint32(16))
-
-
-@_inline
 def _scale_min_k4(row, at, s):
     """Sub-block ``s``'s 6-bit scale and min of a Q4_K/Q5_K block (12 bytes from ``at``)."""
     if s < 4:
@@ -93,35 +84,35 @@ def _scale_min_k4(row, at, s):
 def _q4_0(row, base, v):
     q = load_u8(row, base + 2)
     q = iand(q, 15) if v == 0 else ishr(q, 4)
-    return scale(to_f32(isub(q, 8)), half(_u16(row, base)))
+    return scale(to_f32(isub(q, 8)), load_half(row, base))
 
 
 @_inline
 def _q4_1(row, base, v):
     q = load_u8(row, base + 4)
     q = iand(q, 15) if v == 0 else ishr(q, 4)
-    return shift(scale(to_f32(q), half(_u16(row, base))), half(_u16(row, base + 2)))
+    return shift(scale(to_f32(q), load_half(row, base)), load_half(row, base + 2))
 
 
 @_inline
 def _q5_0(row, base, v):
     q = load_u8(row, base + 6)
     q = iand(q, 15) if v == 0 else ishr(q, 4)
-    q = ior(q, ishl(bits_of(_u32(row, base + 2), 16 * v), 4))
-    return scale(to_f32(isub(q, 16)), half(_u16(row, base)))
+    q = ior(q, ishl(bits_of(load_u32(row, base + 2), 16 * v), 4))
+    return scale(to_f32(isub(q, 16)), load_half(row, base))
 
 
 @_inline
 def _q5_1(row, base, v):
     q = load_u8(row, base + 8)
     q = iand(q, 15) if v == 0 else ishr(q, 4)
-    q = ior(q, ishl(bits_of(_u32(row, base + 4), 16 * v), 4))
-    return shift(scale(to_f32(q), half(_u16(row, base))), half(_u16(row, base + 2)))
+    q = ior(q, ishl(bits_of(load_u32(row, base + 4), 16 * v), 4))
+    return shift(scale(to_f32(q), load_half(row, base)), load_half(row, base + 2))
 
 
 @_inline
 def _q8_0(row, base, v):
-    return scale(to_f32(load_i8(row, base + 2 + 16 * v)), half(_u16(row, base)))
+    return scale(to_f32(load_i8(row, base + 2 + 16 * v)), load_half(row, base))
 
 
 @_inline
@@ -131,8 +122,8 @@ def _q4_k(row, p):
     at = base + 16 + 32 * (s >> 1)
     sh = 4 * (s & 1)
     sc, mn = _scale_min_k4(row, base + 4, s)
-    d = half(_u16(row, base)) * F(sc)
-    dm = -(half(_u16(row, base + 2)) * F(mn))
+    d = load_half(row, base) * F(sc)
+    dm = -(load_half(row, base + 2) * F(mn))
     return (shift(scale(to_f32(iand(ishr(load_u8(row, at), sh), 15)), d), dm),
             shift(scale(to_f32(iand(ishr(load_u8(row, at + 16), sh), 15)), d), dm))
 
@@ -143,8 +134,8 @@ def _q5_k(row, p):
     at = base + 48 + 32 * (s >> 1)
     sh = 4 * (s & 1)
     sc, mn = _scale_min_k4(row, base + 4, s)
-    d = half(_u16(row, base)) * F(sc)
-    dm = -(half(_u16(row, base + 2)) * F(mn))
+    d = load_half(row, base) * F(sc)
+    dm = -(load_half(row, base + 2) * F(mn))
     q0 = ior(iand(ishr(load_u8(row, at), sh), 15),
              ishl(iand(ishr(load_u8(row, base + 16), s), 1), 4))
     q1 = ior(iand(ishr(load_u8(row, at + 16), sh), 15),
@@ -159,7 +150,7 @@ def _q6_k(row, p):
     lo = base + 64 * (g >> 2) + 32 * (g & 1)
     hi = base + 128 + 32 * (g >> 2)
     sl, sh = 4 * ((g >> 1) & 1), 2 * (g & 3)
-    d = half(_u16(row, base + 208))
+    d = load_half(row, base + 208)
     q0 = ior(iand(ishr(load_u8(row, lo), sl), 15), ishl(iand(ishr(load_u8(row, hi), sh), 3), 4))
     q1 = ior(iand(ishr(load_u8(row, lo + 16), sl), 15),
              ishl(iand(ishr(load_u8(row, hi + 16), sh), 3), 4))

@@ -138,12 +138,22 @@ def store_f32(typingctx, arr, off, v):
 
 
 @intrinsic
-def half(typingctx, bits):
-    """A scalar IEEE half (its 16 bits in the low bits of an integer) as float32, exactly."""
+def load_half(typingctx, arr, off):
+    """The IEEE half at byte ``off`` of a uint8 array, as float32 (one 16-bit load)."""
     def codegen(context, builder, sig, args):
-        h = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
-        return builder.fpext(h, ir.FloatType())
-    return types.float32(bits), codegen
+        ptr = builder.bitcast(_ptr(context, builder, sig.args[0], *args),
+                              ir.HalfType().as_pointer())
+        return builder.fpext(builder.load(ptr, align=1), ir.FloatType())
+    return types.float32(arr, off), codegen
+
+
+@intrinsic
+def load_u32(typingctx, arr, off):
+    """The little-endian uint32 at byte ``off`` of a uint8 array (one 32-bit load)."""
+    def codegen(context, builder, sig, args):
+        ptr = builder.bitcast(_ptr(context, builder, sig.args[0], *args), _I32.as_pointer())
+        return builder.zext(builder.load(ptr, align=1), ir.IntType(64))
+    return types.uint64(arr, off), codegen
 
 
 # -- integer lanes -----------------------------------------------------------------------------
