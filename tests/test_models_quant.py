@@ -168,6 +168,8 @@ def test_bad_input_gets_a_clear_error():
     with pytest.raises(ValueError, match="is 21760 bytes, got 21759"):
         QTensor.from_bytes(Q.Q8_0, ref.shape, raw.tobytes()[:-1])
     assert np.array_equal(QTensor.from_bytes("Q8_0", ref.shape, raw.tobytes()).dequantize(), ref)
+    empty = QTensor.from_bytes(Q.Q8_0, (0, 512), b"")
+    assert empty.matmul(np.ones((2, 512), np.float32)).shape == (2, 0)
     with pytest.raises(ValueError, match=r"Q2_K is not supported; supported: F32, F16, .*Q6_K"):
         QTensor.from_bytes(Q.Q2_K, (4, 256), bytes(4 * 84))
     with pytest.raises(ValueError, match="unknown GGML type"):
