@@ -1,0 +1,319 @@
+"""Weight matrices kept in the block format the GGUF file stores, multiplied without ever
+making a float32 copy of the whole matrix.
+
+    from models.quant import QTensor
+    w = QTensor.from_reader(reader.tensors[i])   # zero-copy over the file's mmap
+    y = w.matmul(x)                              # x float32 [n, in] -> [n, out] = x @ W.T
+
+**Paths** (kernels: models.quant_kernels, in numba):
+
+* ``n <= FEW`` rows of ``x`` (decode): every weight byte is read once and decoded in registers
+  (one row of ``x``), or a tile of rows is decoded into cache and dotted with each row of
+  ``x`` (a few). Fixed summation order (models.quant_kernels' docstring), explicit IEEE fused
+  multiply-adds: the same bits on every machine, whichever of the two kernels ran. Output rows
+  are split between :data:`THREADS` threads (above :data:`SPLIT_BYTES` of weights).
+* ``n > FEW`` (prefill): tiles of :data:`TILE_BYTES` decoded to float32 and multiplied by BLAS
+  (``sgemm``): one thread, n = 64, 1536 x 576 Q4_1: 61 GFLOPS, against 21 for the decoding
+  kernel's four-rows-at-a-time dot products.
+  Same bits for the same BLAS, thread count and machine; elsewhere within float32 rounding.
+
+**Dequantized values** equal ``gguf.quants.dequantize``'s exactly (tests check each type), so
+a requester that draws Freivalds vectors ``R`` computes the fingerprints from the same
+weights it would have dequantized (:meth:`QTensor.check_vectors`, streamed by row tiles).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
+
+from models import quant_kernels as qk
+
+Q = GGMLQuantizationType
+SUPPORTED: tuple[GGMLQuantizationType, ...] = (
+    Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+"""The block formats this module multiplies (GGML's names)."""
+
+FEW = 8
+"""Up to this many rows of ``x`` take the decoding kernels; more take tiles and BLAS."""
+THREADS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1))
+"""Threads a decoding product is split over (the caller and ``THREADS - 1`` helpers)."""
+SHARES = 4
+"""Shares of a split product per thread (each a numba call of a few microseconds)."""
+SPLIT_BYTES = 256 << 10
+"""Weights below this many bytes run on the calling thread alone: handing half to a helper
+costs ~20-50 us of wake-up, about what 256 KiB takes to stream."""
+TILE_BYTES = 512 << 10
+"""float32 bytes of one decoded tile: stays in L2 while BLAS uses it (at least
+:data:`TILE_ROWS` rows: sgemm on 26 rows of 4864 ran at half the speed of 227 rows of 576)."""
+TILE_ROWS = 64
+
+
+def _supported_names() -> str:
+    return ", ".join(t.name for t in SUPPORTED)
+
+
+def _qtype(qtype) -> GGMLQuantizationType:
+    try:
+        t = GGMLQuantizationType(qtype) if not isinstance(qtype, str) else Q[qtype]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown GGML type {qtype!r}; supported: {_supported_names()}"
+                         ) from None
+    if t not in SUPPORTED:
+        raise ValueError(f"GGML type {t.name} is not supported; supported: "
+                         f"{_supported_names()}")
+    return t
+
+
+class QTensor:
+    """A 2-D weight ``[out, in]`` kept in the GGUF block format the file stores."""
+
+    __slots__ = ("qtype", "shape", "data", "_code")
+
+    def __init__(self, qtype, shape: tuple[int, int], data: np.ndarray) -> None:
+        """``data``: uint8 ``[out, bytes_per_row]`` (a read-only view is taken, never a
+        copy unless its rows are not contiguous)."""
+        self.qtype = _qtype(qtype)
+        out, n_in = (int(s) for s in shape)
+        self.shape = (out, n_in)
+        self._code = qk.CODES[self.qtype.name]
+        per_block, block_bytes = qk.LAYOUT[self._code]
+        if out < 0 or n_in <= 0 or n_in % per_block:
+            raise ValueError(f"a {self.qtype.name} row holds a multiple of {per_block} "
+                             f"weights, got shape {self.shape}")
+        row_bytes = n_in // per_block * block_bytes
+        data = np.asarray(data)
+        if data.dtype != np.uint8 or data.shape != (out, row_bytes):
+            raise ValueError(f"{self.qtype.name} {self.shape} is uint8 [{out}, {row_bytes}] "
+                             f"bytes, got {data.dtype} {list(data.shape)}")
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        data = data.view()
+        data.setflags(write=False)  # one compiled signature, and the file's bytes stay put
+        self.data = data
+
+    @classmethod
+    def from_reader(cls, tensor: ReaderTensor) -> QTensor:
+        """A tensor of a ``gguf.GGUFReader``, over its memory map (no copy)."""
+        if len(tensor.shape) != 2:
+            raise ValueError(f"tensor {tensor.name!r} has shape {list(tensor.shape)}: "
+                             "a QTensor is a 2-D matrix")
+        n_in, out = (int(s) for s in tensor.shape)  # GGUF's ne: innermost first
+        data = np.asarray(tensor.data)
+        return cls(tensor.tensor_type, (out, n_in), data.view(np.uint8).reshape(out, -1))
+
+    @classmethod
+    def from_bytes(cls, qtype, shape: tuple[int, int], buf) -> QTensor:
+        """A matrix from its raw bytes (e.g. a received bundle; no copy of ``buf``)."""
+        t = _qtype(qtype)
+        out, n_in = (int(s) for s in shape)
+        per_block, block_bytes = GGML_QUANT_SIZES[t]
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        if n_in <= 0 or out < 0 or n_in % per_block:
+            raise ValueError(f"a {t.name} row holds a multiple of {per_block} weights, "
+                             f"got shape {(out, n_in)}")
+        want = out * (n_in // per_block) * block_bytes
+        if raw.size != want:
+            raise ValueError(f"{t.name} {(out, n_in)} is {want} bytes, got {raw.size}")
+        return cls(t, (out, n_in), raw.reshape(out, n_in // per_block * block_bytes))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def __repr__(self) -> str:
+        return f"QTensor({self.qtype.name}, {self.shape})"
+
+    # -- reading weights -------------------------------------------------------------------
+
+    def dequantize(self, rows: slice | None = None) -> np.ndarray:
+        """float32 ``[rows, in]`` (all rows by default), equal to gguf.quants.dequantize."""
+        start, stop, step = (rows or slice(None)).indices(self.shape[0])
+        if step != 1:
+            raise ValueError("dequantize takes a contiguous slice of rows (step 1)")
+        stop = max(start, stop)
+        out = np.empty((stop - start, self.shape[1]), np.float32)
+        self._kernels().dequantize_range(self.data, start, stop, out)
+        return out
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """float32 ``[len(index), in]``: the rows named by ``index`` (token embeddings)."""
+        index = np.asarray(index)
+        if index.ndim != 1 or index.dtype.kind not in "iu":
+            raise ValueError(f"rows takes a 1-D integer index, got {index.dtype} "
+                             f"{list(index.shape)}")
+        if index.size and (index.min() < 0 or index.max() >= self.shape[0]):
+            raise ValueError(f"row index out of range [0, {self.shape[0]})")
+        out = np.empty((index.size, self.shape[1]), np.float32)
+        decode = self._kernels().dequantize_range
+        for i, r in enumerate(index.tolist()):
+            decode(self.data, r, r + 1, out[i:i + 1])
+        return out
+
+    def slice_rows(self, start: int, stop: int) -> QTensor:
+        """Rows ``[start, stop)`` as a QTensor over the same bytes (a view)."""
+        if not 0 <= start <= stop <= self.shape[0]:
+            raise ValueError(f"rows [{start}, {stop}) are not within [0, {self.shape[0]}]")
+        return QTensor(self.qtype, (stop - start, self.shape[1]), self.data[start:stop])
+
+    # -- products ----------------------------------------------------------------------------
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T``: x float32 ``[n, in]`` (or ``[in]``) -> float32 ``[n, out]`` (``[out]``)."""
+        x = np.asarray(x)
+        vector = x.ndim == 1
+        x2 = x[None, :] if vector else x
+        if x2.ndim != 2 or x2.shape[1] != self.shape[1] or x.dtype != np.float32:
+            raise ValueError(f"x is float32 [n, {self.shape[1]}], got {x.dtype} "
+                             f"{list(x.shape)}")
+        x2 = np.ascontiguousarray(x2)
+        if not x2.flags.writeable:  # one compiled signature per kernel: writable x
+            x2 = x2.copy()
+        n, out = x2.shape[0], self.shape[0]
+        if n == 0 or out == 0:
+            y = np.zeros((n, out), np.float32)
+        elif n > FEW:
+            y = self._tiled(x2)
+        else:
+            y = np.empty((n, out), np.float32)
+            self._split(lambda r0, r1: self._decode_product(x2, y, r0, r1))
+        return y[0] if vector else y
+
+    def _decode_product(self, x: np.ndarray, y: np.ndarray, r0: int, r1: int) -> None:
+        k = self._kernels()
+        if x.shape[0] == 1:
+            k.matvec(self.data, x, y, r0, r1)
+        else:
+            k.matmul_few(self.data, x, y, r0, r1, np.empty(self.shape[1], np.float32))
+
+    def _split(self, work) -> None:
+        """``work(r0, r1)`` over all output rows, in :data:`SHARES` shares per thread that the
+        caller and the helpers take as they come free. The caller waits only for shares a
+        helper has started: on a loaded machine a helper that is not scheduled in time
+        finds nothing left, instead of the product waiting for it to wake."""
+        out = self.shape[0]
+        if THREADS < 2 or self.nbytes < SPLIT_BYTES or out < SHARES * THREADS:
+            work(0, out)
+            return
+        shares = SHARES * THREADS
+        edges = [out * p // shares for p in range(shares + 1)]
+        taken = itertools.count()  # next() is atomic under the GIL
+        lock, finished, state = threading.Lock(), threading.Event(), {"done": 0, "error": None}
+
+        def take() -> None:
+            while (p := next(taken)) < shares:
+                try:
+                    work(edges[p], edges[p + 1])
+                except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                    state["error"] = e
+                with lock:
+                    state["done"] += 1
+                    if state["done"] == shares:
+                        finished.set()
+
+        for helper in _helpers(THREADS - 1):
+            helper.submit(take)
+        take()
+        finished.wait()
+        if state["error"] is not None:
+            raise state["error"]
+
+    def _tiled(self, x: np.ndarray) -> np.ndarray:
+        """Prefill: float32 tiles of the weights, each multiplied by BLAS (module docstring)."""
+        out, n_in = self.shape
+        rows = max(1, min(out, max(TILE_ROWS, TILE_BYTES // (4 * n_in))))
+        tile = np.empty((rows, n_in), np.float32)
+        yt = np.empty((out, x.shape[0]), np.float32)
+        decode = self._kernels().dequantize_range
+        for t0 in range(0, out, rows):
+            t1 = min(out, t0 + rows)
+            decode(self.data, t0, t1, tile)
+            np.matmul(tile[:t1 - t0], x.T, out=yt[t0:t1])
+        return np.ascontiguousarray(yt.T)
+
+    # -- verification ----------------------------------------------------------------------
+
+    def fingerprint(self, r: np.ndarray) -> np.ndarray:
+        """``W @ r`` (float32 ``[out, k]``) for ``r`` float32 ``[in, k]``, streamed by the
+        decoding kernels (no float32 copy of ``W``)."""
+        r = np.asarray(r)
+        if r.ndim != 2 or r.shape[0] != self.shape[1]:
+            raise ValueError(f"r is [{self.shape[1]}, k], got {list(r.shape)}")
+        return np.ascontiguousarray(self.matmul(np.ascontiguousarray(r.T, np.float32)).T)
+
+    def check_vectors(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What a Freivalds check of ``y = x @ W.T`` takes from the weight, for check vectors
+        ``r`` float32 ``[out, k]``: ``W.T @ r`` (float32 ``[in, k]``) and ``W``'s squared
+        column norms (float64 ``[in]``): compute.verify.check_product's ``br`` and
+        ``b_norms2`` for ``b = W.T``. One pass over the rows, a float32 tile at a time."""
+        r = np.asarray(r, dtype=np.float32)
+        out, n_in = self.shape
+        if r.ndim != 2 or r.shape[0] != out:
+            raise ValueError(f"r is [{out}, k], got {list(r.shape)}")
+        rows = max(1, min(out, TILE_BYTES // (4 * n_in)))
+        tile = np.empty((rows, n_in), np.float32)
+        br = np.zeros((n_in, r.shape[1]), np.float32)
+        norms2 = np.zeros(n_in)
+        decode = self._kernels().dequantize_range
+        for t0 in range(0, out, rows):
+            t1 = min(out, t0 + rows)
+            w = tile[:t1 - t0]
+            decode(self.data, t0, t1, w)
+            br += w.T @ r[t0:t1]
+            w64 = w.astype(np.float64)
+            norms2 += np.einsum("ij,ij->j", w64, w64)
+        return br, norms2
+
+    def _kernels(self):
+        return qk.kernels(self._code)
+
+
+def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
+    """Every tensor of a ``gguf.GGUFReader`` by name, nothing copied or dequantized in bulk:
+    2-D ones as :class:`QTensor` over the file's map, 1-D ones (norms, biases: F32 in every
+    file seen) as float32 arrays (decoded if they are stored otherwise). ValueError names
+    a tensor of an unsupported type or rank."""
+    out: dict[str, QTensor | np.ndarray] = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            out[t.name] = QTensor.from_reader(t)
+        elif len(t.shape) == 1:
+            _qtype(t.tensor_type)
+            if t.tensor_type == Q.F32:
+                out[t.name] = np.asarray(t.data, np.float32)
+            else:
+                n = int(t.shape[0])
+                out[t.name] = QTensor(t.tensor_type, (1, n), np.asarray(t.data).view(
+                    np.uint8).reshape(1, -1)).dequantize()[0]
+        else:
+            raise ValueError(f"tensor {t.name!r} has {len(t.shape)} dimensions; "
+                             "a model's weights are matrices and vectors")
+    return out
+
+
+_pool: list[ThreadPoolExecutor] = []
+_pool_lock = threading.Lock()
+
+
+def _helpers(count: int) -> list[ThreadPoolExecutor]:
+    """``count`` single-thread helpers, started once per process (and again in a fork)."""
+    with _pool_lock:
+        while len(_pool) < count:
+            _pool.append(ThreadPoolExecutor(1, thread_name_prefix="swarm-quant"))
+        return _pool[:count]
+
+
+def _forget_pool() -> None:
+    global _pool_lock
+    _pool.clear()  # a forked child has none of the parent's threads
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
