@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compute.errors import InvalidInput
 from compute.verify import check_product, draw_vectors, project
 
 PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -344,7 +345,12 @@ class TraceCheck:
                                    f"the trace has {xw.shape[0]} rows, the pass {x.shape[0]}")
             y = np.ascontiguousarray(self._cols(j, part))
             xw = np.ascontiguousarray(xw)
-            if not self.fp.check(self.layers[j].matrices[part], xw, y):
+            try:
+                honest = self.fp.check(self.layers[j].matrices[part], xw, y)
+            except InvalidInput:  # a recorded input not finite, or too large to square in f32
+                raise SpanMismatch(self.first + j, part, False, f"the recorded "
+                                   f"{INPUT_OF[part]} is not finite (or overflows)") from None
+            if not honest:
                 raise SpanMismatch(self.first + j, part, True,
                                    "the output is not its recorded input times the weight")
             if not same_input(xw, x):

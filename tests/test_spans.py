@@ -101,6 +101,52 @@ def test_a_lying_span_changes_no_token_and_is_proven(weights, want, liar):
         assert client.node.proven_liars == {liar_id}
 
 
+def test_a_span_worker_writing_nan_into_a_recorded_input_is_excluded(weights, want):
+    """Issue 45, finding 1: a NaN in a recorded input made the requester's check raise
+    InvalidInput, which nothing caught: the worker was picked again on every try and every
+    generation failed (HTTP 500 on /v1/chat/completions); the honest worker was never tried."""
+    with swarm.local(2, threads=1, chaos=["nan=1", None]) as client:
+        liar_id, honest = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert greedy(model, PROMPTS[0], TOKENS) == want[0]
+        stats = model.take_stats()
+        assert stats.rejected >= 1 and stats.local == 0
+        assert model.hosts() == [honest, honest]
+        assert liar_id not in client.node.proven_liars  # nothing a third party could check
+        ask = "What is the capital of France?"
+        assert _chat(client, ask, 6) == "".join(client.generate(ask, max_tokens=6))
+
+
+def _chat(client, text: str, max_tokens: int) -> str:
+    """One non-streamed /v1/chat/completions from the member's own --http server."""
+    import json
+    import urllib.request
+    from pathlib import Path
+
+    from swarm.processes.member import openai_api
+    from swarm.web.server import SwarmInfo, WebServer
+
+    info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
+
+    async def start():
+        server = WebServer(client.node, info, "127.0.0.1", 0, api=openai_api(client.node))
+        await server.start()
+        return server
+
+    server = client._loop.run(start(), 30)
+    key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": text}]}
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
+                                 json.dumps(body).encode(), {"Authorization": f"Bearer {key}",
+                                                             "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())["choices"][0]["message"]["content"]
+    finally:
+        client._loop.run(server.stop(), 30)
+
+
 def test_a_worker_that_dies_mid_text_is_replaced_and_the_text_goes_on(weights, want):
     # the second worker serves the second span; it dies on its 6th call (prefill + 4 steps)
     with swarm.local(2, threads=1, chaos=[None, "crash_after=5"]) as client:

@@ -23,6 +23,9 @@ Format: comma-separated ``key=value`` pairs, all optional::
     model's layer that is plausible but not the one asked for. Another array of the same
     shape the worker holds (another layer's weight) if there is one, else the layer skipped
     (its input returned) where the shapes allow, else the weight with its columns rotated.
+``nan=P``
+    with probability P a result's first element is NaN (in a span's trace: the first recorded
+    input), a value the requester's checks must refuse without crashing.
 ``crash_after=N``
     the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
     or a pulled plug would.
@@ -59,6 +62,8 @@ class ChaosSpec:
     """Probability that a task's compute never finishes."""
     layer: float = 0.0
     """Probability that a matmul uses a plausible wrong weight (another layer's)."""
+    nan: float = 0.0
+    """Probability that a result's first element is NaN."""
     delay_ms: float = 0.0
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
@@ -68,7 +73,7 @@ class ChaosSpec:
 
     @property
     def active(self) -> bool:
-        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer
+        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer or self.nan
                     or self.delay_ms
                     or self.crash_after is not None)
 
@@ -84,7 +89,7 @@ def parse(text: str | None) -> ChaosSpec:
             raise ConfigError(f"{ENV}: expected key=value, got {part.strip()!r}")
         key = key.strip()
         try:
-            if key in ("corrupt", "drop", "invalid", "hang", "layer"):
+            if key in ("corrupt", "drop", "invalid", "hang", "layer", "nan"):
                 p = float(raw)
                 if not 0.0 <= p <= 1.0:
                     raise ValueError
@@ -101,12 +106,12 @@ def parse(text: str | None) -> ChaosSpec:
                 values[key] = n
             else:
                 raise ConfigError(
-                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, delay, "
+                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, nan, delay, "
                     "crash_after, seed)"
                 )
         except ValueError:
             raise ConfigError(
-                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer: 0..1, delay: milliseconds, "
+                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer/nan: 0..1, delay: milliseconds, "
                 "crash_after/seed: integers >= 0)"
             ) from None
     return ChaosSpec(**values)
@@ -130,6 +135,8 @@ class Fault:
     """Run a compute that never finishes (stopped only by the time limit)."""
     layer: bool = False
     """Compute a matmul with a plausible wrong weight."""
+    nan: bool = False
+    """Return a result whose first element is NaN."""
 
 
 class Chaos:
@@ -154,6 +161,7 @@ class Chaos:
             invalid=self._rng.random() < s.invalid,
             hang=self._rng.random() < s.hang,
             layer=s.layer > 0 and self._rng.random() < s.layer,  # old seeds' dice kept
+            nan=s.nan > 0 and self._rng.random() < s.nan,
         )
 
     def wrong_layer(self, a: np.ndarray, b: np.ndarray, held: Iterable[np.ndarray]
@@ -175,4 +183,12 @@ class Chaos:
             flat = bad.reshape(-1)
             i = self._rng.randrange(flat.size)
             flat[i] = flat[i] + (1 + abs(flat[i])) * 3
+        return bad
+
+    @staticmethod
+    def nan(result: np.ndarray) -> np.ndarray:
+        """A copy of ``result`` whose first element is NaN."""
+        bad = np.array(result, copy=True)
+        if bad.size and bad.dtype.kind == "f":
+            bad.reshape(-1)[0] = np.nan
         return bad

@@ -309,6 +309,8 @@ class HostCore:
         fault = plan.fault
         if fault.corrupt:
             outputs = [self.chaos.corrupt(o) for o in outputs]
+        if fault.nan:
+            outputs = [self.chaos.nan(o) for o in outputs]
         return Answer([np.ascontiguousarray(o) for o in outputs], fault.delay_s, fault.drop)
 
     def _tiny(self, actor: object, method: str, arrays: list[np.ndarray]) -> bool:
