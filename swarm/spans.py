@@ -194,9 +194,11 @@ class SpanLlama(Llama):
             call, reply = client._loop.run(self._call(k, host, send, params), CALL_TIMEOUT)
         except (LinkClosed, TaskFailure, TimeoutError) as exc:
             self.stats.rejected += 1
-            if not (isinstance(exc, TaskFailure) and exc.kind == "invalid"
-                    and "positions" in str(exc)):
-                self._excluded.add(host.peer)  # lost or refusing: replace it
+            # a cache the worker no longer holds is rebuilt there (a fresh instance, every
+            # sequence from position 0); a rebuild it cannot follow, or any other refusal,
+            # is a worker lost or refusing: replace it
+            if rebuild or not (isinstance(exc, TaskFailure) and exc.kind == "stale"):
+                self._excluded.add(host.peer)
             self._hosts[k] = None
             return None
         host.sids -= set(drop)

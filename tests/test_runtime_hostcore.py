@@ -134,3 +134,6 @@ def test_a_methods_error_and_a_kernel_timeout_are_told_apart():
     assert c.failed(plan, KernelTimeout("too slow")).kind == "timeout"
     failed = c.failed(plan, ValueError("bad"))
     assert failed.kind == "error" and failed.message == "ValueError: bad"
+    from swarm.runtime.actors import StaleCache
+
+    assert c.failed(plan, StaleCache("holds 0 positions")).kind == "stale"  # typed, not words

@@ -18,7 +18,7 @@ import swarm
 from models import gguf_weights
 from models import span as llama_span
 from models.llama import Llama
-from swarm.runtime.actors import LlamaSpanActor, SpanConfig, check_span_forward
+from swarm.runtime.actors import LlamaSpanActor, SpanConfig, StaleCache, check_span_forward
 from swarm.spans import SpanLlama
 
 pytestmark = [pytest.mark.system]
@@ -147,6 +147,21 @@ def _chat(client, text: str, max_tokens: int) -> str:
         client._loop.run(server.stop(), 30)
 
 
+def test_a_worker_always_refusing_as_a_lost_cache_is_excluded(weights, want):
+    """Issue 45, finding 6: a worker answering every call "invalid ... positions" (the words
+    of a lost cache) was never excluded: it took every try of every step, each a full-history
+    rebuild, and the span ran on the requester; the honest worker got no call. A lost cache is
+    now its own failure kind ("stale", never read from the words), retried once as a rebuild
+    on a fresh instance; a rebuild refused, or any other refusal, excludes the worker."""
+    with swarm.local(2, threads=1, chaos=["stale=1", None]) as client:
+        liar_id, honest = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert greedy(model, PROMPTS[0], 4) == want[0][:4]
+        stats = model.take_stats()
+        assert stats.local == 0 and stats.rejected == 1
+        assert model.hosts() == [honest, honest]
+
+
 def test_a_worker_that_dies_mid_text_is_replaced_and_the_text_goes_on(weights, want):
     # the second worker serves the second span; it dies on its 6th call (prefill + 4 steps)
     with swarm.local(2, threads=1, chaos=[None, "crash_after=5"]) as client:
@@ -175,7 +190,7 @@ def test_span_actor_keeps_each_sequences_cache_and_refuses_bad_calls(weights):
     step = {**params, "seqs": [[7, 3, 1]]}
     actor.forward([x[:1], flat], step)
     assert actor.caches[7].length == 4
-    with pytest.raises(ValueError, match="holds 4 positions, not 3"):
+    with pytest.raises(StaleCache, match="holds 4 positions, not 3"):
         actor.forward([x[:1], flat], step)
     bad = [({**params, "count": 3}, "bundle of 3 layers"),
            ({**params, "seqs": [[7, 0, 2]]}, "cover x's rows"),

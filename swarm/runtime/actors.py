@@ -145,6 +145,12 @@ class MatmulActor:
         return [outs[name] for name, _, _ in params["outputs"]]
 
 
+class StaleCache(ValueError):
+    """A span call that does not follow the cache this actor holds for a sequence (it was
+    dropped, or never built): the requester rebuilds it from position 0. Answered as the
+    task failure kind "stale", so a requester never reads the error's words."""
+
+
 MAX_SPAN_SEQS = 256
 """Sequences one span actor keeps caches for."""
 MAX_SPAN_CACHE = 1 << 30
@@ -274,7 +280,7 @@ class LlamaSpanActor:
                 cache = fresh[sid] = llama_span.KVCache(c, n, layers=count)
             elif cache is None or cache.length != begin or cache.layers != count:
                 held = 0 if cache is None else cache.length
-                raise ValueError(f"sequence {sid}: this actor holds {held} positions, not "
+                raise StaleCache(f"sequence {sid}: this actor holds {held} positions, not "
                                  f"{begin}; send its rows from position 0")
             seqs.append(llama_span.Seq.start(n, cache))
         kept = sum(v.nbytes for k, v in self.caches.items() if k not in fresh)

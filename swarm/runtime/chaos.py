@@ -23,6 +23,10 @@ Format: comma-separated ``key=value`` pairs, all optional::
     model's layer that is plausible but not the one asked for. Another array of the same
     shape the worker holds (another layer's weight) if there is one, else the layer skipped
     (its input returned) where the shapes allow, else the weight with its columns rotated.
+``stale=P``
+    with probability P a task is refused as "invalid" with the words of a span cache that lost
+    its positions (what an honest worker answered before the refusal had its own kind); the
+    requester must not keep choosing it.
 ``nan=P``
     with probability P a result's first element is NaN (in a span's trace: the first recorded
     input), a value the requester's checks must refuse without crashing.
@@ -64,6 +68,8 @@ class ChaosSpec:
     """Probability that a matmul uses a plausible wrong weight (another layer's)."""
     nan: float = 0.0
     """Probability that a result's first element is NaN."""
+    stale: float = 0.0
+    """Probability that a task is refused as a span cache that lost its positions."""
     delay_ms: float = 0.0
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
@@ -74,6 +80,7 @@ class ChaosSpec:
     @property
     def active(self) -> bool:
         return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer or self.nan
+                    or self.stale
                     or self.delay_ms
                     or self.crash_after is not None)
 
@@ -89,7 +96,7 @@ def parse(text: str | None) -> ChaosSpec:
             raise ConfigError(f"{ENV}: expected key=value, got {part.strip()!r}")
         key = key.strip()
         try:
-            if key in ("corrupt", "drop", "invalid", "hang", "layer", "nan"):
+            if key in ("corrupt", "drop", "invalid", "hang", "layer", "nan", "stale"):
                 p = float(raw)
                 if not 0.0 <= p <= 1.0:
                     raise ValueError
@@ -106,12 +113,12 @@ def parse(text: str | None) -> ChaosSpec:
                 values[key] = n
             else:
                 raise ConfigError(
-                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, nan, delay, "
+                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, nan, stale, delay, "
                     "crash_after, seed)"
                 )
         except ValueError:
             raise ConfigError(
-                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer/nan: 0..1, delay: milliseconds, "
+                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer/nan/stale: 0..1, delay: milliseconds, "
                 "crash_after/seed: integers >= 0)"
             ) from None
     return ChaosSpec(**values)
@@ -137,6 +144,8 @@ class Fault:
     """Compute a matmul with a plausible wrong weight."""
     nan: bool = False
     """Return a result whose first element is NaN."""
+    stale: bool = False
+    """Refuse the task as a span cache that lost its positions."""
 
 
 class Chaos:
@@ -162,6 +171,7 @@ class Chaos:
             hang=self._rng.random() < s.hang,
             layer=s.layer > 0 and self._rng.random() < s.layer,  # old seeds' dice kept
             nan=s.nan > 0 and self._rng.random() < s.nan,
+            stale=s.stale > 0 and self._rng.random() < s.stale,
         )
 
     def wrong_layer(self, a: np.ndarray, b: np.ndarray, held: Iterable[np.ndarray]

@@ -27,7 +27,7 @@ import numpy as np
 
 from identity.keys import PeerId
 from swarm import wire
-from swarm.runtime.actors import CallOrder, MatmulActor
+from swarm.runtime.actors import CallOrder, MatmulActor, StaleCache
 from swarm.runtime.chaos import Chaos, Fault
 from swarm.runtime.kernels import KernelTimeout
 from swarm.runtime.objects import ObjectId, ObjectStore
@@ -285,6 +285,9 @@ class HostCore:
             return TaskFailed(msg.task, "invalid", str(exc)[:500])
         if fault.invalid:
             return TaskFailed(msg.task, "invalid", "SWARM_CHAOS: refused")
+        if fault.stale:
+            return TaskFailed(msg.task, "invalid", "SWARM_CHAOS: invalid: this actor holds 0 "
+                              "positions; send its rows from position 0")
         if fault.layer and msg.method == "matmul" and len(arrays) == 2:
             arrays = [arrays[0], self.chaos.wrong_layer(arrays[0], arrays[1],
                                                         self.store.arrays())]
@@ -302,6 +305,8 @@ class HostCore:
         task = plan.call.msg.task
         if isinstance(exc, KernelTimeout):
             return TaskFailed(task, "timeout", str(exc))
+        if isinstance(exc, StaleCache):
+            return TaskFailed(task, "stale", str(exc)[:500])
         return TaskFailed(task, "error", f"{type(exc).__name__}: {str(exc)[:500]}")
 
     def answer(self, plan: Plan, outputs: list[np.ndarray]) -> Answer:
