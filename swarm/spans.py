@@ -200,9 +200,10 @@ class SpanLlama(Llama):
             if rebuild or not (isinstance(exc, TaskFailure) and exc.kind == "stale"):
                 self._excluded.add(host.peer)
             self._hosts[k] = None
+            self._forget_finished()
             return None
         host.sids -= set(drop)
-        self._finished -= set(drop)
+        self._forget_finished()
         self.stats.remote += time.perf_counter() - started
         self.stats.worker += reply.compute
         self.stats.calls += 1
@@ -222,6 +223,7 @@ class SpanLlama(Llama):
             client._loop.submit(self._report(host.peer, call, reply, reason, exc.signed_lie))
             self._excluded.add(host.peer)
             self._hosts[k] = None
+            self._forget_finished()
             return None
         self.stats.checks += time.perf_counter() - started
         client._loop.submit(self._accept(host.peer, reply.task))
@@ -232,6 +234,13 @@ class SpanLlama(Llama):
             out = np.concatenate([out[e - (s.end - s.begin):e] for s, e in
                                   zip(seqs, ends, strict=True)])
         return out
+
+    def _forget_finished(self) -> None:
+        """Keep a finished sequence's id only while a current host still holds its cache: one
+        host dropping it must not make the others keep theirs, and a replaced host's ids
+        would otherwise stay here for good."""
+        held = set().union(*(h.sids for h in self._hosts if h is not None))
+        self._finished &= held
 
     async def _call(self, k: int, host: _Host, send: np.ndarray, params: dict):
         client = self._client

@@ -120,6 +120,7 @@ LONG = "word " * 9000
     ({"messages": HELLO, "temperature": -1}, "temperature", "temperature"),
     ({"messages": HELLO, "temperature": "hot"}, "temperature", "temperature"),
     ({"messages": [{"role": "user", "content": LONG}]}, "messages", "8192"),
+    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages", "surrogate"),
 ])
 def test_bad_requests_are_400(served, body, param, says):
     url, key, _ = served
@@ -131,3 +132,62 @@ def test_bad_requests_are_400(served, body, param, says):
         urllib.request.urlopen(req, timeout=60)
     err = json.loads(exc.value.read())["error"]
     assert exc.value.code == 400 and err["param"] == param and says in err["message"], err
+
+
+def test_a_non_streamed_chat_stops_when_its_client_hangs_up():
+    """Issue 45, finding 9: a non-streamed chat went on generating to max_tokens after its
+    client had gone (9 such requests per key kept the member busy for nothing)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from swarm.web.chat import ChatAPI
+
+    gen = smollm2()
+    made, ended = [], threading.Event()
+
+    class Counting:  # the member's generator, counting the pieces it is asked for
+        def chat_prompt(self, messages):
+            return gen.chat_prompt(messages)
+
+        def stream(self, ids, **kw):
+            def pieces():
+                try:
+                    for p in gen.stream(ids, **kw):
+                        made.append(p)
+                        yield p
+                finally:
+                    ended.set()
+            return pieces()
+
+    async def run() -> tuple[int, int]:
+        app = web.Application()
+        ChatAPI("k" * 32, Counting).add_routes(app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            body = json.dumps({"model": MODEL, "max_tokens": 2000, "temperature": 0,
+                               "messages": [{"role": "user", "content":
+                                             "Count from 1 to 1000, one number a line."}]})
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {'k' * 32}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            await w.drain()
+            deadline = asyncio.get_running_loop().time() + 120
+            while len(made) < 3:  # generating
+                assert asyncio.get_running_loop().time() < deadline and not ended.is_set()
+                await asyncio.sleep(0.05)
+            w.close()
+            at_hangup = len(made)
+            assert await asyncio.to_thread(ended.wait, 60), "still generating after hang-up"
+            return at_hangup, len(made)
+        finally:
+            await runner.cleanup()
+
+    at_hangup, total = asyncio.run(run())
+    assert total - at_hangup <= 20, (at_hangup, total)

@@ -84,6 +84,21 @@ def test_greedy_tokens_through_two_spans_equal_the_local_forward(weights, want):
         ask = "What is the capital of France?"
         assert "".join(client.generate(ask, max_tokens=12, model=model)) == \
             "".join(client.generate(ask, max_tokens=12))
+        assert_finished_sequences_dropped(model)
+
+
+def assert_finished_sequences_dropped(model: SpanLlama) -> None:
+    """Issue 45, finding 9: each finished sequence's cache is dropped at every span's host
+    (the first host to drop it had made the requester forget it, so the other spans' hosts
+    kept it until their 256-sequence cap refused work), and the requester keeps no id of a
+    sequence no current host holds (a replaced host's)."""
+    import gc
+
+    gc.collect()
+    greedy(model, PROMPTS[0], 1)  # its calls carry the drops
+    gc.collect()
+    held = set().union(*(h.sids for h in model._hosts if h is not None))
+    assert len(held) == 1 and model._finished == held  # the last sequence only
 
 
 @pytest.mark.parametrize("liar", ["corrupt=1", "layer=1"])
@@ -170,6 +185,7 @@ def test_a_worker_that_dies_mid_text_is_replaced_and_the_text_goes_on(weights, w
         stats = model.take_stats()
         assert stats.rebuilt >= 1 and stats.local == 0
         assert len(set(model.hosts())) == 1  # the survivor hosts both spans now
+        assert_finished_sequences_dropped(model)
 
 
 def _call(weights, rows=3, count=2):

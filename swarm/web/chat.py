@@ -31,6 +31,8 @@ MODEL = "SmolLM2-135M-Instruct"
 MAX_CHAT_BODY = 1 << 20
 """Largest chat request body (bytes)."""
 MAX_STOPS = 4
+HANGUP_POLL = 0.25
+"""Seconds between looks at whether a non-streamed chat's client is still connected."""
 
 
 class BadRequest(Exception):
@@ -49,6 +51,11 @@ def parse(req: object) -> dict:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
             raise BadRequest(f"messages[{i}] needs a string 'content'", "messages")
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no text to tokenise
+            raise BadRequest(f"messages[{i}]: 'content' is not valid Unicode text (a lone "
+                             "surrogate)", "messages") from None
         if m.get("role") not in ("system", "user", "assistant"):
             raise BadRequest(f"messages[{i}]: role {str(m.get('role'))[:40]!r} is not "
                              "system, user or assistant", "messages")
@@ -157,8 +164,27 @@ class ChatAPI:
         rid, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
         base = {"id": rid, "created": created, "model": MODEL}
         if not args["stream"]:
-            text, reason = [], None
-            await asyncio.to_thread(lambda: [text.append(p.text) for p in pieces])
+            text: list[str] = []
+            gone = threading.Event()  # the client hung up: stop generating for it
+
+            def collect() -> None:
+                try:
+                    for p in pieces:
+                        text.append(p.text)
+                        if gone.is_set():
+                            break
+                finally:
+                    getattr(pieces, "close", lambda: None)()
+
+            job = asyncio.ensure_future(asyncio.to_thread(collect))
+            try:
+                while not job.done():
+                    await asyncio.wait({job}, timeout=HANGUP_POLL)
+                    if request.transport is None or request.transport.is_closing():
+                        gone.set()
+            finally:
+                gone.set()
+            await job
             reason = usage.finish_reason or "length"
             return web.json_response({**base, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "".join(text)},
