@@ -59,7 +59,8 @@ def parse(req: object) -> dict:
         if m.get("role") not in ("system", "user", "assistant"):
             raise BadRequest(f"messages[{i}]: role {str(m.get('role'))[:40]!r} is not "
                              "system, user or assistant", "messages")
-    out: dict = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+    out: dict = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+                 "text_bytes": sum(len(m["content"].encode("utf-8")) for m in messages)}
     max_tokens = req.get("max_completion_tokens", req.get("max_tokens", 256))
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise BadRequest(f"'max_tokens' must be a positive integer, got {max_tokens!r}"[:200],
@@ -152,11 +153,20 @@ class ChatAPI:
             return _error(503, f"the chat model is not available here: {e}"[:500],
                           "server_error")
         usage = Usage()
-        try:
+        most = _most_text_bytes(gen)
+        if most is not None and args["text_bytes"] > most:  # known before any tokenising
+            return _error(400, f"the messages are {args['text_bytes']} bytes: more tokens "
+                          f"than the model's context of {gen.context_length} tokens",
+                          "invalid_request_error", "context_length_exceeded", "messages")
+
+        def start():  # tokenising a long text takes seconds: never on the loop
             ids = gen.chat_prompt(args["messages"])
-            pieces = gen.stream(ids, max_tokens=args["max_tokens"],
-                                temperature=args["temperature"], top_p=args["top_p"],
-                                seed=args["seed"], stop=args["stop"], usage=usage)
+            return gen.stream(ids, max_tokens=args["max_tokens"],
+                              temperature=args["temperature"], top_p=args["top_p"],
+                              seed=args["seed"], stop=args["stop"], usage=usage)
+
+        try:
+            pieces = await asyncio.to_thread(start)
         except (GenerationError, ValueError) as e:
             param = "max_tokens" if "max_tokens" in str(e) else "messages"
             return _error(400, str(e), "invalid_request_error", "context_length_exceeded"
@@ -237,6 +247,13 @@ class ChatAPI:
             await worker
         await resp.write_eof()
         return resp
+
+
+def _most_text_bytes(gen) -> int | None:
+    """The most bytes of message text that can fit ``gen``'s context (None: unknown)."""
+    per = getattr(getattr(gen, "tokenizer", None), "max_token_bytes", None)
+    ctx = getattr(gen, "context_length", None)
+    return None if per is None or ctx is None else per * ctx
 
 
 def _usage(u) -> dict:
