@@ -4,6 +4,7 @@ against a node's web server on loopback."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -254,3 +255,49 @@ def test_a_long_chat_body_does_not_hold_the_event_loop():
     assert s1 == 400 and "bytes" in m1  # refused before tokenising
     assert s2 == 400 and "8192" in m2  # tokenised (600 kB), in a thread
     assert lag1 < 0.5 and lag2 < 0.5, (lag1, lag2)
+
+
+def test_slow_headers_hold_a_capped_number_of_the_members_connections(served):
+    """Issue 45, finding 4: the member's --http server held every connection that never
+    finished its headers (no cap, aiohttp's 3630 s keep-alive), so anyone who reached it
+    could use up the node's descriptors. Now an address holds at most 32, briefly."""
+    import asyncio
+
+    from swarm.web import guard
+
+    url, key, client = served
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+    async def run() -> list[bool]:
+        conns = []
+        for _ in range(guard.PER_ADDRESS + 8):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            conns.append((r, w))
+        await asyncio.gather(*(w.drain() for _, w in conns), return_exceptions=True)
+
+        async def closed(r) -> bool:
+            try:
+                return await asyncio.wait_for(r.read(), 3) == b""
+            except TimeoutError:
+                return False
+            except ConnectionResetError:
+                return True
+
+        out = await asyncio.gather(*(closed(r) for r, _ in conns))
+        for _, w in conns:
+            w.close()
+        return out
+
+    closed = asyncio.run(run())
+    assert closed.count(True) == 8, closed
+    deadline = time.monotonic() + 10  # the server sees the hang-ups, then serves again
+    while True:
+        try:
+            req = urllib.request.Request(url + "/models",
+                                         headers={"Authorization": f"Bearer {key}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+            break
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < deadline
