@@ -27,7 +27,7 @@ import numpy as np
 
 from identity.keys import PeerId
 from swarm import wire
-from swarm.runtime.actors import CallOrder, MatmulActor, StaleCache
+from swarm.runtime.actors import CallOrder, MatmulActor, MemoryFull, StaleCache
 from swarm.runtime.chaos import Chaos, Fault
 from swarm.runtime.kernels import KernelTimeout
 from swarm.runtime.objects import ObjectId, ObjectStore
@@ -211,7 +211,10 @@ class HostCore:
         key = (peer, actor, instance)
         inst = self.instances.get(key)
         if inst is None:
-            inst = self.instances[key] = _Instance(self._make(self.registry[actor]))
+            made = self._make(self.registry[actor])
+            if hasattr(made, "budget"):  # state it keeps counts against --max-memory
+                made.budget = self.store
+            inst = self.instances[key] = _Instance(made)
         return inst
 
     # -- taking calls back ------------------------------------------------------------------
@@ -235,8 +238,11 @@ class HostCore:
         calls they hold."""
         self.drop(lambda c: c.link is link)
         for key in [k for k in self.instances if k[0] == link.remote]:
-            for call in self.instances.pop(key).order.held_calls():
+            inst = self.instances.pop(key)
+            for call in inst.order.held_calls():
                 self.store.release(call.nbytes)
+            if hasattr(inst.actor, "close"):
+                inst.actor.close()
 
     # -- running ----------------------------------------------------------------------------
 
@@ -307,6 +313,8 @@ class HostCore:
             return TaskFailed(task, "timeout", str(exc))
         if isinstance(exc, StaleCache):
             return TaskFailed(task, "stale", str(exc)[:500])
+        if isinstance(exc, MemoryFull):
+            return TaskFailed(task, "busy", str(exc)[:500])
         return TaskFailed(task, "error", f"{type(exc).__name__}: {str(exc)[:500]}")
 
     def answer(self, plan: Plan, outputs: list[np.ndarray]) -> Answer:
