@@ -173,3 +173,29 @@ def test_span_caches_are_reserved_against_max_memory():
         c.instance(link.remote, "llama_span", 9).actor.forward([x, flat], params)
     c.forget(link)
     assert c.store.reserved == 0
+
+
+def test_one_requesters_long_calls_delay_another_by_one_call_not_all():
+    """Issue 45, finding 8: the worker's queue was one FIFO, and a kernel costs no bytes, so
+    N endless kernels from one requester (each stopped at the time limit) held every other
+    requester's work for N limits. Calls now go by each requester's share of the worker's
+    time, kernels stopped at their limit counted in full."""
+    c = core()
+    a, b = Link(PeerKey.generate().peer_id), Link(PeerKey.generate().peer_id)
+    for t in range(1, 6):
+        assert c.admit(call(a, t)) is None  # five kernels that run to the 60 s limit
+    first = c.next()
+    assert first.link is a
+    assert c.admit(call(b, 9)) is None  # another requester's task, queued behind them
+    c.done(first, 60.0)
+    second = c.next()
+    assert second.link is b and second.msg.task == 9  # one limit, not five
+    c.done(second, 0.01)
+    order = []
+    while (nxt := c.next()) is not None:
+        order.append(nxt.msg.task)
+        c.done(nxt, 60.0)
+    assert order == [2, 3, 4, 5]  # a's own calls keep their order
+    # a requester that comes back later starts level, with no credit for its absence
+    assert c.admit(call(b, 10)) is None and c.admit(call(a, 11)) is None
+    assert c.next().msg.task == 10

@@ -139,7 +139,15 @@ class HostCore:
         self._inline_numpy = inline_numpy
         """The backend is numpy, so tiny matmuls may run on the loop."""
         self.queue: deque[Call] = deque()
-        """Calls ready to run, in order."""
+        """Calls ready to run, in order (each requester's; :meth:`next` picks whose)."""
+        self.spent: dict[PeerId, float] = {}
+        """Seconds of this worker each requester with calls queued has had (kernels stopped
+        at their time limit included): the next call is the first of the requester that has
+        had least, so one requester's endless kernels delay another's work by one kernel,
+        not by all of them."""
+        self._level = 0.0
+        """The share clock of the call started last (the least of those waiting then): where
+        a requester that comes, or comes back, starts."""
         self.instances: dict[tuple[PeerId, str, int], _Instance] = {}
         self.current: Call | None = None
         """The call running now."""
@@ -247,16 +255,28 @@ class HostCore:
     # -- running ----------------------------------------------------------------------------
 
     def next(self) -> Call | None:
-        """The next call to run (now :attr:`current`), or None when none is queued."""
+        """The next call to run (now :attr:`current`), or None when none is queued: the
+        first queued call of the requester that has had least of this worker's time."""
         if not self.queue:
             return None
-        self.current = self.queue.popleft()
+        first: dict[PeerId, int] = {}
+        for i, call in enumerate(self.queue):
+            first.setdefault(call.link.remote, i)
+        self.spent = {p: self.spent.get(p, self._level) for p in first}
+        peer = min(first, key=lambda p: (self.spent[p], first[p]))
+        self._level = self.spent[peer]
+        i = first[peer]
+        self.current = self.queue[i]
+        del self.queue[i]
         return self.current
 
-    def done(self, call: Call) -> None:
-        """``call`` finished (answered or not): free what it held."""
+    def done(self, call: Call, seconds: float = 0.0) -> None:
+        """``call`` finished (answered or not) after ``seconds`` of this worker's time: free
+        what it held, and count the time against its requester's share."""
         self.store.release(call.nbytes)
         self.current = None
+        peer = call.link.remote
+        self.spent[peer] = self.spent.get(peer, self._level) + seconds
 
     def activity(self) -> tuple[int, list[tuple[PeerId, int]]]:
         """Tasks queued or running now, and per requester (busiest first, then by id)."""
