@@ -265,3 +265,58 @@ def test_the_judge_proves_a_wrong_span_product_and_never_an_honest_trace(weights
     bad[1, lo + 5] += 1.0
     finding = judge(bad)
     assert finding.proven and "ffn_up" in finding.why
+
+
+def test_an_aimed_shift_of_the_recorded_input_is_caught(weights):
+    """Issue 45, finding 2: a worker shifted a product's recorded input by up to the input
+    tolerance (1e-4 of the row's RMS per element) in the direction that most lowers the top
+    token's lead over the runner-up (the gradient through the public head), and returned the
+    exact product of the shifted input: both checks passed and the margin moved 0.004 for this
+    one product (0.01-0.04 over a whole pass). The requester now checks each output against
+    its OWN input, within f32 rounding of that product: the shift is caught (not provable:
+    the signed trace is self-consistent), and only an error within the rounding bound passes
+    (SECURITY.md: about an eighth of this shift, 5e-4 of margin here)."""
+    from models.span import Fingerprints, KVCache, Seq, SpanMismatch, TraceCheck, rms_norm
+
+    c, m = weights.config, Llama(weights)
+    ids = [1, 504, 3458, 282, 4649, 314, 30, 23, 1004]
+    last = c.n_layers - 1
+    seq = Seq.start(len(ids), m.new_cache())
+    x = np.ascontiguousarray(m.layers(np.ascontiguousarray(m._head.array[:, ids].T), [seq],
+                                      0, last), np.float32)
+    flat, layers = llama_span.bundle(weights, last, 1), llama_span.model_layers(weights, last, 1)
+    params = {"first": last, "count": 1, "config": SpanConfig.of(c).params(),
+              "seqs": [[1, 0, len(ids)]], "drop": []}
+    (trace,) = LlamaSpanActor(None).forward([x, flat], params)
+    head, norm = m._head.array, weights.tensors["output_norm.weight"]
+
+    def logits(tr):
+        s = Seq.start(len(ids), KVCache(c, len(ids), layers=1))
+        out = llama_span.run_layers(c, layers, x, [s], TraceCheck(c, layers, tr, last,
+                                                                  Fingerprints()))
+        return (rms_norm(out[-1:], norm, c.norm_eps) @ head)[0], out[-1]
+
+    honest, h = logits(trace)
+    top, second = np.argsort(honest)[-1], np.argsort(honest)[-2]
+    aim = norm * (head[:, second] - head[:, top])  # raises the runner-up against the top
+    cols, w_down = llama_span.trace_columns(c), layers[0].matrices["ffn_down"]
+
+    def shifted(scale):
+        tr = trace.copy()
+        (alo, ahi), (dlo, dhi) = cols["act"], cols["ffn_down"]
+        act = tr[-1, alo:ahi].astype(np.float64)
+        act += scale * 0.98e-4 * np.sqrt(np.mean(act ** 2)) * np.sign(w_down @ aim)
+        tr[-1, alo:ahi] = act
+        tr[-1, dlo:dhi] = tr[-1:, alo:ahi] @ w_down  # the exact product of what it recorded
+        return tr
+
+    attack = shifted(1.0)
+    lo, hi = cols["ffn_down"]
+    moved = (attack[-1, lo:hi] - trace[-1, lo:hi]).astype(np.float64) @ -aim \
+        / np.sqrt(np.mean(np.square(h, dtype=np.float64)))
+    assert moved < -1e-3  # the margin this shift buys, were it used
+    for scale in (1.0, 0.5):
+        for _ in range(5):
+            with pytest.raises(SpanMismatch, match="requester's own act") as exc:
+                logits(shifted(scale))
+            assert not exc.value.signed_lie
