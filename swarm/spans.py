@@ -8,9 +8,9 @@ step one round trip, not one per product (sharding each product had cost 736 ms/
 56.5 local: docs/architecture.md).
 
 Nothing a worker returns is used unchecked (models.span): the requester re-runs the span's
-pass with its own cache, taking each product from the worker's trace only when its recorded
-input is the requester's own and the output passes Freivalds' check against that weight's
-fingerprint. A wrong product is a signed lie: its evidence goes to the node
+pass with its own cache, taking each product from the worker's trace only when its output
+passes Freivalds' check against that weight's fingerprint both for the worker's recorded input
+and for the requester's own (within the f32 rounding of that product: SECURITY.md). A wrong product is a signed lie: its evidence goes to the node
 (``report_lying_peer``: proven on the spot under ``swarm.local()``, judged by the coordinator
 otherwise), the worker gets no more spans, and the step is redone elsewhere, or here.
 
