@@ -290,7 +290,8 @@ def test_slow_headers_hold_a_capped_number_of_the_members_connections(served):
         return out
 
     closed = asyncio.run(run())
-    assert closed.count(True) == 8, closed
+    # (the openai client's kept-alive connections from earlier tests count too)
+    assert closed.count(False) <= guard.PER_ADDRESS and closed.count(True) >= 8, closed
     deadline = time.monotonic() + 10  # the server sees the hang-ups, then serves again
     while True:
         try:
