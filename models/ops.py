@@ -10,7 +10,8 @@ trip count (the 32 dimensions of a head) is unrolled before it gets there. So ev
 here runs over a long runtime dimension (tokens, or the 384/1536 features) with the short
 constant one unrolled inside it; attention therefore works on transposed [dim, query] tiles.
 
-``fastmath`` lets LLVM contract multiply-adds and (LayerNorm, GELU) reorder sums: results differ
+``fastmath`` lets LLVM reorder LayerNorm's sums (in a fixed order of its own); no kernel whose
+values a judge recomputes contracts multiply-adds (FMA or not, the same bits): results differ
 from numpy's by float32 rounding only. Inputs are finite; no kernel relies on inf/NaN (the
 softmax subtracts each column's max, and exp clamps its argument at -87). Outputs are allocated
 by numpy, which asks for huge pages (numba's allocator does not: page faults on a fresh 50 MB
@@ -39,9 +40,17 @@ _LANES = 16  # float32 lanes of an AVX-512 vector
 
 # Attention's loops are all element-wise over queries, so they vectorise without reordering
 # sums: its kernels skip fastmath's reassociation, which keeps each sum in its written order and
-# exp's two-step range reduction exact (2.9e-7 relative error with it, 8e-8 without). LayerNorm's
-# row sums do need reordering to vectorise; GELU's flags are those of minilm's ``_gelu``.
-_NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
+# exp's two-step range reduction exact (2.9e-7 relative error with it, 8e-8 without), and its
+# contraction: a CPU with FMA would fuse the multiply-adds and one without would not, and a
+# requester's crafted input (queries near 0, values that cancel) turned that last-bit
+# difference into 1e-4 of attention's output, enough for the judge, which allows a product no
+# slack on its input, to "prove" an honest worker on the other kind of CPU a liar (issue 45).
+# So attention is the same bits on every machine, and GELU too (its 1 + erf cancels near
+# x = -4). LayerNorm's row sums do need reordering to vectorise (it sums in a fixed order of
+# its own).
+_NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "afn"}
+_EXACT_GELU = {"nnan", "ninf", "nsz"}
+"""GELU's 1 + erf cancels near x = -4: no FMA and no reciprocal in place of its division."""
 _kernel = functools.partial(numba.njit, cache=True, error_model="numpy")
 
 
@@ -349,7 +358,7 @@ def _sum8(x, squares):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@_kernel(fastmath=True)
+@_kernel(fastmath=_EXACT_GELU)
 def _bias_gelu(h, bias, out):
     rows, dim = h.shape
     for r in range(rows):
@@ -357,7 +366,7 @@ def _bias_gelu(h, bias, out):
             out[r, c] = _gelu(h[r, c] + bias[c])
 
 
-@_kernel(fastmath=True, inline="always")
+@_kernel(fastmath=_EXACT_GELU, inline="always")
 def _gelu(x):
     """0.5 x (1 + erf(x / sqrt 2)); erf as in models/minilm.py's _gelu (clamped at |z| = 4)."""
     z = x * F(0.7071067811865476)

@@ -41,6 +41,9 @@ class BPETokenizer:
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t in self.special])
         self._tok = tok
+        self.max_token_bytes = max(len(t) for t in vocab.tokens)
+        """Most bytes one token stands for (byte-level tokens: a character a byte): a text
+        of ``b`` bytes is at least ``b / max_token_bytes`` tokens, known before tokenising."""
         self.vocab_size = len(vocab.tokens)
         self.bos_id = vocab.bos_id
         self.eos_id = vocab.eos_id
@@ -48,7 +51,9 @@ class BPETokenizer:
         self._template = None
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch lets other threads run meanwhile (encode holds the GIL throughout:
+        # a 1 MiB text held a server's event loop for seconds)
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)

@@ -270,7 +270,7 @@ class Client:
         self._backend = None
         self._verifier = jobs.FreivaldsCache()
         self._refresher = loop.submit(self._refresh())
-        self._instances = itertools.count(1)
+        self._instances = node.requester.instances  # shared by every client of the node
         self.matmul = _Matmul(self)
         self.kernel = _Kernel(self)
         self.last_report: JobReport | None = None

@@ -8,9 +8,9 @@ step one round trip, not one per product (sharding each product had cost 736 ms/
 56.5 local: docs/architecture.md).
 
 Nothing a worker returns is used unchecked (models.span): the requester re-runs the span's
-pass with its own cache, taking each product from the worker's trace only when its recorded
-input is the requester's own and the output passes Freivalds' check against that weight's
-fingerprint. A wrong product is a signed lie: its evidence goes to the node
+pass with its own cache, taking each product from the worker's trace only when its output
+passes Freivalds' check against that weight's fingerprint both for the worker's recorded input
+and for the requester's own (within the f32 rounding of that product: SECURITY.md). A wrong product is a signed lie: its evidence goes to the node
 (``report_lying_peer``: proven on the spot under ``swarm.local()``, judged by the coordinator
 otherwise), the worker gets no more spans, and the step is redone elsewhere, or here.
 
@@ -194,13 +194,16 @@ class SpanLlama(Llama):
             call, reply = client._loop.run(self._call(k, host, send, params), CALL_TIMEOUT)
         except (LinkClosed, TaskFailure, TimeoutError) as exc:
             self.stats.rejected += 1
-            if not (isinstance(exc, TaskFailure) and exc.kind == "invalid"
-                    and "positions" in str(exc)):
-                self._excluded.add(host.peer)  # lost or refusing: replace it
+            # a cache the worker no longer holds is rebuilt there (a fresh instance, every
+            # sequence from position 0); a rebuild it cannot follow, or any other refusal,
+            # is a worker lost or refusing: replace it
+            if rebuild or not (isinstance(exc, TaskFailure) and exc.kind == "stale"):
+                self._excluded.add(host.peer)
             self._hosts[k] = None
+            self._forget_finished()
             return None
         host.sids -= set(drop)
-        self._finished -= set(drop)
+        self._forget_finished()
         self.stats.remote += time.perf_counter() - started
         self.stats.worker += reply.compute
         self.stats.calls += 1
@@ -220,6 +223,7 @@ class SpanLlama(Llama):
             client._loop.submit(self._report(host.peer, call, reply, reason, exc.signed_lie))
             self._excluded.add(host.peer)
             self._hosts[k] = None
+            self._forget_finished()
             return None
         self.stats.checks += time.perf_counter() - started
         client._loop.submit(self._accept(host.peer, reply.task))
@@ -230,6 +234,13 @@ class SpanLlama(Llama):
             out = np.concatenate([out[e - (s.end - s.begin):e] for s, e in
                                   zip(seqs, ends, strict=True)])
         return out
+
+    def _forget_finished(self) -> None:
+        """Keep a finished sequence's id only while a current host still holds its cache: one
+        host dropping it must not make the others keep theirs, and a replaced host's ids
+        would otherwise stay here for good."""
+        held = set().union(*(h.sids for h in self._hosts if h is not None))
+        self._finished &= held
 
     async def _call(self, k: int, host: _Host, send: np.ndarray, params: dict):
         client = self._client

@@ -4,6 +4,7 @@ against a node's web server on loopback."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -106,6 +107,7 @@ LONG = "word " * 9000
     ({"messages": HELLO, "temperature": -1}, "temperature", "temperature"),
     ({"messages": HELLO, "temperature": "hot"}, "temperature", "temperature"),
     ({"messages": [{"role": "user", "content": LONG}]}, "messages", "8192"),
+    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages", "surrogate"),
 ])
 def test_bad_requests_are_400(served, body, param, says):
     url, key, _ = served
@@ -117,3 +119,172 @@ def test_bad_requests_are_400(served, body, param, says):
         urllib.request.urlopen(req, timeout=60)
     err = json.loads(exc.value.read())["error"]
     assert exc.value.code == 400 and err["param"] == param and says in err["message"], err
+
+
+def test_a_non_streamed_chat_stops_when_its_client_hangs_up():
+    """Issue 45, finding 9: a non-streamed chat went on generating to max_tokens after its
+    client had gone (9 such requests per key kept the member busy for nothing)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from swarm.web.chat import ChatAPI
+
+    gen = smollm2()
+    made, ended = [], threading.Event()
+
+    class Counting:  # the member's generator, counting the pieces it is asked for
+        def chat_prompt(self, messages):
+            return gen.chat_prompt(messages)
+
+        def stream(self, ids, **kw):
+            def pieces():
+                try:
+                    for p in gen.stream(ids, **kw):
+                        made.append(p)
+                        yield p
+                finally:
+                    ended.set()
+            return pieces()
+
+    async def run() -> tuple[int, int]:
+        app = web.Application()
+        ChatAPI("k" * 32, Counting).add_routes(app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            body = json.dumps({"model": MODEL, "max_tokens": 2000, "temperature": 0,
+                               "messages": [{"role": "user", "content":
+                                             "Count from 1 to 1000, one number a line."}]})
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {'k' * 32}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            await w.drain()
+            deadline = asyncio.get_running_loop().time() + 120
+            while len(made) < 3:  # generating
+                assert asyncio.get_running_loop().time() < deadline and not ended.is_set()
+                await asyncio.sleep(0.05)
+            w.close()
+            at_hangup = len(made)
+            assert await asyncio.to_thread(ended.wait, 60), "still generating after hang-up"
+            return at_hangup, len(made)
+        finally:
+            await runner.cleanup()
+
+    at_hangup, total = asyncio.run(run())
+    assert total - at_hangup <= 20, (at_hangup, total)
+
+
+def _chat_app(generator):
+    """A bare aiohttp app serving ChatAPI on loopback (the member's web server adds routes
+    that are not under test here)."""
+    from aiohttp import web
+
+    from swarm.web.chat import ChatAPI
+
+    app = web.Application(client_max_size=64 * 1024)
+    ChatAPI("k" * 32, generator).add_routes(app)
+    return app
+
+
+def test_a_long_chat_body_does_not_hold_the_event_loop():
+    """Issue 45, finding 7: chat tokenised on the event loop: a 1 MiB body of digits held it
+    2.45-2.66 s before its 400, longer than the 2 s failover timing. Now a body that cannot
+    fit the context is refused before any tokenising, and tokenising runs off the loop with
+    the GIL released (measured: the loop's worst lag while each request is served)."""
+    import asyncio
+    import time
+
+    import aiohttp
+    from aiohttp import web
+
+    gen = smollm2()
+    gen.chat_prompt(HELLO)  # the template compiled before measuring
+
+    async def run() -> list[tuple[int, str, float]]:
+        runner = web.AppRunner(_chat_app(lambda: gen), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        out = []
+        try:
+            async with aiohttp.ClientSession(headers={"Authorization": "Bearer " + "k" * 32}) \
+                    as http:
+                for text in ("1" * ((1 << 20) - 200), "hello " * 100_000):
+                    lag = 0.0
+
+                    async def probe():
+                        nonlocal lag
+                        while True:
+                            t = time.perf_counter()
+                            await asyncio.sleep(0.005)
+                            lag = max(lag, time.perf_counter() - t - 0.005)
+
+                    p = asyncio.create_task(probe())
+                    async with http.post(url + "/v1/chat/completions", json={
+                            "model": MODEL, "messages": [{"role": "user", "content": text}]}
+                            ) as r:
+                        body = await r.json()
+                    p.cancel()
+                    out.append((r.status, body["error"]["message"], lag))
+        finally:
+            await runner.cleanup()
+        return out
+
+    (s1, m1, lag1), (s2, m2, lag2) = asyncio.run(run())
+    assert s1 == 400 and "bytes" in m1  # refused before tokenising
+    assert s2 == 400 and "8192" in m2  # tokenised (600 kB), in a thread
+    assert lag1 < 0.5 and lag2 < 0.5, (lag1, lag2)
+
+
+def test_slow_headers_hold_a_capped_number_of_the_members_connections(served):
+    """Issue 45, finding 4: the member's --http server held every connection that never
+    finished its headers (no cap, aiohttp's 3630 s keep-alive), so anyone who reached it
+    could use up the node's descriptors. Now an address holds at most 32, briefly."""
+    import asyncio
+
+    from swarm.web import guard
+
+    url, key, client = served
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+
+    async def run() -> list[bool]:
+        conns = []
+        for _ in range(guard.PER_ADDRESS + 8):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            conns.append((r, w))
+        await asyncio.gather(*(w.drain() for _, w in conns), return_exceptions=True)
+
+        async def closed(r) -> bool:
+            try:
+                return await asyncio.wait_for(r.read(), 3) == b""
+            except TimeoutError:
+                return False
+            except ConnectionResetError:
+                return True
+
+        out = await asyncio.gather(*(closed(r) for r, _ in conns))
+        for _, w in conns:
+            w.close()
+        return out
+
+    closed = asyncio.run(run())
+    # (the openai client's kept-alive connections from earlier tests count too)
+    assert closed.count(False) <= guard.PER_ADDRESS and closed.count(True) >= 8, closed
+    deadline = time.monotonic() + 10  # the server sees the hang-ups, then serves again
+    while True:
+        try:
+            req = urllib.request.Request(url + "/models",
+                                         headers={"Authorization": f"Bearer {key}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+            break
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < deadline

@@ -134,3 +134,68 @@ def test_a_methods_error_and_a_kernel_timeout_are_told_apart():
     assert c.failed(plan, KernelTimeout("too slow")).kind == "timeout"
     failed = c.failed(plan, ValueError("bad"))
     assert failed.kind == "error" and failed.message == "ValueError: bad"
+    from swarm.runtime.actors import StaleCache
+
+    assert c.failed(plan, StaleCache("holds 0 positions")).kind == "stale"  # typed, not words
+
+
+def test_span_caches_are_reserved_against_max_memory():
+    """Issue 45, finding 5: span actors' K/V caches were actor state, never reserved: the cap
+    was 1 GiB per instance and a requester may make 256 instances, with a config of its own
+    choosing, so one key made a worker with 16 MiB of --max-memory hold 256 MiB. Now every
+    cache byte of every instance is reserved in the worker's store before it is allocated."""
+    import pytest
+
+    from models import span as llama_span
+    from swarm.runtime.actors import SpanConfig
+
+    c, link = core(capacity=16 << 20), Link(PeerKey.generate().peer_id)
+    cfg = SpanConfig(d_model=32, d_ff=1, n_heads=1, n_kv_heads=1, context_length=4096,
+                     rope_base=10000.0, norm_eps=1e-5)  # 64 KiB of cache per position
+    count, rows, seqs = 256, 16, 8  # 8 MiB of caches a call
+    rng = np.random.default_rng(0)
+    flat = (rng.standard_normal(count * llama_span.layer_size(cfg)) * 0.1).astype(np.float32)
+    x = rng.standard_normal((rows * seqs, 32)).astype(np.float32)
+    params = {"first": 0, "count": count, "config": cfg.params(), "drop": [],
+              "seqs": [[s, 0, rows] for s in range(seqs)]}
+    refused = 0
+    for i in range(1, 33):  # 32 instances x 8 sequences x 16 positions: 256 MiB asked for
+        actor = c.instance(link.remote, "llama_span", i).actor
+        try:
+            actor.forward([x, flat], params)
+        except ValueError as e:
+            assert "--max-memory" in str(e)
+            refused += 1
+        kept = sum(v.nbytes for inst in c.instances.values() for v in inst.actor.caches.values())
+        assert kept <= c.store.reserved <= 16 << 20, (i, kept)
+    assert refused == 30  # two calls' caches fill the 16 MiB
+    with pytest.raises(ValueError, match="max-memory"):
+        c.instance(link.remote, "llama_span", 9).actor.forward([x, flat], params)
+    c.forget(link)
+    assert c.store.reserved == 0
+
+
+def test_one_requesters_long_calls_delay_another_by_one_call_not_all():
+    """Issue 45, finding 8: the worker's queue was one FIFO, and a kernel costs no bytes, so
+    N endless kernels from one requester (each stopped at the time limit) held every other
+    requester's work for N limits. Calls now go by each requester's share of the worker's
+    time, kernels stopped at their limit counted in full."""
+    c = core()
+    a, b = Link(PeerKey.generate().peer_id), Link(PeerKey.generate().peer_id)
+    for t in range(1, 6):
+        assert c.admit(call(a, t)) is None  # five kernels that run to the 60 s limit
+    first = c.next()
+    assert first.link is a
+    assert c.admit(call(b, 9)) is None  # another requester's task, queued behind them
+    c.done(first, 60.0)
+    second = c.next()
+    assert second.link is b and second.msg.task == 9  # one limit, not five
+    c.done(second, 0.01)
+    order = []
+    while (nxt := c.next()) is not None:
+        order.append(nxt.msg.task)
+        c.done(nxt, 60.0)
+    assert order == [2, 3, 4, 5]  # a's own calls keep their order
+    # a requester that comes back later starts level, with no credit for its absence
+    assert c.admit(call(b, 10)) is None and c.admit(call(a, 11)) is None
+    assert c.next().msg.task == 10

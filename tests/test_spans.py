@@ -18,7 +18,7 @@ import swarm
 from models import gguf_weights
 from models import span as llama_span
 from models.llama import Llama
-from swarm.runtime.actors import LlamaSpanActor, SpanConfig, check_span_forward
+from swarm.runtime.actors import LlamaSpanActor, SpanConfig, StaleCache, check_span_forward
 from swarm.spans import SpanLlama
 
 pytestmark = [pytest.mark.system]
@@ -83,6 +83,21 @@ def test_greedy_tokens_through_two_spans_equal_the_local_forward(weights, want):
         ask = "What is the capital of France?"
         assert "".join(client.generate(ask, max_tokens=12, model=model)) == \
             "".join(client.generate(ask, max_tokens=12))
+        assert_finished_sequences_dropped(model)
+
+
+def assert_finished_sequences_dropped(model: SpanLlama) -> None:
+    """Issue 45, finding 9: each finished sequence's cache is dropped at every span's host
+    (the first host to drop it had made the requester forget it, so the other spans' hosts
+    kept it until their 256-sequence cap refused work), and the requester keeps no id of a
+    sequence no current host holds (a replaced host's)."""
+    import gc
+
+    gc.collect()
+    greedy(model, PROMPTS[0], 1)  # its calls carry the drops
+    gc.collect()
+    held = set().union(*(h.sids for h in model._hosts if h is not None))
+    assert len(held) == 1 and model._finished == held  # the last sequence only
 
 
 @pytest.mark.parametrize("liar", ["corrupt=1", "layer=1"])
@@ -100,6 +115,67 @@ def test_a_lying_span_changes_no_token_and_is_proven(weights, want, liar):
         assert client.node.proven_liars == {liar_id}
 
 
+def test_a_span_worker_writing_nan_into_a_recorded_input_is_excluded(weights, want):
+    """Issue 45, finding 1: a NaN in a recorded input made the requester's check raise
+    InvalidInput, which nothing caught: the worker was picked again on every try and every
+    generation failed (HTTP 500 on /v1/chat/completions); the honest worker was never tried."""
+    with swarm.local(2, threads=1, chaos=["nan=1", None]) as client:
+        liar_id, honest = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert greedy(model, PROMPTS[0], TOKENS) == want[0]
+        stats = model.take_stats()
+        assert stats.rejected >= 1 and stats.local == 0
+        assert model.hosts() == [honest, honest]
+        assert liar_id not in client.node.proven_liars  # nothing a third party could check
+        ask = "What is the capital of France?"
+        assert _chat(client, ask, 6) == "".join(client.generate(ask, max_tokens=6))
+
+
+def _chat(client, text: str, max_tokens: int) -> str:
+    """One non-streamed /v1/chat/completions from the member's own --http server."""
+    import json
+    import urllib.request
+    from pathlib import Path
+
+    from swarm.processes.member import openai_api
+    from swarm.web.server import SwarmInfo, WebServer
+
+    info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
+
+    async def start():
+        server = WebServer(client.node, info, "127.0.0.1", 0, api=openai_api(client.node))
+        await server.start()
+        return server
+
+    server = client._loop.run(start(), 30)
+    key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": text}]}
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
+                                 json.dumps(body).encode(), {"Authorization": f"Bearer {key}",
+                                                             "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())["choices"][0]["message"]["content"]
+    finally:
+        client._loop.run(server.stop(), 30)
+
+
+def test_a_worker_always_refusing_as_a_lost_cache_is_excluded(weights, want):
+    """Issue 45, finding 6: a worker answering every call "invalid ... positions" (the words
+    of a lost cache) was never excluded: it took every try of every step, each a full-history
+    rebuild, and the span ran on the requester; the honest worker got no call. A lost cache is
+    now its own failure kind ("stale", never read from the words), retried once as a rebuild
+    on a fresh instance; a rebuild refused, or any other refusal, excludes the worker."""
+    with swarm.local(2, threads=1, chaos=["stale=1", None]) as client:
+        liar_id, honest = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert greedy(model, PROMPTS[0], 4) == want[0][:4]
+        stats = model.take_stats()
+        assert stats.local == 0 and stats.rejected == 1
+        assert model.hosts() == [honest, honest]
+
+
 def test_a_worker_that_dies_mid_text_is_replaced_and_the_text_goes_on(weights, want):
     # the second worker serves the second span; it dies on its 6th call (prefill + 4 steps)
     with swarm.local(2, threads=1, chaos=[None, "crash_after=5"]) as client:
@@ -108,6 +184,7 @@ def test_a_worker_that_dies_mid_text_is_replaced_and_the_text_goes_on(weights, w
         stats = model.take_stats()
         assert stats.rebuilt >= 1 and stats.local == 0
         assert len(set(model.hosts())) == 1  # the survivor hosts both spans now
+        assert_finished_sequences_dropped(model)
 
 
 def _call(weights, rows=3, count=2):
@@ -128,7 +205,7 @@ def test_span_actor_keeps_each_sequences_cache_and_refuses_bad_calls(weights):
     step = {**params, "seqs": [[7, 3, 1]]}
     actor.forward([x[:1], flat], step)
     assert actor.caches[7].length == 4
-    with pytest.raises(ValueError, match="holds 4 positions, not 3"):
+    with pytest.raises(StaleCache, match="holds 4 positions, not 3"):
         actor.forward([x[:1], flat], step)
     bad = [({**params, "count": 3}, "bundle of 3 layers"),
            ({**params, "seqs": [[7, 0, 2]]}, "cover x's rows"),
@@ -187,3 +264,58 @@ def test_the_judge_proves_a_wrong_span_product_and_never_an_honest_trace(weights
     bad[1, lo + 5] += 1.0
     finding = judge(bad)
     assert finding.proven and "ffn_up" in finding.why
+
+
+def test_an_aimed_shift_of_the_recorded_input_is_caught(weights):
+    """Issue 45, finding 2: a worker shifted a product's recorded input by up to the input
+    tolerance (1e-4 of the row's RMS per element) in the direction that most lowers the top
+    token's lead over the runner-up (the gradient through the public head), and returned the
+    exact product of the shifted input: both checks passed and the margin moved 0.004 for this
+    one product (0.01-0.04 over a whole pass). The requester now checks each output against
+    its OWN input, within f32 rounding of that product: the shift is caught (not provable:
+    the signed trace is self-consistent), and only an error within the rounding bound passes
+    (SECURITY.md: about an eighth of this shift, 5e-4 of margin here)."""
+    from models.span import Fingerprints, KVCache, Seq, SpanMismatch, TraceCheck, rms_norm
+
+    c, m = weights.config, Llama(weights)
+    ids = [1, 504, 3458, 282, 4649, 314, 30, 23, 1004]
+    last = c.n_layers - 1
+    seq = Seq.start(len(ids), m.new_cache())
+    x = np.ascontiguousarray(m.layers(np.ascontiguousarray(m._head.array[:, ids].T), [seq],
+                                      0, last), np.float32)
+    flat, layers = llama_span.bundle(weights, last, 1), llama_span.model_layers(weights, last, 1)
+    params = {"first": last, "count": 1, "config": SpanConfig.of(c).params(),
+              "seqs": [[1, 0, len(ids)]], "drop": []}
+    (trace,) = LlamaSpanActor(None).forward([x, flat], params)
+    head, norm = m._head.array, weights.tensors["output_norm.weight"]
+
+    def logits(tr):
+        s = Seq.start(len(ids), KVCache(c, len(ids), layers=1))
+        out = llama_span.run_layers(c, layers, x, [s], TraceCheck(c, layers, tr, last,
+                                                                  Fingerprints()))
+        return (rms_norm(out[-1:], norm, c.norm_eps) @ head)[0], out[-1]
+
+    honest, h = logits(trace)
+    top, second = np.argsort(honest)[-1], np.argsort(honest)[-2]
+    aim = norm * (head[:, second] - head[:, top])  # raises the runner-up against the top
+    cols, w_down = llama_span.trace_columns(c), layers[0].matrices["ffn_down"]
+
+    def shifted(scale):
+        tr = trace.copy()
+        (alo, ahi), (dlo, dhi) = cols["act"], cols["ffn_down"]
+        act = tr[-1, alo:ahi].astype(np.float64)
+        act += scale * 0.98e-4 * np.sqrt(np.mean(act ** 2)) * np.sign(w_down @ aim)
+        tr[-1, alo:ahi] = act
+        tr[-1, dlo:dhi] = tr[-1:, alo:ahi] @ w_down  # the exact product of what it recorded
+        return tr
+
+    attack = shifted(1.0)
+    lo, hi = cols["ffn_down"]
+    moved = (attack[-1, lo:hi] - trace[-1, lo:hi]).astype(np.float64) @ -aim \
+        / np.sqrt(np.mean(np.square(h, dtype=np.float64)))
+    assert moved < -1e-3  # the margin this shift buys, were it used
+    for scale in (1.0, 0.5):
+        for _ in range(5):
+            with pytest.raises(SpanMismatch, match="requester's own act") as exc:
+                logits(shifted(scale))
+            assert not exc.value.signed_lie

@@ -145,6 +145,17 @@ class MatmulActor:
         return [outs[name] for name, _, _ in params["outputs"]]
 
 
+class StaleCache(ValueError):
+    """A span call that does not follow the cache this actor holds for a sequence (it was
+    dropped, or never built): the requester rebuilds it from position 0. Answered as the
+    task failure kind "stale", so a requester never reads the error's words."""
+
+
+class MemoryFull(ValueError):
+    """State an actor would keep for its requester does not fit the worker's ``--max-memory``
+    (answered as "busy": run it elsewhere)."""
+
+
 MAX_SPAN_SEQS = 256
 """Sequences one span actor keeps caches for."""
 MAX_SPAN_CACHE = 1 << 30
@@ -251,6 +262,28 @@ class LlamaSpanActor:
         self.backend = backend
         self.config: SpanConfig | None = None
         self.caches: dict[int, llama_span.KVCache] = {}
+        self.budget: Any = None
+        """The worker's memory (``reserve(n) -> bool``, ``release(n)``: its object store,
+        set by the host): every cache byte is reserved there before it is allocated, so
+        the caches of all instances and requesters together stay within ``--max-memory``."""
+        self.held = 0
+        """Bytes reserved in ``budget`` for this actor's caches."""
+
+    def _hold(self, nbytes: int) -> None:
+        """Reserve or release so that ``nbytes`` are held for the caches."""
+        if self.budget is None:
+            return
+        if nbytes > self.held and not self.budget.reserve(nbytes - self.held):
+            raise MemoryFull(f"span caches of {nbytes} bytes do not fit this worker's "
+                             "--max-memory beside what it holds: run the span elsewhere")
+        if nbytes < self.held:
+            self.budget.release(self.held - nbytes)
+        self.held = nbytes
+
+    def close(self) -> None:
+        """The instance is forgotten: its caches are no longer held."""
+        self.caches.clear()
+        self._hold(0)
 
     def forward(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any],
                 shift: int = 0) -> list[np.ndarray]:
@@ -267,32 +300,53 @@ class LlamaSpanActor:
                 {p: np.roll(m, 1, axis=1) for p, m in layers[0].matrices.items()})]
         for sid in params.get("drop", []):
             self.caches.pop(sid, None)
-        fresh, seqs = {}, []
+        # the caches' bytes after this call, reserved before any is allocated
+        position = 2 * count * c.n_kv_heads * c.head_dim * 4
+        after = {sid: cache.nbytes for sid, cache in self.caches.items()}
+        alloc = 0  # new arrays this call makes (old ones live until it ends)
         for sid, begin, n in params["seqs"]:
             cache = self.caches.get(sid)
             if begin == 0:
-                cache = fresh[sid] = llama_span.KVCache(c, n, layers=count)
+                after[sid] = position * min(n, c.context_length)
+                alloc += after[sid]
             elif cache is None or cache.length != begin or cache.layers != count:
                 held = 0 if cache is None else cache.length
-                raise ValueError(f"sequence {sid}: this actor holds {held} positions, not "
+                raise StaleCache(f"sequence {sid}: this actor holds {held} positions, not "
                                  f"{begin}; send its rows from position 0")
-            seqs.append(llama_span.Seq.start(n, cache))
-        kept = sum(v.nbytes for k, v in self.caches.items() if k not in fresh)
-        if kept + sum(s.cache.nbytes for s in seqs) > MAX_SPAN_CACHE \
-                or len(set(self.caches) | set(fresh)) > MAX_SPAN_SEQS:
+            else:
+                after[sid] = position * _grown(cache.capacity, begin + n, c.context_length)
+                alloc += after[sid] if after[sid] > cache.nbytes else 0
+        if sum(after.values()) > MAX_SPAN_CACHE or len(after) > MAX_SPAN_SEQS:
             raise ValueError(f"span caches are capped at {MAX_SPAN_SEQS} sequences and "
                              f"{MAX_SPAN_CACHE} bytes per actor: drop finished sequences")
-        products, trace = llama_span.traced_products(c, layers, x.shape[0])
-        with self.backend.cpu_limit() if self.backend is not None else nullcontext():
-            llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
-        for s in seqs:
-            s.cache.length = s.end
-        self.caches.update(fresh)
+        self._hold(self.held + alloc)
+        try:
+            fresh, seqs = {}, []
+            for sid, begin, n in params["seqs"]:
+                cache = self.caches.get(sid)
+                if begin == 0:
+                    cache = fresh[sid] = llama_span.KVCache(c, n, layers=count)
+                seqs.append(llama_span.Seq.start(n, cache))
+            products, trace = llama_span.traced_products(c, layers, x.shape[0])
+            with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+                llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
+            for s in seqs:
+                s.cache.length = s.end
+            self.caches.update(fresh)
+        finally:
+            self._hold(sum(v.nbytes for v in self.caches.values()))
         return [trace]
 
     def forward_wrong_layer(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
                             ) -> list[np.ndarray]:
         return self.forward(arrays, params, shift=1)
+
+
+def _grown(capacity: int, need: int, context: int) -> int:
+    """A KV cache's capacity once it holds ``need`` positions (models.span.KVCache doubles)."""
+    while capacity < need:
+        capacity *= 2
+    return min(capacity, context)
 
 
 def check_minilm_forward(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:

@@ -29,6 +29,13 @@ Format: comma-separated ``key=value`` pairs, all optional::
     T the worker creates ``DIR/held-T``, so a test knows the task reached it and is running.
     A worker asked to stop (draining) lets its held answers go.
     DIR is an existing directory (it cannot contain a comma).
+``stale=P``
+    with probability P a task is refused as "invalid" with the words of a span cache that lost
+    its positions (what an honest worker answered before the refusal had its own kind); the
+    requester must not keep choosing it.
+``nan=P``
+    with probability P a result's first element is NaN (in a span's trace: the first recorded
+    input), a value the requester's checks must refuse without crashing.
 ``crash_after=N``
     the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
     or a pulled plug would.
@@ -66,6 +73,10 @@ class ChaosSpec:
     """Probability that a task's compute never finishes."""
     layer: float = 0.0
     """Probability that a matmul uses a plausible wrong weight (another layer's)."""
+    nan: float = 0.0
+    """Probability that a result's first element is NaN."""
+    stale: float = 0.0
+    """Probability that a task is refused as a span cache that lost its positions."""
     delay_ms: float = 0.0
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
@@ -77,8 +88,8 @@ class ChaosSpec:
 
     @property
     def active(self) -> bool:
-        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer
-                    or self.delay_ms or self.hold
+        return bool(self.corrupt or self.drop or self.invalid or self.hang or self.layer or self.nan
+                    or self.stale or self.delay_ms or self.hold
                     or self.crash_after is not None)
 
 
@@ -93,7 +104,7 @@ def parse(text: str | None) -> ChaosSpec:
             raise ConfigError(f"{ENV}: expected key=value, got {part.strip()!r}")
         key = key.strip()
         try:
-            if key in ("corrupt", "drop", "invalid", "hang", "layer"):
+            if key in ("corrupt", "drop", "invalid", "hang", "layer", "nan", "stale"):
                 p = float(raw)
                 if not 0.0 <= p <= 1.0:
                     raise ValueError
@@ -112,12 +123,12 @@ def parse(text: str | None) -> ChaosSpec:
                 values[key] = n
             else:
                 raise ConfigError(
-                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, delay, "
+                    f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, nan, stale, delay, "
                     "hold, crash_after, seed)"
                 )
         except ValueError:
             raise ConfigError(
-                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer: 0..1, delay: milliseconds, "
+                f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer/nan/stale: 0..1, delay: milliseconds, "
                 "crash_after/seed: integers >= 0)"
             ) from None
     if "hold" in values and not Path(str(values["hold"])).is_dir():
@@ -145,6 +156,10 @@ class Fault:
     """Compute a matmul with a plausible wrong weight."""
     hold: str = ""
     """Hold the answer until ``hold/release`` exists ("" = no hold)."""
+    nan: bool = False
+    """Return a result whose first element is NaN."""
+    stale: bool = False
+    """Refuse the task as a span cache that lost its positions."""
 
 
 class Chaos:
@@ -170,6 +185,8 @@ class Chaos:
             hang=self._rng.random() < s.hang,
             layer=s.layer > 0 and self._rng.random() < s.layer,  # old seeds' dice kept
             hold=s.hold,
+            nan=s.nan > 0 and self._rng.random() < s.nan,
+            stale=s.stale > 0 and self._rng.random() < s.stale,
         )
 
     def wrong_layer(self, a: np.ndarray, b: np.ndarray, held: Iterable[np.ndarray]
@@ -191,6 +208,14 @@ class Chaos:
             flat = bad.reshape(-1)
             i = self._rng.randrange(flat.size)
             flat[i] = flat[i] + (1 + abs(flat[i])) * 3
+        return bad
+
+    @staticmethod
+    def nan(result: np.ndarray) -> np.ndarray:
+        """A copy of ``result`` whose first element is NaN."""
+        bad = np.array(result, copy=True)
+        if bad.size and bad.dtype.kind == "f":
+            bad.reshape(-1)[0] = np.nan
         return bad
 
 

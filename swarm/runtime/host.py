@@ -197,10 +197,11 @@ class ActorHost:
                 self._wake.clear()
                 await self._wake.wait()
             self._idle.clear()
+            started = self._clock()
             try:
                 await self._execute(call)
             finally:
-                self.core.done(call)
+                self.core.done(call, self._clock() - started)
                 self._idle.set()
 
     def activity(self) -> tuple[int, list[tuple[PeerId, int]]]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from identity.keys import PeerId
 from swarm import wire
-from swarm.runtime.actors import CallOrder, MatmulActor
+from swarm.runtime.actors import CallOrder, MatmulActor, MemoryFull, StaleCache
 from swarm.runtime.chaos import Chaos, Fault
 from swarm.runtime.kernels import KernelTimeout
 from swarm.runtime.objects import ObjectId, ObjectStore
@@ -141,7 +141,15 @@ class HostCore:
         self._inline_numpy = inline_numpy
         """The backend is numpy, so tiny matmuls may run on the loop."""
         self.queue: deque[Call] = deque()
-        """Calls ready to run, in order."""
+        """Calls ready to run, in order (each requester's; :meth:`next` picks whose)."""
+        self.spent: dict[PeerId, float] = {}
+        """Seconds of this worker each requester with calls queued has had (kernels stopped
+        at their time limit included): the next call is the first of the requester that has
+        had least, so one requester's endless kernels delay another's work by one kernel,
+        not by all of them."""
+        self._level = 0.0
+        """The share clock of the call started last (the least of those waiting then): where
+        a requester that comes, or comes back, starts."""
         self.instances: dict[tuple[PeerId, str, int], _Instance] = {}
         self.current: Call | None = None
         """The call running now."""
@@ -213,7 +221,10 @@ class HostCore:
         key = (peer, actor, instance)
         inst = self.instances.get(key)
         if inst is None:
-            inst = self.instances[key] = _Instance(self._make(self.registry[actor]))
+            made = self._make(self.registry[actor])
+            if hasattr(made, "budget"):  # state it keeps counts against --max-memory
+                made.budget = self.store
+            inst = self.instances[key] = _Instance(made)
         return inst
 
     # -- taking calls back ------------------------------------------------------------------
@@ -237,22 +248,37 @@ class HostCore:
         calls they hold."""
         self.drop(lambda c: c.link is link)
         for key in [k for k in self.instances if k[0] == link.remote]:
-            for call in self.instances.pop(key).order.held_calls():
+            inst = self.instances.pop(key)
+            for call in inst.order.held_calls():
                 self.store.release(call.nbytes)
+            if hasattr(inst.actor, "close"):
+                inst.actor.close()
 
     # -- running ----------------------------------------------------------------------------
 
     def next(self) -> Call | None:
-        """The next call to run (now :attr:`current`), or None when none is queued."""
+        """The next call to run (now :attr:`current`), or None when none is queued: the
+        first queued call of the requester that has had least of this worker's time."""
         if not self.queue:
             return None
-        self.current = self.queue.popleft()
+        first: dict[PeerId, int] = {}
+        for i, call in enumerate(self.queue):
+            first.setdefault(call.link.remote, i)
+        self.spent = {p: self.spent.get(p, self._level) for p in first}
+        peer = min(first, key=lambda p: (self.spent[p], first[p]))
+        self._level = self.spent[peer]
+        i = first[peer]
+        self.current = self.queue[i]
+        del self.queue[i]
         return self.current
 
-    def done(self, call: Call) -> None:
-        """``call`` finished (answered or not): free what it held."""
+    def done(self, call: Call, seconds: float = 0.0) -> None:
+        """``call`` finished (answered or not) after ``seconds`` of this worker's time: free
+        what it held, and count the time against its requester's share."""
         self.store.release(call.nbytes)
         self.current = None
+        peer = call.link.remote
+        self.spent[peer] = self.spent.get(peer, self._level) + seconds
 
     def activity(self) -> tuple[int, list[tuple[PeerId, int]]]:
         """Tasks queued or running now, and per requester (busiest first, then by id)."""
@@ -287,6 +313,9 @@ class HostCore:
             return TaskFailed(msg.task, "invalid", str(exc)[:500])
         if fault.invalid:
             return TaskFailed(msg.task, "invalid", "SWARM_CHAOS: refused")
+        if fault.stale:
+            return TaskFailed(msg.task, "invalid", "SWARM_CHAOS: invalid: this actor holds 0 "
+                              "positions; send its rows from position 0")
         if fault.layer and msg.method == "matmul" and len(arrays) == 2:
             arrays = [arrays[0], self.chaos.wrong_layer(arrays[0], arrays[1],
                                                         self.store.arrays())]
@@ -304,6 +333,10 @@ class HostCore:
         task = plan.call.msg.task
         if isinstance(exc, KernelTimeout):
             return TaskFailed(task, "timeout", str(exc))
+        if isinstance(exc, StaleCache):
+            return TaskFailed(task, "stale", str(exc)[:500])
+        if isinstance(exc, MemoryFull):
+            return TaskFailed(task, "busy", str(exc)[:500])
         return TaskFailed(task, "error", f"{type(exc).__name__}: {str(exc)[:500]}")
 
     def answer(self, plan: Plan, outputs: list[np.ndarray]) -> Answer:
@@ -311,6 +344,8 @@ class HostCore:
         fault = plan.fault
         if fault.corrupt:
             outputs = [self.chaos.corrupt(o) for o in outputs]
+        if fault.nan:
+            outputs = [self.chaos.nan(o) for o in outputs]
         return Answer([np.ascontiguousarray(o) for o in outputs], fault.delay_s, fault.drop,
                       fault.hold)
 

@@ -129,7 +129,8 @@ class TaskFailed(wire.Message):
     kind: str
     """"missing" (resend the objects in ``missing``), "invalid" (bad request), "error"
     (the method raised), "busy" (draining, or memory full: run it elsewhere), "timeout"
-    (a kernel ran past the worker's time limit and was stopped)."""
+    (a kernel ran past the worker's time limit and was stopped), "stale" (the actor's state
+    does not follow the call, e.g. a span cache it no longer holds: rebuild it)."""
     message: str
     """What went wrong, in words."""
     missing: list[bytes] = field(default_factory=list)

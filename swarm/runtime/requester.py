@@ -193,6 +193,9 @@ class Requester:
     ) -> None:
         self.local = local
         self.rates = rates or RateBook()
+        self.instances = itertools.count(1)
+        """Actor instance numbers for this node's clients: one counter, so two clients of
+        one node (a member's API and its user's) never address the same instance."""
         self.store = ObjectStore(store_capacity)
         self.accept_peer = accept_peer
         self.on_rejected = on_rejected

@@ -31,6 +31,8 @@ MODEL = "SmolLM2-135M-Instruct"
 MAX_CHAT_BODY = 1 << 20
 """Largest chat request body (bytes)."""
 MAX_STOPS = 4
+HANGUP_POLL = 0.25
+"""Seconds between looks at whether a non-streamed chat's client is still connected."""
 
 
 class BadRequest(Exception):
@@ -49,10 +51,16 @@ def parse(req: object) -> dict:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
             raise BadRequest(f"messages[{i}] needs a string 'content'", "messages")
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no text to tokenise
+            raise BadRequest(f"messages[{i}]: 'content' is not valid Unicode text (a lone "
+                             "surrogate)", "messages") from None
         if m.get("role") not in ("system", "user", "assistant"):
             raise BadRequest(f"messages[{i}]: role {str(m.get('role'))[:40]!r} is not "
                              "system, user or assistant", "messages")
-    out: dict = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages]}
+    out: dict = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+                 "text_bytes": sum(len(m["content"].encode("utf-8")) for m in messages)}
     max_tokens = req.get("max_completion_tokens", req.get("max_tokens", 256))
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise BadRequest(f"'max_tokens' must be a positive integer, got {max_tokens!r}"[:200],
@@ -145,11 +153,20 @@ class ChatAPI:
             return _error(503, f"the chat model is not available here: {e}"[:500],
                           "server_error")
         usage = Usage()
-        try:
+        most = _most_text_bytes(gen)
+        if most is not None and args["text_bytes"] > most:  # known before any tokenising
+            return _error(400, f"the messages are {args['text_bytes']} bytes: more tokens "
+                          f"than the model's context of {gen.context_length} tokens",
+                          "invalid_request_error", "context_length_exceeded", "messages")
+
+        def start():  # tokenising a long text takes seconds: never on the loop
             ids = gen.chat_prompt(args["messages"])
-            pieces = gen.stream(ids, max_tokens=args["max_tokens"],
-                                temperature=args["temperature"], top_p=args["top_p"],
-                                seed=args["seed"], stop=args["stop"], usage=usage)
+            return gen.stream(ids, max_tokens=args["max_tokens"],
+                              temperature=args["temperature"], top_p=args["top_p"],
+                              seed=args["seed"], stop=args["stop"], usage=usage)
+
+        try:
+            pieces = await asyncio.to_thread(start)
         except (GenerationError, ValueError) as e:
             param = "max_tokens" if "max_tokens" in str(e) else "messages"
             return _error(400, str(e), "invalid_request_error", "context_length_exceeded"
@@ -157,8 +174,27 @@ class ChatAPI:
         rid, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
         base = {"id": rid, "created": created, "model": MODEL}
         if not args["stream"]:
-            text, reason = [], None
-            await asyncio.to_thread(lambda: [text.append(p.text) for p in pieces])
+            text: list[str] = []
+            gone = threading.Event()  # the client hung up: stop generating for it
+
+            def collect() -> None:
+                try:
+                    for p in pieces:
+                        text.append(p.text)
+                        if gone.is_set():
+                            break
+                finally:
+                    getattr(pieces, "close", lambda: None)()
+
+            job = asyncio.ensure_future(asyncio.to_thread(collect))
+            try:
+                while not job.done():
+                    await asyncio.wait({job}, timeout=HANGUP_POLL)
+                    if request.transport is None or request.transport.is_closing():
+                        gone.set()
+            finally:
+                gone.set()
+            await job
             reason = usage.finish_reason or "length"
             return web.json_response({**base, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "".join(text)},
@@ -211,6 +247,13 @@ class ChatAPI:
             await worker
         await resp.write_eof()
         return resp
+
+
+def _most_text_bytes(gen) -> int | None:
+    """The most bytes of message text that can fit ``gen``'s context (None: unknown)."""
+    per = getattr(getattr(gen, "tokenizer", None), "max_token_bytes", None)
+    ctx = getattr(gen, "context_length", None)
+    return None if per is None or ctx is None else per * ctx
 
 
 def _usage(u) -> dict:

@@ -28,6 +28,7 @@ from swarm.links.base import PeerLink
 from swarm.links.tabs import OPEN_TIMEOUT, RelayOpen, RelayOpened, channel_link, pipe
 from swarm.loop import Supervisor
 from swarm.runtime.protocol import PutObject, RunTask, TaskFailed, TaskResult
+from swarm.web import guard
 from swarm.web.hosts import allowed_names, host_guard
 from swarm.web.session import ANNOUNCE_TTL, STEP_TIMEOUT, TabSession, parse_join
 
@@ -75,6 +76,9 @@ class WebServer:
         self.history: collections.deque = collections.deque(maxlen=HISTORY)
         self._status_cache: tuple[float, dict] | None = None
         self._sockets = 0
+        self.guard = guard.Guard(guard.limits())
+        """Open HTTP connections, capped (swarm.web.guard)."""
+        self._listener: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
@@ -84,7 +88,7 @@ class WebServer:
         self.relay = await tls.listen(self.node.key, self.node.config.host, 0,
                                       on_link=self._relay, accept=self.node._accepts)
         app = web.Application(client_max_size=64 * 1024, middlewares=[
-            host_guard(allowed_names(self.host, self.allowed_hosts))])  # DNS rebinding
+            guard.headers_in, host_guard(allowed_names(self.host, self.allowed_hosts))])
         app.router.add_get("/", self._page("join.html"))
         app.router.add_get("/status", self._page("status.html"))
         app.router.add_get("/config.json", self._config)
@@ -94,11 +98,12 @@ class WebServer:
         app.router.add_get("/static/{name}", self._static)
         if self.api is not None:
             self.api.add_routes(app)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None,
+                                     keepalive_timeout=self.guard.limits.idle_timeout)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        # slow-loris: connections capped per address and in all, late headers closed
+        self._listener = await guard.serve(self._runner, self.host, self.port, self.guard)
+        self.port = self._listener.sockets[0].getsockname()[1]
         self._spawn(self._sample())
         log.info("web: %s (relay %s:%d)", self.url, self.node.config.host, self.relay.port)
 
@@ -110,6 +115,8 @@ class WebServer:
                 await tab.pc.close()
         if self.relay is not None:
             await self.relay.close()
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
