@@ -353,9 +353,43 @@ class MiniLMActor:
         return self.forward(arrays, params, shift=1)
 
 
+def check_mlp_grad(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    from models import mlp
+
+    mlp.check_grad_call(arrays, dict(params))
+
+
+class MLPActor:
+    """Built-in actor: one block of an MLP's training step (models.mlp): the block's samples
+    and the step's parameters (one bundle by content address, sent once a step) in, the trace
+    of every product of the pass forward and backward out, which the trainer checks
+    (swarm.training)."""
+
+    NAME = "mlp"
+    METHODS = {
+        "grad": MethodSpec("grad", check_mlp_grad,
+                           "grad(x, parameters, sizes=[widths], labels=[class per row]) "
+                           "-> trace"),
+    }
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def grad(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
+             ) -> list[np.ndarray]:
+        from models import mlp
+
+        x, flat = arrays
+        sizes = mlp.check_sizes(params["sizes"])
+        y = mlp.check_labels(params["labels"], x.shape[0], sizes[-1])
+        with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            return [mlp.traced(flat, sizes, np.asarray(x, np.float32), y)]
+
+
 REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor,
                              LlamaSpanActor.NAME: LlamaSpanActor,
-                             MiniLMActor.NAME: MiniLMActor}
+                             MiniLMActor.NAME: MiniLMActor,
+                             MLPActor.NAME: MLPActor}
 
 """Actor classes this process can host or call, by name."""
 

@@ -1,0 +1,360 @@
+"""Synchronous data-parallel training over the swarm, every gradient checked.
+
+Each step's batch is cut into blocks (:func:`models.mlp.blocks_of`: a function of the batch
+alone). A block is one call of the ``mlp`` actor on a worker: it gets the block's samples and
+labels and the step's parameters (one content-addressed array, sent to each worker once a
+step), makes the pass forward and backward, and answers with the **trace** of its matrix
+products. The trainer runs the same pass with its own non-linear steps (ReLU masks, softmax
+cross-entropy, bias gradients), taking each product from the trace only after Freivalds'
+check against its own input (:class:`models.mlp.TraceCheck`), so a block's gradient counts
+only when every product in it is right.
+
+The blocks of a step are one job of the requester's job engine (``Requester.run``, as every
+matmul job): blocks are dealt by measured speed, a block late at its worker is copied to
+another, a lost worker's blocks are redone, a worker that joins takes blocks from the next
+step, and a block that fails its check is redone elsewhere while the worker's signed trace
+goes to the node as evidence (judged exactly: swarm.runtime.evidence). With no worker the
+requester computes the blocks itself.
+
+The step's gradient is the sum of the blocks' gradients in block order, whoever computed
+them: one worker, two, or none give the same curve (within float rounding of the products).
+
+:class:`Trainer` is the sans-IO core (data order, SGD with momentum, history); :func:`train`
+drives it with a ``compute`` function: :func:`local_compute` here, or :class:`SwarmCompute`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from models import mlp
+from models.data import Dataset, check_for_model
+
+PRECISIONS = ("f32",)
+MAX_EPOCHS = 100_000
+MAX_BATCH = 1 << 16
+STEP_TIMEOUT = 300.0
+"""Seconds one step may take on the swarm before the training fails."""
+SELF_CHECK_SLACK = 1.0
+"""How far from ln(classes) a fresh model's mean loss may be (a backend that returns zeros,
+or a broken init, is far outside: zeros give an exact ln(classes) only for the logits, and
+the products' check refuses them first)."""
+
+Block = tuple[np.ndarray, np.ndarray]
+"""A block's samples (float32 [rows, features]) and labels (int64 [rows])."""
+Compute = Callable[[np.ndarray, Sequence[Block]], list[mlp.BlockResult]]
+"""``compute(parameters, blocks)``: each block's checked result, in block order."""
+
+
+class SelfCheckFailed(RuntimeError):
+    """A fresh model's loss is not finite or not near ln(classes): the backend is broken."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train, and how; :meth:`check` says what is wrong, naming the field."""
+
+    model: str = "mlp:784-128-10"
+    epochs: int = 1
+    batch: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    precision: str = "f32"
+
+    def check(self) -> tuple[int, ...]:
+        """The model's layer widths, or ValueError naming the bad field."""
+        try:
+            sizes = mlp.parse_spec(self.model)
+        except ValueError as exc:
+            raise ValueError(f"model: {exc}") from None
+        for name, value, lo, hi in (("epochs", self.epochs, 1, MAX_EPOCHS),
+                                    ("batch", self.batch, 1, MAX_BATCH),
+                                    ("seed", self.seed, 0, (1 << 63) - 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be an int from {lo} to {hi}, got {value!r}")
+        check_lr(self.lr)
+        if not isinstance(self.momentum, int | float) or isinstance(self.momentum, bool) \
+                or not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got "
+                             f"{self.precision!r}")
+        return sizes
+
+
+def check_lr(lr: object) -> float:
+    if not isinstance(lr, int | float) or isinstance(lr, bool) or not math.isfinite(lr) \
+            or not 0 < lr <= 100:
+        raise ValueError(f"lr (learning rate) must be > 0 (and at most 100), got {lr!r}")
+    return float(lr)
+
+
+@dataclass
+class Epoch:
+    """One finished epoch."""
+
+    epoch: int
+    loss: float
+    """Mean training loss over the epoch's samples (from the checked passes)."""
+    accuracy: float
+    """Training accuracy over the epoch (the model as it was at each step)."""
+    seconds: float
+
+
+@dataclass
+class Progress:
+    """Where a training run is (read from another thread: replaced, never mutated)."""
+
+    step: int = 0
+    steps: int = 0
+    epoch: int = 0
+    loss: float = float("nan")
+    samples_per_s: float = 0.0
+
+
+class Trainer:
+    """The sans-IO core: data order, the parameters and SGD with momentum, the history.
+
+    Each epoch visits the training samples in a shuffle seeded by (seed, epoch); a step's
+    gradient is the mean over its batch of the per-sample gradients, the blocks' sums added
+    in block order (float64, then float32)."""
+
+    def __init__(self, config: TrainConfig, data: Dataset,
+                 params: np.ndarray | None = None) -> None:
+        self.config = config
+        self.sizes = config.check()
+        check_for_model(data, self.sizes)
+        self.data = data
+        self.params = (mlp.init_params(self.sizes, config.seed) if params is None
+                       else np.array(params, np.float32))
+        if self.params.shape != (mlp.param_count(self.sizes),):
+            raise ValueError(f"the parameters do not fit {config.model}")
+        self.velocity = np.zeros_like(self.params)
+        self.lr = config.lr
+        self.step = 0
+        self.losses: list[float] = []
+        """Each step's mean loss, in order (the curve)."""
+        self.epochs: list[Epoch] = []
+        self._epoch_loss = 0.0
+        self._epoch_correct = 0
+        self._epoch_seen = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-len(self.data.y) // self.config.batch)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches (indices into the training samples)."""
+        order = np.random.default_rng([self.config.seed, epoch]).permutation(len(self.data.y))
+        b = self.config.batch
+        return [order[i:i + b] for i in range(0, len(order), b)]
+
+    def blocks(self, batch: np.ndarray) -> list[Block]:
+        x, y = self.data.x[batch], self.data.y[batch]
+        return [(np.ascontiguousarray(x[s]), y[s]) for s in mlp.blocks_of(len(batch))]
+
+    def apply(self, results: Sequence[mlp.BlockResult]) -> float:
+        """Take one SGD step with the blocks' results (in block order); returns the batch's
+        mean loss."""
+        n = 0
+        total = np.zeros(self.params.shape, np.float64)
+        loss = 0.0
+        correct = 0
+        for r in results:
+            total += r.grad
+            loss += r.loss
+            correct += r.correct
+        n = sum(int(r.rows) for r in results)
+        grad = (total / n).astype(np.float32)
+        self.velocity *= np.float32(self.config.momentum)
+        self.velocity += grad
+        self.params -= np.float32(self.lr) * self.velocity
+        self.step += 1
+        mean = loss / n
+        self.losses.append(mean)
+        self._epoch_loss += loss
+        self._epoch_correct += correct
+        self._epoch_seen += n
+        return mean
+
+    def end_epoch(self, epoch: int, seconds: float) -> Epoch:
+        seen = max(self._epoch_seen, 1)
+        e = Epoch(epoch, self._epoch_loss / seen, self._epoch_correct / seen, seconds)
+        self.epochs.append(e)
+        self._epoch_loss, self._epoch_correct, self._epoch_seen = 0.0, 0, 0
+        return e
+
+    def self_check(self, results: Sequence[mlp.BlockResult]) -> None:
+        """Before the first step: a fresh model's mean loss must be finite and near
+        ln(classes) (a backend that returns zeros or garbage is refused here)."""
+        n = sum(r.rows for r in results)
+        loss = sum(r.loss for r in results) / max(n, 1)
+        want = math.log(self.sizes[-1])
+        if not math.isfinite(loss) or abs(loss - want) > SELF_CHECK_SLACK:
+            raise SelfCheckFailed(f"a fresh model's loss is {loss:.4f}, not near "
+                                  f"ln({self.sizes[-1]}) = {want:.4f}: the backend is broken")
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class indices for ``x`` (computed here)."""
+        h = np.ascontiguousarray(x, np.float32)
+        layers = mlp.unbundle(self.params, self.sizes)
+        for j, (w, b) in enumerate(layers):
+            h = h @ w + b
+            if j < len(layers) - 1:
+                h = np.maximum(h, 0)
+        return h.argmax(axis=1)
+
+    def test_accuracy(self) -> float:
+        if not len(self.data.y_test):
+            return float("nan")
+        return float(np.mean(self.predict(self.data.x_test) == self.data.y_test))
+
+
+def local_compute(sizes: Sequence[int]) -> Compute:
+    """Every block computed here (the reference a swarm run must equal)."""
+
+    def compute(params: np.ndarray, blocks: Sequence[Block]) -> list[mlp.BlockResult]:
+        return [mlp.run_block(params, sizes, x, y, mlp.local_products) for x, y in blocks]
+
+    return compute
+
+
+@dataclass
+class Control:
+    """What another thread may change or read while a run goes on."""
+
+    lr: float | None = None
+    """A new learning rate, taken at the next step."""
+    stop: threading.Event = field(default_factory=threading.Event)
+    progress: Progress = field(default_factory=Progress)
+
+
+def train(trainer: Trainer, compute: Compute, control: Control | None = None,
+          on_step: Callable[[Progress], None] | None = None,
+          on_epoch: Callable[[Epoch], None] | None = None) -> None:
+    """Run ``trainer``'s remaining epochs with ``compute``; the first batch's results pass
+    the self-check first."""
+    control = control or Control()
+    cfg = trainer.config
+    total = trainer.steps_per_epoch * cfg.epochs
+    checked = trainer.step > 0
+    for epoch in range(len(trainer.epochs), cfg.epochs):
+        started = time.perf_counter()
+        seen = 0
+        for batch in trainer.batches(epoch):
+            if control.stop.is_set():
+                return
+            if control.lr is not None:
+                trainer.lr, control.lr = control.lr, None
+            results = compute(trainer.params, trainer.blocks(batch))
+            if not checked:
+                trainer.self_check(results)
+                checked = True
+            loss = trainer.apply(results)
+            seen += len(batch)
+            control.progress = Progress(trainer.step, total, epoch + 1, loss,
+                                        seen / max(time.perf_counter() - started, 1e-9))
+            if on_step is not None:
+                on_step(control.progress)
+        e = trainer.end_epoch(epoch + 1, time.perf_counter() - started)
+        if on_epoch is not None:
+            on_epoch(e)
+
+
+@dataclass
+class RankTally:
+    """One rank's part in a run."""
+
+    samples: int = 0
+    """Samples whose checked gradients it computed."""
+    rejected: int = 0
+    """Blocks it returned that failed the check."""
+    failed: int = 0
+    """Blocks it was given and did not answer (lost, late, refused)."""
+
+
+class SwarmCompute:
+    """A step's blocks as one job on the client's workers (module docstring)."""
+
+    def __init__(self, client: Any, sizes: Sequence[int],
+                 timeout: float = STEP_TIMEOUT) -> None:
+        self._client = client
+        self.sizes = tuple(sizes)
+        self.timeout = timeout
+        self.ranks: dict[str, RankTally] = {}
+        self.check_seconds = 0.0
+        """Thread time spent checking traces (the check's cost)."""
+        self._lock = threading.Lock()
+
+    def __call__(self, params: np.ndarray, blocks: Sequence[Block]) -> list[mlp.BlockResult]:
+        return self._client._loop.run(self._step(np.array(params, np.float32), blocks))
+
+    async def _step(self, params: np.ndarray, blocks: Sequence[Block]
+                    ) -> list[mlp.BlockResult]:
+        from swarm.runtime.objects import object_id
+        from swarm.runtime.requester import Arg, Call
+
+        req = self._client.node.requester
+        sizes = self.sizes
+        oid = object_id(params)
+        req.store.put(params, oid)
+        req.store.pin(oid)
+        step = await asyncio.to_thread(mlp.StepWeights, params, sizes)
+        flops = 6.0 * sum(i * o for i, o in zip(sizes, sizes[1:], strict=False))
+        calls = [Call("mlp", "grad", (Arg(x), Arg(params, oid)),
+                      {"sizes": list(sizes), "labels": y.tolist()}, cost=flops * len(y))
+                 for x, y in blocks]
+        got: dict[tuple[int, int], mlp.BlockResult] = {}
+        """(block, id of the answer's trace) -> its checked result: the job keeps one answer a
+        block, and its result is the one of that very answer."""
+
+        def check(i: int, trace: Any) -> bool:
+            t0 = time.thread_time()
+            try:
+                result = mlp.check_block(step, blocks[i][0], blocks[i][1], trace)
+            except mlp.TraceMismatch:
+                return False
+            finally:
+                with self._lock:
+                    self.check_seconds += time.thread_time() - t0
+            got[(i, id(trace))] = result
+            return True
+
+        async def verify(i: int, outputs: list[np.ndarray]) -> bool:
+            return len(outputs) == 1 and await asyncio.to_thread(check, i, outputs[0])
+
+        def local(i: int) -> list[np.ndarray]:
+            x, y = blocks[i]
+            marker = np.empty(0, np.float32)
+            got[(i, id(marker))] = mlp.run_block(params, sizes, x, y, mlp.local_products)
+            return [marker]
+
+        try:
+            outputs, report = await req.run(calls, local=local, verify=verify,
+                                            timeout=self.timeout)
+        finally:
+            req.store.unpin(oid)
+        results = [got[(i, id(outs[0]))] for i, outs in enumerate(outputs)]
+        rows = sum(len(y) for _, y in blocks) / len(blocks)
+        for peer, r in report.peers.items():
+            t = self.ranks.setdefault(peer, RankTally())
+            t.samples += round(rows * (r.verified if peer != "local" else r.shards))
+            t.rejected += r.rejected
+            t.failed += r.failed
+        return results
+
+
+def check_data_for(config: TrainConfig, data: Dataset) -> tuple[int, ...]:
+    """The config's sizes, checked against the data (ValueError naming the field)."""
+    sizes = config.check()
+    check_for_model(data, sizes)
+    return sizes
