@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -358,3 +359,161 @@ def check_data_for(config: TrainConfig, data: Dataset) -> tuple[int, ...]:
     sizes = config.check()
     check_for_model(data, sizes)
     return sizes
+
+
+@dataclass
+class TrainResult:
+    """What a finished run made (``as_json``: the ``--json`` object)."""
+
+    test_accuracy: float
+    epochs: list[Epoch]
+    ranks: dict[str, RankTally]
+    losses: list[float]
+    seconds: float
+    check_seconds: float
+    """CPU seconds the trainer spent checking workers' traces."""
+
+    @property
+    def rejected(self) -> int:
+        return sum(t.rejected for t in self.ranks.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {"test_accuracy": round(self.test_accuracy, 6),
+                "epochs": [{"epoch": e.epoch, "loss": round(e.loss, 6),
+                            "accuracy": round(e.accuracy, 6), "seconds": round(e.seconds, 3)}
+                           for e in self.epochs],
+                "ranks": [{"peer": p, "samples": t.samples, "rejected": t.rejected,
+                           "failed": t.failed} for p, t in sorted(self.ranks.items())],
+                "rejected": self.rejected, "steps": len(self.losses),
+                "seconds": round(self.seconds, 3),
+                "check_cpu_seconds": round(self.check_seconds, 3)}
+
+
+class TrainJob:
+    """A training run in a background thread: read its :attr:`history` and :attr:`progress`,
+    change its learning rate (:meth:`set_lr`), wait for its :meth:`result`."""
+
+    def __init__(self, trainer: Trainer, compute: Compute,
+                 on_step: Callable[[Progress], None] | None = None) -> None:
+        self.trainer = trainer
+        self._compute = compute
+        self._on_step = on_step
+        self.control = Control()
+        self._error: BaseException | None = None
+        self._result: TrainResult | None = None
+        self._thread = threading.Thread(target=self._run, name="swarm-train", daemon=True)
+
+    def start(self) -> TrainJob:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            train(self.trainer, self._compute, self.control, self._on_step)
+            ranks = getattr(self._compute, "ranks", None)
+            if ranks is None:
+                ranks = {"local": RankTally(samples=len(self.trainer.data.y)
+                                            * len(self.trainer.epochs))}
+            self._result = TrainResult(self.trainer.test_accuracy(), list(self.trainer.epochs),
+                                       dict(ranks), list(self.trainer.losses),
+                                       time.perf_counter() - started,
+                                       getattr(self._compute, "check_seconds", 0.0))
+        except BaseException as exc:  # handed to whoever waits for the result
+            self._error = exc
+
+    @property
+    def history(self) -> list[Epoch]:
+        """The finished epochs."""
+        return list(self.trainer.epochs)
+
+    @property
+    def losses(self) -> list[float]:
+        """Each step's mean loss so far."""
+        return list(self.trainer.losses)
+
+    @property
+    def progress(self) -> Progress:
+        return self.control.progress
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def set_lr(self, lr: float) -> None:
+        """Use learning rate ``lr`` from the next step on."""
+        self.control.lr = check_lr(lr)
+
+    def stop(self) -> None:
+        """Stop after the step under way (the result then has the epochs finished)."""
+        self.control.stop.set()
+
+    def result(self, timeout: float | None = None) -> TrainResult:
+        """Wait for the run to end; its result, or the error that ended it."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"training did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def save(self, path: str | Path) -> None:
+        save_model(path, self.trainer.params, self.trainer.sizes, len(self.trainer.epochs))
+
+
+def save_model(path: str | Path, params: np.ndarray, sizes: Sequence[int], epochs: int) -> None:
+    """Write the parameters as safetensors (``w0``, ``b0``, ...: ``W`` is [in, out]) with the
+    spec in the metadata, whole or not at all (a temporary file renamed)."""
+    import os
+    import tempfile
+
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    tensors = {}
+    for j, (w, b) in enumerate(mlp.unbundle(params, sizes)):
+        tensors[f"w{j}"], tensors[f"b{j}"] = np.ascontiguousarray(w), np.ascontiguousarray(b)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                               dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"model": mlp.spec_text(sizes), "epochs": str(epochs)})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_model(path: str | Path, sizes: Sequence[int]) -> np.ndarray:
+    """Parameters saved by :func:`save_model` for a model of ``sizes``, or ValueError."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            if meta.get("model") != mlp.spec_text(sizes):
+                raise ValueError(f"--resume: {path} holds {meta.get('model')!r}, not "
+                                 f"{mlp.spec_text(sizes)}")
+            flat = np.zeros(mlp.param_count(sizes), np.float32)
+            for j, (w, b) in enumerate(mlp.unbundle(flat, sizes)):
+                for name, view in ((f"w{j}", w), (f"b{j}", b)):
+                    got = f.get_tensor(name)
+                    if got.shape != view.shape:
+                        raise ValueError(f"--resume: {path}: {name} is {got.shape}, not "
+                                         f"{view.shape}")
+                    view[...] = got
+    except (OSError, SafetensorError, KeyError) as exc:
+        raise ValueError(f"--resume: cannot read {path}: {exc}") from None
+    if not np.isfinite(flat).all():
+        raise ValueError(f"--resume: {path} has NaN or infinite parameters")
+    return flat
+
+
+def start(client: Any, data: Dataset, config: TrainConfig, params: np.ndarray | None = None,
+          on_step: Callable[[Progress], None] | None = None) -> TrainJob:
+    """A :class:`TrainJob` on ``client``'s workers (``client`` None: here), started."""
+    trainer = Trainer(config, data, params)
+    compute = local_compute(trainer.sizes) if client is None else SwarmCompute(client,
+                                                                               trainer.sizes)
+    return TrainJob(trainer, compute, on_step).start()
