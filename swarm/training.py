@@ -135,6 +135,8 @@ class Trainer:
         self.sizes = config.check()
         check_for_model(data, self.sizes)
         self.data = data
+        self.resumed = params is not None
+        """Started from given parameters (the self-check then runs a fresh model aside)."""
         self.params = (mlp.init_params(self.sizes, config.seed) if params is None
                        else np.array(params, np.float32))
         if self.params.shape != (mlp.param_count(self.sizes),):
@@ -247,7 +249,7 @@ def train(trainer: Trainer, compute: Compute, control: Control | None = None,
     control = control or Control()
     cfg = trainer.config
     total = trainer.steps_per_epoch * cfg.epochs
-    checked = trainer.step > 0
+    checked = False
     for epoch in range(len(trainer.epochs), cfg.epochs):
         started = time.perf_counter()
         seen = 0
@@ -256,7 +258,11 @@ def train(trainer: Trainer, compute: Compute, control: Control | None = None,
                 return
             if control.lr is not None:
                 trainer.lr, control.lr = control.lr, None
-            results = compute(trainer.params, trainer.blocks(batch))
+            blocks = trainer.blocks(batch)
+            if not checked and trainer.resumed:  # a fresh model's first batch, aside
+                trainer.self_check(compute(mlp.init_params(trainer.sizes, cfg.seed), blocks))
+                checked = True
+            results = compute(trainer.params, blocks)
             if not checked:
                 trainer.self_check(results)
                 checked = True
@@ -439,6 +445,11 @@ class TrainJob:
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` s for the run to end; whether it has."""
+        self._thread.join(timeout)
+        return self.done
 
     def set_lr(self, lr: float) -> None:
         """Use learning rate ``lr`` from the next step on."""
