@@ -15,6 +15,7 @@ import pytest
 import swarm
 from models.data import load_mnist
 from swarm.training import TrainConfig, Trainer, local_compute, train
+from tests.conftest import subprocess_env
 
 pytestmark = [pytest.mark.system]
 
@@ -69,3 +70,44 @@ def test_a_corrupting_worker_changes_nothing_and_is_proven(data, reference):
             time.sleep(0.05)
         assert client.node.proven_liars == {liar}
         assert honest not in client.node.proven_liars
+
+
+def test_a_worker_killed_and_one_joining_mid_training_leave_the_curve_as_it_was(
+        data, reference, tmp_path):
+    """SIGKILL one worker after step 8; start another at step 16 and let it join: every
+    step's loss is still the local one, and the newcomer computed blocks from then on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from swarm.api import _read_ready
+    from swarm.training import start
+
+    with swarm.local(2, threads=1) as client:
+        newcomer: list = []
+
+        def on_step(p) -> None:
+            if p.step == 8:
+                os.kill(client.processes[0].pid, signal.SIGKILL)
+            elif p.step == 16:
+                proc = subprocess.Popen(
+                    [sys.executable, "-P", "-m", "swarm.processes.worker", "--swarm-id",
+                     client.swarm_id.hex(), "--bootstrap", client.bootstrap, "--data-dir",
+                     str(tmp_path / "late"), "--backend", "numpy", "--threads", "1",
+                     "--dht-timeout", "1", "--bench-size", "256", "--exit-with-parent"],
+                    stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                    env=subprocess_env())
+                client.processes.append(proc)  # stopped with the swarm
+                newcomer.append(_read_ready(proc, 60))
+                deadline = time.monotonic() + 60   # the client dials members every 2 s
+                while newcomer[0] not in client.node.requester.workers() \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+        job = start(client, data, TrainConfig(**CONFIG), on_step=on_step)
+        result = job.result(300)
+        same_curve(result.losses, reference.losses)
+        assert client.processes[0].wait(10) == -signal.SIGKILL
+        assert result.ranks[str(newcomer[0])].samples > 0, result.ranks
+        assert result.rejected == 0
