@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compute.verify import check_product, draw_vectors, project
-from models.span import Fingerprints
+from compute.verify import ROUNDS, check_product, draw_vectors, project
 
 MAX_LAYERS = 16
 MAX_WIDTH = 1 << 16
@@ -159,9 +158,9 @@ def trace_views(trace: np.ndarray, sizes: Sequence[int], rows: int
 class BlockResult:
     """What a block's pass gives its caller."""
 
-    grad: np.ndarray
-    """float32 [params]: the sum of the block's per-sample gradients (layout of the
-    parameters)."""
+    grads: list[tuple[np.ndarray, np.ndarray]]
+    """Per layer ``(dW, db)``: the sums of the block's per-sample gradients (``dW`` as the
+    product gave it: a view of a worker's trace, not copied)."""
     loss: float
     """Sum of the samples' cross-entropy losses."""
     correct: int
@@ -169,14 +168,18 @@ class BlockResult:
     rows: int
     """Samples in the block."""
 
+    @property
+    def grad(self) -> np.ndarray:
+        """The gradients as one vector (the parameters' layout)."""
+        return np.concatenate([a.ravel() for pair in self.grads for a in pair])
+
 
 def run_block(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.ndarray,
               products: Products) -> BlockResult:
     """One block forward and backward, each matrix product from ``products`` (module
     docstring), every other step here, in float32."""
     layers = unbundle(params, sizes)
-    grad = np.empty_like(params)
-    grads = unbundle(grad, sizes)
+    grads: list[tuple[np.ndarray, np.ndarray]] = [None] * len(layers)  # type: ignore[list-item]
     acts, masks = [np.ascontiguousarray(x, np.float32)], []
     h = acts[0]
     for j, (w, b) in enumerate(layers):
@@ -194,12 +197,10 @@ def run_block(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.nda
     dz = e / s
     dz[rows, y] -= np.float32(1)
     for j in range(len(layers) - 1, -1, -1):
-        gw, gb = grads[j]
-        gw[...] = products("dw", j, acts[j], dz)
-        gb[...] = dz.sum(axis=0)
+        grads[j] = (products("dw", j, acts[j], dz), dz.sum(axis=0))
         if j > 0:
             dz = products("da", j, dz, layers[j][0]) * masks[j - 1]
-    return BlockResult(grad, loss, correct, len(y))
+    return BlockResult(grads, loss, correct, len(y))
 
 
 def local_products(kind: str, layer: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -240,19 +241,28 @@ class TraceMismatch(ValueError):
 
 
 class StepWeights:
-    """One step's weights as the trainer checks products by them: each ``W`` and its
-    transpose with their Freivalds fingerprints (secret vectors, ``W @ R``, row norms), made
-    once a step and shared by its blocks' checks (threads)."""
+    """One step's weights as the trainer checks products by them: per layer, secret check
+    vectors for ``W`` (the forward's ``A @ W``) and for ``Wᵀ`` (the backward's ``dZ @ Wᵀ``),
+    their fingerprints ``W @ R`` and ``Wᵀ @ R'`` and the squared row norms of ``W`` and
+    ``Wᵀ``: made once a step (the weights change every step) from three reads of each ``W``,
+    no transposed copy, and shared by the step's blocks' checks (threads)."""
 
     def __init__(self, params: np.ndarray, sizes: Sequence[int]) -> None:
         self.params, self.sizes = params, tuple(sizes)
         self.layers = unbundle(params, sizes)
-        self.transposed = [np.ascontiguousarray(w.T) for w, _ in self.layers[1:]]
-        self.fingerprints = Fingerprints(reuse=1 << 30)  # fresh weights every step
-        for w, _ in self.layers:
-            self.fingerprints.vectors(w)
-        for wt in self.transposed:
-            self.fingerprints.vectors(wt)
+        self.forward, self.backward = [], []
+        for j, (w, _) in enumerate(self.layers):
+            r = draw_vectors(w.shape[1], ROUNDS)
+            self.forward.append((r, *project(w, r)))
+            if j == 0:
+                self.backward.append(None)  # nothing flows back into the data
+                continue
+            r = draw_vectors(w.shape[0], ROUNDS)
+            with np.errstate(over="ignore"):
+                norms2 = np.einsum("ij,ij->j", w, w).astype(np.float64)
+            if not np.isfinite(norms2).all():
+                norms2 = np.einsum("ij,ij->j", w.astype(np.float64), w.astype(np.float64))
+            self.backward.append((r, np.ascontiguousarray((r.T @ w).T), norms2))
 
 
 class TraceCheck:
@@ -274,15 +284,13 @@ class TraceCheck:
         out = self.views[(kind, layer)]
         step = self.step
         if kind == "z":
-            w = step.layers[layer][0]
-            r, br, norms2 = step.fingerprints.vectors(w)
-            ok = check_product(left, w, out, r, norms2, br=br)
-        elif kind == "da":
-            wt = step.transposed[layer - 1]
-            r, br, norms2 = step.fingerprints.vectors(wt)
-            ok = check_product(left, wt, out, r, norms2, br=br)
+            r, br, norms2 = step.forward[layer]
+            ok = check_product(left, right, out, r, norms2, br=br)
+        elif kind == "da":  # (check_product reads only Wᵀ's shape when given its br)
+            r, br, norms2 = step.backward[layer]
+            ok = check_product(left, right.T, out, r, norms2, br=br)
         else:  # dW = Aᵀ dZ: dZ is this block's own, its vectors are drawn for it
-            r = draw_vectors(right.shape[1], Fingerprints.ROUNDS)
+            r = draw_vectors(right.shape[1], ROUNDS)
             br, norms2 = project(right, r)
             ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br)
         if not ok:

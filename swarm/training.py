@@ -168,12 +168,14 @@ class Trainer:
     def apply(self, results: Sequence[mlp.BlockResult]) -> float:
         """Take one SGD step with the blocks' results (in block order); returns the batch's
         mean loss."""
-        n = 0
         total = np.zeros(self.params.shape, np.float64)
+        sums = mlp.unbundle(total, self.sizes)
         loss = 0.0
         correct = 0
         for r in results:
-            total += r.grad
+            for (tw, tb), (gw, gb) in zip(sums, r.grads, strict=True):
+                tw += gw
+                tb += gb
             loss += r.loss
             correct += r.correct
         n = sum(int(r.rows) for r in results)
@@ -299,8 +301,17 @@ class SwarmCompute:
         self.timeout = timeout
         self.ranks: dict[str, RankTally] = {}
         self.check_seconds = 0.0
-        """Thread time spent checking traces (the check's cost)."""
+        """Thread time spent checking: each step's check vectors and fingerprints, and each
+        block's replay with its products' checks (the non-linear steps the trainer needs
+        anyway included: an upper bound on the check's cost)."""
         self._lock = threading.Lock()
+
+    def _weights(self, params: np.ndarray) -> mlp.StepWeights:
+        t0 = time.thread_time()
+        step = mlp.StepWeights(params, self.sizes)
+        with self._lock:
+            self.check_seconds += time.thread_time() - t0
+        return step
 
     def __call__(self, params: np.ndarray, blocks: Sequence[Block]) -> list[mlp.BlockResult]:
         return self._client._loop.run(self._step(np.array(params, np.float32), blocks))
@@ -315,7 +326,7 @@ class SwarmCompute:
         oid = object_id(params)
         req.store.put(params, oid)
         req.store.pin(oid)
-        step = await asyncio.to_thread(mlp.StepWeights, params, sizes)
+        step = await asyncio.to_thread(self._weights, params)
         flops = 6.0 * sum(i * o for i, o in zip(sizes, sizes[1:], strict=False))
         calls = [Call("mlp", "grad", (Arg(x), Arg(params, oid)),
                       {"sizes": list(sizes), "labels": y.tolist()}, cost=flops * len(y))

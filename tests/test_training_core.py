@@ -184,7 +184,8 @@ def test_the_self_check_refuses_a_backend_that_returns_zeros():
     t = Trainer(TrainConfig(model=mlp.spec_text(SIZES), batch=16, seed=1), data)
 
     def zeros(params, blocks):
-        return [mlp.BlockResult(np.zeros_like(params), 0.0, 0, len(y)) for _, y in blocks]
+        zeros = [(np.zeros_like(w), np.zeros_like(b)) for w, b in mlp.unbundle(params, SIZES)]
+        return [mlp.BlockResult(zeros, 0.0, 0, len(y)) for _, y in blocks]
 
     with pytest.raises(SelfCheckFailed):
         train(t, zeros)
