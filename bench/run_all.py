@@ -74,6 +74,11 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
               "in one run; check % = the CPU the Freivalds checks add (the requester's pass "
               "over recorded chunks replayed with and without them) over the verified job's "
               "CPU (requester + workers)"),
+    "train": (["--runs", "3"], ["--quick"], 1800,
+              "data-parallel training, every gradient checked: samples/s of swarm.local(2) vs "
+              "the local numpy loop (and torch from .venv-st when present) for mlp:784-128-10 "
+              "and mlp:784-1024-1024-10; the check's share of the job's CPU; the 10-epoch "
+              "run's test accuracy"),
     "embed_soak": ([], ["--batches", "200"], 1200,
                    "MiniLM worker memory on swarm.local(2): RSS (MiB) per worker before the "
                    "weights, after the first batch, after a second embedder on the same weights, "
