@@ -51,6 +51,13 @@ SOFTMAX_SLACK = 2.0**-16
 ``p`` lies in [0, 1] and another exp/log is a few ulps (2**-24) off; evidence charges every
 product fed by it this much on top of its rounding (swarm.runtime.evidence)."""
 
+PRECISIONS = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
+"""What a trace may travel in, and its unit roundoff. In f16 or bf16 a worker rounds each
+product's output as it computes it and goes on from the rounded value (:func:`round_to`), so
+the trainer, which recomputes every input from the outputs it received, gets exactly the
+worker's inputs; each output is then within its format's rounding of the product of its
+input, which the check allows for (``compute.verify.judge``'s ``output_unit``)."""
+
 Products = Callable[[str, int, np.ndarray, np.ndarray], np.ndarray]
 """``products(kind, layer, left, right)``: ``"z"``: ``left @ right`` (activations times the
 weight), ``"da"``: ``left @ right.T`` (the output's gradient times the weight, transposed),
@@ -203,29 +210,58 @@ def run_block(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.nda
     return BlockResult(grads, loss, correct, len(y))
 
 
+def round_to(a: np.ndarray, precision: str) -> np.ndarray:
+    """``a`` (float32, in place) rounded to the nearest value of ``precision`` (ties to even,
+    as swarm.wire's transfer casts round), still as float32; returns ``a``."""
+    if precision == "f16":
+        with np.errstate(over="ignore"):
+            a[...] = a.astype(np.float16)
+    elif precision == "bf16":
+        bits = a.view(np.uint32)
+        nan = np.isnan(a)
+        bits[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        a[nan] = np.nan
+    elif precision != "f32":
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return a
+
+
+def _product(kind: str, left: np.ndarray, right: np.ndarray, out: np.ndarray | None = None
+             ) -> np.ndarray:
+    if kind == "z":
+        return np.matmul(left, right, out=out)
+    if kind == "dw":
+        return np.matmul(left.T, right, out=out)
+    return np.matmul(left, right.T, out=out)
+
+
 def local_products(kind: str, layer: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """The products computed here (numpy)."""
     del layer
-    if kind == "z":
-        return left @ right
-    if kind == "dw":
-        return left.T @ right
-    return left @ right.T
+    return _product(kind, left, right)
 
 
-def traced(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.ndarray
-           ) -> np.ndarray:
-    """The worker's side: the block's pass, each product written straight into its trace."""
+def rounded_products(precision: str) -> Products:
+    """The products computed here, each rounded to ``precision`` as a worker's would be."""
+    if precision == "f32":
+        return local_products
+
+    def products(kind: str, layer: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        del layer
+        return round_to(_product(kind, left, right), precision)
+
+    return products
+
+
+def traced(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.ndarray,
+           precision: str = "f32") -> np.ndarray:
+    """The worker's side: the block's pass, each product written straight into its trace
+    (and rounded there to ``precision``, the pass going on from the rounded value)."""
     trace = np.empty(trace_size(sizes, x.shape[0]), np.float32)
     views = trace_views(trace, sizes, x.shape[0])
 
     def products(kind: str, layer: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        out = views[(kind, layer)]
-        if kind == "z":
-            return np.matmul(left, right, out=out)
-        if kind == "dw":
-            return np.matmul(left.T, right, out=out)
-        return np.matmul(left, right.T, out=out)
+        return round_to(_product(kind, left, right, out=views[(kind, layer)]), precision)
 
     run_block(params, sizes, x, y, products)
     return trace
@@ -269,7 +305,8 @@ class TraceCheck:
     """The trainer's hook: each product taken from a worker's ``trace`` after Freivalds'
     check against the input this pass computed (:class:`TraceMismatch` otherwise)."""
 
-    def __init__(self, trace: object, step: StepWeights, rows: int) -> None:
+    def __init__(self, trace: object, step: StepWeights, rows: int,
+                 precision: str = "f32") -> None:
         size = trace_size(step.sizes, rows)
         if not isinstance(trace, np.ndarray) or trace.dtype != np.float32 \
                 or trace.shape != (size,):
@@ -278,6 +315,7 @@ class TraceCheck:
                                 f"{getattr(trace, 'shape', '')}")
         self.step = step
         self.views = trace_views(trace, step.sizes, rows)
+        self.unit = PRECISIONS[precision]
 
     def __call__(self, kind: str, layer: int, left: np.ndarray, right: np.ndarray
                  ) -> np.ndarray:
@@ -285,25 +323,27 @@ class TraceCheck:
         step = self.step
         if kind == "z":
             r, br, norms2 = step.forward[layer]
-            ok = check_product(left, right, out, r, norms2, br=br)
+            ok = check_product(left, right, out, r, norms2, br=br, output_unit=self.unit)
         elif kind == "da":  # (check_product reads only Wᵀ's shape when given its br)
             r, br, norms2 = step.backward[layer]
-            ok = check_product(left, right.T, out, r, norms2, br=br)
+            ok = check_product(left, right.T, out, r, norms2, br=br, output_unit=self.unit)
         else:  # dW = Aᵀ dZ: dZ is this block's own, its vectors are drawn for it
             r = draw_vectors(right.shape[1], ROUNDS)
             br, norms2 = project(right, r)
-            ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br)
+            ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br,
+                               output_unit=self.unit)
         if not ok:
             raise TraceMismatch(kind, layer, "the output is not the pass's input times the "
                                              "weight")
         return out
 
 
-def check_block(step: StepWeights, x: np.ndarray, y: np.ndarray, trace: object
-                ) -> BlockResult:
+def check_block(step: StepWeights, x: np.ndarray, y: np.ndarray, trace: object,
+                precision: str = "f32") -> BlockResult:
     """A worker's block, checked: its gradient, loss and correct count, every product
-    checked against this pass's own inputs; :class:`TraceMismatch` at the first wrong one."""
-    checked = TraceCheck(trace, step, x.shape[0])
+    checked against this pass's own inputs; :class:`TraceMismatch` at the first wrong one.
+    ``trace``: float32 (a trace that travelled in f16 or bf16, widened: ``precision``)."""
+    checked = TraceCheck(trace, step, x.shape[0], precision)
     with np.errstate(over="ignore", invalid="ignore"):
         return run_block(step.params, step.sizes, x, y, checked)
 
@@ -322,9 +362,11 @@ def check_grad_call(arrays: Sequence[np.ndarray], params: dict) -> tuple[int, ..
     checked on both ends (untrusted input); returns the sizes."""
     if len(arrays) != 2:
         raise TypeError(f"grad takes 2 arrays (x, parameters), got {len(arrays)}")
-    extra = set(params) - {"sizes", "labels"}
+    extra = set(params) - {"sizes", "labels", "precision"}
     if extra:
-        raise TypeError(f"grad takes sizes=, labels=; got {sorted(extra)}")
+        raise TypeError(f"grad takes sizes=, labels=, precision=; got {sorted(extra)}")
+    if params.get("precision", "f32") not in PRECISIONS:
+        raise ValueError(f"precision= must be one of {', '.join(PRECISIONS)}")
     sizes = check_sizes(params.get("sizes"))
     x, flat = arrays
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 \

@@ -39,7 +39,7 @@ import numpy as np
 from models import mlp
 from models.data import Dataset, check_for_model
 
-PRECISIONS = ("f32",)
+PRECISIONS = tuple(mlp.PRECISIONS)
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 16
 STEP_TIMEOUT = 300.0
@@ -224,11 +224,13 @@ class Trainer:
         return float(np.mean(self.predict(self.data.x_test) == self.data.y_test))
 
 
-def local_compute(sizes: Sequence[int]) -> Compute:
-    """Every block computed here (the reference a swarm run must equal)."""
+def local_compute(sizes: Sequence[int], precision: str = "f32") -> Compute:
+    """Every block computed here (the reference a swarm run must equal), the products
+    rounded to ``precision`` as workers round them."""
+    products = mlp.rounded_products(precision)
 
     def compute(params: np.ndarray, blocks: Sequence[Block]) -> list[mlp.BlockResult]:
-        return [mlp.run_block(params, sizes, x, y, mlp.local_products) for x, y in blocks]
+        return [mlp.run_block(params, sizes, x, y, products) for x, y in blocks]
 
     return compute
 
@@ -294,10 +296,11 @@ class RankTally:
 class SwarmCompute:
     """A step's blocks as one job on the client's workers (module docstring)."""
 
-    def __init__(self, client: Any, sizes: Sequence[int],
+    def __init__(self, client: Any, sizes: Sequence[int], precision: str = "f32",
                  timeout: float = STEP_TIMEOUT) -> None:
         self._client = client
         self.sizes = tuple(sizes)
+        self.precision = precision
         self.timeout = timeout
         self.ranks: dict[str, RankTally] = {}
         self.check_seconds = 0.0
@@ -318,6 +321,7 @@ class SwarmCompute:
 
     async def _step(self, params: np.ndarray, blocks: Sequence[Block]
                     ) -> list[mlp.BlockResult]:
+        from swarm import wire
         from swarm.runtime.objects import object_id
         from swarm.runtime.requester import Arg, Call
 
@@ -329,7 +333,8 @@ class SwarmCompute:
         step = await asyncio.to_thread(self._weights, params)
         flops = 6.0 * sum(i * o for i, o in zip(sizes, sizes[1:], strict=False))
         calls = [Call("mlp", "grad", (Arg(x), Arg(params, oid)),
-                      {"sizes": list(sizes), "labels": y.tolist()}, cost=flops * len(y))
+                      {"sizes": list(sizes), "labels": y.tolist(),
+                       "precision": self.precision}, cost=flops * len(y))
                  for x, y in blocks]
         got: dict[tuple[int, int], mlp.BlockResult] = {}
         """(block, id of the answer's trace) -> its checked result: the job keeps one answer a
@@ -338,7 +343,12 @@ class SwarmCompute:
         def check(i: int, trace: Any) -> bool:
             t0 = time.thread_time()
             try:
-                result = mlp.check_block(step, blocks[i][0], blocks[i][1], trace)
+                if not isinstance(trace, np.ndarray) \
+                        or wire.precision_of(trace) != self.precision:
+                    return False  # not what was asked for (a wrong size fails below)
+                wide = wire.restore_precision(trace) if self.precision != "f32" else trace
+                result = mlp.check_block(step, blocks[i][0], blocks[i][1], wide,
+                                         self.precision)
             except mlp.TraceMismatch:
                 return False
             finally:
@@ -353,7 +363,8 @@ class SwarmCompute:
         def local(i: int) -> list[np.ndarray]:
             x, y = blocks[i]
             marker = np.empty(0, np.float32)
-            got[(i, id(marker))] = mlp.run_block(params, sizes, x, y, mlp.local_products)
+            got[(i, id(marker))] = mlp.run_block(params, sizes, x, y,
+                                                 mlp.rounded_products(self.precision))
             return [marker]
 
         try:
@@ -536,6 +547,6 @@ def start(client: Any, data: Dataset, config: TrainConfig, params: np.ndarray | 
           on_step: Callable[[Progress], None] | None = None) -> TrainJob:
     """A :class:`TrainJob` on ``client``'s workers (``client`` None: here), started."""
     trainer = Trainer(config, data, params)
-    compute = local_compute(trainer.sizes) if client is None else SwarmCompute(client,
-                                                                               trainer.sizes)
+    compute = (local_compute(trainer.sizes, config.precision) if client is None
+               else SwarmCompute(client, trainer.sizes, config.precision))
     return TrainJob(trainer, compute, on_step).start()

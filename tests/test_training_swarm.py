@@ -121,3 +121,18 @@ def test_two_workers_train_mnist_past_92_percent():
                               momentum=0.9, seed=0).result(600)
     assert result.test_accuracy >= 0.92, result.as_json()
     assert [e.epoch for e in result.epochs] == [1, 2, 3, 4] and result.rejected == 0
+
+
+def test_f16_traces_keep_the_curve_within_the_stated_bound_of_f32(data, reference):
+    """Products travel in f16 (half the bytes), each rounded on the worker as the local f16
+    run rounds it: the curve stays within the stated 1e-3 per step of the f32 curve over
+    these steps, and within 1e-4 of the local f16 run's (not 1e-5: where two honest f32 sums
+    differ in the last bit, the rounding to f16 of that element can differ by one f16 step)."""
+    local = Trainer(TrainConfig(**{**CONFIG, "precision": "f16"}), data)
+    train(local, local_compute(local.sizes, "f16"))
+    with swarm.local(2, threads=1) as client:
+        result = client.train(data, **{**CONFIG, "precision": "f16"}).result(300)
+    assert result.rejected == 0 and len(result.losses) == STEPS
+    got = np.array(result.losses)
+    assert (np.abs(got - reference.losses) / reference.losses).max() <= 1e-3
+    assert (np.abs(got - local.losses) / np.array(local.losses)).max() <= 1e-4

@@ -368,8 +368,8 @@ class MLPActor:
     NAME = "mlp"
     METHODS = {
         "grad": MethodSpec("grad", check_mlp_grad,
-                           "grad(x, parameters, sizes=[widths], labels=[class per row]) "
-                           "-> trace"),
+                           "grad(x, parameters, sizes=[widths], labels=[class per row], "
+                           "precision=f32|f16|bf16) -> trace"),
     }
 
     def __init__(self, backend: Any) -> None:
@@ -378,12 +378,15 @@ class MLPActor:
     def grad(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
              ) -> list[np.ndarray]:
         from models import mlp
+        from swarm import wire
 
         x, flat = arrays
         sizes = mlp.check_sizes(params["sizes"])
         y = mlp.check_labels(params["labels"], x.shape[0], sizes[-1])
+        precision = params.get("precision", "f32")
         with self.backend.cpu_limit() if self.backend is not None else nullcontext():
-            return [mlp.traced(flat, sizes, np.asarray(x, np.float32), y)]
+            trace = mlp.traced(flat, sizes, np.asarray(x, np.float32), y, precision)
+        return [wire.cast_for_transfer(trace, precision)]  # exact: the values fit already
 
 
 REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor,

@@ -352,6 +352,7 @@ def _check_mlp(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trace
             raise ValueError("parameters are not a map")
         sizes = mlp.check_grad_call([x, flat], params)
         y = mlp.check_labels(params["labels"], x.shape[0], sizes[-1])
+        precision = params.get("precision", "f32")
     except (ValueError, TypeError) as exc:
         return Finding("unproven", f"the inputs are not a valid mlp call: {exc}")
     size = mlp.trace_size(sizes, x.shape[0])
@@ -367,14 +368,16 @@ def _check_mlp(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trace
         out = views[(kind, layer)]
         a, b = ((left, right) if kind == "z" else (np.ascontiguousarray(left.T), right)
                 if kind == "dw" else (left, np.ascontiguousarray(right.T)))
-        with contextlib.suppress(compute.InvalidInput), \
-                np.errstate(over="ignore", invalid="ignore"):
-            if compute.verify_matmul(a, b, out):
-                return out
+        if precision == "f32":
+            with contextlib.suppress(compute.InvalidInput), \
+                    np.errstate(over="ignore", invalid="ignore"):
+                if compute.verify_matmul(a, b, out):
+                    return out
         soft = layer == last and kind != "z"   # fed by the softmax gradient
         extra_a = np.float64(mlp.SOFTMAX_SLACK) if soft and kind == "da" else None
         extra_b = np.float64(mlp.SOFTMAX_SLACK) if soft and kind == "dw" else None
-        wrong = _beyond_worst_case(a, b, out.astype(np.float64), "f32", extra_a, extra_b)
+        wrong = _beyond_worst_case(a, b, out.astype(np.float64), "f32", extra_a, extra_b,
+                                   rounded_to=precision)
         if wrong is not None:
             raise _Wrong(f"layer {layer} {kind} ({wrong})")
         return out
@@ -416,7 +419,8 @@ def _rounded_inputs(x: np.ndarray, x_abs: np.ndarray, precision: str
 
 
 def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str,
-                       extra_a: Any = None, extra_b: Any = None) -> str | None:
+                       extra_a: Any = None, extra_b: Any = None, rounded_to: str = "f32"
+                       ) -> str | None:
     """An element of ``c`` that no honest product can produce, in words, or None.
 
     Freivalds' threshold is a *probabilistic* rounding model, and a requester can craft
@@ -433,7 +437,10 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
     of the exact one (``gamma_K = K u / (1 - K u)``, Higham; the last term is underflow
     and flushing, one FLT_MIN per operation). ``extra_a``/``extra_b``: how much farther
     (absolute, broadcast over the operand) an honest backend's own input may be from the one
-    given, where it computes that input itself (models.mlp's softmax gradient). A finite element beyond that is a lie. A
+    given, where it computes that input itself (models.mlp's softmax gradient).
+    ``rounded_to``: the result was rounded to f16 or bf16 after it was computed, so each
+    honest element may be off by that format's unit roundoff times its size (plus the
+    format's smallest normal, for a flushed subnormal) on top. A finite element beyond that is a lie. A
     non-finite element is a lie when no partial sum of any order can reach FLT_MAX (an
     overflow is the only way finite inputs give inf or NaN) and no input rounds to inf;
     otherwise it proves nothing.
@@ -471,6 +478,9 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
         spread = (0.0 if db is None else a_abs @ db) + (0.0 if da is None else da @ b_up)
     bound = (spread + gamma * reach) * slack + 4 * k * _FLT_MIN \
         + 4 * (k + 2) * 2.0**-53 * plain      # the float64 exact product's own rounding
+    if rounded_to != "f32":
+        unit, tiny = {"f16": (2.0**-11, _F16_MIN), "bf16": (2.0**-8, _FLT_MIN)}[rounded_to]
+        bound = bound + unit * (np.abs(exact) + bound) * slack + tiny
     may_overflow = (1 + gamma) * reach * slack + 4 * k * _FLT_MIN >= _FLT_MAX
     inf_input = np.zeros(exact.shape, bool)
     if a_inf is not None:
