@@ -258,7 +258,7 @@ def test_evidence_of_a_rounded_trace_proves_a_lie_and_never_the_rounding(precisi
     trace = mlp.traced(params, SIZES, x, y, precision)
     worker, me = PeerKey.generate(), PeerKey.generate()
 
-    def judged(t):
+    def judged(t, x=x):
         sent = wire.cast_for_transfer(t, precision)
         call = Call("mlp", "grad", (Arg(x), Arg(params, object_id(params))),
                     {"sizes": list(SIZES), "labels": y.tolist(), "precision": precision})
@@ -271,6 +271,11 @@ def test_evidence_of_a_rounded_trace_proves_a_lie_and_never_the_rounding(precisi
         return check_evidence(package.evidence, package.arrays.get)
 
     assert not judged(trace).proven
+    big = x * np.float32(1e5)  # products past f16's range: rounded to infinity, honestly
+    huge = mlp.traced(params, SIZES, big, y, precision)
+    if precision == "f16":
+        assert np.isinf(huge).any()
+    assert not judged(huge, big).proven
     wrong = trace.copy()
     mlp.trace_views(wrong, SIZES, 16)[("z", 1)][4, 4] += 4.0
     assert judged(wrong).proven

@@ -399,6 +399,8 @@ _FLT_MIN = 2.0**-126
 """Smallest normal f32: a GPU may flush anything below it to zero, inputs and results."""
 _F16_MIN = 2.0**-14
 """Smallest normal f16 (a GPU may flush f16 subnormals too)."""
+_F16_MAX = 65504.0
+"""Largest finite f16: from halfway to the next step (65520) an honest rounding is inf."""
 
 
 def _rounded_inputs(x: np.ndarray, x_abs: np.ndarray, precision: str
@@ -478,10 +480,12 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
         spread = (0.0 if db is None else a_abs @ db) + (0.0 if da is None else da @ b_up)
     bound = (spread + gamma * reach) * slack + 4 * k * _FLT_MIN \
         + 4 * (k + 2) * 2.0**-53 * plain      # the float64 exact product's own rounding
+    may_overflow = (1 + gamma) * reach * slack + 4 * k * _FLT_MIN >= _FLT_MAX
     if rounded_to != "f32":
         unit, tiny = {"f16": (2.0**-11, _F16_MIN), "bf16": (2.0**-8, _FLT_MIN)}[rounded_to]
         bound = bound + unit * (np.abs(exact) + bound) * slack + tiny
-    may_overflow = (1 + gamma) * reach * slack + 4 * k * _FLT_MIN >= _FLT_MAX
+        if rounded_to == "f16":   # an honest value past f16's range rounds to infinity
+            may_overflow = may_overflow | ((np.abs(exact) + bound) * slack >= _F16_MAX)
     inf_input = np.zeros(exact.shape, bool)
     if a_inf is not None:
         inf_input |= a_inf.any(axis=1)[:, None]
