@@ -14,7 +14,7 @@ import pytest
 
 import swarm
 from models.data import load_mnist
-from swarm.training import TrainConfig, Trainer, local_compute, train
+from swarm.training import RankTally, TrainConfig, Trainer, local_compute, train
 from tests.conftest import subprocess_env
 
 pytestmark = [pytest.mark.system]
@@ -136,3 +136,17 @@ def test_f16_traces_keep_the_curve_within_the_stated_bound_of_f32(data, referenc
     got = np.array(result.losses)
     assert (np.abs(got - reference.losses) / reference.losses).max() <= 1e-3
     assert (np.abs(got - local.losses) / np.array(local.losses)).max() <= 1e-4
+
+
+def test_a_slow_worker_has_its_blocks_redone_and_the_curve_stays(data, reference):
+    """One worker answers every call 1.5 s late (``SWARM_CHAOS=delay=1500``): its blocks are
+    copied to the other worker when it falls behind, no step waits for it every time, and
+    the curve is the local one."""
+    with swarm.local(2, threads=1, chaos=[None, "delay=1500"]) as client:
+        fast, slow = (str(w) for w in client.worker_ids)
+        t0 = time.monotonic()
+        result = client.train(data, **CONFIG).result(300)
+        seconds = time.monotonic() - t0
+    same_curve(result.losses, reference.losses)
+    assert result.ranks[fast].samples > result.ranks.get(slow, RankTally()).samples
+    assert seconds < STEPS * 1.5, seconds  # not a full delay a step
