@@ -8,7 +8,8 @@ Rows, for ``mlp:784-128-10`` and ``mlp:784-1024-1024-10`` on MNIST 5k (``--batch
 step, SGD with momentum):
 
 - ``numpy``: :func:`swarm.training.local_compute` in this process (BLAS on every core), the
-  reference a swarm run must equal;
+  reference a swarm run must equal; ``numpy 1 thread``: the same on one BLAS thread (what
+  each worker gets);
 - ``swarm``: ``client.train`` on ``swarm.local(2, threads=1)``: each step's four blocks on
   the two worker processes, every product of every block checked here before its gradient
   counts;
@@ -114,12 +115,14 @@ def main() -> int:
         args.steps, args.runs, args.epochs = 12, 1, 0
 
     import numpy as np
+    from threadpoolctl import ThreadpoolController
 
     import swarm
     from models import mlp
     from models.data import load_mnist
     from swarm.training import SwarmCompute, TrainConfig, Trainer, local_compute, train
 
+    blas = ThreadpoolController()
     data = load_mnist()
     torch = Torch(args.torch_python)
     rows: dict[str, dict[str, list[float]]] = {m: {} for m in MODELS}
@@ -143,6 +146,11 @@ def main() -> int:
                 speed = timed(local_compute(local.sizes), local)
                 if run:
                     got.setdefault("numpy", []).append(speed)
+                one = Trainer(cfg, sub)
+                with blas.limit(limits=1, user_api="blas"):
+                    speed = timed(local_compute(one.sizes), one)
+                if run:
+                    got.setdefault("numpy 1 thread", []).append(speed)
                 remote = Trainer(cfg, sub)
                 compute = SwarmCompute(client, remote.sizes)
                 cpu0 = cpu_of(pids)
@@ -170,13 +178,13 @@ def main() -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    cols = ["numpy", "swarm", "torch", "check %", "max rel. loss diff"]
+    cols = ["numpy", "numpy 1 thread", "swarm", "torch", "check %", "max rel. loss diff"]
     print(f"samples/s, batch {args.batch}, {args.steps} steps, median of {args.runs} "
           f"(torch: {torch.version}; load {out['load_1m']:.1f})")
-    print(f"{'model':24}" + "".join(f"{c:>20}" for c in cols))
+    print(f"{'model':22}" + "".join(f"{c:>16}" for c in cols))
     for model, r in table.items():
-        print(f"{model:24}" + "".join(
-            f"{r[c]:>20.3g}" if c in r else f"{'-':>20}" for c in cols))
+        print(f"{model:22}" + "".join(
+            f"{r[c]:>16.3g}" if c in r else f"{'-':>16}" for c in cols))
     if accuracy:
         print(f"{MODELS[0]}, {accuracy['epochs']} epochs on swarm.local(2): test accuracy "
               f"{accuracy['test_accuracy']:.4f} in {accuracy['seconds']} s "
