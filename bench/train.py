@@ -17,9 +17,11 @@ step, SGD with momentum):
   venv of its own: never installed in the project's), when that interpreter exists.
 
 Each figure: samples/s over ``--steps`` steps, the median of ``--runs`` runs, the systems
-taking turns within each run. ``check %``: the CPU the trainer spent checking traces
-(thread time inside the checks) over the CPU of the whole swarm job (the requester process
-and both workers, from /proc). ``--epochs N`` (not in --quick) also trains
+taking turns within each run. ``check %``: the CPU the trainer spent on the checks (a step's
+check vectors, each product's Freivalds check; thread time) over the CPU of the whole swarm
+job (the requester process and both workers, from /proc); ``replay %``: the trainer's own
+non-linear steps in the same replays (which it needs for the loss and the bias gradients
+anyway), over the same. ``--epochs N`` (not in --quick) also trains
 mlp:784-128-10 for N epochs on the swarm and reports its test accuracy (the issue's 10-epoch
 run).
 """
@@ -159,6 +161,7 @@ def main() -> int:
                 if run:
                     got.setdefault("swarm", []).append(speed)
                     got.setdefault("check %", []).append(100 * compute.check_seconds / cpu)
+                    got.setdefault("replay %", []).append(100 * compute.replay_seconds / cpu)
                     same = np.abs(np.array(remote.losses) - local.losses) / local.losses
                     got.setdefault("max rel. loss diff", []).append(float(same.max()))
                 t = torch.seconds(mlp.parse_spec(model), args.batch, args.steps)
@@ -178,13 +181,14 @@ def main() -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    cols = ["numpy", "numpy 1 thread", "swarm", "torch", "check %", "max rel. loss diff"]
+    cols = ["numpy", "numpy 1 thread", "swarm", "torch", "check %", "replay %",
+            "max rel. loss diff"]
     print(f"samples/s, batch {args.batch}, {args.steps} steps, median of {args.runs} "
           f"(torch: {torch.version}; load {out['load_1m']:.1f})")
-    print(f"{'model':22}" + "".join(f"{c:>16}" for c in cols))
+    print(f"{'model':22}" + "".join(f"{c:>20}" for c in cols))
     for model, r in table.items():
         print(f"{model:22}" + "".join(
-            f"{r[c]:>16.3g}" if c in r else f"{'-':>16}" for c in cols))
+            f"{r[c]:>20.3g}" if c in r else f"{'-':>20}" for c in cols))
     if accuracy:
         print(f"{MODELS[0]}, {accuracy['epochs']} epochs on swarm.local(2): test accuracy "
               f"{accuracy['test_accuracy']:.4f} in {accuracy['seconds']} s "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -174,6 +175,8 @@ class BlockResult:
     """Samples whose largest logit is their label."""
     rows: int
     """Samples in the block."""
+    check_seconds: float = 0.0
+    """Thread time of the products' checks alone (:class:`TraceCheck`; 0 for a local pass)."""
 
     @property
     def grad(self) -> np.ndarray:
@@ -316,11 +319,14 @@ class TraceCheck:
         self.step = step
         self.views = trace_views(trace, step.sizes, rows)
         self.unit = PRECISIONS[precision]
+        self.seconds = 0.0
+        """Thread time spent in the checks so far."""
 
     def __call__(self, kind: str, layer: int, left: np.ndarray, right: np.ndarray
                  ) -> np.ndarray:
         out = self.views[(kind, layer)]
         step = self.step
+        t0 = time.thread_time()
         if kind == "z":
             r, br, norms2 = step.forward[layer]
             ok = check_product(left, right, out, r, norms2, br=br, output_unit=self.unit)
@@ -332,6 +338,7 @@ class TraceCheck:
             br, norms2 = project(right, r)
             ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br,
                                output_unit=self.unit)
+        self.seconds += time.thread_time() - t0
         if not ok:
             raise TraceMismatch(kind, layer, "the output is not the pass's input times the "
                                              "weight")
@@ -345,7 +352,9 @@ def check_block(step: StepWeights, x: np.ndarray, y: np.ndarray, trace: object,
     ``trace``: float32 (a trace that travelled in f16 or bf16, widened: ``precision``)."""
     checked = TraceCheck(trace, step, x.shape[0], precision)
     with np.errstate(over="ignore", invalid="ignore"):
-        return run_block(step.params, step.sizes, x, y, checked)
+        result = run_block(step.params, step.sizes, x, y, checked)
+    result.check_seconds = checked.seconds
+    return result
 
 
 def check_labels(labels: object, rows: int, classes: int) -> np.ndarray:

@@ -304,9 +304,11 @@ class SwarmCompute:
         self.timeout = timeout
         self.ranks: dict[str, RankTally] = {}
         self.check_seconds = 0.0
-        """Thread time spent checking: each step's check vectors and fingerprints, and each
-        block's replay with its products' checks (the non-linear steps the trainer needs
-        anyway included: an upper bound on the check's cost)."""
+        """Thread time of the checks: each step's check vectors and fingerprints and each
+        block's products' checks."""
+        self.replay_seconds = 0.0
+        """Thread time of the trainer's own steps in the blocks' replays (bias, ReLU,
+        softmax, loss, bias gradients): what it computes for itself besides the checks."""
         self._lock = threading.Lock()
 
     def _weights(self, params: np.ndarray) -> mlp.StepWeights:
@@ -341,19 +343,21 @@ class SwarmCompute:
         block, and its result is the one of that very answer."""
 
         def check(i: int, trace: Any) -> bool:
+            if not isinstance(trace, np.ndarray) or wire.precision_of(trace) != self.precision:
+                return False  # not what was asked for (a wrong size fails below)
             t0 = time.thread_time()
+            wide = wire.restore_precision(trace) if self.precision != "f32" else trace
             try:
-                if not isinstance(trace, np.ndarray) \
-                        or wire.precision_of(trace) != self.precision:
-                    return False  # not what was asked for (a wrong size fails below)
-                wide = wire.restore_precision(trace) if self.precision != "f32" else trace
                 result = mlp.check_block(step, blocks[i][0], blocks[i][1], wide,
                                          self.precision)
             except mlp.TraceMismatch:
                 return False
             finally:
                 with self._lock:
-                    self.check_seconds += time.thread_time() - t0
+                    self.replay_seconds += time.thread_time() - t0
+            with self._lock:
+                self.check_seconds += result.check_seconds
+                self.replay_seconds -= result.check_seconds
             got[(i, id(trace))] = result
             return True
 
@@ -399,7 +403,9 @@ class TrainResult:
     losses: list[float]
     seconds: float
     check_seconds: float
-    """CPU seconds the trainer spent checking workers' traces."""
+    """CPU seconds the trainer spent checking workers' products."""
+    replay_seconds: float = 0.0
+    """CPU seconds of the trainer's own non-linear steps in those replays."""
 
     @property
     def rejected(self) -> int:
@@ -414,7 +420,8 @@ class TrainResult:
                            "failed": t.failed} for p, t in sorted(self.ranks.items())],
                 "rejected": self.rejected, "steps": len(self.losses),
                 "seconds": round(self.seconds, 3),
-                "check_cpu_seconds": round(self.check_seconds, 3)}
+                "check_cpu_seconds": round(self.check_seconds, 3),
+                "replay_cpu_seconds": round(self.replay_seconds, 3)}
 
 
 class TrainJob:
@@ -446,7 +453,8 @@ class TrainJob:
             self._result = TrainResult(self.trainer.test_accuracy(), list(self.trainer.epochs),
                                        dict(ranks), list(self.trainer.losses),
                                        time.perf_counter() - started,
-                                       getattr(self._compute, "check_seconds", 0.0))
+                                       getattr(self._compute, "check_seconds", 0.0),
+                                       getattr(self._compute, "replay_seconds", 0.0))
         except BaseException as exc:  # handed to whoever waits for the result
             self._error = exc
 
