@@ -130,18 +130,21 @@ class Trainer:
     in block order (float64, then float32)."""
 
     def __init__(self, config: TrainConfig, data: Dataset,
-                 params: np.ndarray | None = None) -> None:
+                 start: Checkpoint | None = None) -> None:
         self.config = config
         self.sizes = config.check()
         check_for_model(data, self.sizes)
         self.data = data
-        self.resumed = params is not None
-        """Started from given parameters (the self-check then runs a fresh model aside)."""
-        self.params = (mlp.init_params(self.sizes, config.seed) if params is None
-                       else np.array(params, np.float32))
+        self.resumed = start is not None
+        """Started from a checkpoint (the self-check then runs a fresh model aside)."""
+        self.first_epoch = 0 if start is None else start.epochs
+        """Epochs done before this run (a resumed run numbers and shuffles on from there)."""
+        self.params = (mlp.init_params(self.sizes, config.seed) if start is None
+                       else np.array(start.params, np.float32))
         if self.params.shape != (mlp.param_count(self.sizes),):
             raise ValueError(f"the parameters do not fit {config.model}")
-        self.velocity = np.zeros_like(self.params)
+        self.velocity = (np.zeros_like(self.params) if start is None or start.velocity is None
+                         else np.array(start.velocity, np.float32))
         self.lr = config.lr
         self.step = 0
         self.losses: list[float] = []
@@ -254,7 +257,8 @@ def train(trainer: Trainer, compute: Compute, control: Control | None = None,
     cfg = trainer.config
     total = trainer.steps_per_epoch * cfg.epochs
     checked = False
-    for epoch in range(len(trainer.epochs), cfg.epochs):
+    first = trainer.first_epoch
+    for epoch in range(first + len(trainer.epochs), first + cfg.epochs):
         started = time.perf_counter()
         seen = 0
         for batch in trainer.batches(epoch):
@@ -500,12 +504,26 @@ class TrainJob:
         return self._result
 
     def save(self, path: str | Path) -> None:
-        save_model(path, self.trainer.params, self.trainer.sizes, len(self.trainer.epochs))
+        t = self.trainer
+        save_model(path, Checkpoint(t.params, t.velocity, t.first_epoch + len(t.epochs)),
+                   t.sizes)
 
 
-def save_model(path: str | Path, params: np.ndarray, sizes: Sequence[int], epochs: int) -> None:
-    """Write the parameters as safetensors (``w0``, ``b0``, ...: ``W`` is [in, out]) with the
-    spec in the metadata, whole or not at all (a temporary file renamed)."""
+@dataclass
+class Checkpoint:
+    """Where a run stands: enough to go on exactly as if it had not stopped."""
+
+    params: np.ndarray
+    velocity: np.ndarray | None
+    """SGD's momentum (None: start it at zero)."""
+    epochs: int
+    """Epochs done."""
+
+
+def save_model(path: str | Path, point: Checkpoint, sizes: Sequence[int]) -> None:
+    """Write the parameters as safetensors (``w0``, ``b0``, ...: ``W`` is [in, out]; the
+    momentum as ``vw0``, ``vb0``, ...) with the spec and the epochs done in the metadata,
+    whole or not at all (a temporary file renamed)."""
     import os
     import tempfile
 
@@ -513,21 +531,27 @@ def save_model(path: str | Path, params: np.ndarray, sizes: Sequence[int], epoch
 
     path = Path(path)
     tensors = {}
-    for j, (w, b) in enumerate(mlp.unbundle(params, sizes)):
-        tensors[f"w{j}"], tensors[f"b{j}"] = np.ascontiguousarray(w), np.ascontiguousarray(b)
+    for prefix, flat in (("", point.params), ("v", point.velocity)):
+        if flat is None:
+            continue
+        for j, (w, b) in enumerate(mlp.unbundle(flat, sizes)):
+            tensors[f"{prefix}w{j}"] = np.ascontiguousarray(w)
+            tensors[f"{prefix}b{j}"] = np.ascontiguousarray(b)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
                                dir=path.parent if str(path.parent) else ".")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={"model": mlp.spec_text(sizes), "epochs": str(epochs)})
+        save_file(tensors, tmp, metadata={"model": mlp.spec_text(sizes),
+                                          "epochs": str(point.epochs)})
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def load_model(path: str | Path, sizes: Sequence[int]) -> np.ndarray:
-    """Parameters saved by :func:`save_model` for a model of ``sizes``, or ValueError."""
+def load_model(path: str | Path, sizes: Sequence[int]) -> Checkpoint:
+    """What :func:`save_model` wrote for a model of ``sizes`` (the momentum when the file has
+    it), or ValueError naming ``--resume``."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -536,25 +560,37 @@ def load_model(path: str | Path, sizes: Sequence[int]) -> np.ndarray:
             if meta.get("model") != mlp.spec_text(sizes):
                 raise ValueError(f"--resume: {path} holds {meta.get('model')!r}, not "
                                  f"{mlp.spec_text(sizes)}")
-            flat = np.zeros(mlp.param_count(sizes), np.float32)
-            for j, (w, b) in enumerate(mlp.unbundle(flat, sizes)):
-                for name, view in ((f"w{j}", w), (f"b{j}", b)):
-                    got = f.get_tensor(name)
-                    if got.shape != view.shape:
-                        raise ValueError(f"--resume: {path}: {name} is {got.shape}, not "
-                                         f"{view.shape}")
-                    view[...] = got
+            epochs = meta.get("epochs", "0")
+            if not epochs.isdigit() or int(epochs) > MAX_EPOCHS:
+                raise ValueError(f"--resume: {path}: epochs {epochs[:20]!r} is not a count")
+            names = set(f.keys())
+            flats: list[np.ndarray | None] = []
+            for prefix in ("", "v"):
+                if prefix and f"{prefix}w0" not in names:
+                    flats.append(None)
+                    continue
+                flat = np.zeros(mlp.param_count(sizes), np.float32)
+                for j, (w, b) in enumerate(mlp.unbundle(flat, sizes)):
+                    for name, view in ((f"{prefix}w{j}", w), (f"{prefix}b{j}", b)):
+                        got = f.get_tensor(name)
+                        if got.shape != view.shape:
+                            raise ValueError(f"--resume: {path}: {name} is {got.shape}, not "
+                                             f"{view.shape}")
+                        view[...] = got
+                if not np.isfinite(flat).all():
+                    raise ValueError(f"--resume: {path} has NaN or infinite values")
+                flats.append(flat)
     except (OSError, SafetensorError, KeyError) as exc:
         raise ValueError(f"--resume: cannot read {path}: {exc}") from None
-    if not np.isfinite(flat).all():
-        raise ValueError(f"--resume: {path} has NaN or infinite parameters")
-    return flat
+    assert flats[0] is not None
+    return Checkpoint(flats[0], flats[1], int(epochs))
 
 
-def start(client: Any, data: Dataset, config: TrainConfig, params: np.ndarray | None = None,
+def start(client: Any, data: Dataset, config: TrainConfig, resume: Checkpoint | None = None,
           on_step: Callable[[Progress], None] | None = None) -> TrainJob:
-    """A :class:`TrainJob` on ``client``'s workers (``client`` None: here), started."""
-    trainer = Trainer(config, data, params)
+    """A :class:`TrainJob` on ``client``'s workers (``client`` None: here), started, going on
+    from ``resume`` when given (``config.epochs`` more epochs)."""
+    trainer = Trainer(config, data, resume)
     compute = (local_compute(trainer.sizes, config.precision) if client is None
                else SwarmCompute(client, trainer.sizes, config.precision))
     return TrainJob(trainer, compute, on_step).start()

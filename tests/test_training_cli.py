@@ -93,5 +93,7 @@ def test_a_run_on_a_local_swarm_writes_its_weights_and_report_and_resumes(tmp_pa
         again = run_swarm("train", client.uri, *args[:-2], "-o", str(tmp_path / "m2.st"),
                           "--resume", str(out), "--epochs", "1", timeout=240, env=env)
         assert again.returncode == 0, again.stderr[-2000:]
-        # resumed from trained weights: its first epoch starts where the last one ended
-        assert json.loads(again.stdout)["epochs"][0]["loss"] < report["epochs"][0]["loss"]
+        # resumed from trained weights: its first epoch is the third, and starts where the
+        # last one ended
+        resumed = json.loads(again.stdout)["epochs"]
+        assert resumed[0]["epoch"] == 3 and resumed[0]["loss"] < report["epochs"][0]["loss"]

@@ -298,3 +298,25 @@ def test_rounded_products_move_the_curve_by_at_most_the_stated_bound(precision, 
         curves[p] = np.array(t.losses)
     rel = np.abs(curves[precision] - curves["f32"]) / curves["f32"]
     assert len(rel) == 25 and 0 < rel.max() <= bound, rel
+
+
+def test_a_run_resumed_from_its_file_goes_on_as_if_it_had_not_stopped(tmp_path):
+    from swarm.training import TrainJob, load_model
+
+    data = small_data()
+    cfg = dict(model=mlp.spec_text(SIZES), batch=16, lr=0.05, seed=4)
+    whole = Trainer(TrainConfig(epochs=2, **cfg), data)
+    train(whole, local_compute(whole.sizes))
+    first = TrainJob(Trainer(TrainConfig(epochs=1, **cfg), data),
+                     local_compute(SIZES)).start()
+    first.result(60)
+    first.save(tmp_path / "m.safetensors")
+    point = load_model(tmp_path / "m.safetensors", SIZES)
+    assert point.epochs == 1 and point.velocity is not None
+    rest = Trainer(TrainConfig(epochs=1, **cfg), data, point)
+    train(rest, local_compute(rest.sizes))
+    assert first.losses + rest.losses == whole.losses
+    assert [e.epoch for e in rest.epochs] == [2]
+    np.testing.assert_array_equal(rest.params, whole.params)
+    with pytest.raises(ValueError, match="--resume"):
+        load_model(tmp_path / "m.safetensors", (20, 8, 5))

@@ -52,7 +52,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swarm", metavar="ID", help="swarm id (40 hex) when URI is HOST:PORT")
     p.add_argument("-o", "--output", type=Path, required=True, metavar="MODEL.safetensors")
     p.add_argument("--resume", type=Path, metavar="MODEL.safetensors",
-                   help="start from these weights (saved by an earlier run of this model)")
+                   help="go on from a file an earlier run of this model saved: --epochs more "
+                        "epochs, as if it had not stopped (same --seed, --batch, --lr)")
     add_json_option(p, "the report")
 
 
@@ -81,13 +82,13 @@ def prepare(args: argparse.Namespace):
         if type(exc).__name__ == "DataNotInstalled":
             raise LocalError(str(exc)) from None
         raise ConfigError(f"--data: {exc}") from None
-    params = None
+    resume = None
     if args.resume is not None:
         try:
-            params = load_model(args.resume, sizes)
+            resume = load_model(args.resume, sizes)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    return config, data, params
+    return config, data, resume
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     from swarm.errors import RemoteError, TaskError
     from swarm.training import SelfCheckFailed
 
-    config, data, params = prepare(args)
+    config, data, resume = prepare(args)
     with connect(args, args.min_workers, args.timeout) as client:
-        job = _run_with_progress(client, data, config, params, quiet=args.json)
+        job = _run_with_progress(client, data, config, resume, quiet=args.json)
         try:
             result = job.result()
         except (SelfCheckFailed, TaskError, TimeoutError) as exc:
@@ -119,11 +120,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(client, data, config, params, quiet: bool):
+def _run_with_progress(client, data, config, resume, quiet: bool):
     from swarm import training
 
     if quiet or not sys.stderr.isatty():
-        return training.start(client, data, config, params)
+        return training.start(client, data, config, resume)
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -145,7 +146,7 @@ def _run_with_progress(client, data, config, params, quiet: bool):
                    rate=f"{p.samples_per_s:.0f}")
 
     bar.start()
-    job = training.start(client, data, config, params, on_step=update)
+    job = training.start(client, data, config, resume, on_step=update)
     try:
         while not job.done:
             job.wait(0.5)
