@@ -280,6 +280,11 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
     elif name == "embed":
         md = [_records(d["rows"]), "", f"meta: {json.dumps(d['meta'])}"]
+    elif name == "train":
+        md = [_records([{"model": m} | {k: round(v, 3) for k, v in row.items()}
+                        for m, row in d["rows"].items()]), "",
+              f"batch {d['batch']}, {d['steps']} steps, median of {d['runs']}; torch: "
+              f"{d['torch']}; full run: {json.dumps(d['full_run'])}"]
     elif name == "browser":
         md = ["Joining (medians):", "", _records(d["join"]), "",
               "Shard round trip per worker, from `swarm submit --json`:", "",
