@@ -199,12 +199,16 @@ def run_block(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.nda
             masks.append(mask)
             acts.append(np.where(mask, h, np.float32(0)))
     rows = np.arange(h.shape[0])
-    shifted = h - h.max(axis=1, keepdims=True)
+    # the softmax in float64, rounded once to float32: any backend's exp and sum in float64
+    # (a tab's JavaScript, another CPU's numpy) give the same float32 gradient but for a
+    # one-in-10^8 tie, so the trainer's own inputs to the backward's products are the worker's
+    wide = h.astype(np.float64)
+    shifted = wide - wide.max(axis=1, keepdims=True)
     e = np.exp(shifted)
     s = e.sum(axis=1, keepdims=True)
-    loss = float(np.sum(np.log(s[:, 0], dtype=np.float64) - shifted[rows, y]))
+    loss = float(np.sum(np.log(s[:, 0]) - shifted[rows, y]))
     correct = int(np.sum(h.argmax(axis=1) == y))
-    dz = e / s
+    dz = (e / s).astype(np.float32)
     dz[rows, y] -= np.float32(1)
     for j in range(len(layers) - 1, -1, -1):
         grads[j] = (products("dw", j, acts[j], dz), dz.sum(axis=0))
