@@ -66,6 +66,7 @@ def test_bad_data_and_arguments_name_the_field_before_anything_is_sent(tmp_path)
     assert "--lr" in _usage(tmp_path, *ok, *model, "--lr", "0")
     assert "--lr" in _usage(tmp_path, *ok, *model, "--lr", "-0.1")
     assert "does not parse" in _usage(tmp_path, *ok, "--model", "mlp:12-x-3")
+    assert "--http" in _usage(tmp_path, *ok, *model, "--http", "nowhere")
     assert "features" in _usage(tmp_path, *ok, "--model", "mlp:13-8-3")
     assert "--resume" in _usage(tmp_path, *ok, *model, "--resume", str(tmp_path / "ok.npz"))
 
@@ -79,8 +80,10 @@ def test_a_run_on_a_local_swarm_writes_its_weights_and_report_and_resumes(tmp_pa
     args = ["--data", str(tmp_path / "blobs.npz"), "--model", "mlp:12-8-3", "--epochs", "2",
             "--batch", "16", "--lr", "0.1", "--seed", "5", "--json", "-o", str(out)]
     with swarm.local(2, threads=1) as client:
-        r = run_swarm("train", client.uri, *args, timeout=240, env=env)
+        r = run_swarm("train", client.uri, *args, "--http", "127.0.0.1:0", timeout=240,
+                      env=env)
         assert r.returncode == 0, r.stderr[-2000:]
+        assert "training panel: http://127.0.0.1:" in r.stderr  # tests/test_training_panel.py
         report = json.loads(r.stdout)
         assert [e["epoch"] for e in report["epochs"]] == [1, 2]
         assert report["epochs"][1]["loss"] < report["epochs"][0]["loss"]

@@ -50,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for workers (default 60)")
     p.add_argument("--swarm", metavar="ID", help="swarm id (40 hex) when URI is HOST:PORT")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="serve the run's live loss and accuracy curves at "
+                        "http://HOST:PORT/status (port 0: any free one)")
     p.add_argument("-o", "--output", type=Path, required=True, metavar="MODEL.safetensors")
     p.add_argument("--resume", type=Path, metavar="MODEL.safetensors",
                    help="go on from a file an earlier run of this model saved: --epochs more "
@@ -97,13 +100,33 @@ def run(args: argparse.Namespace) -> int:
     from swarm.training import SelfCheckFailed
 
     config, data, resume = prepare(args)
+    http = None
+    if args.http is not None:
+        from swarm.web.server import parse_http
+
+        http = parse_http(args.http)
     with connect(args, args.min_workers, args.timeout) as client:
-        job = _run_with_progress(client, data, config, resume, quiet=args.json)
+        panel = None
+
+        def serve(job) -> None:
+            nonlocal panel
+            if http is not None:
+                from swarm.web.training import TrainingPanel
+
+                panel = TrainingPanel(job, *http)
+                client._loop.run(panel.start())
+                print(f"training panel: {panel.url}", file=sys.stderr, flush=True)
+
         try:
-            result = job.result()
-        except (SelfCheckFailed, TaskError, TimeoutError) as exc:
-            raise RemoteError(f"training failed: {exc}") from None
-        job.save(args.output)
+            job = _run_with_progress(client, data, config, resume, args.json, serve)
+            try:
+                result = job.result()
+            except (SelfCheckFailed, TaskError, TimeoutError) as exc:
+                raise RemoteError(f"training failed: {exc}") from None
+            job.save(args.output)
+        finally:
+            if panel is not None:
+                client._loop.run(panel.stop())
     if args.json:
         print_json({"output": str(args.output), "model": config.model,
                     **result.as_json()})
@@ -120,11 +143,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(client, data, config, resume, quiet: bool):
+def _run_with_progress(client, data, config, resume, quiet: bool, started):
     from swarm import training
 
     if quiet or not sys.stderr.isatty():
-        return training.start(client, data, config, resume)
+        job = training.start(client, data, config, resume)
+        started(job)
+        return job
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -147,6 +172,7 @@ def _run_with_progress(client, data, config, resume, quiet: bool):
 
     bar.start()
     job = training.start(client, data, config, resume, on_step=update)
+    started(job)
     try:
         while not job.done:
             job.wait(0.5)
