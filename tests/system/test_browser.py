@@ -406,8 +406,9 @@ def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path):
 
 
 def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
-    """The tab's MLP block (mlp.js on its JavaScript matmul) in the layout of a native
-    worker's trace, and every product passes the trainer's check on trained weights: its
+    """The tab's MLP block (mlp.js on its JavaScript matmul, and on WebGPU's tiled kernel) in
+    the layout of a native worker's trace, and every product passes the trainer's check on
+    trained weights: its
     softmax in float64 rounded once gives the trainer's own float32 gradient (with float32
     softmaxes on both sides this test failed: layer 2's dW check refused a block)."""
     from models import mlp
@@ -425,9 +426,12 @@ def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
     traces = page.evaluate("""async ([x, rows, flat, sizes, labels]) => {
       const { mlpTrace } = await import('/static/mlp.js');
       const { matmulCPU } = await import('/static/cpu.js');
+      const { gpuBackend } = await import('/static/gpu.js');
+      const gpu = await gpuBackend('/kernel/matmul_tiled.wgsl');
       const out = [];
       for (let i = 0; i < labels.length; i += rows) {
-        const t = await mlpTrace(async (a, m, k, b, n) => matmulCPU(a, m, k, b, n),
+        const js = async (a, m, k, b, n) => matmulCPU(a, m, k, b, n);
+        const t = await mlpTrace(i % (2 * rows) ? gpu.matmul : js,
           new Float32Array(x.slice(i * sizes[0], (i + rows) * sizes[0])), rows,
           new Float32Array(flat), sizes, labels.slice(i, i + rows));
         out.push(Array.from(t));
@@ -436,7 +440,7 @@ def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
     }""", [data.x[:160].ravel().tolist(), 8, t.params.tolist(), list(t.sizes),
            data.y[:160].tolist()])
     step = mlp.StepWeights(t.params, t.sizes)
-    for i, trace in enumerate(traces):
+    for i, trace in enumerate(traces):  # even blocks: JavaScript, odd: WebGPU
         x, y = data.x[i * 8:(i + 1) * 8], data.y[i * 8:(i + 1) * 8]
         got = mlp.check_block(step, x, y, np.array(trace, np.float32))
         want = mlp.run_block(t.params, t.sizes, x, y, mlp.local_products)
