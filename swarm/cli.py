@@ -43,6 +43,7 @@ COMMANDS: tuple[str, ...] = (
     "generate",
     "submit",
     "embed",
+    "train",
     "status",
     "kick",
     "block",

@@ -121,7 +121,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("swarm.web", "swarm.testing"),
     ("swarm.node",),
     ("swarm.api", "swarm.processes", "swarm.executor", "swarm.embedding",
-     "swarm.spans"),
+     "swarm.spans", "swarm.training"),
     ("swarm.commands",),
     ("swarm.cli", "swarm.__main__"),
 ]

@@ -407,9 +407,46 @@ class MiniLMActor:
         return self.forward(arrays, params, shift=1)
 
 
+def check_mlp_grad(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
+    from models import mlp
+
+    mlp.check_grad_call(arrays, dict(params))
+
+
+class MLPActor:
+    """Built-in actor: one block of an MLP's training step (models.mlp): the block's samples
+    and the step's parameters (one bundle by content address, sent once a step) in, the trace
+    of every product of the pass forward and backward out, which the trainer checks
+    (swarm.training)."""
+
+    NAME = "mlp"
+    METHODS = {
+        "grad": MethodSpec("grad", check_mlp_grad,
+                           "grad(x, parameters, sizes=[widths], labels=[class per row], "
+                           "precision=f32|f16|bf16) -> trace"),
+    }
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def grad(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
+             ) -> list[np.ndarray]:
+        from models import mlp
+        from swarm import wire
+
+        x, flat = arrays
+        sizes = mlp.check_sizes(params["sizes"])
+        y = mlp.check_labels(params["labels"], x.shape[0], sizes[-1])
+        precision = params.get("precision", "f32")
+        with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            trace = mlp.traced(flat, sizes, np.asarray(x, np.float32), y, precision)
+        return [wire.cast_for_transfer(trace, precision)]  # exact: the values fit already
+
+
 REGISTRY: dict[str, type] = {MatmulActor.NAME: MatmulActor,
                              LlamaSpanActor.NAME: LlamaSpanActor,
-                             MiniLMActor.NAME: MiniLMActor}
+                             MiniLMActor.NAME: MiniLMActor,
+                             MLPActor.NAME: MLPActor}
 
 """Actor classes this process can host or call, by name."""
 

@@ -203,7 +203,8 @@ def check_evidence(evidence: Evidence,
     if params_digest(evidence.params) != r.params:
         return Finding("unproven", "the parameters do not match the receipt")
     kind = (r.actor, r.method)
-    if kind not in (("matmul", "matmul"), ("llama_span", "forward"), ("minilm", "forward")) \
+    if kind not in (("matmul", "matmul"), ("llama_span", "forward"), ("minilm", "forward"),
+                    ("mlp", "grad")) \
             or len(r.inputs) != 2 \
             or len(r.outputs) != 1:
         return Finding("unproven", f"{r.actor}.{r.method} results cannot be re-checked here")
@@ -218,6 +219,8 @@ def check_evidence(evidence: Evidence,
         return _check_span(r, evidence.params, *arrays)
     if kind == ("minilm", "forward"):
         return _check_minilm(r, evidence.params, *arrays)
+    if kind == ("mlp", "grad"):
+        return _check_mlp(r, evidence.params, *arrays)
     a, b, c = arrays
     try:
         params = msgpack.unpackb(evidence.params, raw=False) if evidence.params else {}
@@ -333,6 +336,61 @@ def _check_minilm(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, tr
                                "backend can produce for the input the pass gives it")
 
 
+def _check_mlp(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trace: Any
+               ) -> Finding:
+    """A training block's trace (models.mlp) claims every product's output for the pass over
+    the block: each product's input is what the pass computes from ``x``, the labels and the
+    outputs before it, here as on the trainer. The first output beyond every honest rounding
+    of its input times its weight proves the lie. The softmax gradient is the one input an
+    honest backend may compute a little differently (another exp): the two products it feeds
+    are judged with :data:`models.mlp.SOFTMAX_SLACK` on each of its elements."""
+    from models import mlp
+
+    try:
+        params = msgpack.unpackb(packed, raw=False) if packed else {}
+        if not isinstance(params, dict):
+            raise ValueError("parameters are not a map")
+        sizes = mlp.check_grad_call([x, flat], params)
+        y = mlp.check_labels(params["labels"], x.shape[0], sizes[-1])
+        precision = params.get("precision", "f32")
+    except (ValueError, TypeError) as exc:
+        return Finding("unproven", f"the inputs are not a valid mlp call: {exc}")
+    size = mlp.trace_size(sizes, x.shape[0])
+    if not isinstance(trace, np.ndarray) or trace.dtype != np.float32 or trace.shape != (size,):
+        return Finding("proven", f"{r.worker.short()} signed a trace of the wrong shape")
+    views = mlp.trace_views(trace, sizes, x.shape[0])
+    last = len(sizes) - 2
+
+    class _Wrong(Exception):
+        pass
+
+    def products(kind: str, layer: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        out = views[(kind, layer)]
+        a, b = ((left, right) if kind == "z" else (np.ascontiguousarray(left.T), right)
+                if kind == "dw" else (left, np.ascontiguousarray(right.T)))
+        if precision == "f32":
+            with contextlib.suppress(compute.InvalidInput), \
+                    np.errstate(over="ignore", invalid="ignore"):
+                if compute.verify_matmul(a, b, out):
+                    return out
+        soft = layer == last and kind != "z"   # fed by the softmax gradient
+        extra_a = np.float64(mlp.SOFTMAX_SLACK) if soft and kind == "da" else None
+        extra_b = np.float64(mlp.SOFTMAX_SLACK) if soft and kind == "dw" else None
+        wrong = _beyond_worst_case(a, b, out.astype(np.float64), "f32", extra_a, extra_b,
+                                   rounded_to=precision)
+        if wrong is not None:
+            raise _Wrong(f"layer {layer} {kind} ({wrong})")
+        return out
+
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            mlp.run_block(flat, sizes, np.ascontiguousarray(x, np.float32), y, products)
+    except _Wrong as exc:
+        return Finding("proven", f"{r.worker.short()} signed a wrong product in {exc}")
+    return Finding("unproven", "every product in the trace is within what some honest "
+                               "backend can produce for the input the pass gives it")
+
+
 MAX_SUSPECT_ROWS = 32
 """Rows re-computed exactly when judging evidence (non-finite ones first, then those
 Freivalds flags)."""
@@ -341,6 +399,8 @@ _FLT_MIN = 2.0**-126
 """Smallest normal f32: a GPU may flush anything below it to zero, inputs and results."""
 _F16_MIN = 2.0**-14
 """Smallest normal f16 (a GPU may flush f16 subnormals too)."""
+_F16_MAX = 65504.0
+"""Largest finite f16: from halfway to the next step (65520) an honest rounding is inf."""
 
 
 def _rounded_inputs(x: np.ndarray, x_abs: np.ndarray, precision: str
@@ -360,7 +420,8 @@ def _rounded_inputs(x: np.ndarray, x_abs: np.ndarray, precision: str
     return np.where(inf, 0.0, d), (inf if inf.any() else None)
 
 
-def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str
+def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: str,
+                       extra_a: Any = None, extra_b: Any = None, rounded_to: str = "f32"
                        ) -> str | None:
     """An element of ``c`` that no honest product can produce, in words, or None.
 
@@ -376,7 +437,12 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
         |a| db + da (|b| + db) + gamma_K (|a| + da)(|b| + db) + 4 K FLT_MIN
 
     of the exact one (``gamma_K = K u / (1 - K u)``, Higham; the last term is underflow
-    and flushing, one FLT_MIN per operation). A finite element beyond that is a lie. A
+    and flushing, one FLT_MIN per operation). ``extra_a``/``extra_b``: how much farther
+    (absolute, broadcast over the operand) an honest backend's own input may be from the one
+    given, where it computes that input itself (models.mlp's softmax gradient).
+    ``rounded_to``: the result was rounded to f16 or bf16 after it was computed, so each
+    honest element may be off by that format's unit roundoff times its size (plus the
+    format's smallest normal, for a flushed subnormal) on top. A finite element beyond that is a lie. A
     non-finite element is a lie when no partial sum of any order can reach FLT_MAX (an
     overflow is the only way finite inputs give inf or NaN) and no input rounds to inf;
     otherwise it proves nothing.
@@ -400,6 +466,10 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
     a_abs, b_abs = np.abs(a64, out=a64), np.abs(b64, out=b64)   # (no more copies of b)
     da, a_inf = _rounded_inputs(a[rows], a_abs, precision)
     db, b_inf = _rounded_inputs(b, b_abs, precision)
+    if extra_a is not None:
+        da = np.broadcast_to(extra_a, a_abs.shape) + (0.0 if da is None else da)
+    if extra_b is not None:
+        db = np.broadcast_to(extra_b, b_abs.shape) + (0.0 if db is None else db)
     plain = a_abs @ b_abs
     if da is None and db is None:             # every input as sent (f32, no subnormal)
         reach, spread = plain, 0.0
@@ -411,6 +481,11 @@ def _beyond_worst_case(a: np.ndarray, b: np.ndarray, c: np.ndarray, precision: s
     bound = (spread + gamma * reach) * slack + 4 * k * _FLT_MIN \
         + 4 * (k + 2) * 2.0**-53 * plain      # the float64 exact product's own rounding
     may_overflow = (1 + gamma) * reach * slack + 4 * k * _FLT_MIN >= _FLT_MAX
+    if rounded_to != "f32":
+        unit, tiny = {"f16": (2.0**-11, _F16_MIN), "bf16": (2.0**-8, _FLT_MIN)}[rounded_to]
+        bound = bound + unit * (np.abs(exact) + bound) * slack + tiny
+        if rounded_to == "f16":   # an honest value past f16's range rounds to infinity
+            may_overflow = may_overflow | ((np.abs(exact) + bound) * slack >= _F16_MAX)
     inf_input = np.zeros(exact.shape, bool)
     if a_inf is not None:
         inf_input |= a_inf.any(axis=1)[:, None]

@@ -1,11 +1,12 @@
-// The tab's actor host: the built-in "matmul" actor's matmul method on the wire protocol
-// (rt.put / rt.task -> rt.result / rt.failed), one task at a time, objects checked
-// against their content address as a native worker checks them.
+// The tab's actor host: the built-in "matmul" actor's matmul method and the "mlp" actor's
+// grad method (mlp.js) on the wire protocol (rt.put / rt.task -> rt.result / rt.failed), one
+// task at a time, objects checked against their content address as a native worker checks them.
 
 import { decode as mpDecode, Float } from "./msgpack.js";
 import { WireArray } from "./wire.js";
 import { WireLink } from "./link.js";
 import { blake3 } from "./blake3.js";
+import { mlpTrace } from "./mlp.js";
 
 const DTYPE_STR = { float32: "<f4", float16: "<f2", bf16: "|V2", float64: "<f8", int32: "<i4", uint32: "<u4" };
 const STORE_CAP = 512 << 20;
@@ -71,8 +72,9 @@ export class TabHost {
 
   async run(link, f) {
     const task = f.get("task");
-    if (f.get("actor") !== "matmul" || f.get("method") !== "matmul") {
-      return link.send("rt.failed", { task, kind: "invalid", message: "a browser tab runs only matmul.matmul", missing: [] });
+    const what = `${f.get("actor")}.${f.get("method")}`;
+    if (what !== "matmul.matmul" && what !== "mlp.grad") {
+      return link.send("rt.failed", { task, kind: "invalid", message: "a browser tab runs only matmul.matmul and mlp.grad", missing: [] });
     }
     const args = [], missing = [];
     for (const arg of f.get("args")) {
@@ -84,10 +86,9 @@ export class TabHost {
     }
     if (missing.length) return link.send("rt.failed", { task, kind: "missing", message: "objects not held", missing });
     const params = f.get("params");
-    if (params && params.length) {
-      const p = mpDecode(params);
-      for (const key of p.keys()) if (key !== "precision") throw new Error(`matmul takes only precision=, got ${key}`);
-    }
+    const p = params && params.length ? mpDecode(params) : new Map();
+    if (what === "mlp.grad") return this.grad(link, task, args, p);
+    for (const key of p.keys()) if (key !== "precision") throw new Error(`matmul takes only precision=, got ${key}`);
     if (args.length !== 2) throw new Error("matmul takes 2 arrays");
     const [a, b] = args;
     if (a.shape.length !== 2 || b.shape.length !== 2 || a.shape[1] !== b.shape[0]) throw new Error("matmul shapes do not chain");
@@ -100,5 +101,28 @@ export class TabHost {
     this.stats.tasks++;
     this.onEvent("task-done", { m, k, n, seconds });
     return link.send("rt.result", { task, outputs: [WireArray.float32([m, n], c)], seconds: new Float(seconds) });
+  }
+
+  // one block of an MLP's training step: (x, parameters), sizes=, labels= -> the block's trace
+  async grad(link, task, args, p) {
+    for (const key of p.keys()) {
+      if (!["sizes", "labels", "precision"].includes(key)) throw new Error(`grad takes sizes=, labels=, precision=; got ${key}`);
+    }
+    if ((p.get("precision") ?? "f32") !== "f32") {
+      return link.send("rt.failed", { task, kind: "invalid", message: "a browser tab traces in f32 only", missing: [] });
+    }
+    if (args.length !== 2) throw new Error("grad takes 2 arrays (x, parameters)");
+    const [x, flat] = args, sizes = p.get("sizes") ?? [], labels = (p.get("labels") ?? []).map(Number);
+    if (x.shape.length !== 2 || x.shape[1] !== sizes[0] || flat.shape.length !== 1) throw new Error("grad's arrays do not fit sizes=");
+    const rows = x.shape[0];
+    this.onEvent("task-start", { m: rows, k: sizes[0], n: sizes.at(-1) });
+    this.busy = true;
+    const t0 = performance.now();
+    const trace = await mlpTrace((a, m, k, b, n) => this.backend.matmul(a, m, k, b, n), x.data, rows,
+                                 flat.data, sizes.map(Number), labels).finally(() => { this.busy = false; });
+    const seconds = (performance.now() - t0) / 1000;
+    this.stats.tasks++;
+    this.onEvent("task-done", { m: rows, k: sizes[0], n: sizes.at(-1), seconds });
+    return link.send("rt.result", { task, outputs: [WireArray.float32([trace.length], trace)], seconds: new Float(seconds) });
   }
 }
