@@ -375,6 +375,21 @@ class CheckEvidence:
 
 
 @dataclass(frozen=True)
+class AnswerEvidence:
+    """Tell whoever delivered evidence whether it is taken here: judged now, or judged
+    already. Refused evidence is sent again (to whoever coordinates then), so only
+    evidence this core has decided on may be answered "taken": an answer given before that
+    lost every piece that the core then turned away for a passing reason."""
+
+    key: bytes
+    """The evidence's key."""
+    reporter: PeerId | None
+    """Who delivered it (None: our own runtime, which reads :attr:`taken` from the plane)."""
+    taken: bool
+    """False: not judged here, deliver it again later."""
+
+
+@dataclass(frozen=True)
 class Follow:
     """Announce that we follow ``coordinator`` at ``term`` (our member record says so)."""
 
@@ -390,7 +405,8 @@ class Started:
 
 
 Action = ReadView | ReadStates | ResolveItem | ReadCharter | PutItem | Send | NoteGone \
-    | SavePeers | SaveFloor | CheckEvidence | Follow | Started | Disconnect | Persist | RoleChanged | Left
+    | SavePeers | SaveFloor | CheckEvidence | AnswerEvidence | Follow | Started | Disconnect \
+    | Persist | RoleChanged | Left
 
 
 def followers(records: Iterable[MemberRecord]) -> Counter[tuple[int, bytes]]:
@@ -542,6 +558,12 @@ class ControlCore:
         """The last member the previous rival check read (the next batch starts after it)."""
         self._viewing = False
         self._unknown_read_at = float("-inf")
+        self._view_began = float("-inf")
+        self._listed_at = float("-inf")
+        """When our last topic read that got an answer began."""
+        self._unlisted: OrderedDict[PeerId, float] = OrderedDict()
+        """Workers that evidence named while our view did not list them: when it first did
+        (a topic read after that decides whether they are members)."""
         self._told: tuple[int, PeerId] | None = None
         """The (term, coordinator) our record last said we follow."""
         self._bye_to: PeerId | None = None
@@ -635,6 +657,7 @@ class ControlCore:
         self._viewing = False
         self._me_record = ev.me
         if ev.members is not None:
+            self._listed_at = self._view_began
             self._members(ev.members, ev.me)
         waiting, self._waiting = self._waiting, _Waiting()
         if waiting.fetch:
@@ -722,14 +745,36 @@ class ControlCore:
         self._report_liars([report])
 
     def _on_EvidenceReceived(self, ev: EvidenceReceived) -> None:
+        self._out.append(AnswerEvidence(ev.evidence.key, ev.reporter, self._judge(ev)))
+
+    def _judge(self, ev: EvidenceReceived) -> bool:
+        """Start judging ``ev`` (a :class:`CheckEvidence`); whether it is taken here."""
         key, c = ev.evidence.key, self.controller
-        if self.role is not Duty.COORDINATOR or key in self.judged:
-            return
+        if self.role is not Duty.COORDINATOR:
+            return False
+        if key in self.judged:
+            return True
         worker = ev.evidence.receipt.worker
-        if worker not in c.view or worker in c.blocked():
-            log.info("evidence against %s not judged: not a member here (or blocked already)",
-                     worker.short())
-            return
+        if worker in c.blocked():
+            log.info("evidence against %s not judged: blocked already", worker.short())
+            return True
+        if worker not in c.view:
+            # Maybe a member that joined since our last topic read (a requester can reach
+            # it first): read the topic soon and have the evidence sent again; once a read
+            # since then still does not list it, it is no member (issue 33, finding 3).
+            # At most one read per min_gap, however much evidence names keys we do not list.
+            asked = self._unlisted.pop(worker, None)
+            if asked is not None and self._listed_at > asked:
+                log.info("evidence against %s counted for nothing: not a member here",
+                         worker.short())
+                return True
+            self._unlisted[worker] = self.now if asked is None else asked
+            while len(self._unlisted) > MAX_REPORTERS:
+                self._unlisted.popitem(last=False)
+            log.info("evidence against %s not judged yet: not in our member view; reading "
+                     "the members again", worker.short())
+            self.sync.nudged(self.now)
+            return False
         reporter = ev.reporter or self.me
         times = self._judging.pop(reporter, deque())
         while times and times[0] < self.now - c.timing.liar_window:
@@ -740,12 +785,13 @@ class ControlCore:
         if len(times) >= MAX_JUDGED_PER_REPORTER:
             log.info("evidence from %s not judged: %d pieces judged for it in %.0f s already",
                      reporter.short(), len(times), c.timing.liar_window)
-            return
+            return True
         times.append(self.now)
         self.judged[key] = None
         while len(self.judged) > MAX_JUDGED:
             self.judged.popitem(last=False)
         self._out.append(CheckEvidence(ev.evidence, ev.reporter))
+        return True
 
     def _on_EvidenceChecked(self, ev: EvidenceChecked) -> None:
         worker = ev.evidence.receipt.worker
@@ -821,6 +867,7 @@ class ControlCore:
     def _read_view(self) -> None:
         if not self._viewing:
             self._viewing = True
+            self._view_began = self.now
             self._out.append(ReadView())
 
     def _state_fetched(self) -> None:
@@ -1332,8 +1379,8 @@ class ControlCore:
         self.block_proofs[cmd.target] = signed.encode()
 
 
-__all__ = ["Action", "CharterRead", "CheckEvidence", "ControlCore", "Event", "EvidenceChecked",
-           "EvidenceReceived", "ItemResolved", "Leave", "LiarCaught", "MessageReceived",
+__all__ = ["Action", "AnswerEvidence", "CharterRead", "CheckEvidence", "ControlCore", "Event",
+           "EvidenceChecked", "EvidenceReceived", "ItemResolved", "Leave", "LiarCaught", "MessageReceived",
            "Follow", "NoteGone", "PagesLost", "Purpose", "PutDone", "PutItem", "ReadCharter",
            "ReadStates", "ReadView", "ResolveItem", "SaveFloor", "SavePeers", "Send", "Start",
            "REREAD_PAUSE", "STATE_READS", "Started", "StatesRead", "TICK", "Tick", "ViewRead",
