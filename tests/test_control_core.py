@@ -584,3 +584,34 @@ def test_a_client_that_gets_no_heartbeats_does_not_warn_about_their_silence(capl
         assert coord.peer_id in core.controller.suspects  # it still moves on by silence
         said = [r for r in caplog.records if "no heartbeat from" in r.getMessage()]
         assert [r.levelno for r in said] == [level], (passive, said)
+
+
+# -- issue 48, finding 3: a block whose state put failed --------------------------------------
+
+
+def test_a_block_whose_put_failed_reaches_the_dht_in_a_simulated_swarm():
+    """The coordinator's put of the state that blocks a member fails (a loaded DHT: no node
+    took the write): it is put again until the DHT holds it. It never was: the DHT kept the
+    state before the block (``swarm status`` showed no block, a newcomer followed a state
+    without it, and a blocked peer that missed its one notice never read it) until the
+    state next changed."""
+    from dht.errors import SERVER, ItemError
+    from dht.items import mutable_target
+
+    sim = settled(100)
+    coord = sim.coordinator()
+    target = loser(sim, coord)
+    real, failed = sim.dht.put_mutable, []
+
+    def lossy(me, item, kind):
+        if me == coord.index and not failed:  # the block's put, once
+            failed.append(item.seq)
+            raise ItemError(SERVER, "no node accepted the write")
+        return real(me, item, kind)
+
+    sim.dht.put_mutable = lossy
+    assert sim.block(target) is not None  # its followers have it from the heartbeats
+    assert failed
+    key = mutable_target(coord.key.public_bytes, sim.salt)
+    sim.loop.run_until(sim.loop.now + 10.0, lambda: sim.dht.mutable[key].seq >= failed[0])
+    assert target.peer_id in sim.state_of(sim.members[0], coord.peer_id, "state").blocked_ids

@@ -96,6 +96,8 @@ MAX_REPORTERS = 1024
 UNKNOWN_READ = 5.0
 """The shortest gap between two member listings brought forward by heartbeats from peers
 our view lacks."""
+REPUT_MIN, REPUT_MAX = 1.0, 30.0
+"""Seconds before our state item is put again after a failed put (doubling up to the max)."""
 MAX_PAGES_PUT = 4096
 """Blocklist pages remembered as stored (a heartbeat stores each page once)."""
 SPREAD_BELOW = 20
@@ -558,6 +560,9 @@ class ControlCore:
         """The last member the previous rival check read (the next batch starts after it)."""
         self._viewing = False
         self._unknown_read_at = float("-inf")
+        self._reput: tuple[CoordinatorState, float] | None = None
+        """Our state whose put failed, and when to put it again (doubling gaps)."""
+        self._reput_gap = REPUT_MIN
         self._view_began = float("-inf")
         self._listed_at = float("-inf")
         """When our last topic read that got an answer began."""
@@ -630,6 +635,12 @@ class ControlCore:
     def _on_Tick(self, _: Tick) -> None:
         for fetch in self.sync.due(self.now):
             self._fetch(fetch)
+        if self._reput is not None and self.now >= self._reput[1]:
+            failed, self._reput = self._reput[0], None
+            st = self.controller.state
+            if self.role is Duty.COORDINATOR and st is not None and st.seq == failed.seq \
+                    and st.coordinator == self.me:  # (a newer state is put on its own)
+                self._out.append(PutItem(st, False, self._pages(st, again=True)))
         self.controller.tick(self.now)
         self._note_suspects()  # before a claim's lookups start
 
@@ -730,6 +741,15 @@ class ControlCore:
             for page in act.pages:  # stored again with the next message that names them
                 self._pages_put.pop(page.target, None)
             log.warning("coordinator state put (term %d) failed: %s", act.state.term, why)
+            if not act.claim and (self._reput is None
+                                  or act.state.seq >= self._reput[0].seq):
+                # Put it again until it is stored: the DHT kept the state before it, so a
+                # block in it reached no newcomer, no observer and no blocked peer that
+                # missed its one notice (a failed put was never tried again).
+                self._reput = (act.state, self.now + self._reput_gap)
+                self._reput_gap = min(2 * self._reput_gap, REPUT_MAX)
+        elif not act.claim and act.state == c.state:
+            self._reput_gap = REPUT_MIN
         if act.claim:
             log.info("claim of term %d %s in %.2f s", act.state.term,
                      "stored" if ev.ok else "failed", self.now - act.began)
