@@ -615,3 +615,54 @@ def test_a_block_whose_put_failed_reaches_the_dht_in_a_simulated_swarm():
     key = mutable_target(coord.key.public_bytes, sim.salt)
     sim.loop.run_until(sim.loop.now + 10.0, lambda: sim.dht.mutable[key].seq >= failed[0])
     assert target.peer_id in sim.state_of(sim.members[0], coord.peer_id, "state").blocked_ids
+
+
+# -- issue 48, attack 1: the newcomer start race -----------------------------------------------
+
+
+def _newcomer_raced(core: cc.ControlCore, me: PeerKey, attacker: PeerKey,
+                    honest: CoordinatorState, records: list[MemberRecord]) -> None:
+    """``core`` (a newcomer, no state) starts; while its start read is in flight, the
+    attacker's heartbeat at the honest term + 1, its state blocking the newcomer, arrives
+    (its pages resolved); then the start read answers with both items."""
+    core.handle(cc.Start(), NOW, WALL)
+    acts = core.handle(cc.ViewRead(tuple((r, WALL + 60) for r in records)), NOW, WALL)
+    [read] = [a for a in acts if isinstance(a, cc.ReadStates)]
+    assert read.purpose is cc.Purpose.START
+    lie = CoordinatorState(SWARM, honest.term + 1, 1, attacker.peer_id,
+                           (BlockEntry(me.peer_id),))
+    hb = seal(attacker, SWARM, "hb", lie.encode_item())
+    acts = core.handle(cc.MessageReceived(attacker.peer_id, ("127.0.0.1", 9), hb), NOW + 0.1,
+                       WALL)
+    for act in acts:
+        if isinstance(act, cc.ResolveItem):
+            core.handle(cc.ItemResolved(act, lie, ""), NOW + 0.2, WALL)
+    core.handle(cc.StatesRead(read, (honest, lie)), NOW + 0.3, WALL)
+
+
+def test_a_heartbeat_during_the_start_read_does_not_capture_a_newcomer():
+    """Issue 48, attack 1: one heartbeat from an eligible member (term honest + 1, its state
+    blocking the newcomer) that arrives while the newcomer's start read is in flight was
+    adopted (a controller with no state adopts any entitled member's heartbeat): the
+    newcomer stopped, and persisted that state. It follows the state members follow."""
+    me, attacker = PeerKey.generate(), PeerKey.generate()
+    h = _pid("h")
+    honest = CoordinatorState(SWARM, 3, 5, h)
+    records = [_record("h", 3.0, follows(3, h)),
+               MemberRecord(attacker.peer_id, 0.5, dht=("127.0.0.1", 9)),
+               *(_record(f"f{i}", 1.0, follows(3, h)) for i in range(3)),
+               MemberRecord(me.peer_id, 1.0, dht=("127.0.0.1", 2))]
+    core = cc.ControlCore(me, SWARM, NOW)
+    _newcomer_raced(core, me, attacker, honest, records)
+    assert core.role is not Duty.STOPPED
+    assert core.controller.state is not None and core.controller.state.coordinator == h
+    assert core.controller.term == 3
+    # sent again now, it is judged like at every member: not whom we elect, refused
+    lie = CoordinatorState(SWARM, 4, 1, attacker.peer_id, (BlockEntry(me.peer_id),))
+    acts = core.handle(cc.MessageReceived(attacker.peer_id, ("127.0.0.1", 9),
+                                          seal(attacker, SWARM, "hb", lie.encode_item())),
+                       NOW + 1.0, WALL)
+    for act in acts:
+        if isinstance(act, cc.ResolveItem):
+            core.handle(cc.ItemResolved(act, lie, ""), NOW + 1.1, WALL)
+    assert core.role is not Duty.STOPPED and core.controller.term == 3

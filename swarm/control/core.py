@@ -574,6 +574,8 @@ class ControlCore:
         self._bye_to: PeerId | None = None
         """The coordinator we said bye to (once each)."""
         self._waiting = _Waiting()
+        self._starting = False
+        """Our start read is in flight (heartbeats wait for it)."""
         self._cached_block = False
         """Our own saved state blocks us: a hint that the start read checks against the
         swarm's current state (an unblock we missed lifts it), not a verdict (finding 6)."""
@@ -630,6 +632,7 @@ class ControlCore:
         self._cached_block = st is not None and self.me in st.blocked_ids
         self.controller.started(self.now)
         self._waiting.start = True
+        self._starting = True
         self._read_view()
 
     def _on_Tick(self, _: Tick) -> None:
@@ -683,6 +686,8 @@ class ControlCore:
     def _on_StatesRead(self, ev: StatesRead) -> None:
         read, p = ev.read, ev.read.purpose
         states = [s for s in ev.states if s.swarm == self.swarm_id]
+        if p is Purpose.START:
+            self._starting = False
         if p in (Purpose.START, Purpose.STATE, Purpose.CLAIM_CAS) and self._check_blocked(states):
             if p is Purpose.START:
                 self._out.append(Started())
@@ -1243,6 +1248,13 @@ class ControlCore:
         blocklist pages (:class:`ResolveItem`; ``then``, a kick it carried, waits too)."""
         c, now, wall = self.controller, self.now, self.wall
         kind = env.kind
+        if (kind == "hb" or kind == "handoff") and self._starting:
+            # Not before our start read has answered: with no state yet, the controller
+            # would adopt any entitled member's heartbeat, and one that blocks us, sent
+            # while the read is in flight, stopped us for good (issue 48, attack 1). The
+            # coordinator's next heartbeat is judged against the state members follow.
+            raise NotCoordinator(f"{kind} at term {StateItem.decode(env.body).head.term} "
+                                 "before our start read answered")
         if kind == "hb" or kind == "handoff":
             item = StateItem.decode(env.body)
             if kind == "hb":
