@@ -666,3 +666,39 @@ def test_a_heartbeat_during_the_start_read_does_not_capture_a_newcomer():
         if isinstance(act, cc.ResolveItem):
             core.handle(cc.ItemResolved(act, lie, ""), NOW + 1.1, WALL)
     assert core.role is not Duty.STOPPED and core.controller.term == 3
+
+
+def _start_race(sim: Sim) -> Member:
+    """The held-back member joins; the moment its start read goes out, an eligible member
+    that the election would never pick sends it a heartbeat at the coordinator's term + 1
+    whose state blocks it (pages in the DHT); the read takes 1 s. Returns the newcomer."""
+    coord = sim.coordinator()
+    attacker, newcomer = loser(sim, coord), sim.members[-1]
+    lie = CoordinatorState(sim.swarm_id, coord.controller.term + 1, 1, attacker.peer_id,
+                           (BlockEntry(newcomer.peer_id),))
+    for page in lie.pages():
+        sim.dht.put_immutable(attacker.index, page.target, page.encode(), "state")
+    hb = seal(attacker.key, sim.swarm_id, "hb", lie.encode_item())
+    sim.state_read_delay = 1.0
+    real = sim.do
+
+    def do(m, actions):
+        if m is newcomer and any(isinstance(a, cc.ReadStates)
+                                 and a.purpose is cc.Purpose.START for a in actions):
+            sim.send(attacker, newcomer.peer_id, "state", hb)
+        real(m, actions)
+
+    sim.do = do
+    sim.join(newcomer)
+    sim.loop.run_until(sim.loop.now + 8.0, lambda: newcomer.controller.coordinator
+                       == coord.peer_id)
+    return newcomer
+
+
+def test_a_heartbeat_during_the_start_read_does_not_capture_a_newcomer_in_a_simulated_swarm():
+    sim = settled(100, hold=1)
+    coord = sim.coordinator()
+    newcomer = _start_race(sim)
+    assert newcomer.controller.role is not Duty.STOPPED
+    assert newcomer.controller.coordinator == coord.peer_id
+    assert newcomer.controller.term == coord.controller.term
