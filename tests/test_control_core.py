@@ -702,3 +702,36 @@ def test_a_heartbeat_during_the_start_read_does_not_capture_a_newcomer_in_a_simu
     assert newcomer.controller.role is not Duty.STOPPED
     assert newcomer.controller.coordinator == coord.peer_id
     assert newcomer.controller.term == coord.controller.term
+
+
+# -- issue 48, attack 2: a swarm of the coordinator and the member it blocked --------------------
+
+
+def test_the_only_other_members_item_that_blocks_us_stops_us():
+    """Issue 48, attack 2, on the core: we restart from a state naming a coordinator that is
+    gone; the one other member coordinates at a later term and its item blocks us. Nobody
+    but its signer follows it (there is nobody else), and we refused it: our election, with
+    our new benchmark, picked us, so we claimed the next term and coordinated in a bubble.
+    Its signer is every member left to say anything: we stop."""
+    c, me = _pid("c"), PeerKey.generate()
+    records = [_record("c", 1.0, follows(3, c)),
+               MemberRecord(me.peer_id, 9.0, dht=("127.0.0.1", 2))]
+    blocking = CoordinatorState(SWARM, 3, 4, c, (BlockEntry(me.peer_id),))
+    core = cc.ControlCore(me, SWARM, NOW, state=CoordinatorState(SWARM, 2, 1, _pid("gone")))
+    core.handle(cc.Start(), NOW, WALL)
+    acts = core.handle(cc.ViewRead(tuple((r, WALL + 60) for r in records)), NOW, WALL)
+    [read] = [a for a in acts if isinstance(a, cc.ReadStates)]
+    acts = core.handle(cc.StatesRead(read, (blocking,)), NOW, WALL)
+    assert core.role is Duty.STOPPED and any(isinstance(a, cc.Left) for a in acts)
+
+
+def test_a_member_blocked_while_offline_stops_in_a_swarm_of_two():
+    """Attack 2 in the simulator: three members, the victim and the coordinator go down, the
+    third takes over and blocks the victim, which restarts from its old state, faster: the
+    coordinator and the victim are all that is left. It coordinated in a bubble at the next
+    term; it stops."""
+    sim = settled(3)
+    victim, coord = _blocked_while_offline(sim)
+    sim.loop.run_until(sim.loop.now + 15.0, lambda: victim.controller.role is Duty.STOPPED)
+    assert victim.controller.role is Duty.STOPPED
+    assert sim.coordinator() is coord and coord.controller.role is Duty.COORDINATOR

@@ -1006,19 +1006,31 @@ class ControlCore:
         member's item at start, while we follow nobody, and before a claim): then we stop.
         Our own state may predate the block (we were offline), and our election, which
         does not know it, would make us claim and coordinate in a bubble (finding 4). A
-        lone signer's item blocking us moves nothing (it is no one's state but its own)."""
+        lone signer's item blocking us moves nothing (it is no one's state but its own),
+        unless its signer is the only member left to say anything: every member but us and
+        those we suspect follows it (a swarm of the coordinator and us, issue 48 attack 2;
+        one more key, as many as the "followed" rule takes, could always say as much)."""
         c = self.controller
         if self.passive or not found:
             return False
         votes = followers(self.records.values())
         blocking = [s for s in counted_states(found, c.view, ())
-                    if self.me in s.blocked_ids and self._followed(s)]
+                    if self.me in s.blocked_ids
+                    and (self._followed(s) or self._all_follow(s))]
         top = max(blocking, key=lambda s: (votes[follows(s.term, s.coordinator)], s.term,
                                            s.seq), default=None)
         if top is None or (c.state is not None and top.term < c.state.term):
             return False
         c.blocked_by(top, self.now)
         return True
+
+    def _all_follow(self, state: CoordinatorState) -> bool:
+        """Whether every member's record but ours and our suspects' says it follows
+        ``state`` (its signer's included; at least one)."""
+        key = follows(state.term, state.coordinator)
+        voters = [r for p, r in self.records.items()
+                  if p != self.me and p not in self.controller.suspects and not r.left]
+        return bool(voters) and all(r.follows == key for r in voters)
 
     def _follow_newest(self, found: list[CoordinatorState]) -> None:
         """Learn the current term and coordinator from the state items that count: the one
