@@ -200,7 +200,8 @@ class ControlHooks(Protocol):
 
     async def judge_evidence(self, evidence: Evidence,
                              fetch_array: Callable[[bytes], Any]) -> bool:
-        """Re-check evidence when this node coordinates (False when it does not)."""
+        """Re-check evidence when this node coordinates (False when it is not taken here:
+        it does not coordinate, or does not list the worker yet; delivered again later)."""
         ...
 
     def lying_peer(self, peer: PeerId, reason: str) -> None:
@@ -378,7 +379,7 @@ class Node:
                     await self.judge_evidence(package.evidence, package.arrays.get):
                 self._delivered(package, coord)
                 return None
-            return "this peer is not coordinating (yet)"
+            return "not taken here (not coordinating, or the worker not listed yet)"
         key = package.evidence.key
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._evidence_acks[key] = (coord, answer)
@@ -391,8 +392,10 @@ class Node:
             return f"{coord.short()}: {exc or 'no answer'}"
         finally:
             self._evidence_acks.pop(key, None)
-        if not taken:  # a stale DHT state named it, or it is handing off right now
-            return f"{coord.short()} is not coordinating"
+        if not taken:  # a stale DHT state named it, it is handing off right now, or it
+            # does not list the worker yet (it reads the members again)
+            return f"{coord.short()} did not take it (not coordinating, or the worker not " \
+                   "listed there yet)"
         log.info("evidence against %s delivered to coordinator %s", worker.short(),
                  coord.short())
         self._delivered(package, coord)

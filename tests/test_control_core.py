@@ -587,3 +587,154 @@ def test_a_client_that_gets_no_heartbeats_does_not_warn_about_their_silence(capl
         assert coord.peer_id in core.controller.suspects  # it still moves on by silence
         said = [r for r in caplog.records if "no heartbeat from" in r.getMessage()]
         assert [r.levelno for r in said] == [level], (passive, said)
+
+
+# -- issue 48, finding 3: a block whose state put failed --------------------------------------
+
+
+def test_a_block_whose_put_failed_reaches_the_dht_in_a_simulated_swarm():
+    """The coordinator's put of the state that blocks a member fails (a loaded DHT: no node
+    took the write): it is put again until the DHT holds it. It never was: the DHT kept the
+    state before the block (``swarm status`` showed no block, a newcomer followed a state
+    without it, and a blocked peer that missed its one notice never read it) until the
+    state next changed."""
+    from dht.errors import SERVER, ItemError
+    from dht.items import mutable_target
+
+    sim = settled(100)
+    coord = sim.coordinator()
+    target = loser(sim, coord)
+    real, failed = sim.dht.put_mutable, []
+
+    def lossy(me, item, kind):
+        if me == coord.index and not failed:  # the block's put, once
+            failed.append(item.seq)
+            raise ItemError(SERVER, "no node accepted the write")
+        return real(me, item, kind)
+
+    sim.dht.put_mutable = lossy
+    assert sim.block(target) is not None  # its followers have it from the heartbeats
+    assert failed
+    key = mutable_target(coord.key.public_bytes, sim.salt)
+    sim.loop.run_until(sim.loop.now + 10.0, lambda: sim.dht.mutable[key].seq >= failed[0])
+    assert target.peer_id in sim.state_of(sim.members[0], coord.peer_id, "state").blocked_ids
+
+
+# -- issue 48, attack 1: the newcomer start race -----------------------------------------------
+
+
+def _newcomer_raced(core: cc.ControlCore, me: PeerKey, attacker: PeerKey,
+                    honest: CoordinatorState, records: list[MemberRecord]) -> None:
+    """``core`` (a newcomer, no state) starts; while its start read is in flight, the
+    attacker's heartbeat at the honest term + 1, its state blocking the newcomer, arrives
+    (its pages resolved); then the start read answers with both items."""
+    core.handle(cc.Start(), NOW, WALL)
+    acts = core.handle(cc.ViewRead(tuple((r, WALL + 60) for r in records)), NOW, WALL)
+    [read] = [a for a in acts if isinstance(a, cc.ReadStates)]
+    assert read.purpose is cc.Purpose.START
+    lie = CoordinatorState(SWARM, honest.term + 1, 1, attacker.peer_id,
+                           (BlockEntry(me.peer_id),))
+    hb = seal(attacker, SWARM, "hb", lie.encode_item())
+    acts = core.handle(cc.MessageReceived(attacker.peer_id, ("127.0.0.1", 9), hb), NOW + 0.1,
+                       WALL)
+    for act in acts:
+        if isinstance(act, cc.ResolveItem):
+            core.handle(cc.ItemResolved(act, lie, ""), NOW + 0.2, WALL)
+    core.handle(cc.StatesRead(read, (honest, lie)), NOW + 0.3, WALL)
+
+
+def test_a_heartbeat_during_the_start_read_does_not_capture_a_newcomer():
+    """Issue 48, attack 1: one heartbeat from an eligible member (term honest + 1, its state
+    blocking the newcomer) that arrives while the newcomer's start read is in flight was
+    adopted (a controller with no state adopts any entitled member's heartbeat): the
+    newcomer stopped, and persisted that state. It follows the state members follow."""
+    me, attacker = PeerKey.generate(), PeerKey.generate()
+    h = _pid("h")
+    honest = CoordinatorState(SWARM, 3, 5, h)
+    records = [_record("h", 3.0, follows(3, h)),
+               MemberRecord(attacker.peer_id, 0.5, dht=("127.0.0.1", 9)),
+               *(_record(f"f{i}", 1.0, follows(3, h)) for i in range(3)),
+               MemberRecord(me.peer_id, 1.0, dht=("127.0.0.1", 2))]
+    core = cc.ControlCore(me, SWARM, NOW)
+    _newcomer_raced(core, me, attacker, honest, records)
+    assert core.role is not Duty.STOPPED
+    assert core.controller.state is not None and core.controller.state.coordinator == h
+    assert core.controller.term == 3
+    # sent again now, it is judged like at every member: not whom we elect, refused
+    lie = CoordinatorState(SWARM, 4, 1, attacker.peer_id, (BlockEntry(me.peer_id),))
+    acts = core.handle(cc.MessageReceived(attacker.peer_id, ("127.0.0.1", 9),
+                                          seal(attacker, SWARM, "hb", lie.encode_item())),
+                       NOW + 1.0, WALL)
+    for act in acts:
+        if isinstance(act, cc.ResolveItem):
+            core.handle(cc.ItemResolved(act, lie, ""), NOW + 1.1, WALL)
+    assert core.role is not Duty.STOPPED and core.controller.term == 3
+
+
+def _start_race(sim: Sim) -> Member:
+    """The held-back member joins; the moment its start read goes out, an eligible member
+    that the election would never pick sends it a heartbeat at the coordinator's term + 1
+    whose state blocks it (pages in the DHT); the read takes 1 s. Returns the newcomer."""
+    coord = sim.coordinator()
+    attacker, newcomer = loser(sim, coord), sim.members[-1]
+    lie = CoordinatorState(sim.swarm_id, coord.controller.term + 1, 1, attacker.peer_id,
+                           (BlockEntry(newcomer.peer_id),))
+    for page in lie.pages():
+        sim.dht.put_immutable(attacker.index, page.target, page.encode(), "state")
+    hb = seal(attacker.key, sim.swarm_id, "hb", lie.encode_item())
+    sim.state_read_delay = 1.0
+    real = sim.do
+
+    def do(m, actions):
+        if m is newcomer and any(isinstance(a, cc.ReadStates)
+                                 and a.purpose is cc.Purpose.START for a in actions):
+            sim.send(attacker, newcomer.peer_id, "state", hb)
+        real(m, actions)
+
+    sim.do = do
+    sim.join(newcomer)
+    sim.loop.run_until(sim.loop.now + 8.0, lambda: newcomer.controller.coordinator
+                       == coord.peer_id)
+    return newcomer
+
+
+def test_a_heartbeat_during_the_start_read_does_not_capture_a_newcomer_in_a_simulated_swarm():
+    sim = settled(100, hold=1)
+    coord = sim.coordinator()
+    newcomer = _start_race(sim)
+    assert newcomer.controller.role is not Duty.STOPPED
+    assert newcomer.controller.coordinator == coord.peer_id
+    assert newcomer.controller.term == coord.controller.term
+
+
+# -- issue 48, attack 2: a swarm of the coordinator and the member it blocked --------------------
+
+
+def test_the_only_other_members_item_that_blocks_us_stops_us():
+    """Issue 48, attack 2, on the core: we restart from a state naming a coordinator that is
+    gone; the one other member coordinates at a later term and its item blocks us. Nobody
+    but its signer follows it (there is nobody else), and we refused it: our election, with
+    our new benchmark, picked us, so we claimed the next term and coordinated in a bubble.
+    Its signer is every member left to say anything: we stop."""
+    c, me = _pid("c"), PeerKey.generate()
+    records = [_record("c", 1.0, follows(3, c)),
+               MemberRecord(me.peer_id, 9.0, dht=("127.0.0.1", 2))]
+    blocking = CoordinatorState(SWARM, 3, 4, c, (BlockEntry(me.peer_id),))
+    core = cc.ControlCore(me, SWARM, NOW, state=CoordinatorState(SWARM, 2, 1, _pid("gone")))
+    core.handle(cc.Start(), NOW, WALL)
+    acts = core.handle(cc.ViewRead(tuple((r, WALL + 60) for r in records)), NOW, WALL)
+    [read] = [a for a in acts if isinstance(a, cc.ReadStates)]
+    acts = core.handle(cc.StatesRead(read, (blocking,)), NOW, WALL)
+    assert core.role is Duty.STOPPED and any(isinstance(a, cc.Left) for a in acts)
+
+
+def test_a_member_blocked_while_offline_stops_in_a_swarm_of_two():
+    """Attack 2 in the simulator: three members, the victim and the coordinator go down, the
+    third takes over and blocks the victim, which restarts from its old state, faster: the
+    coordinator and the victim are all that is left. It coordinated in a bubble at the next
+    term; it stops."""
+    sim = settled(3)
+    victim, coord = _blocked_while_offline(sim)
+    sim.loop.run_until(sim.loop.now + 15.0, lambda: victim.controller.role is Duty.STOPPED)
+    assert victim.controller.role is Duty.STOPPED
+    assert sim.coordinator() is coord and coord.controller.role is Duty.COORDINATOR

@@ -236,3 +236,59 @@ def test_delivered_evidence_goes_to_each_new_coordinator_and_stays_bounded():
     assert kept.delivered(w3, b"g2", "G2", 10, c2, 20.0) == []  # g1 is past keep_s
     assert kept.delivered(w2, b"f2", "F2", 95, c1, 21.0) == []
     assert kept.held_bytes == 95  # past max_bytes the oldest arrays go first (g2)
+
+
+async def test_evidence_against_a_member_not_listed_yet_is_refused_until_it_is(tmp_path):
+    """Issue 48, finding 3: evidence that reaches the coordinator before its topic read lists
+    the worker (a requester can reach a newcomer first) is refused out loud and judged once
+    the worker is listed; it was answered "taken" and then dropped as "not a member here",
+    so the requester never sent it again and a proven liar stayed unblocked. A key that a
+    topic read made after the refusal still does not list counts for nothing (and is not
+    asked for again)."""
+    from swarm.control import core as cc
+    from swarm.control.election import Candidate
+    from swarm.control.sync import Fetch
+    from swarm.members import MemberRecord
+    from swarm.runtime.protocol import EvidenceAck, EvidenceMsg
+
+    me, liar, requester, stranger = (PeerKey.generate() for _ in range(4))
+    plane = await _coordinator_plane(tmp_path, me)
+    core = plane.core
+    core.controller.members([Candidate(me.peer_id, 1.0)], plane.clock())
+    sent: list = []
+
+    class Link:
+        remote = requester.peer_id
+
+        async def send(self, msg) -> None:
+            sent.append(msg)
+
+    store: dict = {}  # the arrays, sent before the evidence, in our object store
+    plane._stored_array = store.get
+
+    def evidence(worker: PeerKey, task: int):
+        a, b, c = job(task)
+        call, reply = signed(worker, requester, a, b, c, task=task)
+        package = evidence_for(requester.peer_id, worker.peer_id, call, reply, "failed")
+        store.update(package.arrays)
+        return package.evidence
+
+    first, second, alien = evidence(liar, 1), evidence(liar, 2), evidence(stranger, 3)
+    for ev in (first, second, alien):
+        await plane._on_evidence(Link(), EvidenceMsg(ev.encode()))
+    assert sent == [EvidenceAck(ev.key, False) for ev in (first, second, alien)]
+    assert not core.judged and liar.peer_id not in plane.controller.blocked()
+    # the coordinator reads the topic soon (a refusal brought its next read forward)
+    assert Fetch.VIEW in core.sync.due(core.now + 1.5)
+    core._viewing = True
+    core._view_began = core.now + 1.5
+    rec = lambda k: (MemberRecord(k.peer_id, 1.0, roles=("worker",)), 2e9)  # noqa: E731
+    core.handle(cc.ViewRead((rec(me), rec(liar)), None), core.now + 2.0, 1.8e9)
+    sent.clear()
+    for ev in (first, second, alien):  # the requester sends it again
+        await plane._on_evidence(Link(), EvidenceMsg(ev.encode()))
+    assert sent == [EvidenceAck(first.key, True), EvidenceAck(second.key, True),
+                    EvidenceAck(alien.key, True)]  # the stranger: no member, nothing kept
+    assert liar.peer_id in plane.controller.blocked()
+    assert stranger.peer_id not in plane.controller.blocked() and alien.key not in core.judged
+    await plane.close()

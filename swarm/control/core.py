@@ -96,6 +96,8 @@ MAX_REPORTERS = 1024
 UNKNOWN_READ = 5.0
 """The shortest gap between two member listings brought forward by heartbeats from peers
 our view lacks."""
+REPUT_MIN, REPUT_MAX = 1.0, 30.0
+"""Seconds before our state item is put again after a failed put (doubling up to the max)."""
 MAX_PAGES_PUT = 4096
 """Blocklist pages remembered as stored (a heartbeat stores each page once)."""
 SPREAD_BELOW = 20
@@ -375,6 +377,21 @@ class CheckEvidence:
 
 
 @dataclass(frozen=True)
+class AnswerEvidence:
+    """Tell whoever delivered evidence whether it is taken here: judged now, or judged
+    already. Refused evidence is sent again (to whoever coordinates then), so only
+    evidence this core has decided on may be answered "taken": an answer given before that
+    lost every piece that the core then turned away for a passing reason."""
+
+    key: bytes
+    """The evidence's key."""
+    reporter: PeerId | None
+    """Who delivered it (None: our own runtime, which reads :attr:`taken` from the plane)."""
+    taken: bool
+    """False: not judged here, deliver it again later."""
+
+
+@dataclass(frozen=True)
 class Follow:
     """Announce that we follow ``coordinator`` at ``term`` (our member record says so)."""
 
@@ -390,7 +407,8 @@ class Started:
 
 
 Action = ReadView | ReadStates | ResolveItem | ReadCharter | PutItem | Send | NoteGone \
-    | SavePeers | SaveFloor | CheckEvidence | Follow | Started | Disconnect | Persist | RoleChanged | Left
+    | SavePeers | SaveFloor | CheckEvidence | AnswerEvidence | Follow | Started | Disconnect \
+    | Persist | RoleChanged | Left
 
 
 def followers(records: Iterable[MemberRecord]) -> Counter[tuple[int, bytes]]:
@@ -542,11 +560,22 @@ class ControlCore:
         """The last member the previous rival check read (the next batch starts after it)."""
         self._viewing = False
         self._unknown_read_at = float("-inf")
+        self._reput: tuple[CoordinatorState, float] | None = None
+        """Our state whose put failed, and when to put it again (doubling gaps)."""
+        self._reput_gap = REPUT_MIN
+        self._view_began = float("-inf")
+        self._listed_at = float("-inf")
+        """When our last topic read that got an answer began."""
+        self._unlisted: OrderedDict[PeerId, float] = OrderedDict()
+        """Workers that evidence named while our view did not list them: when it first did
+        (a topic read after that decides whether they are members)."""
         self._told: tuple[int, PeerId] | None = None
         """The (term, coordinator) our record last said we follow."""
         self._bye_to: PeerId | None = None
         """The coordinator we said bye to (once each)."""
         self._waiting = _Waiting()
+        self._starting = False
+        """Our start read is in flight (heartbeats wait for it)."""
         self._cached_block = False
         """Our own saved state blocks us: a hint that the start read checks against the
         swarm's current state (an unblock we missed lifts it), not a verdict (finding 6)."""
@@ -603,11 +632,18 @@ class ControlCore:
         self._cached_block = st is not None and self.me in st.blocked_ids
         self.controller.started(self.now)
         self._waiting.start = True
+        self._starting = True
         self._read_view()
 
     def _on_Tick(self, _: Tick) -> None:
         for fetch in self.sync.due(self.now):
             self._fetch(fetch)
+        if self._reput is not None and self.now >= self._reput[1]:
+            failed, self._reput = self._reput[0], None
+            st = self.controller.state
+            if self.role is Duty.COORDINATOR and st is not None and st.seq == failed.seq \
+                    and st.coordinator == self.me:  # (a newer state is put on its own)
+                self._out.append(PutItem(st, False, self._pages(st, again=True)))
         self.controller.tick(self.now)
         self._note_suspects()  # before a claim's lookups start
 
@@ -635,6 +671,7 @@ class ControlCore:
         self._viewing = False
         self._me_record = ev.me
         if ev.members is not None:
+            self._listed_at = self._view_began
             self._members(ev.members, ev.me)
         waiting, self._waiting = self._waiting, _Waiting()
         if waiting.fetch:
@@ -649,6 +686,8 @@ class ControlCore:
     def _on_StatesRead(self, ev: StatesRead) -> None:
         read, p = ev.read, ev.read.purpose
         states = [s for s in ev.states if s.swarm == self.swarm_id]
+        if p is Purpose.START:
+            self._starting = False
         if p in (Purpose.START, Purpose.STATE, Purpose.CLAIM_CAS) and self._check_blocked(states):
             if p is Purpose.START:
                 self._out.append(Started())
@@ -707,6 +746,15 @@ class ControlCore:
             for page in act.pages:  # stored again with the next message that names them
                 self._pages_put.pop(page.target, None)
             log.warning("coordinator state put (term %d) failed: %s", act.state.term, why)
+            if not act.claim and (self._reput is None
+                                  or act.state.seq >= self._reput[0].seq):
+                # Put it again until it is stored: the DHT kept the state before it, so a
+                # block in it reached no newcomer, no observer and no blocked peer that
+                # missed its one notice (a failed put was never tried again).
+                self._reput = (act.state, self.now + self._reput_gap)
+                self._reput_gap = min(2 * self._reput_gap, REPUT_MAX)
+        elif not act.claim and act.state == c.state:
+            self._reput_gap = REPUT_MIN
         if act.claim:
             log.info("claim of term %d %s in %.2f s", act.state.term,
                      "stored" if ev.ok else "failed", self.now - act.began)
@@ -722,14 +770,36 @@ class ControlCore:
         self._report_liars([report])
 
     def _on_EvidenceReceived(self, ev: EvidenceReceived) -> None:
+        self._out.append(AnswerEvidence(ev.evidence.key, ev.reporter, self._judge(ev)))
+
+    def _judge(self, ev: EvidenceReceived) -> bool:
+        """Start judging ``ev`` (a :class:`CheckEvidence`); whether it is taken here."""
         key, c = ev.evidence.key, self.controller
-        if self.role is not Duty.COORDINATOR or key in self.judged:
-            return
+        if self.role is not Duty.COORDINATOR:
+            return False
+        if key in self.judged:
+            return True
         worker = ev.evidence.receipt.worker
-        if worker not in c.view or worker in c.blocked():
-            log.info("evidence against %s not judged: not a member here (or blocked already)",
-                     worker.short())
-            return
+        if worker in c.blocked():
+            log.info("evidence against %s not judged: blocked already", worker.short())
+            return True
+        if worker not in c.view:
+            # Maybe a member that joined since our last topic read (a requester can reach
+            # it first): read the topic soon and have the evidence sent again; once a read
+            # since then still does not list it, it is no member (issue 33, finding 3).
+            # At most one read per min_gap, however much evidence names keys we do not list.
+            asked = self._unlisted.pop(worker, None)
+            if asked is not None and self._listed_at > asked:
+                log.info("evidence against %s counted for nothing: not a member here",
+                         worker.short())
+                return True
+            self._unlisted[worker] = self.now if asked is None else asked
+            while len(self._unlisted) > MAX_REPORTERS:
+                self._unlisted.popitem(last=False)
+            log.info("evidence against %s not judged yet: not in our member view; reading "
+                     "the members again", worker.short())
+            self.sync.nudged(self.now)
+            return False
         reporter = ev.reporter or self.me
         times = self._judging.pop(reporter, deque())
         while times and times[0] < self.now - c.timing.liar_window:
@@ -740,12 +810,13 @@ class ControlCore:
         if len(times) >= MAX_JUDGED_PER_REPORTER:
             log.info("evidence from %s not judged: %d pieces judged for it in %.0f s already",
                      reporter.short(), len(times), c.timing.liar_window)
-            return
+            return True
         times.append(self.now)
         self.judged[key] = None
         while len(self.judged) > MAX_JUDGED:
             self.judged.popitem(last=False)
         self._out.append(CheckEvidence(ev.evidence, ev.reporter))
+        return True
 
     def _on_EvidenceChecked(self, ev: EvidenceChecked) -> None:
         worker = ev.evidence.receipt.worker
@@ -821,6 +892,7 @@ class ControlCore:
     def _read_view(self) -> None:
         if not self._viewing:
             self._viewing = True
+            self._view_began = self.now
             self._out.append(ReadView())
 
     def _state_fetched(self) -> None:
@@ -934,19 +1006,31 @@ class ControlCore:
         member's item at start, while we follow nobody, and before a claim): then we stop.
         Our own state may predate the block (we were offline), and our election, which
         does not know it, would make us claim and coordinate in a bubble (finding 4). A
-        lone signer's item blocking us moves nothing (it is no one's state but its own)."""
+        lone signer's item blocking us moves nothing (it is no one's state but its own),
+        unless its signer is the only member left to say anything: every member but us and
+        those we suspect follows it (a swarm of the coordinator and us, issue 48 attack 2;
+        one more key, as many as the "followed" rule takes, could always say as much)."""
         c = self.controller
         if self.passive or not found:
             return False
         votes = followers(self.records.values())
         blocking = [s for s in counted_states(found, c.view, ())
-                    if self.me in s.blocked_ids and self._followed(s)]
+                    if self.me in s.blocked_ids
+                    and (self._followed(s) or self._all_follow(s))]
         top = max(blocking, key=lambda s: (votes[follows(s.term, s.coordinator)], s.term,
                                            s.seq), default=None)
         if top is None or (c.state is not None and top.term < c.state.term):
             return False
         c.blocked_by(top, self.now)
         return True
+
+    def _all_follow(self, state: CoordinatorState) -> bool:
+        """Whether every member's record but ours and our suspects' says it follows
+        ``state`` (its signer's included; at least one)."""
+        key = follows(state.term, state.coordinator)
+        voters = [r for p, r in self.records.items()
+                  if p != self.me and p not in self.controller.suspects and not r.left]
+        return bool(voters) and all(r.follows == key for r in voters)
 
     def _follow_newest(self, found: list[CoordinatorState]) -> None:
         """Learn the current term and coordinator from the state items that count: the one
@@ -1176,6 +1260,13 @@ class ControlCore:
         blocklist pages (:class:`ResolveItem`; ``then``, a kick it carried, waits too)."""
         c, now, wall = self.controller, self.now, self.wall
         kind = env.kind
+        if (kind == "hb" or kind == "handoff") and self._starting:
+            # Not before our start read has answered: with no state yet, the controller
+            # would adopt any entitled member's heartbeat, and one that blocks us, sent
+            # while the read is in flight, stopped us for good (issue 48, attack 1). The
+            # coordinator's next heartbeat is judged against the state members follow.
+            raise NotCoordinator(f"{kind} at term {StateItem.decode(env.body).head.term} "
+                                 "before our start read answered")
         if kind == "hb" or kind == "handoff":
             item = StateItem.decode(env.body)
             if kind == "hb":
@@ -1332,8 +1423,8 @@ class ControlCore:
         self.block_proofs[cmd.target] = signed.encode()
 
 
-__all__ = ["Action", "CharterRead", "CheckEvidence", "ControlCore", "Event", "EvidenceChecked",
-           "EvidenceReceived", "ItemResolved", "Leave", "LiarCaught", "MessageReceived",
+__all__ = ["Action", "AnswerEvidence", "CharterRead", "CheckEvidence", "ControlCore", "Event",
+           "EvidenceChecked", "EvidenceReceived", "ItemResolved", "Leave", "LiarCaught", "MessageReceived",
            "Follow", "NoteGone", "PagesLost", "Purpose", "PutDone", "PutItem", "ReadCharter",
            "ReadStates", "ReadView", "ResolveItem", "SaveFloor", "SavePeers", "Send", "Start",
            "REREAD_PAUSE", "STATE_READS", "Started", "StatesRead", "TICK", "Tick", "ViewRead",

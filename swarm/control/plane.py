@@ -388,31 +388,41 @@ class ControlPlane:
         except ValueError as exc:
             log.warning("bad evidence from %s: %s", link.remote.short(), exc)
             return
-        # Answer first (judging can take a while): a peer that does not coordinate says so,
-        # and the sender tries whoever does next, instead of losing the evidence here.
-        taken = self.core.takes_evidence()
-        try:
-            await link.send(EvidenceAck(evidence.key, taken))
-        except (LinkClosed, OSError) as exc:
-            log.info("evidence from %s not answered: %s", link.remote.short(), exc)
-        if not taken:
-            log.info("evidence from %s refused: not coordinating (%s)", link.remote.short(),
-                     self.core.role.value)
-            return
-        await self.judge_evidence(evidence, self._stored_array, link.remote)
+        await self._judge(evidence, self._stored_array, link)
 
-    async def judge_evidence(self, evidence: Evidence, fetch_array, reporter=None) -> bool:
-        """Block on proof alone: the core has the signed result re-checked (issue 13).
-        False when this peer does not coordinate (the evidence must go elsewhere).
-        ``reporter``: who delivered it (None: our own runtime)."""
-        if not self.core.takes_evidence():
-            return False
-        for act in self._feed(cc.EvidenceReceived(evidence, reporter)):
-            if isinstance(act, cc.CheckEvidence):
-                await self._check(act, fetch_array)
+    async def judge_evidence(self, evidence: Evidence, fetch_array) -> bool:
+        """The node's hook for our own runtime's evidence: block on proof alone (the core has
+        the signed result re-checked, issue 13). False when it is not taken here (we do not
+        coordinate, or do not list the worker yet): the node delivers it again later."""
+        return await self._judge(evidence, fetch_array, None)
+
+    async def _judge(self, evidence: Evidence, fetch_array, link) -> bool:
+        """Feed the evidence to the core; answer the sender as the core says (first: judging
+        takes a while, and a refusal sends the evidence on to whoever coordinates next),
+        then run the check it asks for."""
+        taken = False
+        checks = []
+        for act in self._feed(cc.EvidenceReceived(evidence, link.remote if link else None)):
+            if isinstance(act, cc.AnswerEvidence):
+                taken = act.taken
+                if link is not None:
+                    await self._answer(link, act)
+            elif isinstance(act, cc.CheckEvidence):
+                checks.append(act)
             else:
                 await self._do([act])
-        return True
+        for act in checks:
+            await self._check(act, fetch_array)
+        return taken
+
+    async def _answer(self, link, act: cc.AnswerEvidence) -> None:
+        try:
+            await link.send(EvidenceAck(act.key, act.taken))
+        except (LinkClosed, OSError) as exc:
+            log.info("evidence from %s not answered: %s", link.remote.short(), exc)
+        if not act.taken:
+            log.info("evidence from %s refused for now (%s)", link.remote.short(),
+                     self.core.role.value)
 
     async def _check(self, act: cc.CheckEvidence, fetch_array) -> None:
         verdict = await asyncio.to_thread(check_evidence, act.evidence, fetch_array)

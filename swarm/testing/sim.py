@@ -483,6 +483,10 @@ class Sim:
         self._items: dict[bytes, StateItem] = {}
         self.watch: Callable[[Member], None] | None = None
         """Called after each event that may change a member's controller."""
+        self.state_read_delay = 0.0
+        """Simulated seconds before a :class:`~swarm.control.core.ReadStates` is answered
+        (0: at once, as the figures in bench/ assume): the real reads take lookups, and
+        messages that arrive meanwhile reach the core first (issue 48, attack 1)."""
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -547,7 +551,11 @@ class Sim:
             elif isinstance(act, cc.ReadStates):
                 kind = "election" if act.purpose is cc.Purpose.CLAIM_CAS else "state"
                 found = (self.state_of(m, p, kind, act.known) for p in act.peers)
-                self.feed(m, cc.StatesRead(act, tuple(s for s in found if s is not None)))
+                read = cc.StatesRead(act, tuple(s for s in found if s is not None))
+                if self.state_read_delay:
+                    self.loop.after(self.state_read_delay, lambda read=read: self.feed(m, read))
+                else:
+                    self.feed(m, read)
             elif isinstance(act, cc.ResolveItem):
                 self.resolve_item(m, act)
             elif isinstance(act, cc.ReadCharter):
