@@ -36,7 +36,10 @@ def test_probe_reports_host_and_adapters():
 def test_quick_benchmark_measures_every_validated_backend():
     result = benchmark(quick=True)
     rows = {r["name"]: r for r in result["backends"]}
-    assert rows["numpy"]["validated"] and set(rows["numpy"]["gflops"]) == {"256", "512"}
+    # the smallest size always; a larger one only when the ~3 s budget covers it (a loaded
+    # machine's 256 may predict 512 past it: CI with other tests beside it measured only 256)
+    assert rows["numpy"]["validated"] and list(rows["numpy"]["gflops"]) in (["256"],
+                                                                            ["256", "512"])
     assert all(g > 0 for r in rows.values() for g in r["gflops"].values())
     best = max(g for r in rows.values() for g in r["gflops"].values())
     assert result["tflops"] == pytest.approx(best / 1000) == measured_tflops(result)
@@ -82,7 +85,7 @@ def test_swarm_bench_json_quick(home):
     for row in out["backends"]:
         assert {"name", "validated", "reason", "adapter", "gflops"} <= set(row)
     rows = {r["name"]: r for r in out["backends"]}
-    assert rows["numpy"]["validated"] and rows["numpy"]["gflops"]["512"] > 0
+    assert rows["numpy"]["validated"] and rows["numpy"]["gflops"]["256"] > 0
     # The subprocess must be able to load wgpu after the CLI configured logging.
     assert rows["wgpu"]["validated"] or "cannot load" not in (rows["wgpu"]["reason"] or "")
     if rows["wgpu"]["validated"]:
