@@ -279,7 +279,7 @@ class Client:
         self._inflight: set[cf.Future] = set()
         self._named: dict[str, ActorHandle] = {}
         self._embedders: dict[str, Any] = {}
-        self._span_model: Any = None
+        self._span_models: dict[str, Any] = {}
         _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -457,17 +457,20 @@ class Client:
             self._embedders[verify] = Embedder(self, verify=verify)
         return self._embedders[verify]
 
-    def span_model(self):
-        """SmolLM2 with its blocks on this client's workers (:class:`swarm.spans.SpanLlama`,
-        every value checked), made once: its weight bundles are put once and stay cached on
-        the workers. What :meth:`generate` runs when the client has workers."""
+    def span_model(self, model: str | Path | None = None):
+        """The chat model ``model`` (a .gguf path or a known name, default SmolLM2) with its
+        blocks on this client's workers (:class:`swarm.spans.SpanLlama`, every value checked),
+        made once per model: its weight bundles are put once and stay cached on the workers.
+        What :meth:`generate` runs when the client has workers."""
         self._check_open()
-        if self._span_model is None:
-            from models.generate import smollm2
+        from models.generate import generator
+
+        weights = generator(model).model.weights
+        if weights.address not in self._span_models:
             from swarm.spans import SpanLlama
 
-            self._span_model = SpanLlama(self, smollm2().model.weights)
-        return self._span_model
+            self._span_models[weights.address] = SpanLlama(self, weights)
+        return self._span_models[weights.address]
 
     # -- actors ---------------------------------------------------------------------------
 
@@ -515,9 +518,12 @@ class Client:
     def generate(self, prompt: str | Sequence[dict], *, max_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), chat: bool = True, usage: Any = None,
-                 executor: Any = None, model: Any = None) -> Iterator[str]:
-        """Stream SmolLM2-135M-Instruct's text for ``prompt`` as it is decoded (pieces of
-        text; they join to the whole). ``chat`` puts a string prompt through the model's
+                 model: str | Path | None = None, executor: Any = None,
+                 forward: Any = None) -> Iterator[str]:
+        """Stream a chat model's text for ``prompt`` as it is decoded (pieces of text; they
+        join to the whole). ``model`` is a .gguf path (Llama or Qwen2 architecture) or a known
+        name (``smollm2``, the default; ``qwen2.5-0.5b``); a file this code cannot run raises
+        ``models.gguf_file.WeightsError``. ``chat`` puts a string prompt through the model's
         chat template as the user's message (a list of ``{"role", "content"}`` messages always
         goes through it); ``chat=False`` continues the raw text. Greedy at ``temperature``
         0, else sampled (``top_p``, ``seed``: the same seed gives the same text). Stops at
@@ -528,20 +534,20 @@ class Client:
         With workers, the model's blocks run on them, a span each, and every value they
         return is checked here (:meth:`span_model`); with none, the forward runs in this
         process (numpy). ``executor`` (a ``models.executor.Executor``) runs only the weight
-        products elsewhere instead; ``model`` (a ``models.llama.Llama``) is the forward to
-        run."""
+        products elsewhere instead; ``forward`` (a ``models.llama.Llama`` of the model's
+        weights) is the forward to run."""
         self._check_open()
-        from models.generate import GenerationError, Generator, smollm2
+        from models.generate import GenerationError, generator
         from models.llama import Llama
         from models.tokenizer_bpe import ChatError
 
-        gen = smollm2()
+        gen = generator(model)
         if executor is not None:
-            gen = Generator(Llama(gen.model.weights, executor), gen.tokenizer)
-        if model is None and executor is None and self.workers():
-            model = self.span_model()
-        if model is not None:
-            gen = Generator(model, gen.tokenizer)
+            forward = Llama(gen.model.weights, executor)
+        elif forward is None and self.workers():
+            forward = self.span_model(model)
+        if forward is not None:
+            gen = gen.using(forward)
         if isinstance(prompt, str) and not chat:
             ids: str | list[int] = prompt
         else:
