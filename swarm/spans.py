@@ -1,4 +1,5 @@
-"""SmolLM2 over the swarm: workers host spans of Llama blocks, the requester checks every value.
+"""A chat model over the swarm: workers host spans of Llama-family blocks (SmolLM2, Qwen2.5), the
+requester checks every value.
 
 :class:`SpanLlama` is a :class:`models.llama.Llama` whose blocks run on workers, a span of
 consecutive layers each (as Petals does): the span's weights go once, as one content-addressed
