@@ -472,6 +472,67 @@ class Client:
             self._span_models[weights.address] = SpanLlama(self, weights)
         return self._span_models[weights.address]
 
+    # -- verified work on workers -----------------------------------------------------------
+    # The public surface that work checked on the requester builds on (swarm.spans,
+    # swarm.embedding, swarm.executor): start a call on a worker, check its result yourself,
+    # then accept it or report it with the proof. None of them reaches into this class.
+
+    def new_instance(self) -> int:
+        """A fresh actor instance number for this client's calls (a worker keeps one actor
+        per instance: a span's KV caches, for example)."""
+        return next(self._instances)
+
+    def start_call(self, peer: PeerId, actor: str, method: str,
+                   arrays: Sequence[np.ndarray | ObjectRef], params: dict[str, Any], *,
+                   instance: int = 0, seq: int = -1, report: Any = None,
+                   timeout: float = 120.0) -> cf.Future:
+        """Start ``actor.method(arrays, params)`` on ``peer``; an ObjectRef travels by content
+        address once the worker holds it. The future gives ``(call, reply)``: the call as
+        sent (the evidence of a report) and the worker's result, **unchecked**; it raises
+        LinkClosed, TaskFailure or TimeoutError. ``report`` (a PeerReport) counts the bytes."""
+        self._check_open()
+        return self._submit(self._start_call(peer, actor, method, arrays, params, instance,
+                                             seq, report, timeout))
+
+    async def _start_call(self, peer: PeerId, actor: str, method: str,
+                          arrays: Sequence[np.ndarray | ObjectRef], params: dict[str, Any],
+                          instance: int, seq: int, report: Any, timeout: float):
+        args = []
+        for x in arrays:
+            arr, oid = await self._resolve(x)
+            args.append(Arg(arr, oid))
+        call = Call(actor, method, tuple(args), params)
+        reply = await asyncio.wait_for(self._node.requester.call(
+            peer, call, instance=instance, seq=seq, report=report), timeout)
+        return call, reply
+
+    def accept(self, peer: PeerId, task: int) -> None:
+        """``peer``'s result to ``task`` was checked and used: it may let it go."""
+        self._loop.loop.call_soon_threadsafe(self._node.requester.accept, peer, [task])
+
+    def report(self, peer: PeerId, call: Call, reply: Any, reason: str) -> None:
+        """``peer``'s result was wrong: with ``reply`` (what it signed) as evidence anyone can
+        re-check; with None (nothing provable) it counts against the peer here only."""
+        self._loop.loop.call_soon_threadsafe(self._node.requester.report, peer, call, reply,
+                                             reason)
+
+    def matmul_job(self, a: Operand, b: Operand, **options: Any) -> cf.Future:
+        """Start ``a @ b`` as a verified matmul job (options as for ``matmul``); the future
+        gives ``(c, report)``, this job's own JobReport (``last_report`` is whichever job
+        ended last)."""
+        self._check_open()
+        opts = validate(TASK_OPTIONS, options, "matmul_job()")
+        return self._submit(self._matmul_reported(a, b, opts))
+
+    def keep_fingerprints(self, weights: int) -> None:
+        """Keep the check's fingerprint ``b @ R`` for at least ``weights`` right-hand operands
+        (a model cycling through more than the cache holds would recompute it every time)."""
+        self._verifier.max_entries = max(self._verifier.max_entries, weights)
+
+    def proven_liars(self) -> set[PeerId]:
+        """Peers proven to have lied (they get no work from this client)."""
+        return set(self._node.proven_liars)
+
     # -- actors ---------------------------------------------------------------------------
 
     def actor(self, cls: str, /, peer: PeerId | str | None = None, **options: Any) -> ActorHandle:
