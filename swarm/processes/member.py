@@ -167,22 +167,24 @@ def openai_api(node: Node, models: Sequence[ModelRef] = ()):
     Chat serves ``models`` (checked files, models.catalog.describe; default SmolLM2) and runs
     their blocks on the swarm's other workers, every value checked (``Client.span_model``),
     and on this member's own forward when it has none."""
-    from models.catalog import describe
+    from models.catalog import DEFAULT, KNOWN
     from models.generate import generator
     from swarm.web.chat import ChatAPI, Routes, ServedModel
     from swarm.web.embeddings import api_key
 
     client = _node_client(node)
 
-    def chat_generator(path: Path):
-        def made():  # in a thread: the client's calls block
+    def chat_generator(path: Path | None):
+        def made():  # in a thread: the client's calls block, the file is read on first use
             c, gen = client(), generator(path)
             return gen.using(c.span_model(path)) if c.workers() else gen
         return made
 
-    served = []
-    for ref in models or [describe(None)]:
-        served.append(ServedModel(ref.name, ref.ids(), chat_generator(ref.path)))
+    if models:
+        served = [ServedModel(r.name, r.ids(), chat_generator(r.path)) for r in models]
+    else:  # the default model, named without reading its file here, on the member's loop
+        known = KNOWN[DEFAULT]
+        served = [ServedModel(known.name, (known.name, *known.aliases), chat_generator(None))]
     return Routes(embeddings_api(node, client),
                   ChatAPI(api_key(Path(node.config.data_dir)), served))
 
