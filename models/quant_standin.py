@@ -15,9 +15,12 @@ class QTensor:
 
     def __init__(self, qtype: str, shape: tuple[int, int], data: np.ndarray) -> None:
         self.qtype, self.shape, self.data = qtype, shape, data
-        self._f32 = np.ascontiguousarray(
-            quants.dequantize(data, GGMLQuantizationType[qtype]), np.float32).reshape(shape)
-        self._f32.setflags(write=False)
+        # kept [in, out] C-contiguous, as a span's bundle holds it, so that the local forward
+        # and a worker run the same BLAS kernel and agree to the bit
+        self._t = np.ascontiguousarray(np.asarray(
+            quants.dequantize(data, GGMLQuantizationType[qtype]), np.float32).reshape(shape).T)
+        self._t.setflags(write=False)
+        self._f32 = self._t.T
         self.nbytes = int(data.nbytes)
 
     @classmethod
@@ -32,7 +35,7 @@ class QTensor:
         return cls(qtype, shape, data)
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(x @ self._f32.T)
+        return np.ascontiguousarray(x @ self._t)
 
     def dequantize(self, rows=None) -> np.ndarray:
         return self._f32 if rows is None else self._f32[rows]
@@ -44,6 +47,7 @@ class QTensor:
         out = object.__new__(QTensor)
         out.qtype, out.shape, out.data = self.qtype, (b - a, self.shape[1]), self.data[a:b]
         out._f32, out.nbytes = self._f32[a:b], int(self.data[a:b].nbytes)
+        out._t = out._f32.T
         return out
 
     def fingerprint(self, r: np.ndarray) -> np.ndarray:

@@ -259,6 +259,18 @@ class _Kernel:
         return ObjectRef(_ref_id(), fut, client)
 
 
+_INSTANCE_NUMBERS: weakref.WeakKeyDictionary[Node, itertools.count] = \
+    weakref.WeakKeyDictionary()
+
+
+def _instance_numbers(node: Node) -> itertools.count:
+    """Actor instance numbers unique per node: a worker names an actor by the requesting
+    peer and its number, so two clients of one node (a member's chat API beside a
+    ``swarm.local()`` client) must never hand out the same one (each counted from 1, their
+    span calls collided on the workers and timed out)."""
+    return _INSTANCE_NUMBERS.setdefault(node, itertools.count(1))
+
+
 class Client:
     """A requester joined to a swarm. Use as a context manager or call :meth:`close`."""
 
@@ -270,7 +282,7 @@ class Client:
         self._backend = None
         self._verifier = jobs.FreivaldsCache()
         self._refresher = loop.submit(self._refresh())
-        self._instances = itertools.count(1)
+        self._instances = _instance_numbers(node)
         self.matmul = _Matmul(self)
         self.kernel = _Kernel(self)
         self.last_report: JobReport | None = None

@@ -64,6 +64,20 @@ def test_spans_on_workers_give_the_local_forwards_tokens(files, arch):
                                   max_tokens=4)[0]
 
 
+def test_two_clients_of_one_node_both_run_spans_on_its_workers(files):
+    """A member's chat API runs on its own client of the member's node; a second client of
+    that node numbered its actor instances from 1 too, so its span calls collided with the
+    first's on the workers, timed out, and every span ran here (the test failed before)."""
+    from swarm.api import attach
+
+    with swarm.local(2, threads=1) as client:
+        other = attach(client.node, client._loop.loop)
+        for c, arch in ((other, "qwen2"), (client, "llama")):
+            "".join(c.generate(PROMPTS[0], model=str(files[arch]), chat=False, max_tokens=4))
+            st = c.span_model(str(files[arch])).take_stats()
+            assert st.calls >= 2 and st.rejected == 0 and st.local == 0, (arch, st)
+
+
 def test_a_lying_qwen2_span_changes_no_token_and_is_proven(files):
     """The bundle carries Qwen2's biases and the evidence reads them back: a worker that
     signs a wrong product is caught by the requester and proven by the judge."""
