@@ -199,3 +199,22 @@ def test_known_names_and_paths_resolve(tmp_path):
         catalog.resolve("qwen2.5-0.5b")
     ref = catalog.describe(str(path))
     assert ref.name == "Tiny Test Model" and ref.address == gguf_file.hash_file(path)
+
+
+def test_an_unsupported_tensor_type_names_the_supported_ones(tmp_path):
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    path = tmp_path / "ternary.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_token_list(["a"])
+    w.add_token_types([1])
+    w.add_eos_token_id(0)
+    t = GGMLQuantizationType.TQ1_0
+    w.add_tensor("token_embd.weight", np.zeros((2, GGML_QUANT_SIZES[t][1]), np.uint8),
+                 raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(gguf_file.WeightsError, match="TQ1_0; supported types: F32, F16.*Q6_K"):
+        gguf_weights.load(path)
