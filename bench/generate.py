@@ -1,9 +1,10 @@
-"""SmolLM2-135M generation speed: prefill and decode tokens/s for llama.cpp (2 threads, its
+"""A chat model's generation speed (SmolLM2-135M by default; --model PATH.gguf or a known name
+such as qwen2.5-0.5b): prefill and decode tokens/s for llama.cpp (2 threads, its
 own venv) and the local numpy forward, side by side in one run, plus what decides how the
 model spreads over a swarm: one layer's weight products at batch 1 and 16, the check of a
 product against a precomputed fingerprint, and the bytes a token's activations carry.
 
-    python bench/generate.py [--prompt 128] [--decode 32] [--runs 3] [--json]
+    python bench/generate.py [--model smollm2] [--prompt 128] [--decode 32] [--runs 3] [--json]
     SWARM_BENCH_LLAMA_PYTHON=.venv-llama/bin/python python bench/generate.py
 
 llama.cpp comes from .venv-llama (``make bench`` creates it; llama-cpp-python compiles from
@@ -139,7 +140,7 @@ class _Free:
         return None
 
     def matmuls(self, products):
-        return [np.zeros((p.x.shape[0], p.right().shape[1]), np.float32) for p in products]
+        return [np.zeros((p.x.shape[0], p.w.shape[1]), np.float32) for p in products]
 
 
 def requester_share(weights, ids: list[int], n_decode: int) -> float:
@@ -230,6 +231,9 @@ def swarm_tokens(weights, prompts: list[list[int]], n: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, metavar="PATH|NAME",
+                    help="a .gguf file or a known model (default smollm2; qwen2.5-0.5b after "
+                         "make qwen-model)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded (greedy)")
     ap.add_argument("--runs", type=int, default=3)
@@ -240,13 +244,15 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from models import gguf_weights
+    from models import catalog, gguf_weights
     from models.llama import Llama
     from models.tokenizer_bpe import BPETokenizer
 
-    weights = gguf_weights.load()
+    path, name = catalog.resolve(args.model)
+    weights = gguf_weights.load(path, name)
     model = Llama(weights)
-    ids = prompt_ids(BPETokenizer(weights.vocab), args.prompt)
+    tokenizer = BPETokenizer(weights.vocab)
+    ids = prompt_ids(tokenizer, args.prompt)
     results: dict[str, list] = {"numpy": [], "numpy 1 thread": [], "llama.cpp": [],
                                 "llama.cpp 1 thread": []}
     error = None
@@ -255,7 +261,7 @@ def main() -> None:
         results["numpy"].append(numpy_run(model, ids, args.decode, 2))
         results["numpy 1 thread"].append(numpy_run(model, ids, args.decode, 1))
         for name, threads in (("llama.cpp", 2), ("llama.cpp 1 thread", 1)):
-            got = llama_run(str(gguf_weights.default_path()), ids, args.decode, threads)
+            got = llama_run(str(path), ids, args.decode, threads)
             if isinstance(got, str):
                 error = got
             else:
@@ -275,7 +281,8 @@ def main() -> None:
             r["decode_vs_llama_cpp"] = round(r["decode_tok_s"] / base["decode_tok_s"], 2)
             r["prefill_vs_llama_cpp"] = round(r["prefill_tok_s"] / base["prefill_tok_s"], 2)
     docs = json.loads((ROOT / "bench" / "llama_reference.json").read_text())["documents"]
-    prompts = [d["ids"][i:i + 16] for i in range(0, 64, 16) for d in docs][:args.batch]
+    prompts = [tokenizer.encode(d["text"])[i:i + 16] for i in range(0, 64, 16)
+               for d in docs][:args.batch]
     single = [batch_run(model, prompts[:1], args.decode // 2) for _ in range(args.runs)]
     many = [batch_run(model, prompts, args.decode // 2) for _ in range(args.runs)]
     one_s = statistics.median(r["decode_s"] for r in single)
@@ -310,7 +317,7 @@ def main() -> None:
     from rich.table import Table
 
     con = Console()
-    for title, recs in (("generation, SmolLM2-135M", rows), ("layer 0 products", layers)):
+    for title, recs in ((f"generation, {weights.name}", rows), ("layer 0 products", layers)):
         t = Table(title=title)
         cols = list(dict.fromkeys(k for r in recs for k in r))
         for col in cols:

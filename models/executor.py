@@ -35,8 +35,8 @@ against. The swarm's executor lives in the ``swarm`` package (this package never
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import blake3
 import numpy as np
@@ -53,17 +53,19 @@ def digest_of(array: np.ndarray) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True, eq=False)
 class Weight:
-    """A model parameter used as a right-hand operand: float32 ``[in, out]``, read-only."""
+    """A model parameter used as a right-hand operand ``[in, out]``, read-only: a float32
+    array, or a matrix kept in its file's block format (``tensor``: ``[out, in]`` with its own
+    ``matmul``, e.g. models.quant's QTensor), dequantized only for whoever asks ``array``."""
 
-    array: np.ndarray
-    """The matrix, float32, C-contiguous, ``[k, n]`` (a Linear layer's stored ``[out, in]``,
-    transposed once at load)."""
-    name: str = ""
-    """A readable label for logs and reports (e.g. ``encoder.layer.0.attention.qkv``)."""
-    digest: str = field(default="")
-    """Content address (:func:`digest_of`); filled in by :meth:`of`."""
+    __slots__ = ("_array", "name", "_digest", "tensor")
+
+    def __init__(self, array: np.ndarray | None = None, name: str = "", digest: str = "", *,
+                 tensor: Any = None) -> None:
+        if (array is None) == (tensor is None):
+            raise ValueError("a Weight is an array or a tensor, exactly one")
+        self._array, self._digest, self.tensor = array, digest, tensor
+        self.name = name  # a readable label for logs and reports (``blk.0.attn_q.weight``)
 
     @classmethod
     def of(cls, array: np.ndarray, name: str = "") -> Weight:
@@ -74,9 +76,41 @@ class Weight:
         a.setflags(write=False)
         return cls(a, name, digest_of(a))
 
+    @classmethod
+    def of_tensor(cls, tensor: Any, name: str = "") -> Weight:
+        """A matrix in its file's format (``tensor.shape`` is ``[out, in]``)."""
+        return cls(None, name, tensor=tensor)
+
+    @property
+    def array(self) -> np.ndarray:
+        """The matrix, float32 ``[k, n]`` (a Linear layer's stored ``[out, in]``, transposed;
+        for a tensor, dequantized on every call: remote executors put it once)."""
+        if self._array is not None:
+            return self._array
+        return self.tensor.dequantize().T
+
+    @property
+    def digest(self) -> str:
+        """Content address: :func:`digest_of` for an array; for a tensor, BLAKE3 over its
+        type, shape and the bytes the file stores (computed on first use)."""
+        if not self._digest:
+            h = blake3.blake3(f"{self.tensor.qtype}{tuple(self.tensor.shape)}".encode())
+            h.update(memoryview(np.ascontiguousarray(self.tensor.data)).cast("B"))
+            self._digest = h.hexdigest()
+        return self._digest
+
     @property
     def shape(self) -> tuple[int, int]:
-        return self.array.shape  # type: ignore[return-value]
+        if self._array is not None:
+            return self._array.shape  # type: ignore[return-value]
+        out, inp = self.tensor.shape
+        return inp, out
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """``x @ W`` here (a tensor's own kernel, or numpy)."""
+        if self.tensor is not None:
+            return self.tensor.matmul(x)
+        return x @ self._array
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,11 +128,12 @@ class Product:
 
     def check(self) -> None:
         """Raise ValueError unless the operands meet the contract above."""
-        b = self.right()
-        if self.x.dtype != np.float32 or b.dtype != np.float32:
-            raise ValueError(f"products are float32, got {self.x.dtype} @ {b.dtype}")
-        if self.x.ndim != 2 or b.ndim != 2 or self.x.shape[1] != b.shape[0]:
-            raise ValueError(f"shapes do not chain: {self.x.shape} @ {b.shape}")
+        shape = self.w.shape
+        dtype = np.float32 if isinstance(self.w, Weight) else self.w.dtype
+        if self.x.dtype != np.float32 or dtype != np.float32:
+            raise ValueError(f"products are float32, got {self.x.dtype} @ {dtype}")
+        if self.x.ndim != 2 or len(shape) != 2 or self.x.shape[1] != shape[0]:
+            raise ValueError(f"shapes do not chain: {self.x.shape} @ {shape}")
 
 
 @runtime_checkable
@@ -124,5 +159,6 @@ class LocalExecutor:
         out = []
         for p in products:
             p.check()
-            out.append(np.ascontiguousarray(p.x @ p.right()))
+            y = p.w.matmul(p.x) if isinstance(p.w, Weight) else p.x @ p.w
+            out.append(np.ascontiguousarray(y))
         return out

@@ -11,15 +11,17 @@ a stop string is held back until it is known not to be.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from threadpoolctl import ThreadpoolController
 
-from models import gguf_weights
+from models import catalog, gguf_weights
 from models.llama import Llama
 from models.sampling import Sampler, Sampling
-from models.tokenizer_bpe import BPETokenizer
+from models.tokenizer_bpe import BPETokenizer, TokenizerError
 
 
 class GenerationError(ValueError):
@@ -50,9 +52,25 @@ class Generator:
     model: Llama
     tokenizer: BPETokenizer
     stop_ids: set[int] = field(default_factory=set)
+    """Default: the tokenizer's (the file's eos, eot and turn-end tokens)."""
 
     def __post_init__(self):
-        self.stop_ids = self.stop_ids or {self.tokenizer.eos_id}
+        self.stop_ids = set(self.stop_ids or self.tokenizer.stop_ids)
+
+    @property
+    def name(self) -> str:
+        """The model's display name."""
+        return self.model.weights.name
+
+    @property
+    def address(self) -> str:
+        """The model's id: its file's content address."""
+        return self.model.weights.address
+
+    def using(self, model: Llama) -> Generator:
+        """The same tokenizer and stops over another forward of the same weights (on the
+        swarm, or with another executor)."""
+        return Generator(model, self.tokenizer, set(self.stop_ids))
 
     @property
     def context_length(self) -> int:
@@ -132,14 +150,23 @@ class Generator:
         return "".join(text), reason or "length"
 
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
+def generator(model: str | Path | None = None) -> Generator:
+    """The chat model named by ``model`` (a .gguf path or a known name: models.catalog; the
+    default is SmolLM2), loaded once per process and per file content."""
+    path, name = catalog.resolve(model)
+    w = gguf_weights.load(path, name)
+    with _lock:
+        if w.address not in _generators:
+            try:
+                tokenizer = BPETokenizer(w.vocab)
+            except TokenizerError as exc:
+                raise gguf_weights.WeightsError(f"{path.name}: {exc}") from None
+            _generators[w.address] = Generator(Llama(w), tokenizer)
+        return _generators[w.address]
 
 
-@functools.cache
-def smollm2() -> Generator:
-    """The chat model, loaded once per process (weights: models.gguf_weights.load)."""
-    w = gguf_weights.load()
-    return Generator(Llama(w), BPETokenizer(w.vocab))
+_generators: dict[str, Generator] = {}
+_lock = threading.Lock()
 
 
 @functools.cache

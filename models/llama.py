@@ -1,12 +1,14 @@
-"""A numpy forward pass of a Llama decoder (SmolLM2-135M) with a KV cache.
+"""A numpy forward pass of a Llama-family decoder (SmolLM2, Qwen2.5; models.archs) with a KV
+cache.
 
 Every product with a weight matrix goes through the executor (models.executor: local numpy,
 or the swarm), a layer's independent products in one call (Q, K and V; gate and up); the
 non-linear steps (RMSNorm, RoPE, softmax, SwiGLU) and the attention products with the cache
 run here, on the requester. The arithmetic follows
 llama.cpp's for the same file: RMSNorm ``x / sqrt(mean(x^2) + eps) * w``, rotary pairs that
-sit side by side (GGUF's permuted Q/K, see models.gguf_weights), query head h reading KV head
-``h // (n_heads / n_kv_heads)``, SiLU-gated FFN, tied output head.
+sit side by side for Llama files (GGUF's permuted Q/K, see models.gguf_weights) or halves apart
+for Qwen2 (``rope_style``), Q/K/V biases where the file has them, query head h reading KV head
+``h // (n_heads / n_kv_heads)``, SiLU-gated FFN, the output head tied to the embeddings or not.
 """
 
 from __future__ import annotations
@@ -15,7 +17,17 @@ import numpy as np
 
 from models.executor import Executor, LocalExecutor, Product
 from models.gguf_weights import LlamaConfig, LlamaWeights
-from models.span import PARTS, KVCache, Layer, Seq, apply_rope, rms_norm, rope_tables, run_layers
+from models.span import (
+    PARTS,
+    KVCache,
+    Layer,
+    Seq,
+    apply_rope,
+    biases,
+    rms_norm,
+    rope_tables,
+    run_layers,
+)
 
 __all__ = ["KVCache", "Llama", "apply_rope", "rms_norm", "rope_tables"]
 
@@ -27,7 +39,8 @@ class Llama:
         self.weights = weights
         self.config = weights.config
         self.executor = executor or LocalExecutor()
-        self._head = weights.weight("token_embd.weight")  # [d, vocab]: tied embeddings
+        self._embd = weights.matrices["token_embd.weight"]  # [vocab, d]: rows by token
+        self._head = weights.weight(weights.head)  # [d, vocab] as an operand
         self._layers = [{p: weights.weight(f"blk.{i}.{p}.weight") for p in PARTS}
                         for i in range(self.config.n_layers)]
 
@@ -42,8 +55,8 @@ class Llama:
         """Blocks ``[first, first + count)`` over the residual stream ``x`` (the executor
         computes their products); a subclass runs them elsewhere (swarm.spans)."""
         w = self.weights
-        layers = [Layer(w.layer(i, "attn_norm"), w.layer(i, "ffn_norm"), self._layers[i])
-                  for i in range(first, first + count)]
+        layers = [Layer(w.layer(i, "attn_norm"), w.layer(i, "ffn_norm"), self._layers[i],
+                        biases(w, i)) for i in range(first, first + count)]
 
         def products(j: int, pairs: list) -> list[np.ndarray]:
             return self._mm(*(Product(x, layers[j].matrices[p]) for p, x in pairs))
@@ -72,13 +85,13 @@ class Llama:
         starts = [_start(np.asarray(ids, dtype=np.int64), cache, c) for ids, cache in batch]
         seqs = [s for _, s in starts]
         ids = np.concatenate([i for i, _ in starts])
-        x = np.ascontiguousarray(self._head.array[:, ids].T)  # [rows, d]
+        x = self._embd.rows(ids)  # [rows, d] float32
         bounds = np.cumsum([0] + [len(i) for i, _ in starts])
         x = self.layers(x, seqs, 0, c.n_layers)
         for s in seqs:
             s.cache.length = s.end
         rows = np.arange(len(ids)) if all_logits else bounds[1:] - 1
-        out = rms_norm(x[rows], w.tensors["output_norm.weight"], c.norm_eps)
+        out = rms_norm(x[rows], w.vectors["output_norm.weight"], c.norm_eps)
         (logits,) = self._mm(Product(out, self._head))
         if all_logits:
             return [logits[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -27,7 +27,7 @@ bound). See SECURITY.md, "Spans of layers".
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +39,8 @@ PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn
 INPUT_OF = {"attn_q": "h_attn", "attn_k": "h_attn", "attn_v": "h_attn", "attn_output": "attn",
             "ffn_gate": "h_ffn", "ffn_up": "h_ffn", "ffn_down": "act"}
 """Which recorded input each product multiplies."""
+BIASED = ("attn_q", "attn_k", "attn_v")
+"""The products that may carry a bias (Qwen2's Q, K and V)."""
 TRACE = ("h_attn", "attn_q", "attn_k", "attn_v", "attn", "attn_output", "h_ffn", "ffn_gate",
          "ffn_up", "act", "ffn_down")
 """One layer's columns of a trace, left to right."""
@@ -80,8 +82,10 @@ def matrix_shapes(c) -> dict[str, tuple[int, int]]:
 
 
 def layer_size(c) -> int:
-    """Floats of one layer in a bundle: two norm vectors, then the matrices in PARTS order."""
-    return 2 * c.d_model + sum(k * n for k, n in matrix_shapes(c).values())
+    """Floats of one layer in a bundle: two norm vectors, the matrices in PARTS order, then
+    (``qkv_bias``) the biases in BIASED order."""
+    bias = sum(widths(c)[p] for p in BIASED) if c.qkv_bias else 0
+    return 2 * c.d_model + sum(k * n for k, n in matrix_shapes(c).values()) + bias
 
 
 def bundle(weights, first: int, count: int) -> np.ndarray:
@@ -91,16 +95,20 @@ def bundle(weights, first: int, count: int) -> np.ndarray:
     for i in range(first, first + count):
         parts += [weights.layer(i, "attn_norm"), weights.layer(i, "ffn_norm")]
         parts += [weights.layer(i, p).reshape(-1) for p in PARTS]
+        if weights.config.qkv_bias:
+            parts += [weights.bias(i, p) for p in BIASED]
     return np.concatenate(parts).astype(np.float32, copy=False)
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One block's weights (views into a bundle, or the model's own arrays)."""
+    """One block's weights (views into a bundle, or the model's own arrays); ``biases`` by
+    part (Q, K and V of a Qwen2 block), added after the product."""
 
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
     matrices: dict[str, np.ndarray]
+    biases: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def unbundle(flat: np.ndarray, c, count: int) -> list[Layer]:
@@ -113,18 +121,27 @@ def unbundle(flat: np.ndarray, c, count: int) -> list[Layer]:
     for _ in range(count):
         an, fn = flat[at:at + d], flat[at + d:at + 2 * d]
         at += 2 * d
-        mats = {}
+        mats, bias = {}, {}
         for p in PARTS:
             k, n = shapes[p]
             mats[p] = flat[at:at + k * n].reshape(k, n)
             at += k * n
-        layers.append(Layer(an, fn, mats))
+        for p in BIASED if c.qkv_bias else ():
+            bias[p] = flat[at:at + shapes[p][1]]
+            at += shapes[p][1]
+        layers.append(Layer(an, fn, mats, bias))
     return layers
 
 
 def model_layers(weights, first: int, count: int) -> list[Layer]:
+    """Layers ``[first, first + count)`` of ``weights`` with float32 ``[in, out]`` matrices."""
     return [Layer(weights.layer(i, "attn_norm"), weights.layer(i, "ffn_norm"),
-                  {p: weights.layer(i, p) for p in PARTS}) for i in range(first, first + count)]
+                  {p: weights.layer(i, p) for p in PARTS}, biases(weights, i))
+            for i in range(first, first + count)]
+
+
+def biases(weights, i: int) -> dict[str, np.ndarray]:
+    return {p: b for p in BIASED if (b := weights.bias(i, p)) is not None}
 
 
 # -- the layer pass -----------------------------------------------------------------------------
@@ -134,20 +151,28 @@ Products = Callable[[int, list[tuple[str, np.ndarray]]], list[np.ndarray]]
 
 
 def rope_tables(c, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, [len(positions), head_dim / 2], for llama.cpp's adjacent-pair rotation."""
+    """cos and sin, [len(positions), head_dim / 2]: pair i turns by ``position * scale *
+    base^(-2i/head_dim) / freqs[i]`` (llama.cpp's angles, linear scaling and freq factors)."""
     half = c.head_dim // 2
     inv_freq = c.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / c.head_dim)
-    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    if c.rope_freqs is not None:
+        inv_freq = inv_freq / np.asarray(c.rope_freqs, np.float64)
+    angles = (positions.astype(np.float64) * c.rope_scale)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate each adjacent pair (2i, 2i+1) of x [tokens, heads, head_dim] by its angle."""
-    x0, x1 = x[..., 0::2], x[..., 1::2]
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+               style: str = "norm") -> np.ndarray:
+    """Rotate pairs of x [tokens, heads, head_dim] by their angles: adjacent pairs (2i, 2i+1)
+    for ``norm``, (i, i + head_dim/2) for ``neox`` (models.decoder.ROPE_STYLES)."""
+    half = x.shape[-1] // 2
+    lo, hi = (np.s_[..., 0::2], np.s_[..., 1::2]) if style == "norm" else \
+        (np.s_[..., :half], np.s_[..., half:])
+    x0, x1 = x[lo], x[hi]
     cc, s = cos[:, None, :], sin[:, None, :]
     out = np.empty_like(x)
-    out[..., 0::2] = x0 * cc - x1 * s
-    out[..., 1::2] = x0 * s + x1 * cc
+    out[lo] = x0 * cc - x1 * s
+    out[hi] = x0 * s + x1 * cc
     return out
 
 
@@ -242,11 +267,15 @@ def run_layers(c, layers: Sequence[Layer], x: np.ndarray, seqs: Sequence[Seq],
         ci = cache_first + j
         h = rms_norm(x, lw.attn_norm, c.norm_eps)
         q_all, k_all, v_all = products(j, [("attn_q", h), ("attn_k", h), ("attn_v", h)])
+        if lw.biases:
+            q_all, k_all, v_all = (y + lw.biases[p] for y, p in
+                                   zip((q_all, k_all, v_all), ("attn_q", "attn_k", "attn_v"),
+                                       strict=True))
         attn = np.empty_like(q_all)
         for s, lo, hi in zip(seqs, bounds[:-1], bounds[1:], strict=True):
             n, cache = hi - lo, s.cache
-            q = apply_rope(q_all[lo:hi].reshape(n, nh, hd), s.cos, s.sin)
-            k = apply_rope(k_all[lo:hi].reshape(n, nkv, hd), s.cos, s.sin)
+            q = apply_rope(q_all[lo:hi].reshape(n, nh, hd), s.cos, s.sin, c.rope_style)
+            k = apply_rope(k_all[lo:hi].reshape(n, nkv, hd), s.cos, s.sin, c.rope_style)
             cache.k[ci, :, s.begin:s.end] = k.transpose(1, 0, 2)
             cache.v[ci, :, s.begin:s.end] = v_all[lo:hi].reshape(n, nkv, hd).transpose(1, 0, 2)
             keys, values = cache.k[ci, :, :s.end], cache.v[ci, :, :s.end]  # [nkv, end, hd]

@@ -279,7 +279,7 @@ class Client:
         self._inflight: set[cf.Future] = set()
         self._named: dict[str, ActorHandle] = {}
         self._embedders: dict[str, Any] = {}
-        self._span_model: Any = None
+        self._span_models: dict[str, Any] = {}
         _OPEN.append(self)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -487,17 +487,81 @@ class Client:
             raise TypeError("data must be 'mnist', a path to an .npz, or a Dataset")
         return training.start(self, data, config, resume)
 
-    def span_model(self):
-        """SmolLM2 with its blocks on this client's workers (:class:`swarm.spans.SpanLlama`,
-        every value checked), made once: its weight bundles are put once and stay cached on
-        the workers. What :meth:`generate` runs when the client has workers."""
+    def span_model(self, model: str | Path | None = None):
+        """The chat model ``model`` (a .gguf path or a known name, default SmolLM2) with its
+        blocks on this client's workers (:class:`swarm.spans.SpanLlama`, every value checked),
+        made once per model: its weight bundles are put once and stay cached on the workers.
+        What :meth:`generate` runs when the client has workers."""
         self._check_open()
-        if self._span_model is None:
-            from models.generate import smollm2
+        from models.generate import generator
+
+        weights = generator(model).model.weights
+        if weights.address not in self._span_models:
             from swarm.spans import SpanLlama
 
-            self._span_model = SpanLlama(self, smollm2().model.weights)
-        return self._span_model
+            self._span_models[weights.address] = SpanLlama(self, weights)
+        return self._span_models[weights.address]
+
+    # -- verified work on workers -----------------------------------------------------------
+    # The public surface that work checked on the requester builds on (swarm.spans,
+    # swarm.embedding, swarm.executor): start a call on a worker, check its result yourself,
+    # then accept it or report it with the proof. None of them reaches into this class.
+
+    def new_instance(self) -> int:
+        """A fresh actor instance number for this client's calls (a worker keeps one actor
+        per instance: a span's KV caches, for example)."""
+        return next(self._instances)
+
+    def start_call(self, peer: PeerId, actor: str, method: str,
+                   arrays: Sequence[np.ndarray | ObjectRef], params: dict[str, Any], *,
+                   instance: int = 0, seq: int = -1, report: Any = None,
+                   timeout: float = 120.0) -> cf.Future:
+        """Start ``actor.method(arrays, params)`` on ``peer``; an ObjectRef travels by content
+        address once the worker holds it. The future gives ``(call, reply)``: the call as
+        sent (the evidence of a report) and the worker's result, **unchecked**; it raises
+        LinkClosed, TaskFailure or TimeoutError. ``report`` (a PeerReport) counts the bytes."""
+        self._check_open()
+        return self._submit(self._start_call(peer, actor, method, arrays, params, instance,
+                                             seq, report, timeout))
+
+    async def _start_call(self, peer: PeerId, actor: str, method: str,
+                          arrays: Sequence[np.ndarray | ObjectRef], params: dict[str, Any],
+                          instance: int, seq: int, report: Any, timeout: float):
+        args = []
+        for x in arrays:
+            arr, oid = await self._resolve(x)
+            args.append(Arg(arr, oid))
+        call = Call(actor, method, tuple(args), params)
+        reply = await asyncio.wait_for(self._node.requester.call(
+            peer, call, instance=instance, seq=seq, report=report), timeout)
+        return call, reply
+
+    def accept(self, peer: PeerId, task: int) -> None:
+        """``peer``'s result to ``task`` was checked and used: it may let it go."""
+        self._loop.loop.call_soon_threadsafe(self._node.requester.accept, peer, [task])
+
+    def report(self, peer: PeerId, call: Call, reply: Any, reason: str) -> None:
+        """``peer``'s result was wrong: with ``reply`` (what it signed) as evidence anyone can
+        re-check; with None (nothing provable) it counts against the peer here only."""
+        self._loop.loop.call_soon_threadsafe(self._node.requester.report, peer, call, reply,
+                                             reason)
+
+    def matmul_job(self, a: Operand, b: Operand, **options: Any) -> cf.Future:
+        """Start ``a @ b`` as a verified matmul job (options as for ``matmul``); the future
+        gives ``(c, report)``, this job's own JobReport (``last_report`` is whichever job
+        ended last)."""
+        self._check_open()
+        opts = validate(TASK_OPTIONS, options, "matmul_job()")
+        return self._submit(self._matmul_reported(a, b, opts))
+
+    def keep_fingerprints(self, weights: int) -> None:
+        """Keep the check's fingerprint ``b @ R`` for at least ``weights`` right-hand operands
+        (a model cycling through more than the cache holds would recompute it every time)."""
+        self._verifier.max_entries = max(self._verifier.max_entries, weights)
+
+    def proven_liars(self) -> set[PeerId]:
+        """Peers proven to have lied (they get no work from this client)."""
+        return set(self._node.proven_liars)
 
     # -- actors ---------------------------------------------------------------------------
 
@@ -545,9 +609,12 @@ class Client:
     def generate(self, prompt: str | Sequence[dict], *, max_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] = (), chat: bool = True, usage: Any = None,
-                 executor: Any = None, model: Any = None) -> Iterator[str]:
-        """Stream SmolLM2-135M-Instruct's text for ``prompt`` as it is decoded (pieces of
-        text; they join to the whole). ``chat`` puts a string prompt through the model's
+                 model: str | Path | None = None, executor: Any = None,
+                 forward: Any = None) -> Iterator[str]:
+        """Stream a chat model's text for ``prompt`` as it is decoded (pieces of text; they
+        join to the whole). ``model`` is a .gguf path (Llama or Qwen2 architecture) or a known
+        name (``smollm2``, the default; ``qwen2.5-0.5b``); a file this code cannot run raises
+        ``models.gguf_file.WeightsError``. ``chat`` puts a string prompt through the model's
         chat template as the user's message (a list of ``{"role", "content"}`` messages always
         goes through it); ``chat=False`` continues the raw text. Greedy at ``temperature``
         0, else sampled (``top_p``, ``seed``: the same seed gives the same text). Stops at
@@ -558,20 +625,20 @@ class Client:
         With workers, the model's blocks run on them, a span each, and every value they
         return is checked here (:meth:`span_model`); with none, the forward runs in this
         process (numpy). ``executor`` (a ``models.executor.Executor``) runs only the weight
-        products elsewhere instead; ``model`` (a ``models.llama.Llama``) is the forward to
-        run."""
+        products elsewhere instead; ``forward`` (a ``models.llama.Llama`` of the model's
+        weights) is the forward to run."""
         self._check_open()
-        from models.generate import GenerationError, Generator, smollm2
+        from models.generate import GenerationError, generator
         from models.llama import Llama
         from models.tokenizer_bpe import ChatError
 
-        gen = smollm2()
+        gen = generator(model)
         if executor is not None:
-            gen = Generator(Llama(gen.model.weights, executor), gen.tokenizer)
-        if model is None and executor is None and self.workers():
-            model = self.span_model()
-        if model is not None:
-            gen = Generator(model, gen.tokenizer)
+            forward = Llama(gen.model.weights, executor)
+        elif forward is None and self.workers():
+            forward = self.span_model(model)
+        if forward is not None:
+            gen = gen.using(forward)
         if isinstance(prompt, str) and not chat:
             ids: str | list[int] = prompt
         else:

@@ -15,12 +15,11 @@ every worker (:class:`swarm.executor.SwarmExecutor`).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,7 @@ from swarm.executor import SwarmExecutor
 from swarm.links import shm
 from swarm.runtime.actors import MiniLMActor
 from swarm.runtime.jobcore import PeerReport
-from swarm.runtime.requester import Arg, Call, TaskFailure
+from swarm.runtime.requester import TaskFailure
 
 DEFAULT_BATCH = 32
 MAX_BATCH = 1024
@@ -163,12 +162,10 @@ class Embedder:
         per_route = max(2, -(-enc.tokens // (n * CALL_TOKENS)))
         parts = max(n, min(n * per_route, enc.tokens // MIN_CHUNK_TOKENS))
         chunks = _chunks(enc.lengths, parts, CALL_TOKENS)
-        client = self._client
         done = []
         for i, chunk in chunks.items():
             route = routes[i % len(routes)] if routes else None
-            fut = (client._loop.submit(self._call(route, x, enc, chunk))
-                   if isinstance(route, PeerId) else None)
+            fut = self._call(route, x, enc, chunk) if isinstance(route, PeerId) else None
             done.append((chunk, run.checks.submit(self._chunk, x, enc, chunk, run, route, fut)))
         out = np.empty((enc.lengths.size, DIM), np.float32)
         for chunk, fut in done:
@@ -176,13 +173,13 @@ class Embedder:
         return out
 
     def _chunk(self, x: np.ndarray, enc: Batch, chunk: _Chunk, run: _Run,
-               route: PeerId | str | None, fut: Any) -> np.ndarray:
+               route: PeerId | str | None, fut: _Started | None) -> np.ndarray:
         """The chunk's checked embeddings: from ``route`` (a worker, whose call ``fut`` is
         under way; the products route; None: here), or retried elsewhere."""
         tries = 0
         while isinstance(route, PeerId):
             if fut is None:
-                fut = self._client._loop.submit(self._call(route, x, enc, chunk))
+                fut = self._call(route, x, enc, chunk)
             got = self._take(route, fut, x, chunk, run)
             if isinstance(got, np.ndarray):
                 return got
@@ -201,25 +198,23 @@ class Embedder:
         run.add("local", PeerReport(shards=1, seconds=time.perf_counter() - started))
         return vecs
 
-    async def _call(self, peer: PeerId, x: np.ndarray, enc: Batch, chunk: _Chunk):
-        client = self._client
-        arr, oid = await client._resolve(self._bundle)
-        call = Call(MiniLMActor.NAME, "forward", (Arg(np.ascontiguousarray(x[chunk.rows])),
-                                                  Arg(arr, oid)),
-                    {"lengths": chunk.lengths.tolist(), "trace": self._verify})
+    def _call(self, peer: PeerId, x: np.ndarray, enc: Batch, chunk: _Chunk) -> _Started:
         report = PeerReport()  # counts the bundle too, the first time this worker is sent it
-        reply = await asyncio.wait_for(client.node.requester.call(peer, call, report=report),
-                                       CALL_TIMEOUT)
-        return call, reply, report
+        fut = self._client.start_call(
+            peer, MiniLMActor.NAME, "forward",
+            (np.ascontiguousarray(x[chunk.rows]), self._bundle),
+            {"lengths": chunk.lengths.tolist(), "trace": self._verify}, report=report,
+            timeout=CALL_TIMEOUT)
+        return _Started(fut, report)
 
-    def _take(self, peer: PeerId, fut: Any, x: np.ndarray, chunk: _Chunk, run: _Run
+    def _take(self, peer: PeerId, fut: _Started, x: np.ndarray, chunk: _Chunk, run: _Run
               ) -> np.ndarray | str:
         """Wait for a chunk's call and check it: its embeddings, or why not ("matmul only":
         the worker hosts no ``minilm`` actor; else it was lost, refused or lied, and gets no
         more chunks)."""
         client = self._client
         try:
-            call, reply, report = fut.result(CALL_TIMEOUT + 10)
+            (call, reply), report = fut.future.result(CALL_TIMEOUT + 10), fut.report
         except (LinkClosed, TaskFailure, TimeoutError) as exc:
             if isinstance(exc, TaskFailure) and exc.kind == "invalid" \
                     and "no installed actor" in str(exc):
@@ -246,18 +241,21 @@ class Embedder:
             run.add(str(peer), report)
             with self._lock:
                 self._excluded.add(peer)
-            client._loop.submit(self._report(peer, call, reply, f"minilm: {exc}"))
+            client.report(peer, call, reply, f"minilm: {exc}")
             return "lied"
         report.verified = int(self._verify)
         run.add(str(peer), report)
-        client._loop.submit(self._accept(peer, reply.task))
+        client.accept(peer, reply.task)
         return pool(hidden, chunk.lengths)
 
-    async def _accept(self, peer: PeerId, task: int) -> None:
-        self._client.node.requester.accept(peer, [task])
 
-    async def _report(self, peer: PeerId, call: Call, reply: Any, reason: str) -> None:
-        self._client.node.requester.report(peer, call, reply, reason)
+
+@dataclass(frozen=True)
+class _Started:
+    """A chunk's call under way (``future`` gives ``(call, reply)``) and its byte counts."""
+
+    future: Future
+    report: PeerReport
 
 
 @dataclass(frozen=True)

@@ -58,29 +58,26 @@ class SwarmExecutor:
             self._ref(w)
         # the check keeps b @ R per weight: a model cycling through more weights than the
         # cache holds would recompute it for every product (24 for MiniLM against 8)
-        verifier = self._client._verifier
-        verifier.max_entries = max(verifier.max_entries, len(self._refs) + 8)
+        self._client.keep_fingerprints(len(self._refs) + 8)
 
     def matmuls(self, products: Sequence[Product]) -> list[np.ndarray]:
         futs = []
         for p in products:
             p.check()
             right = self._ref(p.w) if isinstance(p.w, Weight) else p.w
-            futs.append(self._client._submit(self._job(np.ascontiguousarray(p.x), right)))
+            futs.append(self._client.matmul_job(np.ascontiguousarray(p.x), right, **self._opts))
         try:
-            return [f.result(self._timeout) for f in futs]
+            done = [f.result(self._timeout) for f in futs]
         except cf.TimeoutError:
             for f in futs:
                 f.cancel()
             raise ExecutorError(f"the swarm gave no checked result within {self._timeout} s"
                                 ) from None
-
-    async def _job(self, x: np.ndarray, right: np.ndarray | ObjectRef) -> np.ndarray:
-        c, report = await self._client._matmul_reported(x, right, self._opts)
         with self._totals_lock:
-            for peer, r in report.peers.items():
-                self._totals.setdefault(peer, PeerReport()).add(r)
-        return np.ascontiguousarray(c, np.float32)
+            for _, report in done:
+                for peer, r in report.peers.items():
+                    self._totals.setdefault(peer, PeerReport()).add(r)
+        return [np.ascontiguousarray(c, np.float32) for c, _ in done]
 
     def session(self) -> SwarmExecutor:
         """An executor on the same client and weights (sent once, shared) whose report counts

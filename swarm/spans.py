@@ -1,4 +1,5 @@
-"""SmolLM2 over the swarm: workers host spans of Llama blocks, the requester checks every value.
+"""A chat model over the swarm: workers host spans of Llama-family blocks (SmolLM2, Qwen2.5), the
+requester checks every value.
 
 :class:`SpanLlama` is a :class:`models.llama.Llama` whose blocks run on workers, a span of
 consecutive layers each (as Petals does): the span's weights go once, as one content-addressed
@@ -21,10 +22,10 @@ sequence's whole past as one prefill to rebuild its cache; the text goes on unch
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from models.llama import Llama
 from models.span import Fingerprints, KVCache, Seq, SpanMismatch, TraceCheck, run_layers
 from swarm.errors import LinkClosed
 from swarm.runtime.actors import LlamaSpanActor, SpanConfig
-from swarm.runtime.requester import Arg, Call, TaskFailure
+from swarm.runtime.requester import Call, TaskFailure
 
 CALL_TIMEOUT = 120.0
 """Seconds one span call may take before its worker counts as lost."""
@@ -168,7 +169,7 @@ class SpanLlama(Llama):
             return None
         # spread spans over workers: span k prefers the k-th, any live one otherwise
         peer = live[k % len(live)]
-        host = self._hosts[k] = _Host(peer, next(self._client._instances))
+        host = self._hosts[k] = _Host(peer, self._client.new_instance())
         return host
 
     def _try(self, k: int, host: _Host, x: np.ndarray, seqs: list[Seq],
@@ -191,7 +192,7 @@ class SpanLlama(Llama):
         client = self._client
         started = time.perf_counter()
         try:
-            call, reply = client._loop.run(self._call(k, host, send, params), CALL_TIMEOUT)
+            call, reply = self._call(k, host, send, params).result(CALL_TIMEOUT + 10)
         except (LinkClosed, TaskFailure, TimeoutError) as exc:
             self.stats.rejected += 1
             # a cache the worker no longer holds is rebuilt there (a fresh instance, every
@@ -220,13 +221,13 @@ class SpanLlama(Llama):
             self.stats.checks += time.perf_counter() - started
             self.stats.rejected += 1
             reason = f"llama_span layers {first}..{first + count - 1}: {exc}"
-            client._loop.submit(self._report(host.peer, call, reply, reason, exc.signed_lie))
+            self._report(host.peer, call, reply, reason, exc.signed_lie)
             self._excluded.add(host.peer)
             self._hosts[k] = None
             self._forget_finished()
             return None
         self.stats.checks += time.perf_counter() - started
-        client._loop.submit(self._accept(host.peer, reply.task))
+        client.accept(host.peer, reply.task)
         host.sids |= {h.sid for h in hists}
         if rebuild:
             self.stats.rebuilt += any(s.begin for s in seqs)
@@ -242,22 +243,13 @@ class SpanLlama(Llama):
         held = set().union(*(h.sids for h in self._hosts if h is not None))
         self._finished &= held
 
-    async def _call(self, k: int, host: _Host, send: np.ndarray, params: dict):
-        client = self._client
-        arr, oid = await client._resolve(self._bundles[k])
-        call = Call(LlamaSpanActor.NAME, "forward", (Arg(send), Arg(arr, oid)), params)
-        reply = await client.node.requester.call(host.peer, call, instance=host.instance,
-                                                 seq=next(host.seq))
-        return call, reply
+    def _call(self, k: int, host: _Host, send: np.ndarray, params: dict) -> Future:
+        return self._client.start_call(host.peer, LlamaSpanActor.NAME, "forward",
+                                       (send, self._bundles[k]), params,
+                                       instance=host.instance, seq=next(host.seq),
+                                       timeout=CALL_TIMEOUT)
 
-    async def _accept(self, peer: PeerId, task: int) -> None:
-        self._client.node.requester.accept(peer, [task])
-
-    async def _report(self, peer: PeerId, call: Call, reply: Any, reason: str,
-                      provable: bool) -> None:
-        req = self._client.node.requester
-        if provable:
-            req.report(peer, call, reply, reason)
-        else:  # nothing a third party could re-check: counts against it here only
-            req.report(peer, call, None, reason)
-        await asyncio.sleep(0)
+    def _report(self, peer: PeerId, call: Call, reply: Any, reason: str,
+                provable: bool) -> None:
+        # not provable: nothing a third party could re-check, so it counts here only
+        self._client.report(peer, call, reply if provable else None, reason)

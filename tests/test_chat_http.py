@@ -11,7 +11,7 @@ import urllib.request
 import openai
 import pytest
 
-from models.generate import smollm2
+from models.generate import generator, smollm2
 from swarm.processes.member import openai_api
 from tests.conftest import served_api
 
@@ -36,9 +36,9 @@ def test_non_stream_and_stream_agree(api):
     got = api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12,
                                       temperature=0)
     text = got.choices[0].message.content
-    want = smollm2().complete(smollm2().chat_prompt(HELLO), max_tokens=12)[0]
+    want = generator().complete(generator().chat_prompt(HELLO), max_tokens=12)[0]
     assert text == want and text and got.choices[0].message.role == "assistant"
-    n_prompt = len(smollm2().chat_prompt(HELLO))
+    n_prompt = len(generator().chat_prompt(HELLO))
     assert got.usage.prompt_tokens == n_prompt
     assert got.usage.total_tokens == n_prompt + got.usage.completion_tokens
     assert 1 <= got.usage.completion_tokens <= 12 and got.object == "chat.completion"
@@ -59,7 +59,7 @@ def test_the_blocks_ran_on_the_worker(api, served):
     got = api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6,
                                       temperature=0)
     assert got.choices[0].message.content == \
-        smollm2().complete(smollm2().chat_prompt(HELLO), max_tokens=6)[0]
+        generator().complete(generator().chat_prompt(HELLO), max_tokens=6)[0]
     store = served[2].node.requester.store
     assert any(a.nbytes > 400e6 for a in store.arrays()), [a.nbytes for a in store.arrays()]
 

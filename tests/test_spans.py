@@ -81,7 +81,7 @@ def test_greedy_tokens_through_two_spans_equal_the_local_forward(weights, want):
         assert model.take_stats().calls == 2 * (TOKENS + 1)
         # client.generate streams the same text through the spans
         ask = "What is the capital of France?"
-        assert "".join(client.generate(ask, max_tokens=12, model=model)) == \
+        assert "".join(client.generate(ask, max_tokens=12, forward=model)) == \
             "".join(client.generate(ask, max_tokens=12))
         assert_finished_sequences_dropped(model)
 

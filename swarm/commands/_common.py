@@ -128,3 +128,35 @@ INTERRUPTED_CODE = 128 + 2  # what the shell reports after SIGINT; `left` events
 def left_event(reason: str, exit_code: int) -> dict[str, Any]:
     """The last JSON line of `publish --json` and `join --json`: why the member left."""
     return {"event": "left", "reason": reason, "exit_code": exit_code}
+
+
+def add_model_option(p: argparse.ArgumentParser) -> None:
+    """``--model`` (repeatable) for a member that serves chat on ``--http``."""
+    p.add_argument("--model", action="append", default=[], metavar="PATH|NAME",
+                   help="a chat model /v1/chat/completions serves with --http (repeatable): "
+                   "a .gguf file (llama or qwen2 architecture) or a known model: smollm2 "
+                   "(default), qwen2.5-0.5b")
+
+
+def chat_models(args: argparse.Namespace) -> list:
+    """The ``--model`` files, each checked before anything starts (models.catalog.describe):
+    a file this code cannot run is a ConfigError (exit 2), a known model not installed here
+    a LocalError (exit 4)."""
+    from swarm.errors import ConfigError, LocalError
+
+    if not args.model:
+        return []
+    if not args.http:
+        raise ConfigError("--model names what the chat API serves: it needs --http")
+    from models.catalog import describe
+    from models.gguf_file import ModelMissing, WeightsError
+
+    refs = []
+    for m in args.model:
+        try:
+            refs.append(describe(m))
+        except ModelMissing as exc:
+            raise LocalError(str(exc)) from None
+        except WeightsError as exc:
+            raise ConfigError(str(exc)) from None
+    return refs

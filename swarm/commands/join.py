@@ -8,6 +8,8 @@ import sys
 from swarm.commands._common import (
     INTERRUPTED_CODE,
     add_json_option,
+    add_model_option,
+    chat_models,
     claim_data_dir,
     interrupted_exit,
     left_event,
@@ -55,6 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http", metavar="HOST:PORT",
                    help="also serve browser tabs: join page (link and QR code printed), "
                         "tab signaling and the live status panel (port 0: any free one)")
+    add_model_option(p)
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"],
                    help="compute backend (auto: the fastest that validates)")
     p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
@@ -97,12 +100,14 @@ def run(args: argparse.Namespace) -> int:
         from swarm.web.server import parse_http
 
         http = parse_http(args.http)
+    models = chat_models(args)
     reason = swarm_loop.run(member.serve(join, args.data_dir, backend=args.backend,
                                          port=args.port, host=args.host, threads=args.threads,
                                          ready=ready, store_capacity=args.max_memory,
                                          coordinate=not args.no_coordinate,
                                          ice_servers=args.ice_servers,
-                                         relay_data=args.relay_data, http=http))
+                                         relay_data=args.relay_data, http=http,
+                                         models=models))
     print(f"swarm join: left ({reason})", file=sys.stderr)
     code = 0
     if reason.startswith(("kicked", "this peer is blocked")):

@@ -8,6 +8,8 @@ import sys
 from swarm.commands._common import (
     INTERRUPTED_CODE,
     add_json_option,
+    add_model_option,
+    chat_models,
     claim_data_dir,
     interrupted_exit,
     left_event,
@@ -47,6 +49,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http", metavar="HOST:PORT",
                    help="also serve browser tabs: join page (link and QR code printed), "
                         "tab signaling and the live status panel (port 0: any free one)")
+    add_model_option(p)
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
     add_json_option(p, 'one object per line instead of the URI: {"event": '
                        '"published", "uri", "peer", "owner", ...} once up, {"event": "left", '
@@ -84,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         from swarm.web.server import parse_http
 
         http = parse_http(args.http)
+    models = chat_models(args)
     claim_data_dir(args)
     swarm = owned.load(args.data_dir, args.name)
     if swarm is None:
@@ -115,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     reason = swarm_loop.run(member.serve(uri, args.data_dir, backend=args.backend, port=args.port,
                                          host=args.host, publication=pub, ready=ready,
                                          ice_servers=args.ice_servers,
-                                         relay_data=args.relay_data, http=http))
+                                         relay_data=args.relay_data, http=http,
+                                         models=models))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     if args.json:
         print_json(left_event(reason, INTERRUPTED_CODE if reason == member.INTERRUPTED else 0))

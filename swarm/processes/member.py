@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from identity import PeerKey, Signed
 from swarm.control import charter
@@ -30,6 +31,9 @@ from swarm.node import Node, NodeConfig
 from swarm.runtime.chaos import ENV as CHAOS_ENV
 from swarm.runtime.chaos import parse as parse_chaos
 from swarm.uri import JoinURI
+
+if TYPE_CHECKING:
+    from models.catalog import ModelRef
 
 log = logging.getLogger("swarm.member")
 CHARTER_WAIT = 15.0
@@ -71,10 +75,12 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
                 ready: Callable[[Ready], None] | None = None,
                 stop: asyncio.Event | None = None, store_capacity: int = 4 << 30,
                 coordinate: bool = True, ice_servers: Sequence[object] = (),
-                relay_data: int = 0, http: tuple[str, int] | None = None) -> str:
+                relay_data: int = 0, http: tuple[str, int] | None = None,
+                models: Sequence[ModelRef] = ()) -> str:
     """Be a member until ``stop`` (or SIGTERM/SIGINT) or until kicked/blocked; why we left.
 
-    ``http=(host, port)`` also serves browser tabs (join page, signaling, status panel)."""
+    ``http=(host, port)`` also serves browser tabs (join page, signaling, status panel) and
+    the OpenAI-compatible API, whose chat serves ``models`` (default SmolLM2)."""
     started = time.monotonic()
     if uri.salt != charter.CHARTER_SALT:
         raise ConfigError(f"s: this swarm version only knows the salt {charter.CHARTER_SALT!r}")
@@ -117,7 +123,7 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
             from swarm.web.server import start_for_member
 
             web_server = await start_for_member(node, control, uri, me, http,
-                                                openai_api(node))
+                                                openai_api(node, models))
         if ready is not None:
             ready(Ready(node, control, me, time.monotonic() - started,
                         web_server.url if web_server else None))
@@ -155,24 +161,32 @@ async def _fetch_charter(node: Node, uri: JoinURI, floor: int) -> charter.Charte
         delay = min(delay * 2, 1.0)
 
 
-def openai_api(node: Node):
+def openai_api(node: Node, models: Sequence[ModelRef] = ()):
     """All of this member's OpenAI-compatible routes: /v1/embeddings, /v1/chat/completions
     and /v1/models (swarm.web.chat), under the one API key, on one client of its node.
-    Chat runs SmolLM2's blocks on the swarm's other workers, every value checked
-    (``Client.span_model``), and on this member's own forward when it has none."""
-    from models.generate import Generator, smollm2
-    from swarm.web.chat import ChatAPI, Routes
+    Chat serves ``models`` (checked files, models.catalog.describe; default SmolLM2) and runs
+    their blocks on the swarm's other workers, every value checked (``Client.span_model``),
+    and on this member's own forward when it has none."""
+    from models.catalog import DEFAULT, KNOWN
+    from models.generate import generator
+    from swarm.web.chat import ChatAPI, Routes, ServedModel
     from swarm.web.embeddings import api_key
 
     client = _node_client(node)
 
-    def chat_generator():  # in a thread: the client's calls block
-        c = client()
-        gen = smollm2()
-        return Generator(c.span_model(), gen.tokenizer) if c.workers() else gen
+    def chat_generator(path: Path | None):
+        def made():  # in a thread: the client's calls block, the file is read on first use
+            c, gen = client(), generator(path)
+            return gen.using(c.span_model(path)) if c.workers() else gen
+        return made
 
+    if models:
+        served = [ServedModel(r.name, r.ids(), chat_generator(r.path)) for r in models]
+    else:  # the default model, named without reading its file here, on the member's loop
+        known = KNOWN[DEFAULT]
+        served = [ServedModel(known.name, (known.name, *known.aliases), chat_generator(None))]
     return Routes(embeddings_api(node, client),
-                  ChatAPI(api_key(Path(node.config.data_dir)), chat_generator))
+                  ChatAPI(api_key(Path(node.config.data_dir)), served))
 
 
 def _node_client(node: Node):

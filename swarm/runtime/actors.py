@@ -175,6 +175,10 @@ class SpanConfig:
     context_length: int
     rope_base: float
     norm_eps: float
+    rope_style: str = "norm"
+    rope_scale: float = 1.0
+    rope_freqs: tuple[float, ...] | None = None
+    qkv_bias: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -185,7 +189,9 @@ class SpanConfig:
         return cls(*(getattr(config, f) for f in cls.__dataclass_fields__))
 
     def params(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out["rope_freqs"] = None if self.rope_freqs is None else list(self.rope_freqs)
+        return out
 
     @classmethod
     def parse(cls, given: Any) -> SpanConfig:
@@ -203,7 +209,22 @@ class SpanConfig:
                 or (given["d_model"] // given["n_heads"]) % 2:
             raise ValueError("config: heads must divide d_model (even head size) and KV heads "
                              "the heads")
-        return cls(**given)
+        if given["rope_style"] not in ("norm", "neox"):
+            raise ValueError("config rope_style must be 'norm' or 'neox'")
+        if not isinstance(given["qkv_bias"], bool):
+            raise ValueError("config qkv_bias must be true or false")
+        v = given["rope_scale"]
+        if not isinstance(v, float | int) or isinstance(v, bool) or not 0 < v <= 1e6:
+            raise ValueError("config rope_scale must be a positive number")
+        freqs = given["rope_freqs"]
+        if freqs is not None:
+            half = given["d_model"] // given["n_heads"] // 2
+            if not isinstance(freqs, list | tuple) or len(freqs) != half or not all(
+                    isinstance(f, float | int) and not isinstance(f, bool) and 0 < f < 1e12
+                    for f in freqs):
+                raise ValueError(f"config rope_freqs must be null or {half} positive numbers")
+            freqs = tuple(float(f) for f in freqs)
+        return cls(**{**given, "rope_freqs": freqs})
 
 
 def _int(v: Any, lo: int, hi: int) -> bool:

@@ -1,14 +1,16 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models`` on ``--http``.
 
 ``openai.OpenAI(base_url="http://HOST:PORT/v1", api_key=KEY).chat.completions.create(
-model="SmolLM2-135M-Instruct", messages=[...])`` works unchanged, with ``stream=True`` as
+model="SmolLM2-135M-Instruct", messages=[...])`` works unchanged (``model``: any chat model
+this member serves, by its name, content address or alias; ``/v1/models`` lists them), with ``stream=True`` as
 server-sent events in OpenAI's chunk format ending in ``data: [DONE]``. The same API key as
 /v1/embeddings (``<data dir>/api-key``) is required, checked before the body is read.
 
 Requests run one at a time on this member's local numpy forward (:mod:`models.generate`),
 with at most :data:`MAX_WAITING` queued (more: 429); batching concurrent requests into one
 decode loop is not done here yet. Every field is checked before any work: a bad request is an
-OpenAI-style 400 naming the parameter, an unknown model a 404.
+OpenAI-style 400 naming the parameter (a prompt over the context, a chat the model's template
+refuses), an unknown model a 404.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -27,7 +30,6 @@ from swarm.web.embeddings import MAX_WAITING, _error, authorised, json_request, 
 from swarm.web.embeddings import MODEL as EMBED_MODEL
 
 log = logging.getLogger("swarm.web.chat")
-MODEL = "SmolLM2-135M-Instruct"
 MAX_CHAT_BODY = 1 << 20
 """Largest chat request body (bytes)."""
 MAX_STOPS = 4
@@ -100,15 +102,29 @@ def parse(req: object) -> dict:
     return out
 
 
-class ChatAPI:
-    """The handlers; ``generator()`` gives the :class:`models.generate.Generator` (loaded on
-    first use, in a thread)."""
+@dataclass(frozen=True)
+class ServedModel:
+    """A chat model this member serves: ``generator()`` gives its
+    :class:`models.generate.Generator` (loaded on first use, in a thread)."""
 
-    def __init__(self, key: str, generator: Callable[[], object]) -> None:
+    name: str
+    """The id ``/v1/models`` lists and replies carry."""
+    ids: tuple[str, ...]
+    """Every id a request may name it by (name, content address, aliases)."""
+    generator: Callable[[], object]
+
+
+class ChatAPI:
+    """The handlers for the chat ``models`` served here."""
+
+    def __init__(self, key: str, models: Sequence[ServedModel]) -> None:
         self._key = key.encode()
-        self._generator = generator
+        self._models = list(models)
         self._lock = asyncio.Lock()
         self._waiting = 0
+
+    def _find(self, asked: object) -> ServedModel | None:
+        return next((m for m in self._models if asked in m.ids), None)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.handle)
@@ -119,15 +135,17 @@ class ChatAPI:
             return no_key()
         return web.json_response({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "swarm"}
-            for m in (MODEL, EMBED_MODEL)]})
+            for m in [m.name for m in self._models] + [EMBED_MODEL]]})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         req = await json_request(request, self._key, MAX_CHAT_BODY)
         if isinstance(req, web.Response):
             return req
-        if isinstance(req, dict) and req.get("model") not in (MODEL, f"HuggingFaceTB/{MODEL}"):
+        served = self._find(req.get("model")) if isinstance(req, dict) else None
+        if isinstance(req, dict) and served is None:
+            names = ", ".join(repr(m.name) for m in self._models)
             return _error(404, f"The model {str(req.get('model'))[:100]!r} does not exist here; "
-                               f"this member serves {MODEL!r}", "invalid_request_error",
+                               f"this member serves {names}", "invalid_request_error",
                           "model_not_found", "model")
         try:
             args = parse(req)
@@ -139,15 +157,16 @@ class ChatAPI:
         self._waiting += 1
         try:
             async with self._lock:
-                return await self._run(request, args)
+                return await self._run(request, args, served)
         finally:
             self._waiting -= 1
 
-    async def _run(self, request: web.Request, args: dict) -> web.StreamResponse:
+    async def _run(self, request: web.Request, args: dict,
+                   served: ServedModel) -> web.StreamResponse:
         from models.generate import GenerationError, Usage
 
         try:
-            gen = await asyncio.to_thread(self._generator)
+            gen = await asyncio.to_thread(served.generator)
         except Exception as e:  # e.g. the model wheel is not installed on this member
             log.warning("chat model unavailable: %s", e)
             return _error(503, f"the chat model is not available here: {e}"[:500],
@@ -172,7 +191,7 @@ class ChatAPI:
             return _error(400, str(e), "invalid_request_error", "context_length_exceeded"
                           if "context" in str(e) else None, param)
         rid, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
-        base = {"id": rid, "created": created, "model": MODEL}
+        base = {"id": rid, "created": created, "model": served.name}
         if not args["stream"]:
             text: list[str] = []
             gone = threading.Event()  # the client hung up: stop generating for it
