@@ -11,7 +11,7 @@ import urllib.request
 import openai
 import pytest
 
-from models.generate import generator, smollm2
+from models.generate import generator
 from swarm.processes.member import openai_api
 from tests.conftest import served_api
 
@@ -129,9 +129,9 @@ def test_a_non_streamed_chat_stops_when_its_client_hangs_up():
 
     from aiohttp import web
 
-    from swarm.web.chat import ChatAPI
+    from swarm.web.chat import ChatAPI, ServedModel
 
-    gen = smollm2()
+    gen = generator()
     made, ended = [], threading.Event()
 
     class Counting:  # the member's generator, counting the pieces it is asked for
@@ -150,7 +150,7 @@ def test_a_non_streamed_chat_stops_when_its_client_hangs_up():
 
     async def run() -> tuple[int, int]:
         app = web.Application()
-        ChatAPI("k" * 32, Counting).add_routes(app)
+        ChatAPI("k" * 32, [ServedModel(MODEL, (MODEL,), Counting)]).add_routes(app)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -185,10 +185,10 @@ def _chat_app(generator):
     that are not under test here)."""
     from aiohttp import web
 
-    from swarm.web.chat import ChatAPI
+    from swarm.web.chat import ChatAPI, ServedModel
 
     app = web.Application(client_max_size=64 * 1024)
-    ChatAPI("k" * 32, generator).add_routes(app)
+    ChatAPI("k" * 32, [ServedModel(MODEL, (MODEL,), generator)]).add_routes(app)
     return app
 
 
@@ -203,7 +203,7 @@ def test_a_long_chat_body_does_not_hold_the_event_loop():
     import aiohttp
     from aiohttp import web
 
-    gen = smollm2()
+    gen = generator()
     gen.chat_prompt(HELLO)  # the template compiled before measuring
 
     async def run() -> list[tuple[int, str, float]]:

@@ -287,7 +287,7 @@ def test_an_aimed_shift_of_the_recorded_input_is_caught(weights):
     params = {"first": last, "count": 1, "config": SpanConfig.of(c).params(),
               "seqs": [[1, 0, len(ids)]], "drop": []}
     (trace,) = LlamaSpanActor(None).forward([x, flat], params)
-    head, norm = m._head.array, weights.tensors["output_norm.weight"]
+    head, norm = m._head.array, weights.vectors["output_norm.weight"]
 
     def logits(tr):
         s = Seq.start(len(ids), KVCache(c, len(ids), layers=1))
