@@ -390,7 +390,7 @@ SLOWED = {"SWARM_CHAOS": "delay=100"}
 step's 400 KB of parameters through its relay first, would otherwise always be copied."""
 
 
-def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path):
+def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwright):
     """Issue 47: a tab is a training rank: it computes MLP blocks (mlp.js, the trace in a
     native worker's layout), each checked as a native worker's, and the run with 2 native
     workers and the tab learns MNIST past 0.92 (2 epochs here; bench/train.py runs 10)."""
@@ -404,7 +404,7 @@ def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path):
         cluster.uri = pub.wait_line(lambda s: s.startswith("magnet:?"), 90, "out")
         url = LINK.search(pub.wait_line(lambda s: bool(LINK.search(s)), 30)).group(1)
         cluster.join("w1", host, env=SLOWED)
-        b = Browser(tmp_path, host.ns)
+        b = Browser(tmp_path, host.ns, playwright)
         try:
             page, tab = join_tab(b, url)
             out = tmp_path / "model.safetensors"
