@@ -304,6 +304,8 @@ class DHTProtocol(KademliaProtocol):
     # -- incoming ---------------------------------------------------------------------------
 
     async def _solve_datagram(self, datagram: bytes, address: tuple) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # read before the node stopped, run after: its store is closed, no reply goes
         address = (address[0], address[1])  # an IPv6 socket adds flowinfo and scope id
         if datagram[:1] == b"d":
             self._accept_krpc(datagram, address)

@@ -179,3 +179,20 @@ def test_honest_node_survives_the_fuzzing(env):
     short(given(*REQUEST_ARGS)(_fuzz_requests))(env)
     short(given(st.data())(_fuzz_mutations))(env)
     _honest_still_fine(loop, target, honest, item)
+
+
+async def test_a_request_read_as_the_node_stops_is_dropped_without_an_error(caplog):
+    """A datagram read just before the node stopped, handled just after (its store closed):
+    the handler raised 'Cannot operate on a closed database' and the node logged it as an
+    error with its traceback, which a CLI command printed on exit (the README tour's
+    `swarm kick` failed CI so). A stopping node now drops what it has not handled yet."""
+    node = DHTNode()
+    port = await node.listen()
+    request = b"\x00" + os.urandom(20) + umsgpack.packb(["get", [os.urandom(20),
+                                                                  os.urandom(20)]])
+    protocol = node.protocol
+    await node.stop()
+    with caplog.at_level("ERROR", logger="dht"):
+        # the task datagram_received made for it runs once stop() has closed the store
+        await protocol._solve_datagram(request, ("127.0.0.1", port))
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
