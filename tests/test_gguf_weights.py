@@ -20,7 +20,10 @@ def test_loaded_once_by_content_address():
     a, b = gguf_weights.load(), gguf_weights.load()
     assert a is b
     assert a.address == gguf_file.hash_file(gguf_weights.default_path())
-    assert len(a.address) == 64 and a.name == "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    # the file's general.name, or the catalog's name when a test before this one (same
+    # process, under xdist) loaded it as the known model first: the cache keeps the first
+    assert len(a.address) == 64 and a.name in ("Smollm2 135M 8k Lc100K Mix1 Ep2",
+                                               "SmolLM2-135M-Instruct")
 
 
 def test_matrices_are_as_the_file_stores_them():
