@@ -294,8 +294,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
-          ) -> tuple[np.ndarray | None, np.ndarray]:
+def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None,
+          serial: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
     """``x @ right`` (float32; skipped when ``right`` is None) and ``(x * x) @ weights``
     (row norms squared when ``weights`` is None, float64), reading ``x`` from memory once.
 
@@ -305,7 +305,9 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     float64, so that those of any finite float32 stay finite).
     Shares of :data:`_SHARE` elements go to the pinned helper threads (:func:`_helpers`)
     when there are two or more; they wait on a lock, never spin, so on a busy machine they
-    take nothing from the computing workers between checks."""
+    take nothing from the computing workers between checks. ``serial``: all on the calling
+    thread (a caller that runs several checks at once on its own threads, and counts their
+    thread time: models.mlp's)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     if m * k <= _SMALL:  # a few numpy calls beat the compiled loop's setup
@@ -325,7 +327,7 @@ def _pass(x: np.ndarray, right: np.ndarray | None, weights: np.ndarray | None
     w = np.ones(k) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
     kernel = _kernel()
     shares = min(m, (m * k) // _SHARE)
-    helpers = _helpers() if shares >= 2 else []
+    helpers = _helpers() if shares >= 2 and not serial else []
     if len(helpers) < 2:
         kernel(x, rt, w, proj, sq, 0, m)
     else:
@@ -346,10 +348,11 @@ def row_norms2(x: np.ndarray) -> np.ndarray:
     return _pass(x, None, None)[1]
 
 
-def project(x: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def project(x: np.ndarray, right: np.ndarray, serial: bool = False
+            ) -> tuple[np.ndarray, np.ndarray]:
     """``x @ right`` (float32) and ``x``'s squared row norms (float64), reading ``x`` once:
     a weight's check vectors for several checks and its norms cost one pass over it."""
-    return _pass(x, right, None)
+    return _pass(x, right, None, serial)
 
 
 _BLAS_COLUMNS = 32
@@ -406,10 +409,11 @@ def thresholds(a: np.ndarray, c: np.ndarray, b_norms2: np.ndarray, precision: st
 
 def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2: np.ndarray,
                   precision: str = "f32", br: np.ndarray | None = None,
-                  output_unit: float = 0.0) -> bool:
+                  output_unit: float = 0.0, serial: bool = False) -> bool:
     """The check itself with check vectors ``r`` (N x rounds) and ``b``'s squared row norms
     (:func:`row_norms2`; a caller checking many results against one weight keeps them).
-    ``br`` is ``b @ r`` when the caller already has it; ``output_unit``: see :func:`judge`."""
+    ``br`` is ``b @ r`` when the caller already has it; ``output_unit``: see :func:`judge`;
+    ``serial``: see :func:`_pass`."""
     m, n = a.shape[0], b.shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
@@ -419,9 +423,9 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
         return True
     with np.errstate(over="ignore", invalid="ignore"):
         if br is None:
-            br = _pass(b, r, None)[0]
-        z, q = _pass(a, br, b_norms2)
-        cr, c_norms2 = _pass(c, r, None)
+            br = _pass(b, r, None, serial)[0]
+        z, q = _pass(a, br, b_norms2, serial)
+        cr, c_norms2 = _pass(c, r, None, serial)
     if not np.isfinite(b_norms2).all():
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
     return judge(z, q, cr, c_norms2, b.shape, precision, output_unit)

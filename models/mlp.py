@@ -287,25 +287,24 @@ class StepWeights:
     """One step's weights as the trainer checks products by them: per layer, secret check
     vectors for ``W`` (the forward's ``A @ W``) and for ``Wᵀ`` (the backward's ``dZ @ Wᵀ``),
     their fingerprints ``W @ R`` and ``Wᵀ @ R'`` and the squared row norms of ``W`` and
-    ``Wᵀ``: made once a step (the weights change every step) from three reads of each ``W``,
-    no transposed copy, and shared by the step's blocks' checks (threads)."""
+    ``Wᵀ``: made once a step (the weights change every step) from one read of each ``W``
+    (models.mlp_loops), and shared by the step's blocks' checks (threads)."""
 
     def __init__(self, params: np.ndarray, sizes: Sequence[int]) -> None:
+        from models.mlp_loops import fingerprints
+
         self.params, self.sizes = params, tuple(sizes)
         self.layers = unbundle(params, sizes)
         self.forward, self.backward = [], []
+        self.grads = [draw_vectors(w.shape[1], ROUNDS) for w, _ in self.layers]
+        """Per layer, the check vectors of ``dW = Aᵀ dZ`` (``dZ`` is each block's own: its
+        side of the check is made per block)."""
         for j, (w, _) in enumerate(self.layers):
             r = draw_vectors(w.shape[1], ROUNDS)
-            self.forward.append((r, *project(w, r)))
-            if j == 0:
-                self.backward.append(None)  # nothing flows back into the data
-                continue
-            r = draw_vectors(w.shape[0], ROUNDS)
-            with np.errstate(over="ignore"):
-                norms2 = np.einsum("ij,ij->j", w, w).astype(np.float64)
-            if not np.isfinite(norms2).all():
-                norms2 = np.einsum("ij,ij->j", w.astype(np.float64), w.astype(np.float64))
-            self.backward.append((r, np.ascontiguousarray((r.T @ w).T), norms2))
+            rb = None if j == 0 else draw_vectors(w.shape[0], ROUNDS)  # nothing flows back
+            wr, rows2, wtr, cols2 = fingerprints(w, r, rb)               # into the data
+            self.forward.append((r, wr, rows2))
+            self.backward.append(None if rb is None else (rb, wtr, cols2))
 
 
 class TraceCheck:
@@ -333,15 +332,17 @@ class TraceCheck:
         t0 = time.thread_time()
         if kind == "z":
             r, br, norms2 = step.forward[layer]
-            ok = check_product(left, right, out, r, norms2, br=br, output_unit=self.unit)
+            ok = check_product(left, right, out, r, norms2, br=br, output_unit=self.unit,
+                               serial=True)
         elif kind == "da":  # (check_product reads only Wᵀ's shape when given its br)
             r, br, norms2 = step.backward[layer]
-            ok = check_product(left, right.T, out, r, norms2, br=br, output_unit=self.unit)
-        else:  # dW = Aᵀ dZ: dZ is this block's own, its vectors are drawn for it
-            r = draw_vectors(right.shape[1], ROUNDS)
-            br, norms2 = project(right, r)
+            ok = check_product(left, right.T, out, r, norms2, br=br, output_unit=self.unit,
+                               serial=True)
+        else:  # dW = Aᵀ dZ: dZ is this block's own, its side is made here
+            r = step.grads[layer]
+            br, norms2 = project(right, r, serial=True)
             ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br,
-                               output_unit=self.unit)
+                               output_unit=self.unit, serial=True)
         self.seconds += time.thread_time() - t0
         if not ok:
             raise TraceMismatch(kind, layer, "the output is not the pass's input times the "

@@ -171,21 +171,22 @@ class Trainer:
     def apply(self, results: Sequence[mlp.BlockResult]) -> float:
         """Take one SGD step with the blocks' results (in block order); returns the batch's
         mean loss."""
-        total = np.zeros(self.params.shape, np.float64)
-        sums = mlp.unbundle(total, self.sizes)
         loss = 0.0
         correct = 0
         for r in results:
-            for (tw, tb), (gw, gb) in zip(sums, r.grads, strict=True):
-                tw += gw
-                tb += gb
             loss += r.loss
             correct += r.correct
         n = sum(int(r.rows) for r in results)
-        grad = (total / n).astype(np.float32)
-        self.velocity *= np.float32(self.config.momentum)
-        self.velocity += grad
-        self.params -= np.float32(self.lr) * self.velocity
+        from models.mlp_loops import sgd_step
+
+        at = 0
+        for j, (w, b) in enumerate(mlp.unbundle(self.params, self.sizes)):
+            for part, size in ((0, w.size), (1, b.size)):
+                span = slice(at, at + size)
+                sgd_step([r.grads[j][part] for r in results], n,
+                                   self.config.momentum, self.lr, self.velocity[span],
+                                   self.params[span])
+                at += size
         self.step += 1
         mean = loss / n
         self.losses.append(mean)
