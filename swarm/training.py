@@ -329,6 +329,7 @@ class SwarmCompute:
     async def _step(self, params: np.ndarray, blocks: Sequence[Block]
                     ) -> list[mlp.BlockResult]:
         from swarm import wire
+        from swarm.links import shm
         from swarm.runtime.objects import object_id
         from swarm.runtime.requester import Arg, Call
 
@@ -350,6 +351,7 @@ class SwarmCompute:
         def check(i: int, trace: Any) -> bool:
             if not isinstance(trace, np.ndarray) or wire.precision_of(trace) != self.precision:
                 return False  # not what was asked for (a wrong size fails below)
+            shm.populate(trace)  # the mapping's page faults at once, as transport (not check)
             t0 = time.thread_time()
             wide = wire.restore_precision(trace) if self.precision != "f32" else trace
             try:
