@@ -264,14 +264,20 @@ def traced(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.ndarra
            precision: str = "f32") -> np.ndarray:
     """The worker's side: the block's pass, each product written straight into its trace
     (and rounded there to ``precision``, the pass going on from the rounded value)."""
+    return traced_block(params, sizes, x, y, precision)[0]
+
+
+def traced_block(params: np.ndarray, sizes: Sequence[int], x: np.ndarray, y: np.ndarray,
+                 precision: str = "f32") -> tuple[np.ndarray, BlockResult]:
+    """:func:`traced`, with the worker's own result of the pass (its loss and correct count:
+    what its node's panel draws)."""
     trace = np.empty(trace_size(sizes, x.shape[0]), np.float32)
     views = trace_views(trace, sizes, x.shape[0])
 
     def products(kind: str, layer: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         return round_to(_product(kind, left, right, out=views[(kind, layer)]), precision)
 
-    run_block(params, sizes, x, y, products)
-    return trace
+    return trace, run_block(params, sizes, x, y, products)
 
 
 class TraceMismatch(ValueError):

@@ -69,6 +69,7 @@ def test_bad_data_and_arguments_name_the_field_before_anything_is_sent(tmp_path)
     assert "--http" in _usage(tmp_path, *ok, *model, "--http", "nowhere")
     assert "features" in _usage(tmp_path, *ok, "--model", "mlp:13-8-3")
     assert "--resume" in _usage(tmp_path, *ok, *model, "--resume", str(tmp_path / "ok.npz"))
+    assert not (tmp_path / "m.safetensors").exists()  # nothing half-written
 
 
 @pytest.mark.system

@@ -70,6 +70,12 @@ def test_a_corrupting_worker_changes_nothing_and_is_proven(data, reference):
             time.sleep(0.05)
         assert client.node.proven_liars == {liar}
         assert honest not in client.node.proven_liars
+        # blocked: it is offered no more work, and the next run goes on without it
+        assert liar not in client.node.requester.workers()
+        few = type(data)(data.x[:320], data.y[:320], data.x_test, data.y_test, data.name)
+        again = client.train(few, **CONFIG).result(300)
+        assert str(liar) not in again.ranks and again.rejected == 0
+        assert again.ranks[str(honest)].samples > 0
 
 
 def test_a_worker_killed_and_one_joining_mid_training_leave_the_curve_as_it_was(

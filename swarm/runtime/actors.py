@@ -447,8 +447,11 @@ class MLPActor:
                            "precision=f32|f16|bf16) -> trace"),
     }
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, feed: Any = None) -> None:
         self.backend = backend
+        self.feed = feed
+        """A :class:`swarm.runtime.training_feed.TrainingFeed` told each block's loss and
+        correct count (the node's status panel draws them), or None."""
 
     def grad(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
              ) -> list[np.ndarray]:
@@ -460,7 +463,10 @@ class MLPActor:
         y = mlp.check_labels(params["labels"], x.shape[0], sizes[-1])
         precision = params.get("precision", "f32")
         with self.backend.cpu_limit() if self.backend is not None else nullcontext():
-            trace = mlp.traced(flat, sizes, np.asarray(x, np.float32), y, precision)
+            trace, mine = mlp.traced_block(flat, sizes, np.asarray(x, np.float32), y,
+                                           precision)
+        if self.feed is not None:
+            self.feed.record(mlp.spec_text(sizes), mine.rows, mine.loss, mine.correct)
         return [wire.cast_for_transfer(trace, precision)]  # exact: the values fit already
 
 

@@ -56,6 +56,7 @@ from swarm.runtime.protocol import (
     TaskResult,
     Verdict,
 )
+from swarm.runtime.training_feed import TrainingFeed
 
 log = logging.getLogger("swarm.runtime.host")
 CRASH_EXIT = 70
@@ -110,6 +111,8 @@ class ActorHost:
                              inline_numpy=backend.name == "numpy")
         """Admission, call order, chaos: every decision on a call (sans-IO)."""
         self.stats = self.core.stats
+        self.training = TrainingFeed()
+        """The MLP blocks served here, second by second (the node's status panel)."""
         self._clock = clock
         """Measures a task's seconds."""
         self._crash = crash
@@ -185,9 +188,12 @@ class ActorHost:
         self._wake.set()
 
     def _make(self, cls: type) -> Any:
-        """A new actor instance of ``cls`` on this worker's backend (and kernel runner)."""
-        return (cls(self.backend, kernels=self.kernels)
-                if "kernels" in inspect.signature(cls).parameters else cls(self.backend))
+        """A new actor instance of ``cls`` on this worker's backend (and kernel runner, or
+        training feed, where it takes one)."""
+        wants = inspect.signature(cls).parameters
+        extra = {name: value for name, value in (("kernels", self.kernels),
+                                                 ("feed", self.training)) if name in wants}
+        return cls(self.backend, **extra)
 
     # -- running tasks ----------------------------------------------------------------------
 

@@ -167,9 +167,11 @@ class WebServer:
             # tabs that left us are listed in the DHT until their record expires: not here
             members = [m for m in data.get("members", [])
                        if m.get("via") != me or m["peer_id"] in here]
+            host = self.node.host
             data = dict(data, members=members, served_by=me,
                         tabs=[str(p) for p in self.tabs],
-                        throughput=list(self.history))
+                        throughput=list(self.history),
+                        training=host.training.series() if host is not None else [])
             self._status_cache = (now, data)
         return web.json_response(self._status_cache[1])
 

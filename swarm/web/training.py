@@ -19,6 +19,7 @@ MAX_POINTS = 2000
 """Most loss points one answer carries (a longer curve is thinned evenly, the last kept)."""
 FILES = {"/status": ("training.html", "text/html"),
          "/static/training.js": ("training.js", "text/javascript"),
+         "/static/curve.js": ("curve.js", "text/javascript"),
          "/static/style.css": ("style.css", "text/css")}
 
 

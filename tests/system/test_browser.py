@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from contextlib import closing
+from urllib.parse import urljoin
 
 import numpy as np
 import pytest
@@ -422,6 +423,13 @@ def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwri
                 panel.wait_for_function("document.body.dataset.state === 'live' && "
                                         "+(document.body.dataset.points || '0').split(',')[0]"
                                         " >= 2", timeout=120_000)
+                # and so does the panel of the node the tabs joined, from the blocks its own
+                # worker computed (swarm.runtime.training_feed)
+                node_panel = b.page()
+                node_panel.goto(urljoin(url, "/status"))
+                node_panel.wait_for_function(
+                    "(document.body.dataset.training || '').split(',')[0].split(':')"
+                    ".every((n) => +n >= 2)", timeout=120_000)
                 stdout, stderr = proc.communicate(timeout=360)
             finally:
                 proc.kill()

@@ -1,6 +1,8 @@
 // The live status panel: what `swarm status` shows, polled from /status.json, with a
 // per-peer throughput plot drawn on a canvas.
 
+import { curve } from "./curve.js";
+
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bc4c00", "#0969da", "#57606a"];
 const short = (p) => (p ? p.slice(0, 12) : "none");
@@ -57,6 +59,29 @@ function plot(history) {
   }));
 }
 
+// per model served: loss and accuracy against the seconds since its first point
+function training(series) {
+  $("training-none").hidden = series.length > 0;
+  const box = $("training"), drawn = [];
+  for (const [k, m] of series.entries()) {
+    let part = box.children[k];
+    if (!part) {
+      part = document.createElement("section");
+      const title = document.createElement("h3"), loss = document.createElement("canvas"),
+        acc = document.createElement("canvas");
+      for (const c of [loss, acc]) { c.width = 800; c.height = 200; }
+      part.append(title, loss, acc);
+      box.append(part);
+    }
+    const [title, loss, acc] = part.children, t0 = m.points.length ? m.points[0][0] : 0;
+    title.textContent = `${m.model}: ${m.samples} samples in the last ${m.points.length} s with work`;
+    const at = (i) => m.points.map((p) => [p[0] - t0, p[i]]);
+    drawn.push(`${curve(loss, at(2), "loss (per second, seconds)")}:${curve(acc, at(3), "accuracy", 0, 1)}`);
+  }
+  while (box.children.length > series.length) box.lastChild.remove();
+  document.body.dataset.training = drawn.join(",");
+}
+
 async function refresh() {
   try {
     const s = await (await fetch("/status.json")).json();
@@ -71,6 +96,7 @@ async function refresh() {
     rows("jobs", s.jobs, (j) => [[short(j.requester)], [String(j.tasks), "num"], [j.workers.map(short).join(", ")]]);
     rows("blocked", s.blocked, (b) => [[short(b.peer_id)], [b.by], [b.reason || "-"]]);
     plot(s.throughput);
+    training(s.training || []);
     document.body.dataset.state = "live";
   } catch (err) {
     document.body.dataset.state = "error";
