@@ -320,3 +320,39 @@ def test_a_run_resumed_from_its_file_goes_on_as_if_it_had_not_stopped(tmp_path):
     np.testing.assert_array_equal(rest.params, whole.params)
     with pytest.raises(ValueError, match="--resume"):
         load_model(tmp_path / "m.safetensors", (20, 8, 5))
+
+
+def test_the_compiled_sgd_step_is_the_numpy_passes_bit_for_bit():
+    """models.mlp_loops.sgd_step replaced numpy passes (a float64 sum of the blocks'
+    gradients in block order, over the samples, rounded; v = v * m + g; p -= lr * v): the
+    same bits, so a run's curve did not move."""
+    from models import mlp_loops
+
+    rng = np.random.default_rng(4)
+    params = rng.standard_normal(1000).astype(np.float32)
+    velocity = rng.standard_normal(1000).astype(np.float32)
+    grads = [rng.standard_normal(1000).astype(np.float32) * 10 for _ in range(4)]
+    total = np.zeros(1000)
+    for g in grads:
+        total += g
+    want_v = velocity * np.float32(0.9) + (total / 37).astype(np.float32)
+    want_p = params - np.float32(0.05) * want_v
+    mlp_loops.sgd_step(grads, 37, 0.9, 0.05, velocity, params)
+    assert np.array_equal(velocity, want_v) and np.array_equal(params, want_p)
+    with pytest.raises(ValueError, match="float32"):
+        mlp_loops.sgd_step([grads[0][:999]], 37, 0.9, 0.05, velocity, params)
+
+
+def test_the_weights_fingerprints_are_their_products_and_norms():
+    from models import mlp_loops
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((70, 33)).astype(np.float32)
+    rf = rng.standard_normal((33, 4)).astype(np.float32)
+    rb = rng.standard_normal((70, 4)).astype(np.float32)
+    wr, rows2, wtr, cols2 = mlp_loops.fingerprints(w, rf, rb)
+    w64 = w.astype(np.float64)
+    assert np.allclose(wr, w64 @ rf, rtol=1e-5, atol=1e-4)
+    assert np.allclose(wtr, w64.T @ rb, rtol=1e-5, atol=1e-4)
+    assert np.allclose(rows2, (w64 * w64).sum(axis=1)) and np.allclose(cols2, (w64 * w64).sum(0))
+    assert mlp_loops.fingerprints(w, rf, None)[2:] == (None, None)
