@@ -289,28 +289,44 @@ class TraceMismatch(ValueError):
         self.kind, self.layer = kind, layer
 
 
+LayerCheck = tuple[tuple, tuple | None, np.ndarray]
+"""One layer's part of :class:`StepWeights`: ``(forward, backward, dW's vectors)``."""
+
+
+def layer_check(j: int, w: np.ndarray) -> LayerCheck:
+    """Layer ``j``'s check vectors and fingerprints from one read of its ``w``
+    (models.mlp_loops): ``(r, W r, W's row norms²)`` for the forward, ``(r', Wᵀ r', W's
+    column norms²)`` for the backward (None for layer 0: nothing flows back into the data),
+    and the vectors of ``dW = Aᵀ dZ`` (``dZ`` is each block's own: that side is made per
+    block)."""
+    from models.mlp_loops import fingerprints
+
+    r = draw_vectors(w.shape[1], ROUNDS)
+    rb = None if j == 0 else draw_vectors(w.shape[0], ROUNDS)
+    wr, rows2, wtr, cols2 = fingerprints(w, r, rb)
+    return (r, wr, rows2), (None if rb is None else (rb, wtr, cols2)), \
+        draw_vectors(w.shape[1], ROUNDS)
+
+
 class StepWeights:
     """One step's weights as the trainer checks products by them: per layer, secret check
     vectors for ``W`` (the forward's ``A @ W``) and for ``Wᵀ`` (the backward's ``dZ @ Wᵀ``),
     their fingerprints ``W @ R`` and ``Wᵀ @ R'`` and the squared row norms of ``W`` and
-    ``Wᵀ``: made once a step (the weights change every step) from one read of each ``W``
-    (models.mlp_loops), and shared by the step's blocks' checks (threads)."""
+    ``Wᵀ`` (:func:`layer_check`): made once a step (the weights change every step), and
+    shared by the step's blocks' checks (threads). ``made``: each layer's, made already (by
+    the trainer right after it updated that layer, while its weights were in cache)."""
 
-    def __init__(self, params: np.ndarray, sizes: Sequence[int]) -> None:
-        from models.mlp_loops import fingerprints
-
+    def __init__(self, params: np.ndarray, sizes: Sequence[int],
+                 made: Sequence[LayerCheck] | None = None) -> None:
         self.params, self.sizes = params, tuple(sizes)
         self.layers = unbundle(params, sizes)
-        self.forward, self.backward = [], []
-        self.grads = [draw_vectors(w.shape[1], ROUNDS) for w, _ in self.layers]
-        """Per layer, the check vectors of ``dW = Aᵀ dZ`` (``dZ`` is each block's own: its
-        side of the check is made per block)."""
-        for j, (w, _) in enumerate(self.layers):
-            r = draw_vectors(w.shape[1], ROUNDS)
-            rb = None if j == 0 else draw_vectors(w.shape[0], ROUNDS)  # nothing flows back
-            wr, rows2, wtr, cols2 = fingerprints(w, r, rb)               # into the data
-            self.forward.append((r, wr, rows2))
-            self.backward.append(None if rb is None else (rb, wtr, cols2))
+        if made is None:
+            made = [layer_check(j, w) for j, (w, _) in enumerate(self.layers)]
+        if len(made) != len(self.layers):
+            raise ValueError(f"{len(made)} layers' checks for {len(self.layers)} layers")
+        self.forward = [f for f, _, _ in made]
+        self.backward = [b for _, b, _ in made]
+        self.grads = [g for _, _, g in made]
 
 
 class TraceCheck:
