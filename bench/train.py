@@ -14,12 +14,15 @@ step, SGD with momentum):
   the two worker processes, every product of every block checked here before its gradient
   counts;
 - ``torch``: the same model and optimiser in torch (2 threads), from ``--torch-python`` (a
-  venv of its own: never installed in the project's), when that interpreter exists.
+  venv of its own, never the project's: ``make .venv-st/.installed``, with ``TORCH=`` naming a
+  CPU build), when that interpreter exists.
 
 Each figure: samples/s over ``--steps`` steps, the median of ``--runs`` runs, the systems
 taking turns within each run. ``check %``: the CPU the trainer spent on the checks (a step's
-check vectors, each product's Freivalds check; thread time) over the CPU of the whole swarm
-job (the requester process and both workers, from /proc); ``replay %``: the trainer's own
+check vectors and weight fingerprints, made in its SGD update; each product's Freivalds
+check: thread time, every part on the thread that ran it, no helper threads and no BLAS, whose
+pool spins on after a call) over the CPU of the whole swarm job (the requester process and
+both workers, from /proc); ``replay %``: the trainer's own
 non-linear steps in the same replays (which it needs for the loss and the bias gradients
 anyway), over the same. ``--epochs N`` (not in --quick) also trains
 mlp:784-128-10 for N epochs on the swarm and reports its test accuracy (the issue's 10-epoch
