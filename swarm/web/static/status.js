@@ -76,7 +76,7 @@ function training(series) {
     const [title, loss, acc] = part.children, t0 = m.points.length ? m.points[0][0] : 0;
     title.textContent = `${m.model}: ${m.samples} samples in the last ${m.points.length} s with work`;
     const at = (i) => m.points.map((p) => [p[0] - t0, p[i]]);
-    drawn.push(`${curve(loss, at(2), "loss (per second, seconds)")}:${curve(acc, at(3), "accuracy", 0, 1)}`);
+    drawn.push(`${curve(loss, at(2), "loss, each second (x: seconds since the first block)")}:${curve(acc, at(3), "accuracy, each second", 0, 1)}`);
   }
   while (box.children.length > series.length) box.lastChild.remove();
   document.body.dataset.training = drawn.join(",");
