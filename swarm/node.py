@@ -554,7 +554,8 @@ class Node:
         if self.host is None:
             return {}
         store = self.host.store
-        return {"memory": (store.capacity, store.used + store.reserved),
+        offered = store.capacity if self.config.chaos.claim is None else self.config.chaos.claim
+        return {"memory": (offered, store.used + store.reserved),
                 "models": tuple(model_id(a) for a in self.config.models[:MAX_MODELS]),
                 "hosted": self._hosted()}
 

@@ -75,6 +75,22 @@ def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weight
             assert offered == m and spans[peer].count * block_bytes(weights)[0] <= used <= m
 
 
+def test_a_worker_that_over_claims_memory_fails_its_span_and_is_replaced(weights):
+    """It announces 4 GiB but holds 100 MiB: placed half the blocks (~250 MiB), it refuses
+    them; the honest worker, with room for both halves, takes its span, and the text is the
+    local forward's."""
+    with swarm.local(2, threads=1, max_memory=[100 * MIB, 600 * MIB],
+                     chaos=[f"claim={4 << 30}", None]) as client:
+        liar, honest = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert liar in model.placement.workers()  # its claim was believed at placement
+        assert greedy(model, PROMPT, TOKENS) == greedy(Llama(weights), PROMPT, TOKENS)
+        stats = model.take_stats()
+        assert stats.rejected >= 1 and stats.local == 0
+        assert model.hosts() == [honest, honest]
+        assert liar not in client.node.proven_liars  # a refusal proves nothing
+
+
 def test_a_model_that_fits_no_placement_is_refused_up_front(weights, tmp_path):
     with swarm.local(2, threads=1, max_memory=[150 * MIB, 150 * MIB]) as client:
         with pytest.raises(PlacementError, match=r"the 2 workers offer 300\.0 MiB: .* short"):
