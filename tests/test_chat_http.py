@@ -64,6 +64,46 @@ def test_the_blocks_ran_on_the_worker(api, served):
     assert any(a.nbytes > 400e6 for a in store.arrays()), [a.nbytes for a in store.arrays()]
 
 
+def test_concurrent_chats_are_batched_and_each_gets_its_tokens_alone(api):
+    """Two streamed chats at once: the second joins the first's running batch at its next
+    step instead of waiting for it to end (its first text comes before the first chat's
+    last), and each reply is the local forward's alone, token for token (greedy). Before,
+    chats ran one at a time: the second's first text came after the first's last."""
+    import threading
+
+    asks = [("Say hello.", 40), ("What is the capital of France?", 12)]
+    want = [generator().complete(generator().chat_prompt([{"role": "user", "content": a}]),
+                                 max_tokens=n)[0] for a, n in asks]
+    times: list[list[float]] = [[], []]
+    texts: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    def chat(i: int) -> None:
+        try:
+            for c in api.chat.completions.create(
+                    model=MODEL, max_tokens=asks[i][1], temperature=0, stream=True,
+                    messages=[{"role": "user", "content": asks[i][0]}]):
+                if c.choices and c.choices[0].delta.content:
+                    times[i].append(time.monotonic())
+                    texts[i].append(c.choices[0].delta.content)
+        except BaseException as e:  # noqa: BLE001 - told by the assertion below
+            errors.append(e)
+
+    first = threading.Thread(target=chat, args=(0,))
+    first.start()
+    deadline = time.monotonic() + 120
+    while not times[0] and first.is_alive():  # the first chat is generating ...
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    second = threading.Thread(target=chat, args=(1,))
+    second.start()  # ... when the second comes
+    first.join(300)
+    second.join(300)
+    assert not errors, errors
+    assert ["".join(t) for t in texts] == want
+    assert times[1][0] < times[0][-1], "the second chat waited for the first to end"
+
+
 def test_capital_of_france(api):
     got = api.chat.completions.create(model=MODEL, max_tokens=24, temperature=0, messages=[
         {"role": "user", "content": "What is the capital of France?"}])

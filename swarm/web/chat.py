@@ -6,9 +6,10 @@ this member serves, by its name, content address or alias; ``/v1/models`` lists 
 server-sent events in OpenAI's chunk format ending in ``data: [DONE]``. The same API key as
 /v1/embeddings (``<data dir>/api-key``) is required, checked before the body is read.
 
-Requests run one at a time on this member's local numpy forward (:mod:`models.generate`),
-with at most :data:`MAX_WAITING` queued (more: 429); batching concurrent requests into one
-decode loop is not done here yet. Every field is checked before any work: a bad request is an
+Requests run together, batched continuously (:mod:`models.batching`): a new request joins
+the running batch at its next decode step instead of waiting for the others, each with its
+own sampler and stops (its tokens are the ones it would get alone). At most
+:data:`MAX_WAITING` run at once here (more: 429). Every field is checked before any work: a bad request is an
 OpenAI-style 400 naming the parameter (a prompt over the context, a chat the model's template
 refuses), an unknown model a 404.
 """
@@ -120,7 +121,6 @@ class ChatAPI:
     def __init__(self, key: str, models: Sequence[ServedModel]) -> None:
         self._key = key.encode()
         self._models = list(models)
-        self._lock = asyncio.Lock()
         self._waiting = 0
 
     def _find(self, asked: object) -> ServedModel | None:
@@ -152,12 +152,11 @@ class ChatAPI:
         except BadRequest as e:
             return _error(400, str(e), "invalid_request_error", None, e.param)
         if self._waiting >= MAX_WAITING:
-            return _error(429, "too many chat requests queued here; retry later",
+            return _error(429, "too many chat requests running here; retry later",
                           "rate_limit_error")
         self._waiting += 1
         try:
-            async with self._lock:
-                return await self._run(request, args, served)
+            return await self._run(request, args, served)
         finally:
             self._waiting -= 1
 
@@ -180,7 +179,9 @@ class ChatAPI:
 
         def start():  # tokenising a long text takes seconds: never on the loop
             ids = gen.chat_prompt(args["messages"])
-            return gen.stream(ids, max_tokens=args["max_tokens"],
+            # in the running batch (a generator that cannot batch streams alone)
+            stream = getattr(gen, "stream_batched", gen.stream)
+            return stream(ids, max_tokens=args["max_tokens"],
                               temperature=args["temperature"], top_p=args["top_p"],
                               seed=args["seed"], stop=args["stop"], usage=usage)
 
