@@ -328,3 +328,59 @@ def test_slow_headers_hold_a_capped_number_of_the_members_connections(served):
             break
         except (urllib.error.URLError, ConnectionError):
             assert time.monotonic() < deadline
+
+
+def test_chats_beyond_the_cap_running_at_once_get_429():
+    """Chats run together now, so the cap is on chats running at once (MAX_CHATS): one
+    more gets 429 at once, and the running ones finish."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    from models.generate import Piece
+    from swarm.web.chat import MAX_CHATS
+
+    release, started = threading.Event(), []
+
+    class Held:  # a generator whose chats run until released
+        def chat_prompt(self, messages):
+            return [1]
+
+        def stream(self, ids, usage=None, **kw):
+            def pieces():
+                started.append(1)
+                release.wait(60)
+                yield Piece("done", 2, "stop")
+            return pieces()
+
+    async def run() -> tuple[list[int], int]:
+        runner = web.AppRunner(_chat_app(Held), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        body = {"model": MODEL, "messages": HELLO}
+        try:
+            async with aiohttp.ClientSession(headers={"Authorization": "Bearer " + "k" * 32}) \
+                    as http:
+                async def chat() -> int:
+                    async with http.post(url + "/v1/chat/completions", json=body) as r:
+                        await r.read()
+                        return r.status
+
+                running = [asyncio.create_task(chat()) for _ in range(MAX_CHATS)]
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(started) < MAX_CHATS:
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.02)
+                over = await chat()
+                release.set()
+                return list(await asyncio.gather(*running)), over
+        finally:
+            release.set()
+            await runner.cleanup()
+
+    statuses, over = asyncio.run(run())
+    assert over == 429 and statuses == [200] * MAX_CHATS
