@@ -13,6 +13,7 @@ the sequences of that step, each told the error.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import weakref
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.generate import Decode, Generator, Piece, _blas
+from threadpoolctl import ThreadpoolController
 
 MAX_BATCH = 64
 """Sequences one step runs at most (more wait for the next step)."""
@@ -29,7 +30,8 @@ MAX_BATCH = 64
 @dataclass(eq=False)
 class _Seq:
     ids: list[int]
-    decode: Decode
+    decode: Any
+    """Its models.generate.Decode."""
     pieces: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     left: threading.Event = field(default_factory=threading.Event)
     """Its reader is gone: drop it at the next step."""
@@ -56,8 +58,9 @@ class Batcher:
         self._joining: list[_Seq] = []
         self._running = False
 
-    def stream(self, ids: list[int], decode: Decode) -> Iterator[Piece]:
-        """Run ``ids`` (a checked prompt: Generator.prepare) in the batch; its pieces."""
+    def stream(self, ids: list[int], decode: Any) -> Iterator[Any]:
+        """Run ``ids`` (a checked prompt and its models.generate.Decode: Generator.prepare)
+        in the batch; its pieces (models.generate.Piece)."""
         seq = _Seq(list(ids), decode)
         with self._lock:
             self._joining.append(seq)
@@ -67,7 +70,7 @@ class Batcher:
         return self._read(seq)
 
     @staticmethod
-    def _read(seq: _Seq) -> Iterator[Piece]:
+    def _read(seq: _Seq) -> Iterator[Any]:
         try:
             while True:
                 p = seq.pieces.get()
@@ -123,10 +126,17 @@ _batchers: weakref.WeakKeyDictionary[Any, Batcher] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def batcher(gen: Generator) -> Batcher:
-    """The one batch of ``gen``'s forward (every Generator over the same forward shares it)."""
+def batcher(gen: Any) -> Batcher:
+    """The one batch of ``gen``'s forward (every models.generate.Generator over the same
+    forward shares it)."""
     with _lock:
         b = _batchers.get(gen.model)
         if b is None:
             b = _batchers[gen.model] = Batcher(gen.model)
         return b
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """A step runs BLAS on one thread, as models.generate does (its reasons)."""
+    return ThreadpoolController()
