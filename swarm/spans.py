@@ -23,7 +23,6 @@ sequence's whole past as one prefill to rebuild its cache; the text goes on unch
 from __future__ import annotations
 
 import itertools
-import math
 import time
 import weakref
 from concurrent.futures import Future
@@ -59,17 +58,28 @@ def cache_bytes(c: Any, positions: int) -> int:
     return 2 * c.n_kv_heads * c.head_dim * 4 * min(positions, c.context_length)
 
 
+SPEED_SLACK = 1.5
+"""Workers whose benchmarks are within this factor of the fastest of their group count as
+equally fast (two runs of one machine's benchmark differ by tens of percent)."""
+
+
 def announced_offers(records: dict[PeerId, Any]) -> list[Offer]:
     """Each linked worker's offer as its member record announces it: memory offered, and its
-    benchmark as speed, rounded to a power of two (two runs of the same machine's benchmark
-    differ by tens of percent; a worker twice as fast gets about twice the blocks). A worker
-    that announces no memory offers none."""
-    out = []
-    for peer, r in records.items():
-        memory = r.memory[0] if r.memory is not None else 0
-        speed = 2.0 ** round(math.log2(r.tflops)) if r.tflops > 0 else 2.0 ** -20
-        out.append(Offer(peer, memory, speed))
-    return out
+    benchmark as speed, evened out (:data:`SPEED_SLACK`: from the fastest down, each worker
+    within the factor of its group's fastest takes that speed), so noise does not tilt the
+    cut, while a worker twice as fast gets about twice the blocks. A worker that announces
+    no memory offers none."""
+    speeds = sorted((r.tflops for r in records.values() if r.tflops > 0), reverse=True)
+    even: dict[float, float] = {}
+    for t in speeds:
+        top = next((g for g in even.values() if g / t <= SPEED_SLACK), t)
+        even[t] = top
+    return [Offer(peer, r.memory[0] if r.memory is not None else 0,
+                  even.get(r.tflops, MIN_SPEED)) for peer, r in records.items()]
+
+
+MIN_SPEED = 1e-9
+"""The speed of a worker that announces none (it gets blocks only where nobody else can)."""
 
 
 @dataclass

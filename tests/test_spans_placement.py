@@ -149,3 +149,20 @@ def _chat(client, text: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
     finally:
         client._loop.run(server.stop(), 30)
+
+
+def test_offers_are_read_from_the_records_speeds_within_noise_count_as_equal():
+    from identity.keys import PeerKey
+    from swarm.members import MemberRecord
+    from swarm.placement import Offer
+    from swarm.spans import MIN_SPEED, announced_offers
+
+    a, b, c, d = (PeerKey.generate().peer_id for _ in range(4))
+    records = {a: MemberRecord(a, 0.011, memory=(450 * MIB, 0)),
+               b: MemberRecord(b, 0.0135, memory=(200 * MIB, 5)),  # the same machine, noisier
+               c: MemberRecord(c, 0.03, memory=(300 * MIB, 0)),  # more than twice as fast
+               d: MemberRecord(d, 0.0)}  # announces no memory and no speed
+    assert announced_offers(records) == [Offer(a, 450 * MIB, 0.0135),
+                                         Offer(b, 200 * MIB, 0.0135),
+                                         Offer(c, 300 * MIB, 0.03),
+                                         Offer(d, 0, MIN_SPEED)]
