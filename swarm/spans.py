@@ -63,6 +63,10 @@ SPEED_SLACK = 1.5
 equally fast (two runs of one machine's benchmark differ by tens of percent)."""
 
 
+MIN_SPEED = 1e-9
+"""The speed of a worker that announces none (it gets blocks only where nobody else can)."""
+
+
 def announced_offers(records: dict[PeerId, Any]) -> list[Offer]:
     """Each linked worker's offer as its member record announces it: memory offered, and its
     benchmark as speed, evened out (:data:`SPEED_SLACK`: from the fastest down, each worker
@@ -76,10 +80,6 @@ def announced_offers(records: dict[PeerId, Any]) -> list[Offer]:
         even[t] = top
     return [Offer(peer, r.memory[0] if r.memory is not None else 0,
                   even.get(r.tflops, MIN_SPEED)) for peer, r in records.items()]
-
-
-MIN_SPEED = 1e-9
-"""The speed of a worker that announces none (it gets blocks only where nobody else can)."""
 
 
 @dataclass
