@@ -98,6 +98,24 @@ class Generator:
                stop: Sequence[str] = (), usage: Usage | None = None) -> Iterator[Piece]:
         """Generate after ``prompt`` (text, or token ids already encoded). The request is
         checked here, before the first piece is asked for."""
+        ids, decode = self.prepare(prompt, max_tokens=max_tokens, temperature=temperature,
+                                   top_p=top_p, seed=seed, stop=stop, usage=usage)
+        return self._run(ids, decode)
+
+    def stream_batched(self, prompt: str | Sequence[int], **kw) -> Iterator[Piece]:
+        """As :meth:`stream`, with every other sequence streamed this way from the same
+        forward in one batch: it joins the running batch at its next step
+        (models.batching)."""
+        from models.batching import batcher
+
+        ids, decode = self.prepare(prompt, **kw)
+        return batcher(self).stream(ids, decode)
+
+    def prepare(self, prompt: str | Sequence[int], *, max_tokens: int = 256,
+                temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                stop: Sequence[str] = (), usage: Usage | None = None
+                ) -> tuple[list[int], Decode]:
+        """A checked request: its prompt ids and the decoding that follows its forwards."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.check(ids, max_tokens)
         try:
@@ -108,38 +126,19 @@ class Generator:
             raise GenerationError("stop must be a list of non-empty strings")
         usage = usage if usage is not None else Usage()
         usage.prompt_tokens, usage.completion_tokens = len(ids), 0
-        return self._run(ids, max_tokens, sampler, list(stop), usage)
+        return ids, Decode(self, max_tokens, sampler, list(stop), usage)
 
-    def _run(self, ids: list[int], max_tokens: int, sampler: Sampler, stops: list[str],
-             usage: Usage) -> Iterator[Piece]:
-        cache = self.model.new_cache(len(ids) + min(max_tokens, 256))
+    def _run(self, ids: list[int], decode: Decode) -> Iterator[Piece]:
+        cache = self.model.new_cache(decode.capacity(ids))
         with _blas().limit(limits=1, user_api="blas"):
             logits = self.model.forward(ids, cache)
-        out: list[int] = []
-        sent = 0  # characters of the decoded text already yielded
         while True:
-            token = sampler(logits)
-            usage.completion_tokens += 1
-            if token in self.stop_ids:
-                usage.finish_reason = "stop"
-                yield Piece(self.tokenizer.decode(out)[sent:], token, "stop")  # held text
+            piece = decode.step(logits)
+            yield piece
+            if piece.finish_reason:
                 return
-            out.append(token)
-            text = self.tokenizer.decode(out)
-            hit = _first_stop(text, stops, sent)
-            if hit is not None:
-                usage.finish_reason = "stop"
-                yield Piece(text[sent:hit], token, "stop")
-                return
-            if len(out) >= max_tokens:
-                usage.finish_reason = "length"
-                yield Piece(text[sent:], token, "length")
-                return
-            safe = _safe_end(text, stops)
-            yield Piece(text[sent:safe] if safe > sent else "", token)
-            sent = max(sent, safe)
             with _blas().limit(limits=1, user_api="blas"):
-                logits = self.model.forward([token], cache)
+                logits = self.model.forward([piece.token], cache)
 
     def complete(self, prompt: str | Sequence[int], **kw) -> tuple[str, str]:
         """The whole text and its finish reason."""
@@ -148,6 +147,46 @@ class Generator:
             text.append(piece.text)
             reason = piece.finish_reason
         return "".join(text), reason or "length"
+
+
+class Decode:
+    """One sequence's decoding after each forward (sans-IO): sample a token, detokenise,
+    stop at an end token, a stop string or ``max_tokens``; text that may begin a stop string
+    or ends inside a character is held back."""
+
+    def __init__(self, gen: Generator, max_tokens: int, sampler: Sampler, stops: list[str],
+                 usage: Usage) -> None:
+        self.gen, self.max_tokens, self.sampler = gen, max_tokens, sampler
+        self.stops, self.usage = stops, usage
+        self.out: list[int] = []
+        self.sent = 0
+        """Characters of the decoded text already given out."""
+
+    def capacity(self, ids: Sequence[int]) -> int:
+        """Positions to allocate a cache for up front (it grows beyond)."""
+        return len(ids) + min(self.max_tokens, 256)
+
+    def step(self, logits) -> Piece:
+        """The piece after these logits; the last one carries its finish reason."""
+        token = self.sampler(logits)
+        usage, tok, out = self.usage, self.gen.tokenizer, self.out
+        usage.completion_tokens += 1
+        if token in self.gen.stop_ids:
+            usage.finish_reason = "stop"
+            return Piece(tok.decode(out)[self.sent:], token, "stop")  # held text
+        out.append(token)
+        text = tok.decode(out)
+        hit = _first_stop(text, self.stops, self.sent)
+        if hit is not None:
+            usage.finish_reason = "stop"
+            return Piece(text[self.sent:hit], token, "stop")
+        if len(out) >= self.max_tokens:
+            usage.finish_reason = "length"
+            return Piece(text[self.sent:], token, "length")
+        safe = _safe_end(text, self.stops)
+        piece = Piece(text[self.sent:safe] if safe > self.sent else "", token)
+        self.sent = max(self.sent, safe)
+        return piece
 
 
 def generator(model: str | Path | None = None) -> Generator:

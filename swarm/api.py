@@ -323,6 +323,15 @@ class Client:
     async def _workers(self) -> list[PeerId]:
         return self._node.requester.workers()
 
+    def offers(self) -> dict[PeerId, MemberRecord]:
+        """The member record of each worker this client has a link to now, as last listed
+        (what it offers: memory, speed, model files; its own word)."""
+        return self._loop.run(self._offers())
+
+    async def _offers(self) -> dict[PeerId, MemberRecord]:
+        records = self._node.worker_records
+        return {p: records[p] for p in self._node.requester.workers() if p in records}
+
     def members(self) -> list[MemberRecord]:
         """The swarm's live member records (from the DHT)."""
         return self._loop.run(self._node.members(), 30)
@@ -1056,13 +1065,15 @@ class LocalSwarm(Client):
 
 def local(workers: int = 2, *, threads: int | None = None,
           chaos: str | Sequence[str | None] | None = None, timeout: float = 60.0,
-          data_dir: str | Path | None = None) -> LocalSwarm:
+          data_dir: str | Path | None = None,
+          max_memory: int | Sequence[int] | None = None) -> LocalSwarm:
     """Start an embedded swarm: this process's client node plus ``workers`` worker processes.
 
     Everything goes through the real paths: the workers join the client's DHT node,
     announce themselves, and the client links to them over TLS. ``threads`` caps each
     worker's BLAS threads (default: cores // workers, at least 1). ``chaos`` is a
-    ``SWARM_CHAOS`` value for every worker, or a list with one per worker.
+    ``SWARM_CHAOS`` value for every worker, or a list with one per worker; ``max_memory``
+    the bytes each worker offers (``--max-memory``: one for all, or one per worker).
     """
     if not isinstance(workers, int) or not 0 <= workers <= 64:
         raise ValueError("workers must be an int between 0 and 64")
@@ -1071,6 +1082,10 @@ def local(workers: int = 2, *, threads: int | None = None,
     chaos_list = list(chaos) if isinstance(chaos, list | tuple) else [chaos] * workers
     if len(chaos_list) != workers:
         raise ValueError("chaos= needs one entry per worker")
+    memory = list(max_memory) if isinstance(max_memory, list | tuple) else \
+        [max_memory or 4 << 30] * workers
+    if len(memory) != workers or not all(type(m) is int and m >= 1 << 20 for m in memory):
+        raise ValueError("max_memory= is one int of at least 1 MiB, or one per worker")
     from swarm.runtime.chaos import parse as parse_chaos
 
     for c in chaos_list:
@@ -1114,7 +1129,7 @@ def local(workers: int = 2, *, threads: int | None = None,
                 [sys.executable, "-P", "-m", "swarm.processes.worker", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
                  "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
-                 "--bench-size", "256", "--exit-with-parent"],
+                 "--bench-size", "256", "--max-memory", str(memory[i]), "--exit-with-parent"],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
         ids = [_read_ready(p, timeout) for p in procs]
         if workers:

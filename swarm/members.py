@@ -11,6 +11,11 @@ status``): a worker re-announces within :data:`ACTIVITY_INTERVAL` seconds of a c
 an observer's view of running work is at most that stale (plus one DHT lookup). Both are
 optional on the wire (absent = idle), so records without them still decode.
 
+``memory``, ``models`` and ``hosted`` say what a worker offers for model spans and holds
+(swarm.placement places spans by them; ``swarm status`` shows them): its own word, signed by
+its key like the rest. A worker that over-claims memory fails the span it is given and is
+dropped like a dead one; nothing else trusts the figures.
+
 ``tflops`` is the peer's *own* benchmark: the control plane uses it for the election, the
 scheduler does not (it weights shards by rates it observed itself).
 """
@@ -42,6 +47,13 @@ MAX_SERVING = 8
 MAX_TASKS = 1 << 31
 KINDS = ("native", "browser")
 """What a member is: a swarm process, or a browser tab relayed by a node."""
+MODEL_ID = 12
+"""Bytes of a model's content address a record carries (as :data:`FOLLOW_ID`)."""
+MAX_MODELS = 4
+"""Model files one record lists."""
+MAX_HOSTED = 8
+"""Spans one record lists (the first ones; cut further when the record would not fit)."""
+MAX_BLOCK = 4096
 ACTIVITY_INTERVAL = 2.0
 """Least seconds between two announcements caused by a change in running work."""
 
@@ -143,6 +155,15 @@ class MemberRecord:
     it): a reader with no state of its own (a newcomer, ``swarm status``) takes the state
     item most members follow, not the highest one any eligible signer put (issue 33,
     finding 1)."""
+    memory: tuple[int, int] | None = None
+    """Bytes it offers to hold for others (``--max-memory``) and bytes it holds now; None
+    for a peer that serves no tasks."""
+    models: tuple[bytes, ...] = ()
+    """Model files it holds (``--model``): the first :data:`MODEL_ID` bytes of each content
+    address (at most :data:`MAX_MODELS`)."""
+    hosted: tuple[tuple[bytes, int, int], ...] = ()
+    """Spans of model blocks it hosts: (model id: :data:`MODEL_ID` bytes, or empty when the
+    requester did not say; first block; block count)."""
     left: bool = False
     """The member has left (its last announcement, signed by its own key and expiring later
     than any before, so it replaces them): readers drop it at once rather than when its
@@ -152,13 +173,18 @@ class MemberRecord:
         """msgpack of at most MAX_RECORD bytes; ``serving`` is cut short to fit if need be."""
         m = {"v": RECORD_VERSION} | RECORD.pack(self)
         serving = [[p.raw, n] for p, n in self.serving[:MAX_SERVING]]
+        hosted = m.pop("hs", [])[:MAX_HOSTED]
         while True:
             if self.tasks:
                 m["rt"], m["sv"] = self.tasks, serving
+            if hosted:
+                m["hs"] = hosted
             data = msgpack.packb(m, use_bin_type=True)
-            if len(data) <= MAX_RECORD or not serving:
+            if len(data) <= MAX_RECORD or not (serving or hosted):
                 break
-            serving.pop()
+            (serving or hosted).pop()
+            if not hosted:
+                m.pop("hs", None)
         if len(data) > MAX_RECORD:
             raise ValueError(f"member record is {len(data)} bytes (> {MAX_RECORD}); "
                              "announce fewer addresses")
@@ -208,9 +234,19 @@ RECORD = Schema("member record", (
     Field("fo", "follows", Maybe(Row((Int(1), Bytes((FOLLOW_ID,))))), None,
           omit=lambda v: v is None),
     Field("lf", "left", Bool(), False, omit=lambda v: not v),
+    Field("mem", "memory", Maybe(Row((Int(), Int()))), None, omit=lambda v: v is None),
+    Field("md", "models", Seq(Bytes((MODEL_ID,)), MAX_MODELS), (), omit=lambda v: not v),
+    Field("hs", "hosted", Seq(Row((Bytes((0, MODEL_ID)), Int(0, MAX_BLOCK),
+                                   Int(1, MAX_BLOCK + 1))), MAX_HOSTED), (),
+          omit=lambda v: not v),
 ))
 """A member record as it travels (after ``"v"``; ``rt`` and ``sv``, its running work, are
 cut to fit and checked together by :func:`_activity`)."""
+
+
+def model_id(address: str) -> bytes:
+    """What a record carries of a model's content address (a hex digest)."""
+    return bytes.fromhex(address)[:MODEL_ID]
 
 
 def _activity(tasks: object, serving: object) -> tuple[int, tuple[tuple[PeerId, int], ...]]:

@@ -76,10 +76,12 @@ from swarm.loop import Supervisor
 from swarm.members import (
     ACTIVITY_INTERVAL,
     ANNOUNCE_TTL,
+    MAX_MODELS,
     MemberRecord,
     announce,
     follows,
     live_members,
+    model_id,
     read_health,
 )
 from swarm.runtime.chaos import ChaosSpec
@@ -150,6 +152,8 @@ class NodeConfig:
     threads: int | None = None
     """BLAS threads for a numpy backend (None = library default)."""
     store_capacity: int = 4 << 30
+    models: tuple[str, ...] = ()
+    """Content addresses of the model files this worker holds (``--model``; announced)."""
     kernel_time_limit: float = KERNEL_TIME_LIMIT
     """Seconds one user WGSL kernel dispatch may run before it is stopped."""
     """Object store cap in bytes."""
@@ -259,6 +263,9 @@ class Node:
         """Set once :meth:`stop` has waited for the requester's reports: evidence that comes
         later is not sent."""
         self.record: MemberRecord | None = None
+        self.worker_records: dict[PeerId, MemberRecord] = {}
+        """The live workers' records, as the last member listing gave them (their offers:
+        memory, speed, models held)."""
         self._follows: tuple[int, bytes] | None = None
         self._announce_now = asyncio.Event()
         self._withdrawn = False
@@ -445,7 +452,8 @@ class Node:
                                            on_link=self._serve, accept=self._accepts)
             links = ((cfg.host, self.server.port),)
         self.record = MemberRecord(self.peer_id, self.tflops, links, self.dht.address,
-                                   __version__, tuple(cfg.roles), read_health())
+                                   __version__, tuple(cfg.roles), read_health(),
+                                   **self._offer())
         if cfg.announce:
             await announce(self.dht, cfg.swarm_id, self.record, cfg.announce_ttl)
             self._spawn(self._reannounce())
@@ -497,7 +505,8 @@ class Node:
                 pass
             if self.host is not None and not self._announce_now.is_set() \
                     and self.clock() < last + period \
-                    and self._activity() == (self.record.tasks, self.record.serving):
+                    and self._activity() == (self.record.tasks, self.record.serving) \
+                    and self._hosted() == self.record.hosted:
                 continue
             self._announce_now.clear()
             if self._withdrawn:
@@ -508,7 +517,7 @@ class Node:
                                            self.dht.address, __version__,
                                            self.record.roles, read_health(),
                                            tasks=tasks, serving=serving,
-                                           follows=self._follows)
+                                           follows=self._follows, **self._offer())
                 await announce(self.dht, self.config.swarm_id, self.record,
                                self.config.announce_ttl)
             except Exception as exc:  # the DHT may be unreachable for a while
@@ -536,6 +545,19 @@ class Node:
         if self._follows != follows(term, coordinator):
             self._follows = follows(term, coordinator)
             self._announce_now.set()
+
+    def _hosted(self) -> tuple[tuple[bytes, int, int], ...]:
+        return () if self.host is None else tuple(self.host.core.hosted())
+
+    def _offer(self) -> dict:
+        """What the record says of the memory offered and the models held (workers only)."""
+        if self.host is None:
+            return {}
+        store = self.host.store
+        offered = store.capacity if self.config.chaos.claim is None else self.config.chaos.claim
+        return {"memory": (offered, store.used + store.reserved),
+                "models": tuple(model_id(a) for a in self.config.models[:MAX_MODELS]),
+                "hosted": self._hosted()}
 
     def _activity(self) -> tuple[int, tuple[tuple[PeerId, int], ...]]:
         if self.host is None:
@@ -596,6 +618,7 @@ class Node:
         """Dial every live, accepted worker we have no link to; returns the linked workers."""
         if records is None:
             records = await self.members()
+        self.worker_records = {r.peer_id: r for r in records if "worker" in r.roles}
         now = self.clock()
         dials = [r for r in records if "worker" in r.roles and r.links
                  and r.peer_id != self.peer_id and self._accepts(r.peer_id)

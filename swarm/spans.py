@@ -36,11 +36,50 @@ from models import span as llama_span
 from models.llama import Llama
 from models.span import Fingerprints, KVCache, Seq, SpanMismatch, TraceCheck, run_layers
 from swarm.errors import LinkClosed
-from swarm.runtime.actors import LlamaSpanActor, SpanConfig
+from swarm.placement import Need, Offer, place
+from swarm.runtime.actors import SPAN_MODEL_ID, LlamaSpanActor, SpanConfig
 from swarm.runtime.requester import Call, TaskFailure
 
 CALL_TIMEOUT = 120.0
 """Seconds one span call may take before its worker counts as lost."""
+CONTEXT = 2048
+"""Positions of keys and values (over all the sequences running at once) each span's worker
+is to have room for, beside the span's weights, when spans are placed."""
+
+
+def block_bytes(weights: Any) -> list[int]:
+    """Bytes each block's weights take on a worker (its share of a span's bundle)."""
+    per = llama_span.layer_size(weights.config) * np.dtype(np.float32).itemsize
+    return [per] * weights.config.n_layers
+
+
+def cache_bytes(c: Any, positions: int) -> int:
+    """Bytes of keys and values one block keeps for ``positions`` positions (float32)."""
+    return 2 * c.n_kv_heads * c.head_dim * 4 * min(positions, c.context_length)
+
+
+SPEED_SLACK = 1.5
+"""Workers whose benchmarks are within this factor of the fastest of their group count as
+equally fast (two runs of one machine's benchmark differ by tens of percent)."""
+
+
+MIN_SPEED = 1e-9
+"""The speed of a worker that announces none (it gets blocks only where nobody else can)."""
+
+
+def announced_offers(records: dict[PeerId, Any]) -> list[Offer]:
+    """Each linked worker's offer as its member record announces it: memory offered, and its
+    benchmark as speed, evened out (:data:`SPEED_SLACK`: from the fastest down, each worker
+    within the factor of its group's fastest takes that speed), so noise does not tilt the
+    cut, while a worker twice as fast gets about twice the blocks. A worker that announces
+    no memory offers none."""
+    speeds = sorted((r.tflops for r in records.values() if r.tflops > 0), reverse=True)
+    even: dict[float, float] = {}
+    for t in speeds:
+        top = next((g for g in even.values() if g / t <= SPEED_SLACK), t)
+        even[t] = top
+    return [Offer(peer, r.memory[0] if r.memory is not None else 0,
+                  even.get(r.tflops, MIN_SPEED)) for peer, r in records.items()]
 
 
 @dataclass
@@ -83,18 +122,25 @@ class SpanStats:
 
 
 class SpanLlama(Llama):
-    """SmolLM2's forward with its blocks on ``client``'s workers (``spans`` of them, default
-    one per worker), every value checked; the embedding and the output head run here."""
+    """A chat model's forward with its blocks on ``client``'s workers, every value checked;
+    the embedding and the output head run here. Spans are placed by the memory and speed
+    each worker announces (swarm.placement; ``offers`` stands in for the announcements),
+    with room for ``context`` positions of keys and values: a model that fits no placement is
+    refused here (PlacementError, naming the shortfall)."""
 
-    def __init__(self, client: Any, weights: Any, spans: int | None = None) -> None:
+    def __init__(self, client: Any, weights: Any, offers: list[Offer] | None = None,
+                 context: int = CONTEXT) -> None:
         super().__init__(weights)
         self._client = client
         c = self.config
-        n = spans or max(1, len(client.workers()))
-        if not 1 <= n <= c.n_layers:
-            raise ValueError(f"spans must be 1..{c.n_layers}, got {n}")
-        cuts = np.linspace(0, c.n_layers, n + 1).round().astype(int)
-        self.plan = [(int(a), int(b - a)) for a, b in itertools.pairwise(cuts)]
+        self.need = Need(tuple(block_bytes(weights)), cache_bytes(c, context))
+        if offers is None:
+            offers = announced_offers(client.offers())
+        self.placement = place(self.need, offers)  # PlacementError: refused up front
+        self.plan = self.placement.plan()
+        n = len(self.plan)
+        self._offers = {o.worker: o for o in offers}
+        self._model = bytes.fromhex(weights.address)[:SPAN_MODEL_ID]
         self._span_config = SpanConfig.of(c).params()
         self._bundles = [client.put(llama_span.bundle(weights, f, k)) for f, k in self.plan]
         self._local = [llama_span.model_layers(weights, f, k) for f, k in self.plan]
@@ -167,10 +213,19 @@ class SpanLlama(Llama):
         if not live:
             self._hosts[k] = None
             return None
-        # spread spans over workers: span k prefers the k-th, any live one otherwise
-        peer = live[k % len(live)]
+        peer = self.placement.spans[k].worker
+        if peer not in live:  # its placed worker is gone: the one with most room left
+            peer = max(live, key=lambda p: (self._room(p), -live.index(p)))
         host = self._hosts[k] = _Host(peer, self._client.new_instance())
         return host
+
+    def _room(self, peer: PeerId) -> int:
+        """Bytes ``peer`` offered that the spans it hosts now leave free (by the offer it
+        announced when this model was placed; 0 for a worker that offered nothing)."""
+        offer = self._offers.get(peer)
+        held = sum(s.bytes for s, h in zip(self.placement.spans, self._hosts, strict=True)
+                   if h is not None and h.peer == peer)
+        return (offer.memory if offer is not None else 0) - held
 
     def _try(self, k: int, host: _Host, x: np.ndarray, seqs: list[Seq],
              hists: list[_History]) -> np.ndarray | None:
@@ -188,7 +243,7 @@ class SpanLlama(Llama):
                            for h, s in zip(hists, seqs, strict=True)]
         drop = sorted(host.sids & self._finished)[:256]
         params = {"first": first, "count": count, "config": self._span_config,
-                  "seqs": params_seqs, "drop": drop}
+                  "seqs": params_seqs, "drop": drop, "model": self._model}
         client = self._client
         started = time.perf_counter()
         try:

@@ -64,6 +64,46 @@ def test_the_blocks_ran_on_the_worker(api, served):
     assert any(a.nbytes > 400e6 for a in store.arrays()), [a.nbytes for a in store.arrays()]
 
 
+def test_concurrent_chats_are_batched_and_each_gets_its_tokens_alone(api):
+    """Two streamed chats at once: the second joins the first's running batch at its next
+    step instead of waiting for it to end (its first text comes before the first chat's
+    last), and each reply is the local forward's alone, token for token (greedy). Before,
+    chats ran one at a time: the second's first text came after the first's last."""
+    import threading
+
+    asks = [("Say hello.", 40), ("What is the capital of France?", 12)]
+    want = [generator().complete(generator().chat_prompt([{"role": "user", "content": a}]),
+                                 max_tokens=n)[0] for a, n in asks]
+    times: list[list[float]] = [[], []]
+    texts: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    def chat(i: int) -> None:
+        try:
+            for c in api.chat.completions.create(
+                    model=MODEL, max_tokens=asks[i][1], temperature=0, stream=True,
+                    messages=[{"role": "user", "content": asks[i][0]}]):
+                if c.choices and c.choices[0].delta.content:
+                    times[i].append(time.monotonic())
+                    texts[i].append(c.choices[0].delta.content)
+        except BaseException as e:  # noqa: BLE001 - told by the assertion below
+            errors.append(e)
+
+    first = threading.Thread(target=chat, args=(0,))
+    first.start()
+    deadline = time.monotonic() + 120
+    while not times[0] and first.is_alive():  # the first chat is generating ...
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    second = threading.Thread(target=chat, args=(1,))
+    second.start()  # ... when the second comes
+    first.join(300)
+    second.join(300)
+    assert not errors, errors
+    assert ["".join(t) for t in texts] == want
+    assert times[1][0] < times[0][-1], "the second chat waited for the first to end"
+
+
 def test_capital_of_france(api):
     got = api.chat.completions.create(model=MODEL, max_tokens=24, temperature=0, messages=[
         {"role": "user", "content": "What is the capital of France?"}])
@@ -288,3 +328,59 @@ def test_slow_headers_hold_a_capped_number_of_the_members_connections(served):
             break
         except (urllib.error.URLError, ConnectionError):
             assert time.monotonic() < deadline
+
+
+def test_chats_beyond_the_cap_running_at_once_get_429():
+    """Chats run together now, so the cap is on chats running at once (MAX_CHATS): one
+    more gets 429 at once, and the running ones finish."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    from models.generate import Piece
+    from swarm.web.chat import MAX_CHATS
+
+    release, started = threading.Event(), []
+
+    class Held:  # a generator whose chats run until released
+        def chat_prompt(self, messages):
+            return [1]
+
+        def stream(self, ids, usage=None, **kw):
+            def pieces():
+                started.append(1)
+                release.wait(60)
+                yield Piece("done", 2, "stop")
+            return pieces()
+
+    async def run() -> tuple[list[int], int]:
+        runner = web.AppRunner(_chat_app(Held), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        body = {"model": MODEL, "messages": HELLO}
+        try:
+            async with aiohttp.ClientSession(headers={"Authorization": "Bearer " + "k" * 32}) \
+                    as http:
+                async def chat() -> int:
+                    async with http.post(url + "/v1/chat/completions", json=body) as r:
+                        await r.read()
+                        return r.status
+
+                running = [asyncio.create_task(chat()) for _ in range(MAX_CHATS)]
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(started) < MAX_CHATS:
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.02)
+                over = await chat()
+                release.set()
+                return list(await asyncio.gather(*running)), over
+        finally:
+            release.set()
+            await runner.cleanup()
+
+    statuses, over = asyncio.run(run())
+    assert over == 429 and statuses == [200] * MAX_CHATS

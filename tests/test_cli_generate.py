@@ -30,7 +30,8 @@ def test_generate_streams_the_answer_as_json(cluster, tmp_path):
     assert "Paris" in out["text"]
     assert out["finish_reason"] == "stop"
     assert out["usage"]["prompt_tokens"] == 37 and 1 <= out["usage"]["completion_tokens"] <= 24
-    assert [s["layers"] for s in out["spans"]] == [[0, 14], [15, 29]]
+    layers = [s["layers"] for s in out["spans"]]  # placed by memory and speed: any cut
+    assert len(layers) == 2 and layers[0][0] == 0 and layers[1] == [layers[0][1] + 1, 29]
     assert {s["worker"] for s in out["spans"]} == {str(w) for w in cluster.workers()}
     assert out["checked_calls"] >= 2 * out["usage"]["completion_tokens"]
     assert out["rejected"] == 0

@@ -44,7 +44,7 @@ def test_json_of_every_swarm_command(tmp_path):
         assert up["uri"].startswith("magnet:?") and up["hardware_backed"] is False
         cluster.uri = uri = up["uri"]
         w1 = cluster.start("w1", "join", uri, "--yes", "--backend", "numpy", "--threads", "1",
-                           "--json")
+                           "--max-memory", "300M", "--json")
         w2 = cluster.start("w2", "join", uri, "--yes", "--backend", "numpy", "--threads", "1",
                            "--json")
         joined = {p.name: _event(p, "joined") for p in (w1, w2)}
@@ -55,9 +55,14 @@ def test_json_of_every_swarm_command(tmp_path):
                                 and s["coordinator"], 60, "3 members and a coordinator")
 
         status = _json("status", uri, "--json", *op)
-        assert {"coordinator", "term", "members", "running_tasks", "jobs", "blocked",
-                "owner"} <= set(status)
-        assert {"peer_id", "tflops", "tasks", "role", "health"} <= set(status["members"][0])
+        assert {"coordinator", "term", "members", "running_tasks", "jobs", "placements",
+                "blocked", "owner"} <= set(status)
+        assert {"peer_id", "tflops", "tasks", "role", "health", "memory", "models",
+                "spans"} <= set(status["members"][0])
+        shown_w1 = next(m for m in status["members"] if m["peer_id"] == joined["w1"]["peer"])
+        assert shown_w1["memory"]["offered"] == 300 << 20  # its --max-memory, announced
+        assert 0 <= shown_w1["memory"]["used"] <= 300 << 20 and shown_w1["spans"] == []
+        assert status["placements"] == []
 
         shown = _json("owner", "show", uri, "--json", *op)
         assert {"name", "owner", "hardware_backed", "admins", "policy", "chain_length"} <= set(

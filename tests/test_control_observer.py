@@ -214,3 +214,20 @@ def test_a_coordinator_puts_its_item_again_as_a_small_swarm_grows():
     sim.join(late)
     sim.loop.run_until(sim.loop.now + 10.0)
     assert puts and set(puts) == {coord.controller.state.seq}  # the same item, refreshed
+
+
+def test_status_shows_which_worker_hosts_which_blocks_of_which_model():
+    from swarm.control.observer import placements
+
+    a, b, c = (PeerKey.generate().peer_id for _ in range(3))
+    qwen, smol = b"q" * 12, b"s" * 12
+    records = [MemberRecord(a, 1.0, memory=(450 << 20, 300 << 20), hosted=((qwen, 10, 9),)),
+               MemberRecord(b, 1.0, memory=(450 << 20, 310 << 20),
+                            hosted=((qwen, 0, 10), (smol, 0, 30))),
+               MemberRecord(c, 1.0, memory=(1 << 30, 0))]  # offers, hosts nothing
+    assert placements(records) == [
+        {"model": qwen.hex(), "spans": [{"worker": str(b), "blocks": [0, 9]},
+                                        {"worker": str(a), "blocks": [10, 18]}]},
+        {"model": smol.hex(), "spans": [{"worker": str(b), "blocks": [0, 29]}]}]
+    assert placements([MemberRecord(a, 1.0, hosted=((b"", 0, 2),))]) == [
+        {"model": None, "spans": [{"worker": str(a), "blocks": [0, 1]}]}]

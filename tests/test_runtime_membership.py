@@ -10,9 +10,12 @@ from hypothesis import strategies as st
 from identity.keys import PeerKey
 from swarm.errors import ProtocolError
 from swarm.members import (
+    MAX_HOSTED,
+    MAX_MODELS,
     MAX_RECORD,
     MAX_SERVING,
     MAX_TASKS,
+    MODEL_ID,
     Health,
     MemberRecord,
     membership_topic,
@@ -110,6 +113,49 @@ def test_running_work_fits_the_size_bound():
 ])
 def test_bad_running_work_is_a_protocol_error(mutate):
     m = msgpack.unpackb(record(tasks=2, serving=_requesters(1)).encode(), raw=False)
+    mutate(m)
+    with pytest.raises(ProtocolError):
+        MemberRecord.decode(msgpack.packb(m, use_bin_type=True))
+
+
+def _offer(hosted: int = MAX_HOSTED) -> dict:
+    return dict(memory=(450 << 20, 123 << 20),
+                models=tuple(bytes([i]) * MODEL_ID for i in range(MAX_MODELS)),
+                hosted=tuple((bytes([i]) * MODEL_ID, 3 * i, 3) for i in range(hosted)))
+
+
+def test_what_a_worker_offers_and_holds_round_trips_and_is_optional():
+    full = record(**_offer())
+    assert MemberRecord.decode(full.encode(), full.peer_id) == full
+    assert full.hosted[0] == (b"\0" * MODEL_ID, 0, 3)
+    m = msgpack.unpackb(record().encode(), raw=False)
+    assert not {"mem", "md", "hs"} & set(m)  # a record without them is the old format
+    back = MemberRecord.decode(record().encode())
+    assert (back.memory, back.models, back.hosted) == (None, (), ())
+
+
+def test_hosted_spans_are_cut_to_fit_the_size_bound():
+    many = record(**_offer(hosted=3 * MAX_HOSTED))
+    assert MemberRecord.decode(many.encode()).hosted == many.hosted[:MAX_HOSTED]
+    crowded = record(links=tuple(("h" * 60, 1000 + i) for i in range(8)), tasks=50,
+                     serving=_requesters(MAX_SERVING), **_offer())
+    data = crowded.encode()
+    assert len(data) <= MAX_RECORD
+    back = MemberRecord.decode(data)
+    assert back.memory == crowded.memory and back.models == crowded.models
+    assert back.hosted == crowded.hosted[:len(back.hosted)]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda m: m.update(mem=[-1, 0]), lambda m: m.update(mem=[1]), lambda m: m.update(mem="4G"),
+    lambda m: m.update(mem=[1.5, 0]), lambda m: m.update(md=[b"short"]),
+    lambda m: m.update(md=[b"x" * MODEL_ID] * (MAX_MODELS + 1)),
+    lambda m: m.update(hs=[[b"x" * MODEL_ID, 0, 0]]), lambda m: m.update(hs=[[b"x", 0, 1]]),
+    lambda m: m.update(hs=[[b"x" * MODEL_ID, -1, 1]]),
+    lambda m: m.update(hs=[[b"", 0, 1]] * (MAX_HOSTED + 1)),
+])
+def test_bad_offers_are_protocol_errors(mutate):
+    m = msgpack.unpackb(record(**_offer(hosted=1)).encode(), raw=False)
     mutate(m)
     with pytest.raises(ProtocolError):
         MemberRecord.decode(msgpack.packb(m, use_bin_type=True))

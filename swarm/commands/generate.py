@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if args.min_workers < 0:
         raise ConfigError("--min-workers must be >= 0")
     from models.gguf_file import ModelMissing, WeightsError
-    from swarm.errors import LocalError
+    from swarm.errors import LocalError, SwarmError
+    from swarm.placement import PlacementError
 
     try:
         gen = generator(args.model)
@@ -101,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     first = None
     with client:
-        forward = client.span_model(args.model) if client.workers() else None
+        try:
+            forward = client.span_model(args.model) if client.workers() else None
+        except PlacementError as exc:
+            raise SwarmError(f"the swarm's workers cannot hold {gen.name}: {exc}") from None
         for piece in client.generate(args.prompt, chat=not args.raw,
                                      max_tokens=args.max_tokens, temperature=args.temperature,
                                      top_p=args.top_p, seed=args.seed, stop=args.stop,

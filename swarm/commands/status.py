@@ -12,10 +12,12 @@ HELP = "show a swarm's owner, coordinator and term, members, running jobs and bl
 DESCRIPTION = """\
 Joins the DHT as an observer (no compute, no membership) and reports the verified charter's
 owner (hardware-backed or not), the coordinator and its term, the live members (PeerId,
-TFLOPS, health, role, link kind, tasks queued or running) with the running jobs per
-requester, and the blocklist. --json prints one JSON object with the keys coordinator, term,
-members [{peer_id, tflops, tasks, ...}], running_tasks, jobs [{requester, workers, tasks}],
-blocked, owner, join_uri (a fresh join URI naming up to four live members that answered
+TFLOPS, health, role, link kind, tasks queued or running, memory offered and used) with the
+running jobs per requester, which worker hosts which blocks of which model, and the
+blocklist. --json prints one JSON object with the keys coordinator, term, members
+[{peer_id, tflops, tasks, memory: {offered, used}, models, spans: [{model, blocks}], ...}],
+running_tasks, jobs [{requester, workers, tasks}], placements [{model, spans: [{worker,
+blocks: [first, last]}]}], blocked, owner, join_uri (a fresh join URI naming up to four live members that answered
 just now: share it when the peers in the original URI are gone).
 
 Running work comes from the members' own announcements: a worker re-announces at most
@@ -33,6 +35,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="also dial every member and show how it is reached from here: "
                    "direct (TLS), webrtc LOCAL-REMOTE (ICE path: host, srflx, prflx, relay "
                    "= TURN) signaled through members, member relay, or unreachable")
+
+
+def _memory(m: dict | None) -> str | None:
+    if m is None:
+        return None
+    return f"{m['used'] / (1 << 20):.0f}/{m['offered'] / (1 << 20):.0f} MiB"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,16 +91,22 @@ def run(args: argparse.Namespace) -> int:
     coord = data["coordinator"]
     print(f"coordinator: {coord[:12] if coord else 'none'}  term {data['term']}")
     reach = args.reach  # one more column: how each member is reached from here
-    print_table(("peer", "TFLOPS", "role", "load", "link", "tasks") + (("reach",) if reach else ()), [
+    print_table(("peer", "TFLOPS", "role", "load", "link", "tasks", "memory used/offered")
+                + (("reach",) if reach else ()), [
         (m["peer_id"][:12], f"{m['tflops']:.4f}", m["role"],
          None if m["health"]["load"] is None else f"{m['health']['load']:.2f}", m["link"],
-         m["tasks"]) + ((m.get("reach", ""),) if reach else ()) for m in data["members"]],
-        right=("TFLOPS", "load", "tasks"))
+         m["tasks"], _memory(m["memory"])) + ((m.get("reach", ""),) if reach else ())
+        for m in data["members"]],
+        right=("TFLOPS", "load", "tasks", "memory used/offered"))
     print(f"running tasks: {data['running_tasks']}")
     print(f"join URI: {data['join_uri']}")
     for j in data["jobs"]:
         print(f"  job of {j['requester'][:12]}: {j['tasks']} tasks on "
               + ", ".join(w[:12] for w in j["workers"]))
+    for p in data["placements"]:
+        print(f"model {(p['model'] or 'unnamed')[:12]}: " + ", ".join(
+            f"blocks {s['blocks'][0]}-{s['blocks'][1]} on {s['worker'][:12]}"
+            for s in p["spans"]))
     if data["blocked"]:
         print_table(("blocked peer", "by", "reason"),
                     [(b["peer_id"][:12], b["by"], b["reason"] or "-") for b in data["blocked"]])

@@ -97,9 +97,15 @@ class View:
                 "version": r.version,
                 "expires_in": round(exp - time.time(), 1),
                 "tasks": r.tasks,
+                "memory": None if r.memory is None else
+                          {"offered": r.memory[0], "used": r.memory[1]},
+                "models": [m.hex() for m in r.models],
+                "spans": [{"model": m.hex() or None, "blocks": [first, first + count - 1]}
+                          for m, first, count in r.hosted],
             } for r, exp in self.members],
             "running_tasks": sum(r.tasks for r, _ in self.members),
             "jobs": jobs(r for r, _ in self.members),
+            "placements": placements(r for r, _ in self.members),
             "blocked": [{"peer_id": str(b.peer), "reason": b.reason, "by": b.by, "at": b.at}
                         for b in (st.blocked if st else ())],
         }
@@ -115,6 +121,20 @@ def jobs(records) -> list[dict]:
             per[requester] = (workers + [str(r.peer_id)], total + n)
     return [{"requester": str(p), "workers": sorted(w), "tasks": n}
             for p, (w, n) in sorted(per.items(), key=lambda kv: (-kv[1][1], kv[0]))]
+
+
+def placements(records) -> list[dict]:
+    """Which worker hosts which blocks of which model, from the members' announcements:
+    ``{model, spans: [{worker, blocks: [first, last]}]}`` per model (its content address
+    prefix; None where the requester did not say), spans in block order. Each worker's own
+    word, as fresh as its record."""
+    per: dict[bytes, list[tuple[int, int, str]]] = {}
+    for r in records:
+        for model, first, count in r.hosted:
+            per.setdefault(model, []).append((first, first + count - 1, str(r.peer_id)))
+    return [{"model": m.hex() or None,
+             "spans": [{"worker": w, "blocks": [a, b]} for a, b, w in sorted(spans)]}
+            for m, spans in sorted(per.items())]
 
 
 async def counted_coordinator_state(node: DHTNode, sid: bytes,

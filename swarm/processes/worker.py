@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dht-timeout", type=float, default=5.0, help="DHT request timeout (s)")
     p.add_argument("--bench-size", type=int, action="append", default=None, metavar="N",
                    help="start-up benchmark size (repeatable; default: compute's quick set)")
+    p.add_argument("--max-memory", type=int, default=4 << 30, metavar="BYTES",
+                   help="cap on what it holds for others (announced as its offer)")
     p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the parent process exits (embedded local swarms)")
@@ -106,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             roles=tuple(args.role or ["worker"]), host=args.host, dht_port=args.dht_port,
             link_port=args.link_port, bootstrap=tuple(args.bootstrap), backend=args.backend,
             threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout,
+            store_capacity=args.max_memory,
             bench_sizes=tuple(args.bench_size) if args.bench_size else None,
             validators=validators())
     except ConfigError as exc:

@@ -156,6 +156,9 @@ class MemoryFull(ValueError):
     (answered as "busy": run it elsewhere)."""
 
 
+SPAN_MODEL_ID = 12
+"""Bytes of the model's content address a span call may name (what the worker announces it
+hosts: swarm.members.MODEL_ID)."""
 MAX_SPAN_SEQS = 256
 """Sequences one span actor keeps caches for."""
 MAX_SPAN_CACHE = 1 << 30
@@ -234,9 +237,14 @@ def _int(v: Any, lo: int, hi: int) -> bool:
 def check_span_forward(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) -> None:
     if len(arrays) != 2:
         raise TypeError(f"forward takes 2 arrays (x, bundle), got {len(arrays)}")
-    extra = set(params) - {"first", "count", "config", "seqs", "drop"}
+    extra = set(params) - {"first", "count", "config", "seqs", "drop", "model"}
     if extra:
-        raise TypeError(f"forward takes first=, count=, config=, seqs=, drop=; got {sorted(extra)}")
+        raise TypeError(f"forward takes first=, count=, config=, seqs=, drop=, model=; got "
+                        f"{sorted(extra)}")
+    model = params.get("model", b"")
+    if not isinstance(model, bytes) or len(model) not in (0, SPAN_MODEL_ID):
+        raise ValueError(f"model= is the first {SPAN_MODEL_ID} bytes of the model's content "
+                         "address (or empty)")
     c = SpanConfig.parse(params.get("config"))
     count, first = params.get("count"), params.get("first")
     if not _int(count, 1, 256) or not _int(first, 0, 4096):
@@ -289,6 +297,9 @@ class LlamaSpanActor:
         the caches of all instances and requesters together stay within ``--max-memory``."""
         self.held = 0
         """Bytes reserved in ``budget`` for this actor's caches."""
+        self.hosting: tuple[bytes, int, int] | None = None
+        """(model id, first block, count) of the span it last ran (announced, for
+        ``swarm status``; the model id is the requester's word)."""
 
     def _hold(self, nbytes: int) -> None:
         """Reserve or release so that ``nbytes`` are held for the caches."""
@@ -354,6 +365,7 @@ class LlamaSpanActor:
             for s in seqs:
                 s.cache.length = s.end
             self.caches.update(fresh)
+            self.hosting = (params.get("model", b""), params["first"], count)
         finally:
             self._hold(sum(v.nbytes for v in self.caches.values()))
         return [trace]

@@ -36,6 +36,10 @@ Format: comma-separated ``key=value`` pairs, all optional::
 ``nan=P``
     with probability P a result's first element is NaN (in a span's trace: the first recorded
     input), a value the requester's checks must refuse without crashing.
+``claim=BYTES``
+    the worker announces BYTES as the memory it offers, whatever its ``--max-memory`` holds
+    (a worker that over-claims: the span it is given does not fit, it refuses, and the
+    requester must place the span elsewhere).
 ``crash_after=N``
     the worker process dies abruptly (``os._exit``) when it receives task N+1, as a crash
     or a pulled plug would.
@@ -81,6 +85,8 @@ class ChaosSpec:
     """Added latency per task, in milliseconds."""
     crash_after: int | None = None
     """Tasks to serve before the process dies; None = never."""
+    claim: int | None = None
+    """Memory announced as offered instead of ``--max-memory``; None = the truth."""
     hold: str = ""
     """Directory whose ``release`` file lets held answers go; "" = no hold."""
     seed: int | None = None
@@ -116,7 +122,7 @@ def parse(text: str | None) -> ChaosSpec:
                 values["delay_ms"] = ms
             elif key == "hold":
                 values["hold"] = raw
-            elif key in ("crash_after", "seed"):
+            elif key in ("crash_after", "seed", "claim"):
                 n = int(raw)
                 if n < 0:
                     raise ValueError
@@ -124,12 +130,12 @@ def parse(text: str | None) -> ChaosSpec:
             else:
                 raise ConfigError(
                     f"{ENV}: unknown fault {key!r} (known: corrupt, drop, invalid, hang, layer, nan, stale, delay, "
-                    "hold, crash_after, seed)"
+                    "hold, crash_after, claim, seed)"
                 )
         except ValueError:
             raise ConfigError(
                 f"{ENV}: bad value {raw!r} for {key} (corrupt/drop/invalid/hang/layer/nan/stale: 0..1, delay: milliseconds, "
-                "crash_after/seed: integers >= 0)"
+                "crash_after/claim/seed: integers >= 0)"
             ) from None
     if "hold" in values and not Path(str(values["hold"])).is_dir():
         raise ConfigError(f"{ENV}: hold={values['hold']!r} is not a directory")

@@ -227,6 +227,13 @@ class HostCore:
             inst = self.instances[key] = _Instance(made)
         return inst
 
+    def hosted(self) -> list[tuple[bytes, int, int]]:
+        """Spans of model blocks this worker's actors host (their ``hosting``): (model id,
+        first block, count), each once, in block order."""
+        spans = {inst.actor.hosting for inst in self.instances.values()
+                 if getattr(inst.actor, "hosting", None) is not None}
+        return sorted(spans, key=lambda s: (s[1], s[2], s[0]))
+
     # -- taking calls back ------------------------------------------------------------------
 
     def drop(self, which: Callable[[Call], bool]) -> list[Call]:

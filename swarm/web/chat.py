@@ -6,9 +6,10 @@ this member serves, by its name, content address or alias; ``/v1/models`` lists 
 server-sent events in OpenAI's chunk format ending in ``data: [DONE]``. The same API key as
 /v1/embeddings (``<data dir>/api-key``) is required, checked before the body is read.
 
-Requests run one at a time on this member's local numpy forward (:mod:`models.generate`),
-with at most :data:`MAX_WAITING` queued (more: 429); batching concurrent requests into one
-decode loop is not done here yet. Every field is checked before any work: a bad request is an
+Requests run together, batched continuously (:mod:`models.batching`): a new request joins
+the running batch at its next decode step instead of waiting for the others, each with its
+own sampler and stops (its tokens are the ones it would get alone). At most
+:data:`MAX_CHATS` run at once here (more: 429). Every field is checked before any work: a bad request is an
 OpenAI-style 400 naming the parameter (a prompt over the context, a chat the model's template
 refuses), an unknown model a 404.
 """
@@ -22,17 +23,21 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
-from swarm.web.embeddings import MAX_WAITING, _error, authorised, json_request, no_key
 from swarm.web.embeddings import MODEL as EMBED_MODEL
+from swarm.web.embeddings import _error, authorised, json_request, no_key
 
 log = logging.getLogger("swarm.web.chat")
 MAX_CHAT_BODY = 1 << 20
 """Largest chat request body (bytes)."""
 MAX_STOPS = 4
+MAX_CHATS = 16
+"""Chats running here at once (in one batch per model; each holds its own K/V cache)."""
 HANGUP_POLL = 0.25
 """Seconds between looks at whether a non-streamed chat's client is still connected."""
 
@@ -120,8 +125,14 @@ class ChatAPI:
     def __init__(self, key: str, models: Sequence[ServedModel]) -> None:
         self._key = key.encode()
         self._models = list(models)
-        self._lock = asyncio.Lock()
         self._waiting = 0
+        self._threads = ThreadPoolExecutor(MAX_CHATS + 2, thread_name_prefix="chat")
+        """Each running chat reads its pieces on a thread of its own (asyncio's default
+        pool has cores + 4 threads: it would cap the chats running at once, and starve
+        everything else that uses it)."""
+
+    def _thread(self, fn: Callable[[], Any]) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self._threads, fn)
 
     def _find(self, asked: object) -> ServedModel | None:
         return next((m for m in self._models if asked in m.ids), None)
@@ -151,13 +162,12 @@ class ChatAPI:
             args = parse(req)
         except BadRequest as e:
             return _error(400, str(e), "invalid_request_error", None, e.param)
-        if self._waiting >= MAX_WAITING:
-            return _error(429, "too many chat requests queued here; retry later",
+        if self._waiting >= MAX_CHATS:
+            return _error(429, "too many chat requests running here; retry later",
                           "rate_limit_error")
         self._waiting += 1
         try:
-            async with self._lock:
-                return await self._run(request, args, served)
+            return await self._run(request, args, served)
         finally:
             self._waiting -= 1
 
@@ -166,7 +176,7 @@ class ChatAPI:
         from models.generate import GenerationError, Usage
 
         try:
-            gen = await asyncio.to_thread(served.generator)
+            gen = await self._thread(served.generator)
         except Exception as e:  # e.g. the model wheel is not installed on this member
             log.warning("chat model unavailable: %s", e)
             return _error(503, f"the chat model is not available here: {e}"[:500],
@@ -180,12 +190,14 @@ class ChatAPI:
 
         def start():  # tokenising a long text takes seconds: never on the loop
             ids = gen.chat_prompt(args["messages"])
-            return gen.stream(ids, max_tokens=args["max_tokens"],
+            # in the running batch (a generator that cannot batch streams alone)
+            stream = getattr(gen, "stream_batched", gen.stream)
+            return stream(ids, max_tokens=args["max_tokens"],
                               temperature=args["temperature"], top_p=args["top_p"],
                               seed=args["seed"], stop=args["stop"], usage=usage)
 
         try:
-            pieces = await asyncio.to_thread(start)
+            pieces = await self._thread(start)
         except (GenerationError, ValueError) as e:
             param = "max_tokens" if "max_tokens" in str(e) else "messages"
             return _error(400, str(e), "invalid_request_error", "context_length_exceeded"
@@ -205,7 +217,7 @@ class ChatAPI:
                 finally:
                     getattr(pieces, "close", lambda: None)()
 
-            job = asyncio.ensure_future(asyncio.to_thread(collect))
+            job = asyncio.ensure_future(self._thread(collect))
             try:
                 while not job.done():
                     await asyncio.wait({job}, timeout=HANGUP_POLL)
@@ -248,7 +260,7 @@ class ChatAPI:
                 loop.call_soon_threadsafe(queue.put_nowait, e)
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
-        worker = asyncio.create_task(asyncio.to_thread(produce))
+        worker = asyncio.ensure_future(self._thread(produce))
         try:
             while (p := await queue.get()) is not None:
                 if isinstance(p, Exception):

@@ -119,8 +119,8 @@ def test_this_time_joins_as_a_browser_member(tabs):
                              f"{json.dumps(tab[:12])})")
     rows = panel.locator("#members tbody tr").all_inner_texts()
     assert any(tab[:12] in r and "browser" in r for r in rows), rows
-    assert any("native" in r and "coordinator" in r for r in rows), rows
-    for empty in ("#jobs", "#blocked"):  # no job, nobody blocked: "none", not bare headers
+    assert any("native" in r and "coordinator" in r and " MiB" in r for r in rows), rows
+    for empty in ("#jobs", "#blocked", "#placements"):  # no job, nobody blocked: "none", not bare headers
         assert panel.locator(f"{empty} tbody").inner_text().strip() == "none"
 
 

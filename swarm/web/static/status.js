@@ -82,6 +82,12 @@ function training(series) {
   document.body.dataset.training = drawn.join(",");
 }
 
+function memory(m) {
+  if (!m) return "-";
+  const mib = (n) => (n / 1048576).toFixed(0);
+  return `${mib(m.used)} / ${mib(m.offered)} MiB`;
+}
+
 async function refresh() {
   try {
     const s = await (await fetch("/status.json")).json();
@@ -92,7 +98,9 @@ async function refresh() {
     $("running").textContent = String(s.running_tasks);
     $("updated").textContent = new Date().toLocaleTimeString();
     rows("members", s.members, (m) => [[short(m.peer_id)], [m.kind], [m.role], [m.tflops.toFixed(4), "num"],
-      [String(m.tasks), "num"], [m.link]]);
+      [String(m.tasks), "num"], [memory(m.memory), "num"], [m.link]]);
+    rows("placements", s.placements.flatMap((p) => p.spans.map((sp) => ({ model: p.model, ...sp }))),
+      (sp) => [[sp.model ? sp.model.slice(0, 12) : "unnamed"], [`${sp.blocks[0]}-${sp.blocks[1]}`], [short(sp.worker)]]);
     rows("jobs", s.jobs, (j) => [[short(j.requester)], [String(j.tasks), "num"], [j.workers.map(short).join(", ")]]);
     rows("blocked", s.blocked, (b) => [[short(b.peer_id)], [b.by], [b.reason || "-"]]);
     plot(s.throughput);

@@ -1,0 +1,168 @@
+"""Spans placed by the memory each worker offers (swarm.placement through swarm.spans), on
+real local swarms: a model bigger than any worker runs on spans that fit each offer, with the
+same greedy tokens as the local forward; a model that fits no placement is refused before
+anything is sent, the shortfall named; workers announce what they offer and hold."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import swarm
+from models import gguf_weights
+from models.llama import Llama
+from swarm.placement import PlacementError
+from swarm.spans import SpanLlama, block_bytes, cache_bytes
+from tests.conftest import run_swarm, subprocess_env
+
+pytestmark = [pytest.mark.system]
+
+MIB = 1 << 20
+PROMPT = [1, 504, 3458, 282, 4649, 314]
+TOKENS = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread(one_blas_thread):
+    """Every test here runs on one BLAS thread (tests.conftest.one_blas_thread)."""
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return gguf_weights.load()
+
+
+def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
+    cache = model.new_cache()
+    logits = model.forward(ids, cache)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.forward([out[-1]], cache)
+    return out
+
+
+def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weights):
+    per = block_bytes(weights)[0] + cache_bytes(weights.config, 2048)
+    total = per * weights.config.n_layers  # ~495 MiB: SmolLM2's float32 blocks and caches
+    offers = [120 * MIB, 220 * MIB, 220 * MIB]
+    assert all(m < total for m in offers) and sum(offers) > total
+    with swarm.local(3, threads=1, max_memory=offers) as client:
+        small, *big = client.worker_ids
+        model = SpanLlama(client, weights)
+        spans = {s.worker: s for s in model.placement.spans}
+        assert set(spans) == set(client.worker_ids)  # it takes all three
+        for peer, m in zip(client.worker_ids, offers, strict=True):
+            assert spans[peer].bytes <= m
+        assert all(spans[small].count < spans[b].count for b in big)
+        assert greedy(model, PROMPT, TOKENS) == greedy(Llama(weights), PROMPT, TOKENS)
+        assert model.hosts() == model.placement.workers()
+        assert model.take_stats().local == 0
+        # each worker announces its offer, what it holds (within it) and the span it hosts
+        model_id = bytes.fromhex(weights.address)[:12]
+        want = {p: (model_id, s.first, s.count) for p, s in spans.items()}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            records = {r.peer_id: r for r in client.members()}
+            if all(records.get(p) and records[p].hosted == (want[p],) for p in want):
+                break
+            time.sleep(0.2)
+        for peer, m in zip(client.worker_ids, offers, strict=True):
+            assert records[peer].hosted == (want[peer],)
+            offered, used = records[peer].memory
+            assert offered == m and spans[peer].count * block_bytes(weights)[0] <= used <= m
+
+
+def test_a_worker_that_over_claims_memory_fails_its_span_and_is_replaced(weights):
+    """It announces 4 GiB but holds 100 MiB: placed half the blocks (~250 MiB), it refuses
+    them; the honest worker, with room for both halves, takes its span, and the text is the
+    local forward's."""
+    with swarm.local(2, threads=1, max_memory=[100 * MIB, 600 * MIB],
+                     chaos=[f"claim={4 << 30}", None]) as client:
+        liar, honest = client.worker_ids
+        model = SpanLlama(client, weights)
+        assert liar in model.placement.workers()  # its claim was believed at placement
+        assert greedy(model, PROMPT, TOKENS) == greedy(Llama(weights), PROMPT, TOKENS)
+        stats = model.take_stats()
+        assert stats.rejected >= 1 and stats.local == 0
+        assert model.hosts() == [honest, honest]
+        assert liar not in client.node.proven_liars  # a refusal proves nothing
+
+
+def test_a_model_that_fits_no_placement_is_refused_up_front(weights, tmp_path):
+    with swarm.local(2, threads=1, max_memory=[150 * MIB, 150 * MIB]) as client:
+        with pytest.raises(PlacementError, match=r"the 2 workers offer 300\.0 MiB: .* short"):
+            SpanLlama(client, weights)
+        r = run_swarm("generate", client.uri, "What is the capital of France?",
+                      env=subprocess_env(SWARM_HOME=str(tmp_path / "home")), timeout=180)
+        assert r.returncode == 1, r.stderr
+        assert "offer 300.0 MiB" in r.stderr and "short" in r.stderr
+        assert "Traceback" not in r.stderr
+        status, body = _chat(client, "What is the capital of France?")
+        assert status == 503 and "offer 300.0 MiB" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("model", [b"short", "a" * 12, 12])
+def test_a_span_call_naming_its_model_badly_is_refused(weights, model):
+    from models import span as llama_span
+    from swarm.runtime.actors import SpanConfig, check_span_forward
+
+    c = SpanConfig.of(weights.config)
+    x = np.zeros((1, c.d_model), np.float32)
+    flat = np.zeros(llama_span.layer_size(c), np.float32)
+    params = {"first": 0, "count": 1, "config": c.params(), "seqs": [[1, 0, 1]], "drop": []}
+    check_span_forward([x, flat], params | {"model": b"m" * 12})
+    with pytest.raises(ValueError, match="model= is the first 12 bytes"):
+        check_span_forward([x, flat], params | {"model": model})
+
+
+def _chat(client, text: str) -> tuple[int, dict]:
+    """One /v1/chat/completions from a --http server on the client's node: (status, body)."""
+    import json
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    from swarm.processes.member import openai_api
+    from swarm.web.server import SwarmInfo, WebServer
+
+    info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
+
+    async def start():
+        server = WebServer(client.node, info, "127.0.0.1", 0, api=openai_api(client.node))
+        await server.start()
+        return server
+
+    server = client._loop.run(start(), 30)
+    key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": text}]}
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
+                                 json.dumps(body).encode(), {"Authorization": f"Bearer {key}",
+                                                             "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    finally:
+        client._loop.run(server.stop(), 30)
+
+
+def test_offers_are_read_from_the_records_speeds_within_noise_count_as_equal():
+    from identity.keys import PeerKey
+    from swarm.members import MemberRecord
+    from swarm.placement import Offer
+    from swarm.spans import MIN_SPEED, announced_offers
+
+    a, b, c, d = (PeerKey.generate().peer_id for _ in range(4))
+    records = {a: MemberRecord(a, 0.011, memory=(450 * MIB, 0)),
+               b: MemberRecord(b, 0.0135, memory=(200 * MIB, 5)),  # the same machine, noisier
+               c: MemberRecord(c, 0.03, memory=(300 * MIB, 0)),  # more than twice as fast
+               d: MemberRecord(d, 0.0)}  # announces no memory and no speed
+    assert announced_offers(records) == [Offer(a, 450 * MIB, 0.0135),
+                                         Offer(b, 200 * MIB, 0.0135),
+                                         Offer(c, 300 * MIB, 0.03),
+                                         Offer(d, 0, MIN_SPEED)]
