@@ -66,6 +66,21 @@ def test_a_worker_refusing_every_task_as_invalid_fails_no_submit(tmp_path):
             assert sum(r["verified"] for r in rows.values()) == report["shards"], rows
 
 
+def test_a_slow_liar_beaten_by_a_straggler_copy_is_still_caught(tmp_path):
+    """Issue 48, finding 3: a liar that a straggler copy beat to its band (slow, as any worker
+    is on a loaded machine) was never checked: the copy's pass ended the job, the liar's
+    attempt was cancelled with it and its wrong answer dropped unread, so the one-shot
+    submit gave no evidence (in CI three submits of four, and the liar stayed unblocked).
+    Its answer is judged when it comes, and the submit waits for it as for its reports."""
+    with swarm.local(workers=3, threads=1, chaos=["corrupt=1,delay=400", None, None]) as c:
+        liar = c.worker_ids[0]
+        r = _submit(tmp_path, c.uri, 0, "--min-workers", "3", "-v")
+        rows = {x["peer"]: x for x in json.loads(r.stdout)["peers"]}
+        assert rows[str(liar)]["verified"] == 0, rows  # dealt a band, never used
+        said = [s for s in r.stderr.splitlines() if f"rejected a result from {liar.short()}" in s]
+        assert said and "nothing to prove" not in said[0], r.stderr[-3000:]  # with evidence
+
+
 def test_the_liar_is_blocked_on_evidence_from_one_shot_submits(cluster, tmp_path):
     pub = cluster.publish()
     honest = cluster.start("honest", "join", cluster.uri, "--yes", "--backend", "numpy",
