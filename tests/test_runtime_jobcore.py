@@ -53,6 +53,35 @@ def test_a_straggler_is_copied_at_its_deadline_and_the_late_copy_is_ignored():
     assert job.report.peers["fast"].verified == 4
 
 
+def test_the_stop_of_a_copy_the_last_pass_beat_outlives_the_job_and_asks_for_judging():
+    """Issue 48, finding 3: the pass that finishes a job beats the straggler it copied; that
+    copy's Stop sat in the core when the job ended (only rejections were taken then), the
+    adapter cancelled the attempt, and a slow liar's wrong answer was never read. The Stop
+    is handed out with the job's end, saying its answer is still judged."""
+    job = core(owners=["fast", "slow", "fast", "slow"])
+    now, inflight = 0.0, {}
+    while not job.finished and now < 20.0:
+        for action in job.poll(now):
+            if isinstance(action, Run):
+                inflight[(action.shard, action.peer)] = now + (0.05 if action.peer == "fast"
+                                                               else 20.0)
+            elif isinstance(action, Check):
+                job.checked(action, True)
+            elif isinstance(action, Stop):
+                assert action.judge  # an answer checked one by one: judged when it comes
+                inflight.pop((action.shard, action.peer), None)
+        if job.finished:
+            break  # as the adapter does: no poll after the last event
+        now = min([*inflight.values(), *[t for t in [job.next_wake(now)] if t]])
+        for key in [k for k, t in inflight.items() if t <= now]:
+            del inflight[key]
+            job.answered(key[0], key[1], out(key[0]), 0.05)
+    left = job.outliving()
+    assert [(a.peer, a.judge) for a in left] == [("slow", True)], left
+    assert job.outliving() == [] and job.poll(now) == []  # handed out once
+    assert not core(verify=False)._judges("slow")  # unchecked answers: nothing to judge
+
+
 def test_an_invalid_refusal_is_misbehaviour_not_a_job_failure():
     job = core(n=2, workers=("liar", "honest"), owners=["liar", "honest"])
     job.poll(0.0)

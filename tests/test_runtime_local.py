@@ -154,7 +154,8 @@ def test_worker_killed_mid_job_and_job_still_correct(tmp_path):
 @pytest.mark.slow
 def test_lying_worker_is_caught_and_its_shards_redone():
     # The honest worker answers 300 ms late, so the liar's answers arrive first and are
-    # checked: a straggler copy that wins first would leave the liar's copy unchecked.
+    # checked within the job: a copy that beat it would be judged only after the job (its
+    # answer is waited for apart from it), and this test reads the job's own report.
     with swarm.local(workers=2, threads=1, chaos=["corrupt=1", "delay=300"]) as c:
         liar = c.worker_ids[0]
         reported = []

@@ -11,7 +11,8 @@ no clock and awaits nothing, so tests drive whole jobs with a fake clock and no 
 Policy lives here, not in the adapter: a worker's "invalid" refusal of a call that passed
 our own checks is misbehaviour (banned for the job, shard redone elsewhere), never a reason
 to fail the job; a call stopped at a worker's time limit is sent again at most once; a
-straggler's late copy is ignored; a wrong result counts even when another copy already won.
+copy that another beat is never used, but its answer is still judged when it comes (a
+:class:`Stop` says so), and a wrong result counts even when another copy already won.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ class Stop:
     """Scheduler shard index."""
     peer: Hashable
     """Where it runs."""
+    judge: bool = False
+    """Judge its answer all the same when it comes (the adapter waits for it a while, apart
+    from the job): a wrong one is reported like any other. Dropped unchecked, a copy that
+    another beat let a liar that was merely slow, as any worker is on a loaded machine,
+    escape every check and give no evidence (issue 48, finding 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +195,11 @@ class JobCore:
         """An attempt returned ``outputs`` (``answer``: what a later Check/Reject carries;
         ``now``: when, on :meth:`poll`'s clock, so that a copy this one beats rates its peer)."""
         if shard in self.sched.done:
-            return  # a straggler's late copy
+            return  # a copy another beat that answered before its Stop: never used
         pr = self.report.peer(peer)
         pr.shards += 1
         pr.seconds += seconds
-        if peer != LOCAL and self.verify and not self.replicate:
+        if self._judges(peer):
             self.sched.returned(shard, peer)  # its slot takes the next shard meanwhile
             self._out.append(Check(shard, peer, (outputs, seconds, answer)))
             return
@@ -253,11 +259,16 @@ class JobCore:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def rejections_left(self) -> list[Reject]:
-        """Rejections :meth:`poll` has not handed out yet, taken now: the events that finish
-        a job can also reject a copy that lost, and the job's end must not drop the report."""
-        left = [a for a in self._out if isinstance(a, Reject)]
-        self._out = [a for a in self._out if not isinstance(a, Reject)]
+    def outliving(self) -> list[Reject | Stop]:
+        """Actions :meth:`poll` has not handed out yet that outlive the job, taken now:
+        rejections (the events that finish a job can also reject a copy that lost, and the
+        job's end must not drop the report) and the stops of copies whose answers are still
+        judged (the pass that finishes a job is the one that beats them)."""
+        left: list[Reject | Stop] = []
+        kept: list[Action] = []
+        for a in self._out:
+            (left if isinstance(a, Reject) or isinstance(a, Stop) and a.judge else kept).append(a)
+        self._out = kept
         return left
 
     def poll(self, now: float) -> list[Action]:
@@ -278,10 +289,15 @@ class JobCore:
         """When :meth:`poll` must run again without an event (timeouts, stragglers)."""
         return None if self.sched.finished else self.sched.next_deadline(now)
 
+    def _judges(self, peer: Any) -> bool:
+        """Whether ``peer``'s answers are checked one by one (replicas are compared instead;
+        our own runs are trusted)."""
+        return peer != LOCAL and self.verify and not self.replicate
+
     def _accept(self, shard: int, peer: Any, outputs: list[np.ndarray], seconds: float,
                 now: float | None) -> None:
         for c in self.sched.verified(shard, peer, seconds, now):
-            self._out.append(Stop(c.shard, c.peer))
+            self._out.append(Stop(c.shard, c.peer, self._judges(c.peer)))
         if not self.replicate:
             self.results[shard] = outputs
             return

@@ -68,6 +68,9 @@ from swarm.runtime.scheduler import (
 log = logging.getLogger("swarm.runtime.requester")
 RECEIPT_TIMEOUT = 10.0
 """Seconds a worker has to sign a result it answered when the requester rejected it."""
+BEATEN_WAIT = 5.0
+"""Seconds a copy that another beat is still waited for, to judge its answer
+(:attr:`swarm.runtime.jobcore.Stop.judge`); one-shot requesters wait for it as they stop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,6 +469,16 @@ class Requester:
         job that ends meanwhile does not stop it."""
         self._reports.spawn(self._report(peer, call, reply, reason))
 
+    def outlive(self, attempt: asyncio.Task, timeout: float) -> None:
+        """Let an attempt its job no longer needs run on, at most ``timeout`` s (then it is
+        cancelled), counted with the reports that :meth:`reported` waits for."""
+        self._reports.spawn(self._outlive(attempt, timeout))
+
+    @staticmethod
+    async def _outlive(attempt: asyncio.Task, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(attempt, timeout)
+
     async def reported(self, timeout: float) -> None:
         """Wait, at most ``timeout`` s, for rejected results still being reported (a report
         may wait for its receipt): a one-shot requester that stops right after its job must
@@ -554,6 +567,8 @@ class _JobRun:
         self._timer: asyncio.TimerHandle | None = None
         """Kicks the job at its next deadline (the core's, or its timeout)."""
         self.running: dict[tuple[int, Any], asyncio.Task] = {}
+        self.beaten: set[tuple[int, Any]] = set()
+        """(shard, peer) of attempts another copy beat whose answers are still judged."""
         self.side: set[asyncio.Task] = set()
         """Checks and tiebreaks in flight."""
         self.unsigned: set[tuple[Any, int]] = set()
@@ -590,10 +605,10 @@ class _JobRun:
                 self._timer.cancel()
             self.req._jobs.discard(self)
             self.req.slots.want(self, False)
+            for action in core.outliving():  # reports, and copies whose answers are judged
+                self._act(action)
             for task in [*self.running.values(), *self.side]:
                 task.cancel()
-            for action in core.rejections_left():  # reports outlive the job
-                self._act(action)
             for peer in {p for p, _ in self.unsigned}:  # never checked, or no longer needed
                 self.req.accept(peer, [t for p, t in self.unsigned if p == peer])
         core.report.seconds = time.perf_counter() - started
@@ -640,7 +655,10 @@ class _JobRun:
             self.running[(action.shard, action.peer)] = task
         elif isinstance(action, Stop):
             task = self.running.pop((action.shard, action.peer), None)
-            if task is not None:
+            if task is not None and action.judge:  # left to answer, apart from the job
+                self.beaten.add((action.shard, action.peer))
+                self.req.outlive(task, BEATEN_WAIT)
+            elif task is not None:
                 task.cancel()
         elif isinstance(action, Check):
             self._side(self._check(action))
@@ -692,6 +710,9 @@ class _JobRun:
                 reply = await self.req.call(peer, self.calls[shard % self.n],
                                             report=core.report.peer(peer), slot=slot)
                 outs = reply.outputs
+                if (shard, peer) in self.beaten:
+                    await self._judge_beaten(shard, peer, reply)
+                    return
                 if not reply.receipt:
                     self.unsigned.add((peer, reply.task))
             seconds = (time.perf_counter() - t0 if peer == LOCAL
@@ -699,9 +720,23 @@ class _JobRun:
             self._post(partial(core.answered, shard, peer, outs, seconds, reply,
                                asyncio.get_running_loop().time()))
         except TaskFailure as exc:
-            self._post(partial(core.failed, shard, peer, exc.kind, str(exc)))
+            if (shard, peer) not in self.beaten:
+                self._post(partial(core.failed, shard, peer, exc.kind, str(exc)))
         except LinkClosed as exc:
-            self._post(partial(core.failed, shard, peer, "lost", str(exc)))
+            if (shard, peer) not in self.beaten:
+                self._post(partial(core.failed, shard, peer, "lost", str(exc)))
+
+    async def _judge_beaten(self, shard: int, peer: Any, reply: Reply) -> None:
+        """The answer of a copy another beat (never used): a wrong one is reported, with its
+        evidence, as the job's own rejections are; a right one is let go at the worker."""
+        i = shard % self.n
+        if await self.verify(i, reply.outputs):
+            if not reply.receipt:
+                self.req.accept(peer, [reply.task])
+            return
+        self.req.rates.reject(peer)
+        self.req.report(peer, self.calls[i], reply,
+                        f"shard {i} failed verification (a copy beaten by another)")
 
     async def _check(self, check: Check) -> None:
         outputs, _, reply = check.answer

@@ -57,11 +57,12 @@ class NetCluster:
             "join", self.uri, "--yes", "--backend", "numpy", "--threads", "1", "--host",
             host.addr, "-v", "--data-dir", str(self.root / name), *extra), env)
 
-    def driver(self, name: str, host: Host, *args: str, uri: str = "") -> Proc:
+    def driver(self, name: str, host: Host, *args: str, uri: str = "",
+               env: dict[str, str] | None = None) -> Proc:
         """A requester process running jobs (:mod:`tests.system.driver`)."""
         return self.start(name, host, [sys.executable, "-m", "tests.system.driver",
                                        uri or self.uri,
-                                       "--data-dir", str(self.root / name), *args])
+                                       "--data-dir", str(self.root / name), *args], env)
 
     def status(self, host: Host, uri: str = "", timeout: float = 60) -> dict:
         res = subprocess.run(host.wrap(swarm_cmd("status", uri or self.uri, "--json",
