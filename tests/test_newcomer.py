@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEAD, swarm_cmd
-from tests.control_support import Proc, stop_all
+from tests.control_support import Observer, Proc, stop_all
 
 pytestmark = [pytest.mark.system]
 
@@ -56,6 +56,7 @@ class Tour:
         self.env = newcomer_env(home)
         self.procs: list[Proc] = []
         self.uri = ""
+        self.observer: Observer | None = None
 
     @property
     def default_dir(self) -> Path:
@@ -80,12 +81,17 @@ class Tour:
         return self.start(name, "join", self.uri, "--yes", "--backend", "numpy",
                           "--threads", "1", *extra)
 
-    def status(self, pred=lambda s: True, timeout: float = 60, uri: str | None = None) -> dict:
-        """``swarm status --json`` until ``pred`` holds (bounded)."""
+    def status(self, pred=lambda s: True, timeout: float = 60) -> dict:
+        """``swarm status --json`` once ``pred`` holds (bounded): waited for with one
+        in-process observer (a `swarm status` process per poll cost a second of CPU and up
+        to a poll's length past the moment), then shown by the CLI, until it shows it too."""
         deadline = time.monotonic() + timeout
+        if self.observer is None:
+            self.observer = Observer(self.uri)
+        self.observer.wait(pred, timeout, "what the test waits for")
         last: object = None
         while time.monotonic() < deadline:
-            res = self.run("status", uri or self.uri, "--json")
+            res = self.run("status", self.uri, "--json")
             assert_clean(res)
             if res.returncode == 0:
                 last = json.loads(res.stdout)
@@ -97,6 +103,8 @@ class Tour:
         raise AssertionError(f"status never matched in {timeout} s; last: {last}")
 
     def close(self, root: Path) -> None:
+        if self.observer is not None:
+            self.observer.close()
         stop_all(self.procs, root)
         for p in self.procs:
             assert_clean("\n".join(p.out + p.err))

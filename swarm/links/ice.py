@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-
-from aiortc import RTCIceServer
+from typing import TYPE_CHECKING
 
 from swarm.errors import ConfigError
+
+if TYPE_CHECKING:  # aiortc is imported where a server is built: every networked command
+    from aiortc import RTCIceServer  # parses the flags, few use WebRTC (4 s of a loaded
+    # `swarm status`'s imports went to aiortc and its dependencies)
 
 ENV = "SWARM_ICE_SERVERS"
 MAX_SERVERS = 16
@@ -66,6 +69,8 @@ def _server(obj: object, where: str) -> RTCIceServer:
     if any(u.startswith("turn") for u in clean) and not (obj.get("username")
                                                          and obj.get("credential")):
         raise ConfigError(f"{where}: a TURN server needs username and credential")
+    from aiortc import RTCIceServer
+
     return RTCIceServer(urls=clean, username=obj.get("username"),
                         credential=obj.get("credential"))
 
@@ -90,6 +95,8 @@ def parse_flag(text: str) -> RTCIceServer:
     if url.startswith("turn") and user is None:
         raise ConfigError("--ice-server: a TURN URL needs credentials "
                           "(turn:USER:CREDENTIAL@HOST:PORT) or use SWARM_ICE_SERVERS")
+    from aiortc import RTCIceServer
+
     return RTCIceServer(urls=[url], username=user, credential=cred)
 
 
