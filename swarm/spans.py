@@ -13,7 +13,7 @@ pass with its own cache, taking each product from the worker's trace only when i
 passes Freivalds' check against that weight's fingerprint both for the worker's recorded input
 and for the requester's own (within the f32 rounding of that product: SECURITY.md). A wrong product is a signed lie: its evidence goes to the node
 (``report_lying_peer``: proven on the spot under ``swarm.local()``, judged by the coordinator
-otherwise), the worker gets no more spans, and the step is redone elsewhere, or here.
+otherwise), the worker gets no more spans, and the step is redone elsewhere.
 
 Faults: the requester keeps, per sequence and span, every input row it sent. A worker that dies
 (or refuses, or lies) has its span re-placed, by swarm.placement's rule, on a live worker whose
