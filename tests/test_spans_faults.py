@@ -123,3 +123,26 @@ def test_workers_that_keep_taking_a_span_and_dying_cannot_keep_it_rebuilding(
             greedy(model, PROMPT, TOKENS)
         assert greedy(model, PROMPT, TOKENS) == want
         assert model.hosts() == [third]
+
+
+def test_a_worker_sigkilled_mid_text_is_replaced_and_the_text_is_unchanged(weights, want):
+    """The worker holding the second span is SIGKILLed between steps (a real process, a pulled
+    plug): the survivor, with room for both spans, takes it, rebuilds its caches from the
+    inputs the requester kept, and the greedy tokens are the local forward's."""
+    with swarm.local(2, threads=1) as client:
+        model = SpanLlama(client, weights)
+        victim = model.placement.workers()[1]
+        survivor = next(p for p in client.worker_ids if p != victim)
+        cache = model.new_cache()
+        logits = model.forward(PROMPT, cache)
+        out: list[int] = []
+        for step in range(TOKENS):
+            out.append(int(np.argmax(logits)))
+            if step == 4:
+                proc = client.processes[client.worker_ids.index(victim)]
+                proc.kill()
+                proc.wait(30)
+            logits = model.forward([out[-1]], cache)
+        assert out == want
+        assert model.hosts() == [survivor, survivor]
+        assert model.take_stats().rebuilt >= 1
