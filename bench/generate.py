@@ -195,7 +195,7 @@ def swarm_rows(weights, prompts: list[list[int]], n_decode: int, runs: int) -> l
                         "checks_ms": round(st.checks * per, 1),
                         "local_same_run_tok_s": round(len(batch) / base, 1),
                         "vs_local": round(base / dec, 2),
-                        "note": f"rejected {st.rejected}, spans run here {st.local:.2f} s"})
+                        "note": f"rejected {st.rejected}"})
     return out
 
 

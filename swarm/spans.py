@@ -13,11 +13,17 @@ pass with its own cache, taking each product from the worker's trace only when i
 passes Freivalds' check against that weight's fingerprint both for the worker's recorded input
 and for the requester's own (within the f32 rounding of that product: SECURITY.md). A wrong product is a signed lie: its evidence goes to the node
 (``report_lying_peer``: proven on the spot under ``swarm.local()``, judged by the coordinator
-otherwise), the worker gets no more spans, and the step is redone elsewhere, or here.
+otherwise), the worker gets no more spans, and the step is redone elsewhere.
 
 Faults: the requester keeps, per sequence and span, every input row it sent. A worker that dies
-(or refuses, or lies) is replaced by another (or by the requester itself), which gets the
-sequence's whole past as one prefill to rebuild its cache; the text goes on unchanged.
+(or refuses, or lies) has its span re-placed, by swarm.placement's rule, on a live worker whose
+offer has room for it beside the spans it already holds (the fastest such, the most room among
+equals); that worker gets the sequence's whole past as one prefill to rebuild its cache, and
+the text goes on unchanged. When no live worker has room, the request fails with
+:class:`SpanLost` naming the shortfall; it never quietly runs on the requester, whose own
+memory nobody offered. Each rebuild costs the requester a whole history's pass, so a sequence
+is rebuilt at most :data:`MAX_REBUILDS` times (workers that keep taking spans and dying cannot
+keep it going for ever).
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from identity.keys import PeerId
 from models import span as llama_span
 from models.llama import Llama
 from models.span import Fingerprints, KVCache, Seq, SpanMismatch, TraceCheck, run_layers
-from swarm.errors import LinkClosed
-from swarm.placement import Need, Offer, place
+from swarm.errors import LinkClosed, SwarmError
+from swarm.placement import Need, Offer, PlacementError, place
 from swarm.runtime.actors import SPAN_MODEL_ID, LlamaSpanActor, SpanConfig
 from swarm.runtime.requester import Call, TaskFailure
 
@@ -45,6 +51,25 @@ CALL_TIMEOUT = 120.0
 CONTEXT = 2048
 """Positions of keys and values (over all the sequences running at once) each span's worker
 is to have room for, beside the span's weights, when spans are placed."""
+
+
+MAX_REBUILDS = 8
+"""Times one sequence's caches may be rebuilt on a replacement worker before its request
+fails (each rebuild re-sends and re-checks its whole past)."""
+
+
+class SpanLost(SwarmError):
+    """A span's worker was lost mid-generation and no live worker can take its blocks (or
+    the sequence's rebuilds are spent): the request fails, the message says why."""
+
+    def __init__(self, message: str, shortfall: int = 0) -> None:
+        super().__init__(message)
+        self.shortfall = shortfall
+        """Bytes a live worker would have to offer beyond what it has left (0: not memory)."""
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def block_bytes(weights: Any) -> list[int]:
@@ -99,6 +124,8 @@ class _History:
 
     sid: int
     inputs: dict[int, np.ndarray] = field(default_factory=dict)
+    rebuilds: int = 0
+    """Times its caches were rebuilt on a replacement (at most :data:`MAX_REBUILDS`)."""
 
 
 @dataclass
@@ -111,8 +138,6 @@ class SpanStats:
     """Of which the workers said they computed."""
     checks: float = 0.0
     """The requester's checking pass (its own non-linear steps and the fingerprint checks)."""
-    local: float = 0.0
-    """Spans run on the requester (no worker left)."""
     calls: int = 0
     rejected: int = 0
     rebuilt: int = 0
@@ -126,7 +151,8 @@ class SpanLlama(Llama):
     the embedding and the output head run here. Spans are placed by the memory and speed
     each worker announces (swarm.placement; ``offers`` stands in for the announcements),
     with room for ``context`` positions of keys and values: a model that fits no placement is
-    refused here (PlacementError, naming the shortfall)."""
+    refused here (PlacementError, naming the shortfall); a span whose worker is lost and that
+    no live worker has room for fails its request (:class:`SpanLost`)."""
 
     def __init__(self, client: Any, weights: Any, offers: list[Offer] | None = None,
                  context: int = CONTEXT) -> None:
@@ -134,6 +160,7 @@ class SpanLlama(Llama):
         self._client = client
         c = self.config
         self.need = Need(tuple(block_bytes(weights)), cache_bytes(c, context))
+        self._announced = offers is None
         if offers is None:
             offers = announced_offers(client.offers())
         self.placement = place(self.need, offers)  # PlacementError: refused up front
@@ -145,6 +172,8 @@ class SpanLlama(Llama):
         self._bundles = [client.put(llama_span.bundle(weights, f, k)) for f, k in self.plan]
         self._local = [llama_span.model_layers(weights, f, k) for f, k in self.plan]
         self._hosts: list[_Host | None] = [None] * n
+        self._assigned: list[PeerId] = list(self.placement.workers())
+        """Each span's worker: placed, or re-placed when the placed one was lost."""
         self._excluded: set[PeerId] = set()
         self._history: weakref.WeakKeyDictionary[KVCache, _History] = \
             weakref.WeakKeyDictionary()
@@ -158,7 +187,7 @@ class SpanLlama(Llama):
         return stats
 
     def hosts(self) -> list[PeerId | None]:
-        """Each span's worker now (None: not placed yet, or run here)."""
+        """Each span's worker now (None: not placed yet)."""
         return [h.peer if h else None for h in self._hosts]
 
     # -- the pass -------------------------------------------------------------------------------
@@ -186,45 +215,58 @@ class SpanLlama(Llama):
                 raise ValueError(f"sequence {h.sid}: the requester kept {past.shape[0]} "
                                  f"inputs of span {k}, not {s.begin}")
             h.inputs[k] = np.concatenate([past, x[lo:hi]])
-        for _ in range(len(self._client.workers()) + 2):
-            host = self._place(k)
-            if host is None:
-                break
-            out = self._try(k, host, x, seqs, hists)
+        tries = len(self._client.workers()) + 2  # each failed try drops a worker or a cache
+        for _ in range(tries):
+            out = self._try(k, self._place(k), x, seqs, hists)
             if out is not None:
                 return out
-        started = time.perf_counter()
-        first = self.plan[k][0]
-        layers = self._local[k]
+        first, count = self.plan[k]
+        raise SpanLost(f"blocks {first}..{first + count - 1}: {tries} tries on the swarm's "
+                       "workers failed in one step")
 
-        def products(j: int, pairs: list) -> list[np.ndarray]:
-            return [xx @ layers[j].matrices[p] for p, xx in pairs]
-
-        out = run_layers(self.config, layers, x, seqs, products, cache_first=first)
-        self.stats.local += time.perf_counter() - started
-        return out
-
-    def _place(self, k: int) -> _Host | None:
+    def _place(self, k: int) -> _Host:
+        """Span ``k``'s host: its worker while that is live, else a re-placement."""
         host = self._hosts[k]
         live = [p for p in self._client.workers() if p not in self._excluded
                 and p not in self._client.node.proven_liars]
         if host is not None and host.peer in live:
             return host
-        if not live:
-            self._hosts[k] = None
-            return None
-        peer = self.placement.spans[k].worker
-        if peer not in live:  # its placed worker is gone: the one with most room left
-            peer = max(live, key=lambda p: (self._room(p), -live.index(p)))
-        host = self._hosts[k] = _Host(peer, self._client.new_instance())
+        if self._assigned[k] not in live:
+            self._assigned[k] = self._replace(k, live)
+        host = self._hosts[k] = _Host(self._assigned[k], self._client.new_instance())
         return host
 
+    def _replace(self, k: int, live: list[PeerId]) -> PeerId:
+        """The live worker that takes span ``k`` now its worker is lost: swarm.placement's rule
+        over each live worker's room (its offer less the spans it already holds), the span
+        kept whole (its bundle and the inputs kept for it are per span); SpanLost when none
+        has room."""
+        first, count = self.plan[k]
+        blocks = f"blocks {first}..{first + count - 1}"
+        if self._announced:  # workers that joined since placing, and offers changed since
+            self._offers.update({o.worker: o for o in announced_offers(self._client.offers())})
+        need = Need((sum(self.need.blocks[first:first + count]),), self.need.cache * count)
+        total = need.span_bytes(0, 1)
+        if not live:
+            raise SpanLost(f"{blocks} lost their worker mid-generation and no other worker is "
+                           f"left to take them ({_mib(total)} needed)", total)
+        rooms = [Offer(p, max(0, self._room(p)), self._offers[p].speed if p in self._offers
+                       else MIN_SPEED) for p in live]
+        try:
+            return place(need, rooms).spans[0].worker
+        except PlacementError as exc:
+            most = max(o.memory for o in rooms)
+            raise SpanLost(f"{blocks} lost their worker mid-generation and no live worker has "
+                           f"room for them: they need {_mib(total)} (weights and caches), the "
+                           f"most any of the {len(rooms)} live workers has left is "
+                           f"{_mib(most)}: {_mib(exc.shortfall)} short", exc.shortfall) from None
+
     def _room(self, peer: PeerId) -> int:
-        """Bytes ``peer`` offered that the spans it hosts now leave free (by the offer it
-        announced when this model was placed; 0 for a worker that offered nothing)."""
+        """Bytes ``peer`` offered that the spans assigned to it leave free (by the offer it
+        announced; 0 for a worker that offered nothing)."""
         offer = self._offers.get(peer)
-        held = sum(s.bytes for s, h in zip(self.placement.spans, self._hosts, strict=True)
-                   if h is not None and h.peer == peer)
+        held = sum(s.bytes for s, p in zip(self.placement.spans, self._assigned, strict=True)
+                   if p == peer)
         return (offer.memory if offer is not None else 0) - held
 
     def _try(self, k: int, host: _Host, x: np.ndarray, seqs: list[Seq],
@@ -234,6 +276,12 @@ class SpanLlama(Llama):
         first, count = self.plan[k]
         rebuild = any(h.sid not in host.sids for h in hists)
         if rebuild:  # a fresh cache there: every sequence from position 0
+            for h, s in zip(hists, seqs, strict=True):
+                if s.begin and h.sid not in host.sids:
+                    if h.rebuilds >= MAX_REBUILDS:
+                        raise SpanLost(f"sequence {h.sid}: its caches were rebuilt "
+                                       f"{h.rebuilds} times on replacement workers; giving up")
+                    h.rebuilds += 1
             send = np.ascontiguousarray(np.concatenate([h.inputs[k] for h in hists]))
             check_seqs = [Seq.span(s.cache, 0, s.end) for s in seqs]
             params_seqs = [[h.sid, 0, s.end] for h, s in zip(hists, seqs, strict=True)]

@@ -59,7 +59,6 @@ def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weight
         assert all(spans[small].count < spans[b].count for b in big)
         assert greedy(model, PROMPT, TOKENS) == greedy(Llama(weights), PROMPT, TOKENS)
         assert model.hosts() == model.placement.workers()
-        assert model.take_stats().local == 0
         # each worker announces its offer, what it holds (within it) and the span it hosts
         model_id = bytes.fromhex(weights.address)[:12]
         want = {p: (model_id, s.first, s.count) for p, s in spans.items()}
@@ -86,7 +85,7 @@ def test_a_worker_that_over_claims_memory_fails_its_span_and_is_replaced(weights
         assert liar in model.placement.workers()  # its claim was believed at placement
         assert greedy(model, PROMPT, TOKENS) == greedy(Llama(weights), PROMPT, TOKENS)
         stats = model.take_stats()
-        assert stats.rejected >= 1 and stats.local == 0
+        assert stats.rejected >= 1
         assert model.hosts() == [honest, honest]
         assert liar not in client.node.proven_liars  # a refusal proves nothing
 
@@ -118,7 +117,7 @@ def test_a_span_call_naming_its_model_badly_is_refused(weights, model):
         check_span_forward([x, flat], params | {"model": model})
 
 
-def _chat(client, text: str) -> tuple[int, dict]:
+def _chat(client, text: str, max_tokens: int = 4) -> tuple[int, dict]:
     """One /v1/chat/completions from a --http server on the client's node: (status, body)."""
     import json
     import urllib.error
@@ -137,7 +136,7 @@ def _chat(client, text: str) -> tuple[int, dict]:
 
     server = client._loop.run(start(), 30)
     key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
-    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 4, "temperature": 0,
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": text}]}
     req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
                                  json.dumps(body).encode(), {"Authorization": f"Bearer {key}",

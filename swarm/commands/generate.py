@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from models.gguf_file import ModelMissing, WeightsError
     from swarm.errors import LocalError, SwarmError
     from swarm.placement import PlacementError
+    from swarm.spans import SpanLost
 
     try:
         gen = generator(args.model)
@@ -106,15 +107,22 @@ def run(args: argparse.Namespace) -> int:
             forward = client.span_model(args.model) if client.workers() else None
         except PlacementError as exc:
             raise SwarmError(f"the swarm's workers cannot hold {gen.name}: {exc}") from None
-        for piece in client.generate(args.prompt, chat=not args.raw,
-                                     max_tokens=args.max_tokens, temperature=args.temperature,
-                                     top_p=args.top_p, seed=args.seed, stop=args.stop,
-                                     usage=usage, model=args.model, forward=forward):
-            first = first or time.monotonic()
-            text.append(piece)
-            if not args.json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+        try:
+            for piece in client.generate(args.prompt, chat=not args.raw,
+                                         max_tokens=args.max_tokens,
+                                         temperature=args.temperature, top_p=args.top_p,
+                                         seed=args.seed, stop=args.stop, usage=usage,
+                                         model=args.model, forward=forward):
+                first = first or time.monotonic()
+                text.append(piece)
+                if not args.json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+        except SpanLost as exc:  # a worker lost mid-text, its blocks placeable nowhere
+            if text and not args.json:
+                sys.stdout.write("\n")
+            raise SwarmError(f"the swarm's workers cannot hold {gen.name} any more: "
+                             f"{exc}") from None
         ran = _where(forward)
     seconds = time.monotonic() - started
     if args.json:

@@ -174,6 +174,7 @@ class ChatAPI:
     async def _run(self, request: web.Request, args: dict,
                    served: ServedModel) -> web.StreamResponse:
         from models.generate import GenerationError, Usage
+        from swarm.spans import SpanLost
 
         try:
             gen = await self._thread(served.generator)
@@ -225,7 +226,12 @@ class ChatAPI:
                         gone.set()
             finally:
                 gone.set()
-            await job
+            try:
+                await job
+            except SpanLost as e:  # a worker lost mid-text, its blocks placeable nowhere
+                log.warning("chat request failed: %s", e)
+                return _error(503, f"the chat model is not available here: {e}"[:500],
+                              "server_error")
             reason = usage.finish_reason or "length"
             return web.json_response({**base, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "".join(text)},

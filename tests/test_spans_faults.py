@@ -1,0 +1,148 @@
+"""A span's worker lost mid-generation (swarm.spans), on real local swarms whose workers die
+abruptly (``crash_after``: ``os._exit`` on receiving a call): its span is re-placed by
+swarm.placement's rule over the live workers' room and the text goes on unchanged; when no
+live worker has room, the request fails naming the shortfall (SpanLost; exit 1 from
+``swarm generate``, HTTP 503 from /v1/chat/completions); workers that keep taking the span and
+dying cannot keep a sequence being rebuilt for ever."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import swarm
+from models import gguf_weights
+from models.llama import Llama
+from swarm.placement import Offer
+from swarm.spans import SpanLlama, SpanLost
+from tests.conftest import run_swarm, subprocess_env
+from tests.test_spans_placement import _chat
+
+pytestmark = [pytest.mark.system]
+
+MIB = 1 << 20
+PROMPT = [1, 30, 23, 1004, 28, 5, 42, 2919]
+TOKENS = 12
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread(one_blas_thread):
+    """Every test here runs on one BLAS thread (tests.conftest.one_blas_thread)."""
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return gguf_weights.load()
+
+
+@pytest.fixture(scope="module")
+def want(weights):
+    return greedy(Llama(weights), PROMPT, TOKENS)
+
+
+def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
+    cache = model.new_cache()
+    logits = model.forward(ids, cache)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.forward([out[-1]], cache)
+    return out
+
+
+def test_a_lost_span_goes_to_the_fastest_live_worker_with_room(weights, want):
+    """SmolLM2's 30 blocks take 16.5 MiB each with their caches. Placed: the fast worker
+    (500 MiB) blocks 0-17, the big slow one (900 MiB) 18-23, the small one (150 MiB) 24-29.
+    The small one dies mid-text: its 99 MiB span fits both survivors; the placement rule (the
+    least time) gives it to the fast one, which has 203 MiB left. The old rule gave it to the
+    one with the most room left, the slow one."""
+    with swarm.local(3, threads=1, max_memory=[150 * MIB, 900 * MIB, 500 * MIB],
+                     chaos=["crash_after=5", None, None]) as client:
+        small, slow, fast = client.worker_ids
+        offers = [Offer(small, 150 * MIB, 1.0), Offer(slow, 900 * MIB, 1.0),
+                  Offer(fast, 500 * MIB, 3.0)]
+        model = SpanLlama(client, weights, offers)
+        assert model.placement.workers() == [fast, slow, small]
+        assert greedy(model, PROMPT, TOKENS) == want
+        assert model.hosts() == [fast, slow, fast]
+        assert model.take_stats().rebuilt >= 1
+
+
+def test_a_lost_span_no_live_worker_has_room_for_fails_naming_the_shortfall(weights):
+    """Two workers offering 300 MiB hold 15 blocks (248 MiB) each; one dies mid-text and the
+    other has 52 MiB left. The old code ran the span on the requester, whose memory nobody
+    offered; now the request fails, the shortfall named."""
+    with swarm.local(2, threads=1, max_memory=[300 * MIB, 300 * MIB],
+                     chaos=[None, "crash_after=5"]) as client:
+        model = SpanLlama(client, weights, [Offer(p, 300 * MIB, 1.0) for p in client.worker_ids])
+        with pytest.raises(SpanLost, match=r"blocks \d+\.\.\d+ lost their worker mid-generation "
+                           r"and no live worker has room for them: they need 247\.6 MiB .* the "
+                           r"most any of the 1 live workers has left is 52\.4 MiB: 195\.1 MiB "
+                           r"short") as exc:
+            greedy(model, PROMPT, TOKENS)
+        assert exc.value.shortfall > 0
+        assert model.take_stats().calls >= 5  # it failed mid-text, not up front
+
+
+@pytest.mark.parametrize("where", ["cli", "chat"])
+def test_a_lost_span_nobody_can_take_fails_the_request_clearly(weights, tmp_path, where):
+    """As an up-front refusal is surfaced: `swarm generate` exits 1 with the shortfall and no
+    traceback; /v1/chat/completions answers 503 (the old code: the text, run here)."""
+    with swarm.local(2, threads=1, max_memory=[300 * MIB, 300 * MIB],
+                     chaos=[None, "crash_after=3"]) as client:
+        ask = "What is the capital of France?"
+        if where == "cli":
+            r = run_swarm("generate", client.uri, ask, "--max-tokens", "12",
+                          env=subprocess_env(SWARM_HOME=str(tmp_path / "home")), timeout=300)
+            assert r.returncode == 1, r.stderr
+            assert "cannot hold" in r.stderr and "mid-generation" in r.stderr
+            assert "short" in r.stderr and "Traceback" not in r.stderr
+        else:
+            status, body = _chat(client, ask, max_tokens=12)
+            assert status == 503, body
+            assert "mid-generation" in body["error"]["message"]
+            assert "short" in body["error"]["message"]
+
+
+def test_workers_that_keep_taking_a_span_and_dying_cannot_keep_it_rebuilding(
+        weights, want, monkeypatch):
+    """The fastest worker takes all 30 blocks and dies mid-text; the next fastest takes them
+    (a rebuild of the sequence's past) and dies on its next call. With one rebuild allowed a
+    sequence (instead of swarm.spans.MAX_REBUILDS), the second loss fails the request rather
+    than rebuilding again (the old code rebuilt for as long as workers came); the model still
+    serves a new sequence on the worker left, with the local forward's tokens."""
+    monkeypatch.setattr("swarm.spans.MAX_REBUILDS", 1)
+    with swarm.local(3, threads=1, max_memory=600 * MIB,
+                     chaos=["crash_after=4", "crash_after=1", None]) as client:
+        first, second, third = client.worker_ids
+        model = SpanLlama(client, weights, [Offer(first, 600 * MIB, 100.0),
+                                            Offer(second, 600 * MIB, 1.0),
+                                            Offer(third, 600 * MIB, 0.1)])
+        assert model.placement.workers() == [first]
+        with pytest.raises(SpanLost, match=r"rebuilt 1 times on replacement workers"):
+            greedy(model, PROMPT, TOKENS)
+        assert greedy(model, PROMPT, TOKENS) == want
+        assert model.hosts() == [third]
+
+
+def test_a_worker_sigkilled_mid_text_is_replaced_and_the_text_is_unchanged(weights, want):
+    """The worker holding the second span is SIGKILLed between steps (a real process, a pulled
+    plug): the survivor, with room for both spans, takes it, rebuilds its caches from the
+    inputs the requester kept, and the greedy tokens are the local forward's."""
+    with swarm.local(2, threads=1) as client:
+        model = SpanLlama(client, weights)
+        victim = model.placement.workers()[1]
+        survivor = next(p for p in client.worker_ids if p != victim)
+        cache = model.new_cache()
+        logits = model.forward(PROMPT, cache)
+        out: list[int] = []
+        for step in range(TOKENS):
+            out.append(int(np.argmax(logits)))
+            if step == 4:
+                proc = client.processes[client.worker_ids.index(victim)]
+                proc.kill()
+                proc.wait(30)
+            logits = model.forward([out[-1]], cache)
+        assert out == want
+        assert model.hosts() == [survivor, survivor]
+        assert model.take_stats().rebuilt >= 1
