@@ -94,7 +94,8 @@ class Weight:
         """Content address: :func:`digest_of` for an array; for a tensor, BLAKE3 over its
         type, shape and the bytes the file stores (computed on first use)."""
         if not self._digest:
-            h = blake3.blake3(f"{self.tensor.qtype}{tuple(self.tensor.shape)}".encode())
+            qtype = getattr(self.tensor.qtype, "name", self.tensor.qtype)  # GGML's type name
+            h = blake3.blake3(f"{qtype}{tuple(self.tensor.shape)}".encode())
             h.update(memoryview(np.ascontiguousarray(self.tensor.data)).cast("B"))
             self._digest = h.hexdigest()
         return self._digest

@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from models import quant_kernels as qk
 
@@ -69,6 +69,16 @@ def _qtype(qtype) -> GGMLQuantizationType:
         raise ValueError(f"GGML type {t.name} is not supported; supported: "
                          f"{_supported_names()}")
     return t
+
+
+def row_bytes(qtype, n_in: int) -> int:
+    """Bytes of one row of ``n_in`` weights in block format ``qtype`` (a GGML type or its
+    name); ValueError names the supported types, or the row length the format needs."""
+    t = _qtype(qtype)
+    per_block, block_bytes = qk.LAYOUT[qk.CODES[t.name]]
+    if n_in <= 0 or n_in % per_block:
+        raise ValueError(f"a {t.name} row holds a multiple of {per_block} weights, got {n_in}")
+    return n_in // per_block * block_bytes
 
 
 class QTensor:
@@ -113,15 +123,13 @@ class QTensor:
         """A matrix from its raw bytes (e.g. a received bundle; no copy of ``buf``)."""
         t = _qtype(qtype)
         out, n_in = (int(s) for s in shape)
-        per_block, block_bytes = GGML_QUANT_SIZES[t]
+        if out < 0:
+            raise ValueError(f"a {t.name} matrix has no {out} rows")
+        per_row = row_bytes(t, n_in)
         raw = np.frombuffer(buf, dtype=np.uint8)
-        if n_in <= 0 or out < 0 or n_in % per_block:
-            raise ValueError(f"a {t.name} row holds a multiple of {per_block} weights, "
-                             f"got shape {(out, n_in)}")
-        want = out * (n_in // per_block) * block_bytes
-        if raw.size != want:
-            raise ValueError(f"{t.name} {(out, n_in)} is {want} bytes, got {raw.size}")
-        return cls(t, (out, n_in), raw.reshape(out, n_in // per_block * block_bytes))
+        if raw.size != out * per_row:
+            raise ValueError(f"{t.name} {(out, n_in)} is {out * per_row} bytes, got {raw.size}")
+        return cls(t, (out, n_in), raw.reshape(out, per_row))
 
     @property
     def nbytes(self) -> int:

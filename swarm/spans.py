@@ -152,7 +152,7 @@ class SpanLlama(Llama):
         layers = self._local[k]
 
         def products(j: int, pairs: list) -> list[np.ndarray]:
-            return [xx @ layers[j].matrices[p] for p, xx in pairs]
+            return [layers[j].matrices[p].matmul(xx) for p, xx in pairs]
 
         out = run_layers(self.config, layers, x, seqs, products, cache_first=first)
         self.stats.local += time.perf_counter() - started

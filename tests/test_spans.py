@@ -298,7 +298,8 @@ def test_an_aimed_shift_of_the_recorded_input_is_caught(weights):
     honest, h = logits(trace)
     top, second = np.argsort(honest)[-1], np.argsort(honest)[-2]
     aim = norm * (head[:, second] - head[:, top])  # raises the runner-up against the top
-    cols, w_down = llama_span.trace_columns(c), layers[0].matrices["ffn_down"]
+    cols = llama_span.trace_columns(c)
+    w_down = layers[0].matrices["ffn_down"].dequantize().T  # [in, out], the kernel's weights
 
     def shifted(scale):
         tr = trace.copy()

@@ -245,10 +245,7 @@ def check_span_forward(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) 
     _require_2d_float("x", x)
     if x.dtype != np.float32 or x.shape[1] != c.d_model:
         raise ValueError(f"x must be float32 [rows, {c.d_model}], got {x.dtype} {x.shape}")
-    if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 \
-            or flat.shape != (count * llama_span.layer_size(c),):
-        raise ValueError(f"the bundle of {count} layers must be float32 "
-                         f"[{count * llama_span.layer_size(c)}]")
+    llama_span.bundle_sections(flat, c, count)  # its header and size (bytes from the network)
     seqs = params.get("seqs")
     if not isinstance(seqs, list) or not 1 <= len(seqs) <= MAX_SPAN_SEQS or not all(
             isinstance(s, list) and len(s) == 3 and _int(s[0], 0, (1 << 63) - 1)
@@ -289,6 +286,8 @@ class LlamaSpanActor:
         the caches of all instances and requesters together stay within ``--max-memory``."""
         self.held = 0
         """Bytes reserved in ``budget`` for this actor's caches."""
+        self._unbundled: tuple[np.ndarray, list[llama_span.Layer]] | None = None
+        """The last bundle called with and its layers (views of it: made once, ~1 ms)."""
 
     def _hold(self, nbytes: int) -> None:
         """Reserve or release so that ``nbytes`` are held for the caches."""
@@ -304,6 +303,7 @@ class LlamaSpanActor:
     def close(self) -> None:
         """The instance is forgotten: its caches are no longer held."""
         self.caches.clear()
+        self._unbundled = None
         self._hold(0)
 
     def forward(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any],
@@ -314,11 +314,16 @@ class LlamaSpanActor:
         self.config = c
         x, flat = arrays
         count = params["count"]
-        layers = llama_span.unbundle(flat, c, count)
+        if self._unbundled is None or self._unbundled[0] is not flat \
+                or len(self._unbundled[1]) != count:
+            # views: the blocks stay as sent, multiplied by the file's kernels (models.quant)
+            self._unbundled = (flat, llama_span.unbundle(flat, c, count))
+        layers = self._unbundled[1]
         if shift:  # SWARM_CHAOS layer=P: a plausible wrong weight (another layer's)
             layers = layers[shift:] + layers[:shift] if count > 1 else [llama_span.Layer(
                 layers[0].attn_norm, layers[0].ffn_norm,
-                {p: np.roll(m, 1, axis=1) for p, m in layers[0].matrices.items()})]
+                {p: type(m)(m.qtype, m.shape, np.roll(m.data, 1, axis=0))
+                 for p, m in layers[0].matrices.items()})]
         for sid in params.get("drop", []):
             self.caches.pop(sid, None)
         # the caches' bytes after this call, reserved before any is allocated
