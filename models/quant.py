@@ -24,9 +24,11 @@ weights it would have dequantized (:meth:`QTensor.check_vectors`, streamed by ro
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,7 +45,28 @@ FEW = 8
 """Up to this many rows of ``x`` take the decoding kernels; more take tiles and BLAS."""
 THREADS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                      else os.cpu_count() or 1))
-"""Threads a decoding product is split over (the caller and ``THREADS - 1`` helpers)."""
+"""Threads a decoding product is split over (the caller and ``THREADS - 1`` helpers), unless
+the calling thread is under :func:`limit_threads`."""
+_limit = threading.local()
+
+
+@contextlib.contextmanager
+def limit_threads(threads: int | None) -> Iterator[None]:
+    """Within this block, this thread's products use at most ``threads`` threads (None: no
+    cap): a worker started with ``--threads 1`` keeps to one core, as its BLAS does."""
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    before = getattr(_limit, "threads", None)
+    _limit.threads = threads
+    try:
+        yield
+    finally:
+        _limit.threads = before
+
+
+def _threads() -> int:
+    cap = getattr(_limit, "threads", None)
+    return THREADS if cap is None else min(THREADS, cap)
 SHARES = 4
 """Shares of a split product per thread (each a numba call of a few microseconds)."""
 SPLIT_BYTES = 256 << 10
@@ -205,11 +228,11 @@ class QTensor:
         caller and the helpers take as they come free. The caller waits only for shares a
         helper has started: on a loaded machine a helper that is not scheduled in time
         finds nothing left, instead of the product waiting for it to wake."""
-        out = self.shape[0]
-        if THREADS < 2 or self.nbytes < SPLIT_BYTES or out < SHARES * THREADS:
+        out, threads = self.shape[0], _threads()
+        if threads < 2 or self.nbytes < SPLIT_BYTES or out < SHARES * threads:
             work(0, out)
             return
-        shares = SHARES * THREADS
+        shares = SHARES * threads
         edges = [out * p // shares for p in range(shares + 1)]
         taken = itertools.count()  # next() is atomic under the GIL
         lock, finished, state = threading.Lock(), threading.Event(), {"done": 0, "error": None}
@@ -225,7 +248,7 @@ class QTensor:
                     if state["done"] == shares:
                         finished.set()
 
-        for helper in _helpers(THREADS - 1):
+        for helper in _helpers(threads - 1):
             helper.submit(take)
         take()
         finished.wait()

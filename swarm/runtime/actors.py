@@ -13,7 +13,7 @@ Calls to one actor instance run one at a time in the order the caller issued the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -354,7 +354,7 @@ class LlamaSpanActor:
                     cache = fresh[sid] = llama_span.KVCache(c, n, layers=count)
                 seqs.append(llama_span.Seq.start(n, cache))
             products, trace = llama_span.traced_products(c, layers, x.shape[0])
-            with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            with _cpu_limit(self.backend):
                 llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
             for s in seqs:
                 s.cache.length = s.end
@@ -366,6 +366,19 @@ class LlamaSpanActor:
     def forward_wrong_layer(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
                             ) -> list[np.ndarray]:
         return self.forward(arrays, params, shift=1)
+
+
+def _cpu_limit(backend: Any) -> AbstractContextManager[Any]:
+    """The worker's ``--threads`` for a block of model work: its BLAS (``cpu_limit``) and the
+    quantized kernels' split (models.quant.limit_threads)."""
+    if backend is None:
+        return nullcontext()
+    from models import quant
+
+    stack = ExitStack()
+    stack.enter_context(backend.cpu_limit())
+    stack.enter_context(quant.limit_threads(getattr(backend, "threads", None)))
+    return stack
 
 
 def _grown(capacity: int, need: int, context: int) -> int:
