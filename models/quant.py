@@ -27,9 +27,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
@@ -197,6 +197,11 @@ class QTensor:
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T``: x float32 ``[n, in]`` (or ``[in]``) -> float32 ``[n, out]`` (``[out]``)."""
+        return matmuls([(self, x)])[0]
+
+    def _operand(self, x: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``x`` as the kernels take it (float32 ``[n, in]``, C order, writable) and whether
+        it was one vector."""
         x = np.asarray(x)
         vector = x.ndim == 1
         x2 = x[None, :] if vector else x
@@ -206,15 +211,7 @@ class QTensor:
         x2 = np.ascontiguousarray(x2)
         if not x2.flags.writeable:  # one compiled signature per kernel: writable x
             x2 = x2.copy()
-        n, out = x2.shape[0], self.shape[0]
-        if n == 0 or out == 0:
-            y = np.zeros((n, out), np.float32)
-        elif n > FEW:
-            y = self._tiled(x2)
-        else:
-            y = np.empty((n, out), np.float32)
-            self._split(lambda r0, r1: self._decode_product(x2, y, r0, r1))
-        return y[0] if vector else y
+        return x2, vector
 
     def _decode_product(self, x: np.ndarray, y: np.ndarray, r0: int, r1: int) -> None:
         k = self._kernels()
@@ -222,38 +219,6 @@ class QTensor:
             k.matvec(self.data, x, y, r0, r1)
         else:
             k.matmul_few(self.data, x, y, r0, r1, np.empty(self.shape[1], np.float32))
-
-    def _split(self, work) -> None:
-        """``work(r0, r1)`` over all output rows, in :data:`SHARES` shares per thread that the
-        caller and the helpers take as they come free. The caller waits only for shares a
-        helper has started: on a loaded machine a helper that is not scheduled in time
-        finds nothing left, instead of the product waiting for it to wake."""
-        out, threads = self.shape[0], _threads()
-        if threads < 2 or self.nbytes < SPLIT_BYTES or out < SHARES * threads:
-            work(0, out)
-            return
-        shares = SHARES * threads
-        edges = [out * p // shares for p in range(shares + 1)]
-        taken = itertools.count()  # next() is atomic under the GIL
-        lock, finished, state = threading.Lock(), threading.Event(), {"done": 0, "error": None}
-
-        def take() -> None:
-            while (p := next(taken)) < shares:
-                try:
-                    work(edges[p], edges[p + 1])
-                except BaseException as e:  # noqa: BLE001 - handed to the caller below
-                    state["error"] = e
-                with lock:
-                    state["done"] += 1
-                    if state["done"] == shares:
-                        finished.set()
-
-        for helper in _helpers(threads - 1):
-            helper.submit(take)
-        take()
-        finished.wait()
-        if state["error"] is not None:
-            raise state["error"]
 
     def _tiled(self, x: np.ndarray) -> np.ndarray:
         """Prefill: float32 tiles of the weights, each multiplied by BLAS (module docstring)."""
@@ -305,6 +270,72 @@ class QTensor:
         return qk.kernels(self._code)
 
 
+def matmuls(pairs: list[tuple[QTensor, np.ndarray]]) -> list[np.ndarray]:
+    """``[w.matmul(x) for w, x in pairs]`` (the same bits), the decoding products' rows
+    handed to the helper threads together: one wake-up for a layer's Q, K and V, not three
+    (on two cores each hand-off cost 20-50 us, a fifth of a SmolLM2 decode step's products)."""
+    outs, work, nbytes = [], [], 0
+    operands = [w._operand(x) for w, x in pairs]  # every one checked before any runs
+    for (w, _), (x2, vector) in zip(pairs, operands, strict=True):
+        n, out = x2.shape[0], w.shape[0]
+        if n == 0 or out == 0:
+            y = np.zeros((n, out), np.float32)
+        elif n > FEW:
+            y = w._tiled(x2)
+        else:
+            y = np.empty((n, out), np.float32)
+            work.append((w, x2, y))
+            nbytes += w.nbytes
+        outs.append(y[0] if vector else y)
+    threads = _threads()
+    if threads < 2 or nbytes < SPLIT_BYTES:
+        for w, x2, y in work:
+            w._decode_product(x2, y, 0, w.shape[0])
+    elif work:
+        _split(work, nbytes, threads)
+    return outs
+
+
+def _split(work: list[tuple[QTensor, np.ndarray, np.ndarray]], nbytes: int,
+           threads: int) -> None:
+    """The rows of every product in ``work``, in shares of about ``nbytes / (SHARES *
+    threads)`` weight bytes, which the caller and the helpers take as they come free. The
+    caller waits only for shares a helper has started: on a loaded machine a helper that is
+    not scheduled in time finds nothing left, instead of the products waiting for it."""
+    size = nbytes / (SHARES * threads)
+    shares = []
+    for w, x2, y in work:
+        out = w.shape[0]
+        parts = max(1, min(out, round(w.nbytes / size)))
+        shares += [(w, x2, y, out * p // parts, out * (p + 1) // parts) for p in range(parts)]
+    count = len(shares)
+    taken = itertools.count()  # next() is atomic under the GIL
+    lock, state = threading.Lock(), [0, None]
+    finished = getattr(_local, "finished", None)
+    if finished is None:
+        finished = _local.finished = threading.Event()
+    finished.clear()  # the caller's own: its last split set it, and no helper still can
+
+    def take() -> None:
+        while (p := next(taken)) < count:
+            w, x2, y, r0, r1 = shares[p]
+            try:
+                w._decode_product(x2, y, r0, r1)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                state[1] = e
+            with lock:
+                state[0] += 1
+                if state[0] == count:
+                    finished.set()
+
+    for helper in _helpers(threads - 1):
+        helper.put(take)
+    take()
+    finished.wait()
+    if state[1] is not None:
+        raise state[1]
+
+
 def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
     """Every tensor of a ``gguf.GGUFReader`` by name, nothing copied or dequantized in bulk:
     2-D ones as :class:`QTensor` over the file's map, 1-D ones (norms, biases: F32 in every
@@ -328,22 +359,32 @@ def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
     return out
 
 
-_pool: list[ThreadPoolExecutor] = []
+_pool: list[queue.SimpleQueue] = []
 _pool_lock = threading.Lock()
+_local = threading.local()
 
 
-def _helpers(count: int) -> list[ThreadPoolExecutor]:
-    """``count`` single-thread helpers, started once per process (and again in a fork)."""
+def _helpers(count: int) -> list[queue.SimpleQueue]:
+    """The queues of ``count`` helper threads, started once per process (and again in a
+    fork), each running what it is handed, in order."""
     with _pool_lock:
         while len(_pool) < count:
-            _pool.append(ThreadPoolExecutor(1, thread_name_prefix="swarm-quant"))
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(q,), name="swarm-quant", daemon=True).start()
+            _pool.append(q)
         return _pool[:count]
 
 
+def _serve(q: queue.SimpleQueue) -> None:
+    while True:
+        q.get()()  # a split's take(): it catches what its shares raise
+
+
 def _forget_pool() -> None:
-    global _pool_lock
+    global _pool_lock, _local
     _pool.clear()  # a forked child has none of the parent's threads
     _pool_lock = threading.Lock()
+    _local = threading.local()
 
 
 if hasattr(os, "register_at_fork"):

@@ -230,6 +230,14 @@ def unbundle(flat: np.ndarray, c, count: int) -> list[Layer]:
     return layers
 
 
+def layer_products(layer: Layer, pairs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+    """``[x @ W_part.T, ...]`` by the layer's own matrices, together (models.quant.matmuls:
+    the same bits as one at a time)."""
+    from models.quant import matmuls
+
+    return matmuls([(layer.matrices[p], x) for p, x in pairs])
+
+
 # -- the layer pass -----------------------------------------------------------------------------
 
 Products = Callable[[int, list[tuple[str, np.ndarray]]], list[np.ndarray]]
@@ -391,14 +399,13 @@ def traced_products(c, layers: Sequence[Layer], rows: int) -> tuple[Products, np
     trace = np.empty((rows, len(layers) * width), np.float32)
 
     def products(j: int, pairs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        base, out = j * width, []
-        for part, x in pairs:
+        base = j * width
+        out = layer_products(layers[j], pairs)
+        for (part, x), y in zip(pairs, out, strict=True):
             lo, hi = cols[INPUT_OF[part]]
             trace[:, base + lo:base + hi] = x
-            y = layers[j].matrices[part].matmul(x)
             lo, hi = cols[part]
             trace[:, base + lo:base + hi] = y
-            out.append(y)
         return out
 
     return products, trace

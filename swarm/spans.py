@@ -152,7 +152,7 @@ class SpanLlama(Llama):
         layers = self._local[k]
 
         def products(j: int, pairs: list) -> list[np.ndarray]:
-            return [layers[j].matrices[p].matmul(xx) for p, xx in pairs]
+            return llama_span.layer_products(layers[j], pairs)
 
         out = run_layers(self.config, layers, x, seqs, products, cache_first=first)
         self.stats.local += time.perf_counter() - started
