@@ -54,15 +54,19 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
 
 
 def numpy_run(model, ids: list[int], n_decode: int, threads: int) -> dict:
+    """The local forward on ``threads`` threads: BLAS (prefill tiles) and the quantized
+    kernels' split (decode) both capped."""
     from threadpoolctl import threadpool_limits
 
+    from models.quant import limit_threads
+
     cache = model.new_cache(len(ids) + n_decode)
-    with threadpool_limits(threads, user_api="blas"):
+    with threadpool_limits(threads, user_api="blas"), limit_threads(threads):
         t = time.perf_counter()
         logits = model.forward(ids, cache)
         prefill = time.perf_counter() - t
     steps = []
-    with threadpool_limits(threads, user_api="blas"):
+    with threadpool_limits(threads, user_api="blas"), limit_threads(threads):
         for _ in range(n_decode):
             t = time.perf_counter()
             logits = model.forward([int(np.argmax(logits))], cache)
