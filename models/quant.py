@@ -11,11 +11,15 @@ making a float32 copy of the whole matrix.
   (one row of ``x``), or a tile of rows is decoded into cache and dotted with each row of
   ``x`` (a few). Fixed summation order (models.quant_kernels' docstring), explicit IEEE fused
   multiply-adds: the same bits on every machine, whichever of the two kernels ran. Output rows
-  are split between :data:`THREADS` threads (above :data:`SPLIT_BYTES` of weights).
+  are split between :data:`THREADS` threads (above :data:`SPLIT_BYTES` of weights; capped by
+  :func:`limit_threads`, as a worker's ``--threads``).
 * ``n > FEW`` (prefill): tiles of :data:`TILE_BYTES` decoded to float32 and multiplied by BLAS
   (``sgemm``): one thread, n = 64, 1536 x 576 Q4_1: 61 GFLOPS, against 21 for the decoding
-  kernel's four-rows-at-a-time dot products.
+  kernel's four-rows-at-a-time dot products. The tiles are shared between the same threads.
   Same bits for the same BLAS, thread count and machine; elsewhere within float32 rounding.
+
+:func:`matmuls` runs several independent products (a layer's Q, K and V) in one hand-off to
+the threads, with the same bits as one at a time.
 
 **Dequantized values** equal ``gguf.quants.dequantize``'s exactly (tests check each type), so
 a requester that draws Freivalds vectors ``R`` computes the fingerprints from the same
@@ -30,6 +34,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
@@ -220,18 +225,22 @@ class QTensor:
         else:
             k.matmul_few(self.data, x, y, r0, r1, np.empty(self.shape[1], np.float32))
 
-    def _tiled(self, x: np.ndarray) -> np.ndarray:
-        """Prefill: float32 tiles of the weights, each multiplied by BLAS (module docstring)."""
+    def _tile_rows(self) -> int:
+        """Rows of one prefill tile (module docstring: :data:`TILE_BYTES`, :data:`TILE_ROWS`)."""
         out, n_in = self.shape
-        rows = max(1, min(out, max(TILE_ROWS, TILE_BYTES // (4 * n_in))))
-        tile = np.empty((rows, n_in), np.float32)
-        yt = np.empty((out, x.shape[0]), np.float32)
-        decode = self._kernels().dequantize_range
-        for t0 in range(0, out, rows):
-            t1 = min(out, t0 + rows)
-            decode(self.data, t0, t1, tile)
-            np.matmul(tile[:t1 - t0], x.T, out=yt[t0:t1])
-        return np.ascontiguousarray(yt.T)
+        return max(1, min(out, max(TILE_ROWS, TILE_BYTES // (4 * n_in))))
+
+    def _tile(self, x: np.ndarray, yt: np.ndarray, t0: int, t1: int) -> None:
+        """Prefill: ``yt[t0:t1] = W[t0:t1] @ x.T``, the weight rows decoded to float32 in this
+        thread's scratch tile and multiplied by BLAS."""
+        n_in = self.shape[1]
+        scratch = getattr(_scratch, "tile", None)
+        if scratch is None or scratch.size < (t1 - t0) * n_in:
+            scratch = _scratch.tile = np.empty(max((t1 - t0) * n_in, TILE_BYTES // 4),
+                                               np.float32)
+        tile = scratch[:(t1 - t0) * n_in].reshape(t1 - t0, n_in)
+        self._kernels().dequantize_range(self.data, t0, t1, tile)
+        np.matmul(tile, x.T, out=yt[t0:t1])
 
     # -- verification ----------------------------------------------------------------------
 
@@ -271,43 +280,55 @@ class QTensor:
 
 
 def matmuls(pairs: list[tuple[QTensor, np.ndarray]]) -> list[np.ndarray]:
-    """``[w.matmul(x) for w, x in pairs]`` (the same bits), the decoding products' rows
-    handed to the helper threads together: one wake-up for a layer's Q, K and V, not three
-    (on two cores each hand-off cost 20-50 us, a fifth of a SmolLM2 decode step's products)."""
-    outs, work, nbytes = [], [], 0
+    """``[w.matmul(x) for w, x in pairs]`` (the same bits), the work handed to the helper
+    threads together: one wake-up for a layer's Q, K and V, not three (on two cores each
+    hand-off cost 20-50 us, a fifth of a SmolLM2 decode step's products), and a prefill's
+    tiles shared out too (each BLAS call on the caller's BLAS threads: one, as models.generate
+    runs it, so two cores without OpenBLAS's threads spinning against each other)."""
+    outs, decode, tiled, nbytes = [], [], [], 0
     operands = [w._operand(x) for w, x in pairs]  # every one checked before any runs
-    for (w, _), (x2, vector) in zip(pairs, operands, strict=True):
+    for (w, _), (x2, _) in zip(pairs, operands, strict=True):
         n, out = x2.shape[0], w.shape[0]
         if n == 0 or out == 0:
             y = np.zeros((n, out), np.float32)
         elif n > FEW:
-            y = w._tiled(x2)
+            y = np.empty((out, n), np.float32)  # y.T, filled a tile of rows at a time
+            tiled.append((w, x2, y))
         else:
             y = np.empty((n, out), np.float32)
-            work.append((w, x2, y))
+            decode.append((w, x2, y))
             nbytes += w.nbytes
-        outs.append(y[0] if vector else y)
+        outs.append(y)
     threads = _threads()
+    shares: list[tuple[Any, tuple]] = []
     if threads < 2 or nbytes < SPLIT_BYTES:
-        for w, x2, y in work:
-            w._decode_product(x2, y, 0, w.shape[0])
-    elif work:
-        _split(work, nbytes, threads)
-    return outs
+        shares += [(w._decode_product, (x2, y, 0, w.shape[0])) for w, x2, y in decode]
+    else:
+        size = nbytes / (SHARES * threads)
+        for w, x2, y in decode:
+            out = w.shape[0]
+            parts = max(1, min(out, round(w.nbytes / size)))
+            shares += [(w._decode_product, (x2, y, out * p // parts, out * (p + 1) // parts))
+                       for p in range(parts)]
+    for w, x2, yt in tiled:
+        rows = w._tile_rows()
+        shares += [(w._tile, (x2, yt, t0, min(w.shape[0], t0 + rows)))
+                   for t0 in range(0, w.shape[0], rows)]
+    if threads < 2 or len(shares) < 2:
+        for fn, args in shares:
+            fn(*args)
+    else:
+        _split(shares, threads)
+    transposed = {id(yt) for _, _, yt in tiled}
+    outs = [np.ascontiguousarray(y.T) if id(y) in transposed else y for y in outs]
+    return [y[0] if vector else y for y, (_, vector) in zip(outs, operands, strict=True)]
 
 
-def _split(work: list[tuple[QTensor, np.ndarray, np.ndarray]], nbytes: int,
-           threads: int) -> None:
-    """The rows of every product in ``work``, in shares of about ``nbytes / (SHARES *
-    threads)`` weight bytes, which the caller and the helpers take as they come free. The
-    caller waits only for shares a helper has started: on a loaded machine a helper that is
-    not scheduled in time finds nothing left, instead of the products waiting for it."""
-    size = nbytes / (SHARES * threads)
-    shares = []
-    for w, x2, y in work:
-        out = w.shape[0]
-        parts = max(1, min(out, round(w.nbytes / size)))
-        shares += [(w, x2, y, out * p // parts, out * (p + 1) // parts) for p in range(parts)]
+def _split(shares: list[tuple[Any, tuple]], threads: int) -> None:
+    """Run every share (a function and its arguments), the caller and the helpers taking
+    them as they come free. The caller waits only for shares a helper has started: on a
+    loaded machine a helper that is not scheduled in time finds nothing left, instead of
+    the products waiting for it."""
     count = len(shares)
     taken, done = itertools.count(), itertools.count(1)  # next() is atomic under the GIL
     errors: list[BaseException] = []
@@ -318,9 +339,9 @@ def _split(work: list[tuple[QTensor, np.ndarray, np.ndarray]], nbytes: int,
 
     def take() -> None:
         while (p := next(taken)) < count:
-            w, x2, y, r0, r1 = shares[p]
+            fn, args = shares[p]
             try:
-                w._decode_product(x2, y, r0, r1)
+                fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the caller below
                 errors.append(e)
             if next(done) == count:
@@ -359,6 +380,8 @@ def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
 
 _pool: list[queue.SimpleQueue] = []
 _pool_lock = threading.Lock()
+_scratch = threading.local()
+"""Each thread's float32 tile for prefill products (``tile``), kept between calls."""
 
 
 def _helpers(count: int) -> list[queue.SimpleQueue]:
