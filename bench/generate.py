@@ -54,15 +54,19 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
 
 
 def numpy_run(model, ids: list[int], n_decode: int, threads: int) -> dict:
+    """The local forward on ``threads`` threads: BLAS (prefill tiles) and the quantized
+    kernels' split (decode) both capped."""
     from threadpoolctl import threadpool_limits
 
+    from models.quant import limit_threads
+
     cache = model.new_cache(len(ids) + n_decode)
-    with threadpool_limits(threads, user_api="blas"):
+    with threadpool_limits(threads, user_api="blas"), limit_threads(threads):
         t = time.perf_counter()
         logits = model.forward(ids, cache)
         prefill = time.perf_counter() - t
     steps = []
-    with threadpool_limits(threads, user_api="blas"):
+    with threadpool_limits(threads, user_api="blas"), limit_threads(threads):
         for _ in range(n_decode):
             t = time.perf_counter()
             logits = model.forward([int(np.argmax(logits))], cache)
@@ -101,9 +105,11 @@ def llama_run(model_path: str, ids: list[int], n_decode: int, threads: int) -> d
 
 
 def layer_products(weights, runs: int) -> list[dict]:
-    """One layer's seven weight products at batch 1 and 16 (one BLAS thread, as a decode
-    step), and the fingerprint check: with s = W r precomputed once per weight, y = x W is
-    checked as y r == x s, O(k + n) work per row instead of O(k n)."""
+    """Block 0's seven weight products at batch 1 and 16 by the quantized kernels
+    (models.quant, kept as the file stores them; their default threads, BLAS on one for the
+    tiles), the bytes read per second at batch 1, and the fingerprint check: with
+    s = W.T r precomputed once per weight (from its dequantized rows), y = x W.T is checked
+    as y r == x s, O(k + n) work per row instead of O(k n)."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
@@ -111,23 +117,26 @@ def layer_products(weights, runs: int) -> list[dict]:
     with threadpool_limits(1, user_api="blas"):
         for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                      "ffn_down"):
-            w = np.ascontiguousarray(weights.layer(0, part))
-            r = rng.standard_normal(w.shape[1]).astype(np.float32)
-            s = w @ r
-            row = {"product": part, "shape": f"{w.shape[0]}x{w.shape[1]}"}
+            w = weights.matrices[f"blk.0.{part}.weight"]
+            r = rng.standard_normal((w.shape[0], 1)).astype(np.float32)
+            s = w.check_vectors(r)[0][:, 0]
+            r = r[:, 0]
+            row = {"product": part, "type": w.qtype.name, "shape": f"{w.shape[1]}x{w.shape[0]}"}
             for m in (1, 16):
-                x = rng.standard_normal((m, w.shape[0])).astype(np.float32)
+                x = rng.standard_normal((m, w.shape[1])).astype(np.float32)
                 times, checks = [], []
                 for _ in range(max(20, runs * 10)):
                     t = time.perf_counter()
-                    y = x @ w
+                    y = w.matmul(x)
                     times.append(time.perf_counter() - t)
                     t = time.perf_counter()
-                    ok = np.abs(y @ r - x @ s).max() <= 1e-2 * (1 + np.abs(x).max())
+                    ok = np.abs(y @ r - x @ s).max() <= 1e-2 * (1 + np.abs(y @ r).max())
                     checks.append(time.perf_counter() - t)
                     assert ok
                 row[f"b{m}_us"] = round(statistics.median(times) * 1e6, 1)
                 row[f"b{m}_check_us"] = round(statistics.median(checks) * 1e6, 1)
+                if m == 1:
+                    row["b1_GB_s"] = round(w.nbytes / statistics.median(times) / 1e9, 1)
             rows.append(row)
     return rows
 
@@ -196,6 +205,22 @@ def swarm_rows(weights, prompts: list[list[int]], n_decode: int, runs: int) -> l
                         "local_same_run_tok_s": round(len(batch) / base, 1),
                         "vs_local": round(base / dec, 2),
                         "note": f"rejected {st.rejected}"})
+        memory = [_memory(p.pid) for p in client.processes]
+        bundles = [round(b.future().result().nbytes / 2**20, 1) for b in model._bundles]
+    for row in out:
+        row["worker_rss_MiB"] = ", ".join(f"{m['VmRSS']:.0f} (peak {m['VmHWM']:.0f})"
+                                          for m in memory)
+        row["span_bundles_MiB"] = ", ".join(map(str, bundles))
+    return out
+
+
+def _memory(pid: int) -> dict[str, float]:
+    """A process's resident memory now and at its peak (MiB, from /proc)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) / 1024
     return out
 
 

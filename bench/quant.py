@@ -1,6 +1,6 @@
 """The quantized kernels (models.quant) against the machine's memory bandwidth and numpy.
 
-    python bench/quant.py [--types Q4_0 Q4_K ...] [--reps 15] [--smollm2 RUNS]
+    python bench/quant.py [--types Q4_0 Q4_K ...] [--reps 15]
 
 Per block format and matrix shape (SmolLM2- and Qwen2.5-0.5B-sized, [out, in]):
 
@@ -72,77 +72,11 @@ def bandwidth(reps: int) -> float:
     return a.nbytes / t / 1e9
 
 
-def smollm2(prompt: int, decode: int, runs: int) -> None:
-    """SmolLM2-135M's local forward, float32 (models.llama) and with the file's own blocks
-    (QTensor for every matrix, the same layer pass: models.span.run_layers), two BLAS and
-    kernel threads each, runs alternating: prefill and median decode tok/s, and whether the
-    greedy tokens agree."""
-    from gguf import GGUFReader
-    from threadpoolctl import threadpool_limits
-
-    from models import gguf_weights
-    from models.llama import Llama
-    from models.span import PARTS, Layer, Seq, rms_norm, run_layers
-
-    path = gguf_weights.default_path()
-    model = Llama(gguf_weights.load(path))
-    c = model.config
-    t = quant.gguf_tensors(GGUFReader(path))
-    layers = [Layer(t[f"blk.{i}.attn_norm.weight"], t[f"blk.{i}.ffn_norm.weight"],
-                    {p: t[f"blk.{i}.{p}.weight"] for p in PARTS}) for i in range(c.n_layers)]
-    head, norm = t["token_embd.weight"], t["output_norm.weight"]
-
-    def products(j, pairs):
-        return [layers[j].matrices[p].matmul(h) for p, h in pairs]
-
-    def quantized(ids, cache):
-        seq = Seq.start(len(ids), cache)
-        x = run_layers(c, layers, head.rows(np.asarray(ids)), [seq], products)
-        cache.length = seq.end
-        return head.matmul(rms_norm(x[-1:], norm, c.norm_eps))[0]
-
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, c.vocab_size, prompt).tolist()
-    results: dict[str, list] = {"float32": [], "quantized": []}
-    for _ in range(runs):
-        for name, fwd in (("float32", model.forward), ("quantized", quantized)):
-            cache = model.new_cache(prompt + decode)
-            with threadpool_limits(2, user_api="blas"):
-                t0 = time.perf_counter()
-                logits = fwd(ids, cache)
-                pre = time.perf_counter() - t0
-                steps, tokens = [], []
-                for _ in range(decode):
-                    tokens.append(int(np.argmax(logits)))
-                    t0 = time.perf_counter()
-                    logits = fwd([tokens[-1]], cache)
-                    steps.append(time.perf_counter() - t0)
-            results[name].append((prompt / pre, 1 / statistics.median(steps), tokens))
-    print(f"\nSmolLM2-135M local forward, prompt {prompt}, decode {decode}, medians of {runs} "
-          f"(load before: {os.getloadavg()})")
-    print("| weights | prefill tok/s | decode tok/s | resident weight MiB |")
-    print("|---|---|---|---|")
-    mib = {"float32": sum(a.nbytes for a in model.weights.tensors.values()) / 2**20,
-           "quantized": sum(v.nbytes for v in t.values()) / 2**20}
-    for name, rows in results.items():
-        print(f"| {name} | {statistics.median(r[0] for r in rows):.0f} | "
-              f"{statistics.median(r[1] for r in rows):.1f} | {mib[name]:.0f} |")
-    same = all(a[2] == b[2] for a, b in zip(results["float32"], results["quantized"],
-                                           strict=True))
-    print(f"greedy tokens equal: {same}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", nargs="*", default=TYPES)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--smollm2", type=int, default=3, metavar="RUNS",
-                    help="runs of SmolLM2's forward, float32 against quantized (0: skip)")
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--decode", type=int, default=32)
     args = ap.parse_args()
-    if args.smollm2:
-        smollm2(args.prompt, args.decode, args.smollm2)
     print(f"load average before: {os.getloadavg()}; kernel threads: {quant.THREADS}")
     print(f"memory bandwidth (numpy sum of 512 MiB, one thread): {bandwidth(args.reps):.1f} GB/s")
     rng = np.random.default_rng(0)

@@ -414,7 +414,20 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
     (:func:`row_norms2`; a caller checking many results against one weight keeps them).
     ``br`` is ``b @ r`` when the caller already has it; ``output_unit``: see :func:`judge`;
     ``serial``: see :func:`_pass`."""
-    m, n = a.shape[0], b.shape[1]
+    c = np.asarray(c)
+    if br is None and c.shape == (a.shape[0], b.shape[1]) and c.size:
+        with np.errstate(over="ignore", invalid="ignore"):
+            br = _pass(b, r, None, serial)[0]
+    return check_projected(a, c, r, br, b_norms2, b.shape, precision, output_unit, serial)
+
+
+def check_projected(a: np.ndarray, c: Any, r: np.ndarray, br: np.ndarray | None,
+                    b_norms2: np.ndarray, shape: tuple[int, int], precision: str = "f32",
+                    output_unit: float = 0.0, serial: bool = False) -> bool:
+    """:func:`check_product` from what it takes of ``b`` alone: ``br = b @ r``, its squared
+    row norms and its ``shape`` (a weight kept in a file's block format gives these from its
+    dequantized rows, models.quant.QTensor.check_vectors, without a float32 copy)."""
+    m, n = a.shape[0], shape[1]
     c = np.asarray(c)
     if c.shape != (m, n) or c.dtype.kind not in "fiu":
         return False
@@ -422,13 +435,11 @@ def check_product(a: np.ndarray, b: np.ndarray, c: Any, r: np.ndarray, b_norms2:
     if m == 0 or n == 0:
         return True
     with np.errstate(over="ignore", invalid="ignore"):
-        if br is None:
-            br = _pass(b, r, None, serial)[0]
         z, q = _pass(a, br, b_norms2, serial)
         cr, c_norms2 = _pass(c, r, None, serial)
     if not np.isfinite(b_norms2).all():
         raise InvalidInput("a and b must be finite (and small enough to multiply in f32)")
-    return judge(z, q, cr, c_norms2, b.shape, precision, output_unit)
+    return judge(z, q, cr, c_norms2, tuple(shape), precision, output_unit)
 
 
 def judge(z: np.ndarray, q: np.ndarray, cr: np.ndarray, c_norms2: np.ndarray,

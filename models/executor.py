@@ -94,7 +94,8 @@ class Weight:
         """Content address: :func:`digest_of` for an array; for a tensor, BLAKE3 over its
         type, shape and the bytes the file stores (computed on first use)."""
         if not self._digest:
-            h = blake3.blake3(f"{self.tensor.qtype}{tuple(self.tensor.shape)}".encode())
+            qtype = getattr(self.tensor.qtype, "name", self.tensor.qtype)  # GGML's type name
+            h = blake3.blake3(f"{qtype}{tuple(self.tensor.shape)}".encode())
             h.update(memoryview(np.ascontiguousarray(self.tensor.data)).cast("B"))
             self._digest = h.hexdigest()
         return self._digest
@@ -156,9 +157,18 @@ class LocalExecutor:
         return None
 
     def matmuls(self, products: Sequence[Product]) -> list[np.ndarray]:
-        out = []
         for p in products:
             p.check()
-            y = p.w.matmul(p.x) if isinstance(p.w, Weight) else p.x @ p.w
-            out.append(np.ascontiguousarray(y))
-        return out
+        kept = [i for i, p in enumerate(products)
+                if isinstance(p.w, Weight) and p.w.tensor is not None]
+        out: list[Any] = [None] * len(products)
+        if len(kept) > 1:  # one hand-off to the kernels' threads for all (models.quant)
+            from models.quant import matmuls
+
+            for i, y in zip(kept, matmuls([(products[i].w.tensor, products[i].x)
+                                           for i in kept]), strict=True):
+                out[i] = y
+        for i, p in enumerate(products):
+            if out[i] is None:
+                out[i] = p.w.matmul(p.x) if isinstance(p.w, Weight) else p.x @ p.w
+        return [np.ascontiguousarray(y) for y in out]

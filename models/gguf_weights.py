@@ -33,7 +33,7 @@ from models.gguf_file import (
     file_address,
     open_file,
 )
-from models.quant_standin import QTensor  # TEMPORARY: models.quant's QTensor when merged
+from models.quant import QTensor
 
 __all__ = ["CACHE_ENV", "LlamaConfig", "LlamaWeights", "QTensor", "Vocabulary",
            "WeightsError", "cache_root", "default_path", "file_address", "load"]
@@ -64,8 +64,8 @@ class LlamaWeights:
         return w
 
     def layer(self, i: int, part: str) -> np.ndarray:
-        """Block ``i``'s norm vector, or its matrix as float32 ``[in, out]`` (dequantized:
-        for what needs floats, such as a span's bundle)."""
+        """Block ``i``'s norm vector, or its matrix as float32 ``[in, out]`` (dequantized on
+        every call: for tests and tools; the forward multiplies ``matrices`` as stored)."""
         name = f"blk.{i}.{part}.weight"
         if name in self.vectors:
             return self.vectors[name]

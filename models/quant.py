@@ -11,11 +11,15 @@ making a float32 copy of the whole matrix.
   (one row of ``x``), or a tile of rows is decoded into cache and dotted with each row of
   ``x`` (a few). Fixed summation order (models.quant_kernels' docstring), explicit IEEE fused
   multiply-adds: the same bits on every machine, whichever of the two kernels ran. Output rows
-  are split between :data:`THREADS` threads (above :data:`SPLIT_BYTES` of weights).
+  are split between :data:`THREADS` threads (above :data:`SPLIT_BYTES` of weights; capped by
+  :func:`limit_threads`, as a worker's ``--threads``).
 * ``n > FEW`` (prefill): tiles of :data:`TILE_BYTES` decoded to float32 and multiplied by BLAS
   (``sgemm``): one thread, n = 64, 1536 x 576 Q4_1: 61 GFLOPS, against 21 for the decoding
-  kernel's four-rows-at-a-time dot products.
+  kernel's four-rows-at-a-time dot products. The tiles are shared between the same threads.
   Same bits for the same BLAS, thread count and machine; elsewhere within float32 rounding.
+
+:func:`matmuls` runs several independent products (a layer's Q, K and V) in one hand-off to
+the threads, with the same bits as one at a time.
 
 **Dequantized values** equal ``gguf.quants.dequantize``'s exactly (tests check each type), so
 a requester that draws Freivalds vectors ``R`` computes the fingerprints from the same
@@ -24,13 +28,16 @@ weights it would have dequantized (:meth:`QTensor.check_vectors`, streamed by ro
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from models import quant_kernels as qk
 
@@ -43,7 +50,28 @@ FEW = 8
 """Up to this many rows of ``x`` take the decoding kernels; more take tiles and BLAS."""
 THREADS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                      else os.cpu_count() or 1))
-"""Threads a decoding product is split over (the caller and ``THREADS - 1`` helpers)."""
+"""Threads a decoding product is split over (the caller and ``THREADS - 1`` helpers), unless
+the calling thread is under :func:`limit_threads`."""
+_limit = threading.local()
+
+
+@contextlib.contextmanager
+def limit_threads(threads: int | None) -> Iterator[None]:
+    """Within this block, this thread's products use at most ``threads`` threads (None: no
+    cap): a worker started with ``--threads 1`` keeps to one core, as its BLAS does."""
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    before = getattr(_limit, "threads", None)
+    _limit.threads = threads
+    try:
+        yield
+    finally:
+        _limit.threads = before
+
+
+def _threads() -> int:
+    cap = getattr(_limit, "threads", None)
+    return THREADS if cap is None else min(THREADS, cap)
 SHARES = 4
 """Shares of a split product per thread (each a numba call of a few microseconds)."""
 SPLIT_BYTES = 256 << 10
@@ -69,6 +97,16 @@ def _qtype(qtype) -> GGMLQuantizationType:
         raise ValueError(f"GGML type {t.name} is not supported; supported: "
                          f"{_supported_names()}")
     return t
+
+
+def row_bytes(qtype, n_in: int) -> int:
+    """Bytes of one row of ``n_in`` weights in block format ``qtype`` (a GGML type or its
+    name); ValueError names the supported types, or the row length the format needs."""
+    t = _qtype(qtype)
+    per_block, block_bytes = qk.LAYOUT[qk.CODES[t.name]]
+    if n_in <= 0 or n_in % per_block:
+        raise ValueError(f"a {t.name} row holds a multiple of {per_block} weights, got {n_in}")
+    return n_in // per_block * block_bytes
 
 
 class QTensor:
@@ -113,15 +151,13 @@ class QTensor:
         """A matrix from its raw bytes (e.g. a received bundle; no copy of ``buf``)."""
         t = _qtype(qtype)
         out, n_in = (int(s) for s in shape)
-        per_block, block_bytes = GGML_QUANT_SIZES[t]
+        if out < 0:
+            raise ValueError(f"a {t.name} matrix has no {out} rows")
+        per_row = row_bytes(t, n_in)
         raw = np.frombuffer(buf, dtype=np.uint8)
-        if n_in <= 0 or out < 0 or n_in % per_block:
-            raise ValueError(f"a {t.name} row holds a multiple of {per_block} weights, "
-                             f"got shape {(out, n_in)}")
-        want = out * (n_in // per_block) * block_bytes
-        if raw.size != want:
-            raise ValueError(f"{t.name} {(out, n_in)} is {want} bytes, got {raw.size}")
-        return cls(t, (out, n_in), raw.reshape(out, n_in // per_block * block_bytes))
+        if raw.size != out * per_row:
+            raise ValueError(f"{t.name} {(out, n_in)} is {out * per_row} bytes, got {raw.size}")
+        return cls(t, (out, n_in), raw.reshape(out, per_row))
 
     @property
     def nbytes(self) -> int:
@@ -166,6 +202,11 @@ class QTensor:
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T``: x float32 ``[n, in]`` (or ``[in]``) -> float32 ``[n, out]`` (``[out]``)."""
+        return matmuls([(self, x)])[0]
+
+    def _operand(self, x: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``x`` as the kernels take it (float32 ``[n, in]``, C order, writable) and whether
+        it was one vector."""
         x = np.asarray(x)
         vector = x.ndim == 1
         x2 = x[None, :] if vector else x
@@ -175,15 +216,7 @@ class QTensor:
         x2 = np.ascontiguousarray(x2)
         if not x2.flags.writeable:  # one compiled signature per kernel: writable x
             x2 = x2.copy()
-        n, out = x2.shape[0], self.shape[0]
-        if n == 0 or out == 0:
-            y = np.zeros((n, out), np.float32)
-        elif n > FEW:
-            y = self._tiled(x2)
-        else:
-            y = np.empty((n, out), np.float32)
-            self._split(lambda r0, r1: self._decode_product(x2, y, r0, r1))
-        return y[0] if vector else y
+        return x2, vector
 
     def _decode_product(self, x: np.ndarray, y: np.ndarray, r0: int, r1: int) -> None:
         k = self._kernels()
@@ -192,50 +225,22 @@ class QTensor:
         else:
             k.matmul_few(self.data, x, y, r0, r1, np.empty(self.shape[1], np.float32))
 
-    def _split(self, work) -> None:
-        """``work(r0, r1)`` over all output rows, in :data:`SHARES` shares per thread that the
-        caller and the helpers take as they come free. The caller waits only for shares a
-        helper has started: on a loaded machine a helper that is not scheduled in time
-        finds nothing left, instead of the product waiting for it to wake."""
-        out = self.shape[0]
-        if THREADS < 2 or self.nbytes < SPLIT_BYTES or out < SHARES * THREADS:
-            work(0, out)
-            return
-        shares = SHARES * THREADS
-        edges = [out * p // shares for p in range(shares + 1)]
-        taken = itertools.count()  # next() is atomic under the GIL
-        lock, finished, state = threading.Lock(), threading.Event(), {"done": 0, "error": None}
-
-        def take() -> None:
-            while (p := next(taken)) < shares:
-                try:
-                    work(edges[p], edges[p + 1])
-                except BaseException as e:  # noqa: BLE001 - handed to the caller below
-                    state["error"] = e
-                with lock:
-                    state["done"] += 1
-                    if state["done"] == shares:
-                        finished.set()
-
-        for helper in _helpers(THREADS - 1):
-            helper.submit(take)
-        take()
-        finished.wait()
-        if state["error"] is not None:
-            raise state["error"]
-
-    def _tiled(self, x: np.ndarray) -> np.ndarray:
-        """Prefill: float32 tiles of the weights, each multiplied by BLAS (module docstring)."""
+    def _tile_rows(self) -> int:
+        """Rows of one prefill tile (module docstring: :data:`TILE_BYTES`, :data:`TILE_ROWS`)."""
         out, n_in = self.shape
-        rows = max(1, min(out, max(TILE_ROWS, TILE_BYTES // (4 * n_in))))
-        tile = np.empty((rows, n_in), np.float32)
-        yt = np.empty((out, x.shape[0]), np.float32)
-        decode = self._kernels().dequantize_range
-        for t0 in range(0, out, rows):
-            t1 = min(out, t0 + rows)
-            decode(self.data, t0, t1, tile)
-            np.matmul(tile[:t1 - t0], x.T, out=yt[t0:t1])
-        return np.ascontiguousarray(yt.T)
+        return max(1, min(out, max(TILE_ROWS, TILE_BYTES // (4 * n_in))))
+
+    def _tile(self, x: np.ndarray, yt: np.ndarray, t0: int, t1: int) -> None:
+        """Prefill: ``yt[t0:t1] = W[t0:t1] @ x.T``, the weight rows decoded to float32 in this
+        thread's scratch tile and multiplied by BLAS."""
+        n_in = self.shape[1]
+        scratch = getattr(_scratch, "tile", None)
+        if scratch is None or scratch.size < (t1 - t0) * n_in:
+            scratch = _scratch.tile = np.empty(max((t1 - t0) * n_in, TILE_BYTES // 4),
+                                               np.float32)
+        tile = scratch[:(t1 - t0) * n_in].reshape(t1 - t0, n_in)
+        self._kernels().dequantize_range(self.data, t0, t1, tile)
+        np.matmul(tile, x.T, out=yt[t0:t1])
 
     # -- verification ----------------------------------------------------------------------
 
@@ -274,6 +279,82 @@ class QTensor:
         return qk.kernels(self._code)
 
 
+def matmuls(pairs: list[tuple[QTensor, np.ndarray]]) -> list[np.ndarray]:
+    """``[w.matmul(x) for w, x in pairs]`` (the same bits), the work handed to the helper
+    threads together: one wake-up for a layer's Q, K and V, not three (on two cores each
+    hand-off cost 20-50 us, a fifth of a SmolLM2 decode step's products), and a prefill's
+    tiles shared out too (each BLAS call on the caller's BLAS threads: one, as models.generate
+    runs it, so two cores without OpenBLAS's threads spinning against each other)."""
+    outs, decode, tiled, nbytes = [], [], [], 0
+    operands = [w._operand(x) for w, x in pairs]  # every one checked before any runs
+    for (w, _), (x2, _) in zip(pairs, operands, strict=True):
+        n, out = x2.shape[0], w.shape[0]
+        if n == 0 or out == 0:
+            y = np.zeros((n, out), np.float32)
+        elif n > FEW:
+            y = np.empty((out, n), np.float32)  # y.T, filled a tile of rows at a time
+            tiled.append((w, x2, y))
+        else:
+            y = np.empty((n, out), np.float32)
+            decode.append((w, x2, y))
+            nbytes += w.nbytes
+        outs.append(y)
+    threads = _threads()
+    shares: list[tuple[Any, tuple]] = []
+    if threads < 2 or nbytes < SPLIT_BYTES:
+        shares += [(w._decode_product, (x2, y, 0, w.shape[0])) for w, x2, y in decode]
+    else:
+        size = nbytes / (SHARES * threads)
+        for w, x2, y in decode:
+            out = w.shape[0]
+            parts = max(1, min(out, round(w.nbytes / size)))
+            shares += [(w._decode_product, (x2, y, out * p // parts, out * (p + 1) // parts))
+                       for p in range(parts)]
+    for w, x2, yt in tiled:
+        rows = w._tile_rows()
+        shares += [(w._tile, (x2, yt, t0, min(w.shape[0], t0 + rows)))
+                   for t0 in range(0, w.shape[0], rows)]
+    if threads < 2 or len(shares) < 2:
+        for fn, args in shares:
+            fn(*args)
+    else:
+        _split(shares, threads)
+    transposed = {id(yt) for _, _, yt in tiled}
+    outs = [np.ascontiguousarray(y.T) if id(y) in transposed else y for y in outs]
+    return [y[0] if vector else y for y, (_, vector) in zip(outs, operands, strict=True)]
+
+
+def _split(shares: list[tuple[Any, tuple]], threads: int) -> None:
+    """Run every share (a function and its arguments), the caller and the helpers taking
+    them as they come free. The caller waits only for shares a helper has started: on a
+    loaded machine a helper that is not scheduled in time finds nothing left, instead of
+    the products waiting for it."""
+    count = len(shares)
+    taken, done = itertools.count(), itertools.count(1)  # next() is atomic under the GIL
+    errors: list[BaseException] = []
+    # held until the last share is done, released by whoever did it: a bare lock (waiting on
+    # an Event's condition had cost ~0.2 ms a product on loaded cores, profiled)
+    finished = threading.Lock()
+    finished.acquire()
+
+    def take() -> None:
+        while (p := next(taken)) < count:
+            fn, args = shares[p]
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                errors.append(e)
+            if next(done) == count:
+                finished.release()
+
+    for helper in _helpers(threads - 1):
+        helper.put(take)
+    take()
+    finished.acquire()
+    if errors:
+        raise errors[0]
+
+
 def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
     """Every tensor of a ``gguf.GGUFReader`` by name, nothing copied or dequantized in bulk:
     2-D ones as :class:`QTensor` over the file's map, 1-D ones (norms, biases: F32 in every
@@ -297,16 +378,26 @@ def gguf_tensors(reader: GGUFReader) -> dict[str, QTensor | np.ndarray]:
     return out
 
 
-_pool: list[ThreadPoolExecutor] = []
+_pool: list[queue.SimpleQueue] = []
 _pool_lock = threading.Lock()
+_scratch = threading.local()
+"""Each thread's float32 tile for prefill products (``tile``), kept between calls."""
 
 
-def _helpers(count: int) -> list[ThreadPoolExecutor]:
-    """``count`` single-thread helpers, started once per process (and again in a fork)."""
+def _helpers(count: int) -> list[queue.SimpleQueue]:
+    """The queues of ``count`` helper threads, started once per process (and again in a
+    fork), each running what it is handed, in order."""
     with _pool_lock:
         while len(_pool) < count:
-            _pool.append(ThreadPoolExecutor(1, thread_name_prefix="swarm-quant"))
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(q,), name="swarm-quant", daemon=True).start()
+            _pool.append(q)
         return _pool[:count]
+
+
+def _serve(q: queue.SimpleQueue) -> None:
+    while True:
+        q.get()()  # a split's take(): it catches what its shares raise
 
 
 def _forget_pool() -> None:

@@ -1,8 +1,9 @@
 """Spans of Llama blocks: one layer pass shared by the local forward, a worker hosting a span,
-and the requester that checks what the worker sent (sans-IO, numpy only).
+and the requester that checks what the worker sent (sans-IO; products by models.quant's kernels).
 
 A worker hosting layers ``[first, first + count)`` keeps their weights as one content-addressed
-*bundle* (:func:`bundle`) and each sequence's keys and values, and answers a call with the
+*bundle* (:func:`bundle`: the blocks as the file stores them, kept quantized) and each
+sequence's keys and values, and answers a call with the
 span's **trace**: for every layer and new row, each weight product's input and output
 (:data:`TRACE`). The requester never takes the worker's word for anything: it re-runs the same
 layer pass (:func:`run_layers`) itself, with its own cache, where each product comes from the
@@ -16,7 +17,8 @@ trace only after two checks (:class:`TraceCheck`):
   used by no more than honest rounding of each product (SECURITY.md states the bound);
 
 both by Freivalds' check with secret Gaussian vectors ``R`` and the fingerprint ``W @ R``,
-precomputed per weight (:class:`Fingerprints`), so a check costs ``O(rows * (k + n))``
+precomputed per weight from its dequantized rows (:class:`Fingerprints`), so a check costs
+``O(rows * (k + n))``
 instead of the product's ``O(rows * k * n)``.
 
 A product that fails the first check is a wrong matmul the worker signed: exact evidence that
@@ -26,13 +28,18 @@ bound). See SECURITY.md, "Spans of layers".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from compute.errors import InvalidInput
-from compute.verify import check_product, draw_vectors, project
+from compute.verify import check_projected, draw_vectors
+
+if TYPE_CHECKING:  # models.quant loads numba and gguf (about a second): on first use
+    from models.quant import QTensor
 
 PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 """A block's weight products, in the order the pass needs them."""
@@ -77,71 +84,158 @@ def layer_width(c) -> int:
 
 
 def matrix_shapes(c) -> dict[str, tuple[int, int]]:
+    """Each product's weight shape, ``[out, in]`` (as the file stores it)."""
     w = widths(c)
-    return {p: (w[INPUT_OF[p]], w[p]) for p in PARTS}
-
-
-def layer_size(c) -> int:
-    """Floats of one layer in a bundle: two norm vectors, the matrices in PARTS order, then
-    (``qkv_bias``) the biases in BIASED order."""
-    bias = sum(widths(c)[p] for p in BIASED) if c.qkv_bias else 0
-    return 2 * c.d_model + sum(k * n for k, n in matrix_shapes(c).values()) + bias
-
-
-def bundle(weights, first: int, count: int) -> np.ndarray:
-    """Layers ``[first, first + count)`` of ``weights`` (models.gguf_weights.LlamaWeights) as
-    one float32 vector: what a worker is sent, once, and names by content address after."""
-    parts = []
-    for i in range(first, first + count):
-        parts += [weights.layer(i, "attn_norm"), weights.layer(i, "ffn_norm")]
-        parts += [weights.layer(i, p).reshape(-1) for p in PARTS]
-        if weights.config.qkv_bias:
-            parts += [weights.bias(i, p) for p in BIASED]
-    return np.concatenate(parts).astype(np.float32, copy=False)
+    return {p: (w[p], w[INPUT_OF[p]]) for p in PARTS}
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One block's weights (views into a bundle, or the model's own arrays); ``biases`` by
-    part (Q, K and V of a Qwen2 block), added after the product."""
+    """One block's weights: ``matrices`` by part, each kept as the file stores it
+    (models.quant.QTensor ``[out, in]``, or anything with its ``matmul``: an executor's
+    Weight); the norm vectors and ``biases`` by part (Q, K and V of a Qwen2 block, added
+    after the product) as float32."""
 
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
-    matrices: dict[str, np.ndarray]
+    matrices: dict[str, Any]
     biases: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def unbundle(flat: np.ndarray, c, count: int) -> list[Layer]:
-    """The layers of a bundle, as views; ValueError when its size does not fit."""
-    if flat.ndim != 1 or flat.size != count * layer_size(c):
-        raise ValueError(f"a bundle of {count} layers holds {count * layer_size(c)} floats, "
-                         f"got shape {flat.shape}")
-    layers, at, d = [], 0, c.d_model
-    shapes = matrix_shapes(c)
-    for _ in range(count):
-        an, fn = flat[at:at + d], flat[at + d:at + 2 * d]
-        at += 2 * d
-        mats, bias = {}, {}
-        for p in PARTS:
-            k, n = shapes[p]
-            mats[p] = flat[at:at + k * n].reshape(k, n)
-            at += k * n
-        for p in BIASED if c.qkv_bias else ():
-            bias[p] = flat[at:at + shapes[p][1]]
-            at += shapes[p][1]
-        layers.append(Layer(an, fn, mats, bias))
-    return layers
-
-
 def model_layers(weights, first: int, count: int) -> list[Layer]:
-    """Layers ``[first, first + count)`` of ``weights`` with float32 ``[in, out]`` matrices."""
-    return [Layer(weights.layer(i, "attn_norm"), weights.layer(i, "ffn_norm"),
-                  {p: weights.layer(i, p) for p in PARTS}, biases(weights, i))
+    """Layers ``[first, first + count)`` of ``weights`` (models.gguf_weights.LlamaWeights),
+    their matrices the file's own (no copy)."""
+    return [Layer(weights.vectors[f"blk.{i}.attn_norm.weight"],
+                  weights.vectors[f"blk.{i}.ffn_norm.weight"],
+                  {p: weights.matrices[f"blk.{i}.{p}.weight"] for p in PARTS}, biases(weights, i))
             for i in range(first, first + count)]
 
 
 def biases(weights, i: int) -> dict[str, np.ndarray]:
     return {p: b for p in BIASED if (b := weights.bias(i, p)) is not None}
+
+
+# -- bundles: what a worker hosting a span is sent ----------------------------------------------
+
+BUNDLE_MAGIC = 0x31425153
+"""A bundle's first little-endian uint32 (``b"SQB1"``: span, quantized, version 1)."""
+ALIGN = 64
+"""Every section of a bundle starts at a multiple of this many bytes."""
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@functools.lru_cache(maxsize=64)
+def _sections(c, qtypes: tuple[tuple[Any, ...], ...]) -> tuple[int, list[dict[str, tuple]]]:
+    """Where each layer's parts lie in a bundle of ``len(qtypes)`` layers whose matrices
+    have block formats ``qtypes`` (PARTS order per layer): ``(total bytes, [{name: (start,
+    stop, qtype or None, shape)}])``, vectors under their own names (``bias.attn_q`` ...).
+    ValueError for a format or shape models.quant does not multiply."""
+    from models.quant import row_bytes
+
+    d, w, shapes = c.d_model, widths(c), matrix_shapes(c)
+    at = _aligned(4 * (2 + len(PARTS) * len(qtypes)))
+    layers = []
+    for row in qtypes:
+        where: dict[str, tuple] = {}
+        parts = [("attn_norm", None, (d,)), ("ffn_norm", None, (d,))]
+        parts += [(p, t, shapes[p]) for p, t in zip(PARTS, row, strict=True)]
+        parts += [(f"bias.{p}", None, (w[p],)) for p in BIASED if c.qkv_bias]
+        for name, t, shape in parts:
+            size = 4 * shape[0] if t is None else shape[0] * row_bytes(t, shape[1])
+            where[name] = (at, at + size, t, shape)
+            at = _aligned(at + size)
+        layers.append(where)
+    return at, layers
+
+
+def bundle_of(c, layers: Sequence[Layer]) -> np.ndarray:
+    """``layers`` (matrices as models.quant.QTensor) as one uint8 vector: a header (magic,
+    layer count, each matrix's GGML type), then per layer its norms, its matrices' blocks
+    as the file stores them (PARTS order) and its biases, each section aligned. What a
+    worker is sent, once, and names by content address after (:func:`unbundle` reads it)."""
+    qtypes = [[lw.matrices[p].qtype for p in PARTS] for lw in layers]
+    total, where = _sections(c, tuple(map(tuple, qtypes)))
+    out = np.zeros(total, np.uint8)
+    head = [BUNDLE_MAGIC, len(layers)] + [int(t) for row in qtypes for t in row]
+    out[:4 * len(head)] = np.asarray(head, "<u4").view(np.uint8)
+    for lw, sections in zip(layers, where, strict=True):
+        for name, (a, b, t, _) in sections.items():
+            if t is not None:
+                src = lw.matrices[name].data
+            else:
+                src = lw.attn_norm if name == "attn_norm" else lw.ffn_norm \
+                    if name == "ffn_norm" else lw.biases[name.removeprefix("bias.")]
+                src = np.ascontiguousarray(src, "<f4")
+            out[a:b] = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+    return out
+
+
+def bundle(weights, first: int, count: int) -> np.ndarray:
+    """Layers ``[first, first + count)`` of ``weights`` as one bundle (:func:`bundle_of`)."""
+    return bundle_of(weights.config, model_layers(weights, first, count))
+
+
+def bundle_sections(flat: Any, c, count: int) -> list[dict[str, tuple]]:
+    """The sections of a bundle of ``count`` layers (:func:`_sections`), its header and size
+    checked: ValueError, saying what is wrong, for anything else (bytes from the network)."""
+    if not isinstance(flat, np.ndarray) or flat.dtype != np.uint8 or flat.ndim != 1:
+        got = f"{flat.dtype} {list(flat.shape)}" if isinstance(flat, np.ndarray) \
+            else type(flat).__name__
+        raise ValueError(f"a bundle is a uint8 vector (models.span.bundle), got {got}")
+    n_head = 2 + len(PARTS) * count
+    if flat.size < 4 * n_head:
+        raise ValueError(f"a bundle of {count} layers starts with a {4 * n_head}-byte "
+                         f"header, got {flat.size} bytes")
+    head = flat[:4 * n_head].view("<u4")
+    if int(head[0]) != BUNDLE_MAGIC or int(head[1]) != count:
+        raise ValueError(f"not a bundle of {count} layers (its header says "
+                         f"{int(head[1]) if int(head[0]) == BUNDLE_MAGIC else 'nothing'})")
+    from gguf import GGMLQuantizationType
+
+    from models.quant import SUPPORTED
+
+    qtypes = []
+    for j in range(count):
+        row = []
+        for v in head[2 + len(PARTS) * j:2 + len(PARTS) * (j + 1)].tolist():
+            try:
+                row.append(GGMLQuantizationType(v))
+            except ValueError:
+                raise ValueError(f"a bundle's matrix has GGML type {v}, which is unknown; "
+                                 f"supported: {', '.join(t.name for t in SUPPORTED)}") from None
+        qtypes.append(row)
+    total, where = _sections(c, tuple(map(tuple, qtypes)))
+    if flat.size != total:
+        raise ValueError(f"a bundle of {count} layers of these types is {total} bytes, got "
+                         f"{flat.size}")
+    return where
+
+
+def unbundle(flat: np.ndarray, c, count: int) -> list[Layer]:
+    """The layers of a bundle, every part a view of its bytes (matrices stay quantized);
+    ValueError when the bundle does not fit (:func:`bundle_sections`)."""
+    from models.quant import QTensor
+
+    layers = []
+    for sections in bundle_sections(flat, c, count):
+        vec = {name: flat[a:b].view("<f4") for name, (a, b, t, _) in sections.items()
+               if t is None}
+        mats = {name: QTensor.from_bytes(t, shape, flat[a:b])
+                for name, (a, b, t, shape) in sections.items() if t is not None}
+        layers.append(Layer(vec["attn_norm"], vec["ffn_norm"], mats,
+                            {p: vec[f"bias.{p}"] for p in BIASED if c.qkv_bias}))
+    return layers
+
+
+def layer_products(layer: Layer, pairs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+    """``[x @ W_part.T, ...]`` by the layer's own matrices, together (models.quant.matmuls:
+    the same bits as one at a time)."""
+    from models.quant import matmuls
+
+    return matmuls([(layer.matrices[p], x) for p, x in pairs])
 
 
 # -- the layer pass -----------------------------------------------------------------------------
@@ -305,14 +399,13 @@ def traced_products(c, layers: Sequence[Layer], rows: int) -> tuple[Products, np
     trace = np.empty((rows, len(layers) * width), np.float32)
 
     def products(j: int, pairs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        base, out = j * width, []
-        for part, x in pairs:
+        base = j * width
+        out = layer_products(layers[j], pairs)
+        for (part, x), y in zip(pairs, out, strict=True):
             lo, hi = cols[INPUT_OF[part]]
             trace[:, base + lo:base + hi] = x
-            y = x @ layers[j].matrices[part]
             lo, hi = cols[part]
             trace[:, base + lo:base + hi] = y
-            out.append(y)
         return out
 
     return products, trace
@@ -321,9 +414,11 @@ def traced_products(c, layers: Sequence[Layer], rows: int) -> tuple[Products, np
 # -- the requester's side -------------------------------------------------------------------------
 
 class Fingerprints:
-    """Per weight: secret Gaussian vectors ``R`` ([n, rounds], never sent), its fingerprint
-    ``W @ R`` and ``W``'s squared row norms (one pass over ``W``); each set serves ``reuse``
-    checks, then is drawn afresh (why reuse is safe enough, and its cost: SECURITY.md)."""
+    """Per weight (a models.quant.QTensor ``W``, ``[out, in]``): secret Gaussian vectors ``R``
+    ([out, rounds], never sent), the fingerprint ``W.T @ R`` and ``W``'s squared column norms,
+    from its dequantized rows in one streamed pass (QTensor.check_vectors: no float32 copy);
+    each set serves ``reuse`` checks, then is drawn afresh (why reuse is safe enough, and its
+    cost: SECURITY.md)."""
 
     ROUNDS = 4
     REUSE = 64
@@ -334,30 +429,31 @@ class Fingerprints:
         self.checks = 0
         self.refreshes = 0
 
-    def vectors(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(R, W @ R, W's squared row norms)`` for one check of a product by ``w``."""
+    def vectors(self, w: QTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(R, W.T @ R, W's squared column norms)`` for one check of a product by ``w``."""
         entry = self._sets.get(id(w))
         if entry is None or entry[0] is not w or entry[4] >= self.reuse:
-            r = draw_vectors(w.shape[1], self.rounds)
-            br, norms2 = project(w, r)
+            r = draw_vectors(w.shape[0], self.rounds)
+            br, norms2 = w.check_vectors(r)
             entry = self._sets[id(w)] = [w, r, br, norms2, 0]
             self.refreshes += 1
         entry[4] += 1
         self.checks += 1
         return entry[1], entry[2], entry[3]
 
-    def check(self, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
-        """Whether ``y`` is ``x @ w`` within f32 rounding (compute.verify's threshold)."""
+    def check(self, w: QTensor, x: np.ndarray, y: np.ndarray) -> bool:
+        """Whether ``y`` is ``x @ W.T`` within f32 rounding (compute.verify's threshold)."""
         r, br, norms2 = self.vectors(w)
-        return check_product(x, w, y, r, norms2, br=br)
+        return check_projected(x, y, r, br, norms2, w.shape[::-1])
 
-    def check_both(self, w: np.ndarray, xw: np.ndarray, x: np.ndarray, y: np.ndarray
+    def check_both(self, w: QTensor, xw: np.ndarray, x: np.ndarray, y: np.ndarray
                    ) -> tuple[bool, bool]:
-        """Whether ``y`` is ``xw @ w``, and whether it is ``x @ w``, each within f32 rounding
-        of that product (one set of vectors, one use of it)."""
+        """Whether ``y`` is ``xw @ W.T``, and whether it is ``x @ W.T``, each within f32
+        rounding of that product (one set of vectors, one use of it)."""
         r, br, norms2 = self.vectors(w)
-        return (check_product(xw, w, y, r, norms2, br=br),
-                check_product(x, w, y, r, norms2, br=br))
+        shape = w.shape[::-1]
+        return (check_projected(xw, y, r, br, norms2, shape),
+                check_projected(x, y, r, br, norms2, shape))
 
 
 class TraceCheck:

@@ -1,6 +1,7 @@
 """Tiny GGUF models written at test time with ``gguf.GGUFWriter``: random weights (seeded), a
 byte-level BPE vocabulary of the 256 bytes plus a few merges and ChatML's control tokens, of
-the ``llama`` or ``qwen2`` architecture, matrices stored as F32, F16 or a block-quantized type."""
+the ``llama`` or ``qwen2`` architecture, matrices stored as F32, F16 or a block-quantized type
+(the K-quants need rows of a multiple of 256 weights: ``d`` and ``ff``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,32 @@ def byte_tokens() -> list[str]:
             chars[b] = chr(256 + extra)
             extra += 1
     return [chars[b] for b in range(256)]
+
+
+K_BLOCKS = {"Q4_K": (144, 4), "Q5_K": (176, 5), "Q6_K": (210, 6)}
+"""K-quant types (bytes per 256-weight block, bits per weight), which ``gguf.quants`` reads
+but cannot write: :func:`k_blocks` makes them."""
+
+
+def k_blocks(qtype: str, rows: int, cols: int, scale: float, rng) -> np.ndarray:
+    """Random ``qtype`` blocks [rows, cols / 256 * block bytes] whose weights are centred with
+    standard deviation about ``scale``: random quants under one scale per block. Q4_K/Q5_K
+    (``d * sc * q - dmin * m``): every 6-bit ``sc`` = 16 and ``m`` = 8 (scale bytes 80, 8 and
+    0x80, packed as llama.cpp's get_scale_min_k4 reads them), ``dmin`` centres q's range;
+    Q6_K (``d * sc * (q - 32)``): every int8 ``sc`` = 16."""
+    nbytes, bits = K_BLOCKS[qtype]
+    blocks = rng.integers(0, 256, (rows, cols // 256, nbytes), dtype=np.uint8)
+    q_std = np.sqrt(((1 << bits) ** 2 - 1) / 12)  # a uniform quant's spread
+    d = np.float16(scale / (16 * q_std))
+    if qtype == "Q6_K":
+        blocks[..., 192:208] = 16
+        blocks[..., 208:210] = np.frombuffer(d.tobytes(), np.uint8)
+    else:
+        dmin = np.float16(float(d) * 16 * ((1 << bits) - 1) / 2 / 8)
+        blocks[..., 0:2] = np.frombuffer(d.tobytes(), np.uint8)
+        blocks[..., 2:4] = np.frombuffer(dmin.tobytes(), np.uint8)
+        blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16] = 80, 8, 0x80
+    return blocks.reshape(rows, -1)
 
 
 def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", *, seed: int = 0,
@@ -67,6 +94,8 @@ def write_tiny(path: Path, arch: str = "llama", qtype: str = "F32", *, seed: int
             w.add_tensor(name, a)
         elif qtype == "F16":
             w.add_tensor(name, a.astype(np.float16))
+        elif qtype in K_BLOCKS:
+            w.add_tensor(name, k_blocks(qtype, rows, cols, scale, rng), raw_dtype=qt)
         else:
             w.add_tensor(name, quants.quantize(a, qt), raw_dtype=qt)
 

@@ -29,10 +29,17 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q5_0"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                   "Q4_K", "Q5_K", "Q6_K"])
 def test_the_forward_matches_the_float64_reference(tmp_path, arch, qtype):
-    path = write_tiny(tmp_path / "m.gguf", arch, qtype, seed=len(arch) + len(qtype))
-    model = Llama(gguf_weights.load(path))
+    """Every matrix kept in the file's block format and multiplied by models.quant's kernels
+    (no float32 copy): within float32 rounding of the float64 reference, all at once and
+    one token at a time."""
+    size = {"d": 256, "ff": 512} if qtype.endswith("_K") else {}  # 256-weight blocks
+    path = write_tiny(tmp_path / "m.gguf", arch, qtype, seed=len(arch) + len(qtype), **size)
+    weights = gguf_weights.load(path)
+    assert {m.qtype.name for m in weights.matrices.values()} == {qtype}
+    model = Llama(weights)
     ref = reference_logits(path, IDS)
     got = model.forward(IDS, model.new_cache(), all_logits=True)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()

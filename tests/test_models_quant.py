@@ -84,6 +84,28 @@ def test_a_rows_result_has_the_same_bits_on_every_decoding_path(qtype, monkeypat
     assert np.array_equal(split_one, alone[0])
 
 
+def test_products_handed_out_together_give_each_ones_own_bits(monkeypatch):
+    """quant.matmuls (a layer's Q, K and V in one hand-off to the helper threads) gives what
+    each product gives alone, on every path (one row, a few, prefill tiles); a product that
+    cannot run is refused before any does."""
+    rng = np.random.default_rng(3)
+    ws = [QTensor(t, ref.shape, raw) for t, (raw, ref) in
+          ((t, _weights(t, out=o, seed=i)) for i, (t, o) in
+           enumerate(((Q.Q4_K, 300), (Q.Q8_0, 64), (Q.Q6_K, 130))))]
+    xs = [rng.standard_normal((n, 512)).astype(np.float32) for n in (1, 3, quant.FEW + 4)]
+    monkeypatch.setattr(quant, "THREADS", 1)
+    alone = [[w.matmul(x) for w in ws] for x in xs]
+    monkeypatch.setattr(quant, "THREADS", 2)
+    monkeypatch.setattr(quant, "SPLIT_BYTES", 0)
+    for x, want in zip(xs, alone, strict=True):
+        got = quant.matmuls([(w, x) for w in ws])
+        assert all(np.array_equal(g, a) for g, a in zip(got, want, strict=True))
+    mixed = quant.matmuls([(ws[0], xs[0][0]), (ws[1], xs[2]), (ws[2], xs[1])])
+    assert np.array_equal(mixed[0], alone[0][0][0]) and np.array_equal(mixed[1], alone[2][1])
+    with pytest.raises(ValueError, match=r"x is float32 \[n, 512\]"):
+        quant.matmuls([(ws[0], xs[0]), (ws[1], xs[0][:, :256])])
+
+
 def test_slice_rows_is_a_view_and_rows_gathers_embeddings():
     raw, ref = _weights(Q.Q4_K, out=64)
     w = QTensor(Q.Q4_K, ref.shape, raw)

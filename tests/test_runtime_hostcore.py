@@ -150,11 +150,21 @@ def test_span_caches_are_reserved_against_max_memory():
     from swarm.runtime.actors import SpanConfig
 
     c, link = core(capacity=16 << 20), Link(PeerKey.generate().peer_id)
-    cfg = SpanConfig(d_model=32, d_ff=1, n_heads=1, n_kv_heads=1, context_length=4096,
+    from models.quant import QTensor
+
+    cfg = SpanConfig(d_model=32, d_ff=16, n_heads=1, n_kv_heads=1, context_length=4096,
                      rope_base=10000.0, norm_eps=1e-5)  # 64 KiB of cache per position
     count, rows, seqs = 256, 16, 8  # 8 MiB of caches a call
     rng = np.random.default_rng(0)
-    flat = (rng.standard_normal(count * llama_span.layer_size(cfg)) * 0.1).astype(np.float32)
+
+    def matrix(out: int, n_in: int) -> QTensor:
+        a = (rng.standard_normal((out, n_in)) * 0.1).astype(np.float32)
+        return QTensor("F32", (out, n_in), a.view(np.uint8))
+
+    ones = np.ones(32, np.float32)
+    layer = llama_span.Layer(ones, ones, {p: matrix(*shape) for p, shape in
+                                          llama_span.matrix_shapes(cfg).items()})
+    flat = llama_span.bundle_of(cfg, [layer] * count)
     x = rng.standard_normal((rows * seqs, 32)).astype(np.float32)
     params = {"first": 0, "count": count, "config": cfg.params(), "drop": [],
               "seqs": [[s, 0, rows] for s in range(seqs)]}

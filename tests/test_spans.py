@@ -220,26 +220,31 @@ def test_span_actor_keeps_each_sequences_cache_and_refuses_bad_calls(weights):
 
 
 def test_span_actor_keeps_to_the_workers_blas_threads(weights, monkeypatch):
-    """A worker started with --threads 1 runs its span's layer pass on one BLAS thread: two
-    span workers on two cores at the library's default of two threads each had decoded at
-    a fraction of the local forward's speed."""
+    """A worker started with --threads 1 runs its span's layer pass on one BLAS thread, and
+    splits its quantized products over one thread too (models.quant had split each over two
+    whatever --threads said): two span workers on two cores at the library's default of two
+    BLAS threads each had decoded at a fraction of the local forward's speed."""
     from threadpoolctl import threadpool_info
 
     from compute.numpy_backend import NumpyBackend
+    from models import quant
     from swarm.runtime import actors
 
     seen = []
     real = actors.llama_span.run_layers
 
     def spy(*a, **kw):
-        seen.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+        seen.append(([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"],
+                     quant._threads()))
         return real(*a, **kw)
 
     monkeypatch.setattr(actors.llama_span, "run_layers", spy)
+    monkeypatch.setattr(quant, "THREADS", 2)  # as on any machine of two or more cores
     x, flat, params = _call(weights)
     with threadpool_limits(2, user_api="blas"):  # the library's default on two cores
         LlamaSpanActor(NumpyBackend(threads=1)).forward([x, flat], params)
-    assert seen == [[1]]
+    assert seen == [([1], 1)]
+    assert quant._threads() == 2  # the cap held for the call only
 
 
 def test_the_judge_proves_a_wrong_span_product_and_never_an_honest_trace(weights):
@@ -300,7 +305,8 @@ def test_an_aimed_shift_of_the_recorded_input_is_caught(weights):
     honest, h = logits(trace)
     top, second = np.argsort(honest)[-1], np.argsort(honest)[-2]
     aim = norm * (head[:, second] - head[:, top])  # raises the runner-up against the top
-    cols, w_down = llama_span.trace_columns(c), layers[0].matrices["ffn_down"]
+    cols = llama_span.trace_columns(c)
+    w_down = layers[0].matrices["ffn_down"].dequantize().T  # [in, out], the kernel's weights
 
     def shifted(scale):
         tr = trace.copy()

@@ -13,7 +13,7 @@ Calls to one actor instance run one at a time in the order the caller issued the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,10 +253,7 @@ def check_span_forward(arrays: Sequence[np.ndarray], params: Mapping[str, Any]) 
     _require_2d_float("x", x)
     if x.dtype != np.float32 or x.shape[1] != c.d_model:
         raise ValueError(f"x must be float32 [rows, {c.d_model}], got {x.dtype} {x.shape}")
-    if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 \
-            or flat.shape != (count * llama_span.layer_size(c),):
-        raise ValueError(f"the bundle of {count} layers must be float32 "
-                         f"[{count * llama_span.layer_size(c)}]")
+    llama_span.bundle_sections(flat, c, count)  # its header and size (bytes from the network)
     seqs = params.get("seqs")
     if not isinstance(seqs, list) or not 1 <= len(seqs) <= MAX_SPAN_SEQS or not all(
             isinstance(s, list) and len(s) == 3 and _int(s[0], 0, (1 << 63) - 1)
@@ -300,6 +297,8 @@ class LlamaSpanActor:
         self.hosting: tuple[bytes, int, int] | None = None
         """(model id, first block, count) of the span it last ran (announced, for
         ``swarm status``; the model id is the requester's word)."""
+        self._unbundled: tuple[np.ndarray, list[llama_span.Layer]] | None = None
+        """The last bundle called with and its layers (views of it: made once, ~1 ms)."""
 
     def _hold(self, nbytes: int) -> None:
         """Reserve or release so that ``nbytes`` are held for the caches."""
@@ -315,6 +314,7 @@ class LlamaSpanActor:
     def close(self) -> None:
         """The instance is forgotten: its caches are no longer held."""
         self.caches.clear()
+        self._unbundled = None
         self._hold(0)
 
     def forward(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any],
@@ -325,11 +325,16 @@ class LlamaSpanActor:
         self.config = c
         x, flat = arrays
         count = params["count"]
-        layers = llama_span.unbundle(flat, c, count)
+        if self._unbundled is None or self._unbundled[0] is not flat \
+                or len(self._unbundled[1]) != count:
+            # views: the blocks stay as sent, multiplied by the file's kernels (models.quant)
+            self._unbundled = (flat, llama_span.unbundle(flat, c, count))
+        layers = self._unbundled[1]
         if shift:  # SWARM_CHAOS layer=P: a plausible wrong weight (another layer's)
             layers = layers[shift:] + layers[:shift] if count > 1 else [llama_span.Layer(
                 layers[0].attn_norm, layers[0].ffn_norm,
-                {p: np.roll(m, 1, axis=1) for p, m in layers[0].matrices.items()})]
+                {p: type(m)(m.qtype, m.shape, np.roll(m.data, 1, axis=0))
+                 for p, m in layers[0].matrices.items()})]
         for sid in params.get("drop", []):
             self.caches.pop(sid, None)
         # the caches' bytes after this call, reserved before any is allocated
@@ -360,7 +365,7 @@ class LlamaSpanActor:
                     cache = fresh[sid] = llama_span.KVCache(c, n, layers=count)
                 seqs.append(llama_span.Seq.start(n, cache))
             products, trace = llama_span.traced_products(c, layers, x.shape[0])
-            with self.backend.cpu_limit() if self.backend is not None else nullcontext():
+            with _cpu_limit(self.backend):
                 llama_span.run_layers(c, layers, np.asarray(x, np.float32), seqs, products)
             for s in seqs:
                 s.cache.length = s.end
@@ -373,6 +378,19 @@ class LlamaSpanActor:
     def forward_wrong_layer(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any]
                             ) -> list[np.ndarray]:
         return self.forward(arrays, params, shift=1)
+
+
+def _cpu_limit(backend: Any) -> AbstractContextManager[Any]:
+    """The worker's ``--threads`` for a block of model work: its BLAS (``cpu_limit``) and the
+    quantized kernels' split (models.quant.limit_threads)."""
+    if backend is None:
+        return nullcontext()
+    from models import quant
+
+    stack = ExitStack()
+    stack.enter_context(backend.cpu_limit())
+    stack.enter_context(quant.limit_threads(getattr(backend, "threads", None)))
+    return stack
 
 
 def _grown(capacity: int, need: int, context: int) -> int:

@@ -273,7 +273,7 @@ def _check_span(r: Receipt, packed: bytes, x: np.ndarray, flat: np.ndarray, trac
             a = np.ascontiguousarray(trace[:, j * width + lo:j * width + hi])
             lo, hi = cols[part]
             out = np.ascontiguousarray(trace[:, j * width + lo:j * width + hi])
-            b = np.ascontiguousarray(layer.matrices[part])
+            b = np.ascontiguousarray(layer.matrices[part].dequantize().T)  # [in, out]
             with contextlib.suppress(compute.InvalidInput), \
                     np.errstate(over="ignore", invalid="ignore"):
                 if compute.verify_matmul(a, b, out):
