@@ -151,6 +151,13 @@ def _sections(c, qtypes: tuple[tuple[Any, ...], ...]) -> tuple[int, list[dict[st
     return at, layers
 
 
+def layer_bytes(c, layers: Sequence[Layer]) -> list[int]:
+    """Bytes each of ``layers`` takes in a bundle (its blocks as the file stores them, its
+    vectors, alignment): what a worker holds for it (swarm.placement's block sizes)."""
+    return [_sections(c, (tuple(lw.matrices[p].qtype for p in PARTS),))[0]
+            - _aligned(4 * (2 + len(PARTS))) for lw in layers]
+
+
 def bundle_of(c, layers: Sequence[Layer]) -> np.ndarray:
     """``layers`` (matrices as models.quant.QTensor) as one uint8 vector: a header (magic,
     layer count, each matrix's GGML type), then per layer its norms, its matrices' blocks

@@ -73,9 +73,10 @@ def _mib(n: int) -> str:
 
 
 def block_bytes(weights: Any) -> list[int]:
-    """Bytes each block's weights take on a worker (its share of a span's bundle)."""
-    per = llama_span.layer_size(weights.config) * np.dtype(np.float32).itemsize
-    return [per] * weights.config.n_layers
+    """Bytes each block's weights take on a worker (its share of a span's bundle: the
+    file's quantized blocks, models.span.layer_bytes)."""
+    c = weights.config
+    return llama_span.layer_bytes(c, llama_span.model_layers(weights, 0, c.n_layers))
 
 
 def cache_bytes(c: Any, positions: int) -> int:

@@ -14,7 +14,7 @@ import swarm
 from models import gguf_weights
 from models.llama import Llama
 from swarm.placement import Offer
-from swarm.spans import SpanLlama, SpanLost
+from swarm.spans import SpanLlama, SpanLost, block_bytes, cache_bytes
 from tests.conftest import run_swarm, subprocess_env
 from tests.test_spans_placement import _chat
 
@@ -36,6 +36,13 @@ def weights():
 
 
 @pytest.fixture(scope="module")
+def per(weights) -> int:
+    """Bytes one SmolLM2 block takes on a worker with its caches (~5.1 MiB): the offers below
+    are counted in blocks."""
+    return block_bytes(weights)[0] + cache_bytes(weights.config, 2048)
+
+
+@pytest.fixture(scope="module")
 def want(weights):
     return greedy(Llama(weights), PROMPT, TOKENS)
 
@@ -50,17 +57,18 @@ def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def test_a_lost_span_goes_to_the_fastest_live_worker_with_room(weights, want):
-    """SmolLM2's 30 blocks take 16.5 MiB each with their caches. Placed: the fast worker
-    (500 MiB) blocks 0-17, the big slow one (900 MiB) 18-23, the small one (150 MiB) 24-29.
-    The small one dies mid-text: its 99 MiB span fits both survivors; the placement rule (the
-    least time) gives it to the fast one, which has 203 MiB left. The old rule gave it to the
+def test_a_lost_span_goes_to_the_fastest_live_worker_with_room(weights, want, per):
+    """SmolLM2's 30 blocks, offers counted in blocks. Placed: the fast worker (room for 30)
+    blocks 0-17, the big slow one (room for 54) 18-23, the small one (room for 9) 24-29. The
+    small one dies mid-text: its 6 blocks fit both survivors; the placement rule (the least
+    time) gives them to the fast one, which has room for 12 left. The old rule gave it to the
     one with the most room left, the slow one."""
-    with swarm.local(3, threads=1, max_memory=[150 * MIB, 900 * MIB, 500 * MIB],
+    mem = [9 * per, 54 * per, 30 * per]
+    with swarm.local(3, threads=1, max_memory=mem,
                      chaos=["crash_after=5", None, None]) as client:
         small, slow, fast = client.worker_ids
-        offers = [Offer(small, 150 * MIB, 1.0), Offer(slow, 900 * MIB, 1.0),
-                  Offer(fast, 500 * MIB, 3.0)]
+        offers = [Offer(small, mem[0], 1.0), Offer(slow, mem[1], 1.0),
+                  Offer(fast, mem[2], 3.0)]
         model = SpanLlama(client, weights, offers)
         assert model.placement.workers() == [fast, slow, small]
         assert greedy(model, PROMPT, TOKENS) == want
@@ -68,27 +76,29 @@ def test_a_lost_span_goes_to_the_fastest_live_worker_with_room(weights, want):
         assert model.take_stats().rebuilt >= 1
 
 
-def test_a_lost_span_no_live_worker_has_room_for_fails_naming_the_shortfall(weights):
-    """Two workers offering 300 MiB hold 15 blocks (248 MiB) each; one dies mid-text and the
-    other has 52 MiB left. The old code ran the span on the requester, whose memory nobody
-    offered; now the request fails, the shortfall named."""
-    with swarm.local(2, threads=1, max_memory=[300 * MIB, 300 * MIB],
+def test_a_lost_span_no_live_worker_has_room_for_fails_naming_the_shortfall(weights, per):
+    """Two workers with room for 18 blocks hold 15 each; one dies mid-text and the other has
+    room for 3 left. The old code ran the span on the requester, whose memory nobody offered;
+    now the request fails, the shortfall named."""
+    room = 18 * per
+    need, left = 15 * per, 3 * per
+    with swarm.local(2, threads=1, max_memory=[room, room],
                      chaos=[None, "crash_after=5"]) as client:
-        model = SpanLlama(client, weights, [Offer(p, 300 * MIB, 1.0) for p in client.worker_ids])
-        with pytest.raises(SpanLost, match=r"blocks \d+\.\.\d+ lost their worker mid-generation "
-                           r"and no live worker has room for them: they need 247\.6 MiB .* the "
-                           r"most any of the 1 live workers has left is 52\.4 MiB: 195\.1 MiB "
-                           r"short") as exc:
+        model = SpanLlama(client, weights, [Offer(p, room, 1.0) for p in client.worker_ids])
+        with pytest.raises(SpanLost, match=rf"blocks \d+\.\.\d+ lost their worker mid-generation "
+                           rf"and no live worker has room for them: they need {need / MIB:.1f} "
+                           rf"MiB .* the most any of the 1 live workers has left is "
+                           rf"{left / MIB:.1f} MiB: {(need - left) / MIB:.1f} MiB short") as exc:
             greedy(model, PROMPT, TOKENS)
         assert exc.value.shortfall > 0
         assert model.take_stats().calls >= 5  # it failed mid-text, not up front
 
 
 @pytest.mark.parametrize("where", ["cli", "chat"])
-def test_a_lost_span_nobody_can_take_fails_the_request_clearly(weights, tmp_path, where):
+def test_a_lost_span_nobody_can_take_fails_the_request_clearly(weights, tmp_path, where, per):
     """As an up-front refusal is surfaced: `swarm generate` exits 1 with the shortfall and no
     traceback; /v1/chat/completions answers 503 (the old code: the text, run here)."""
-    with swarm.local(2, threads=1, max_memory=[300 * MIB, 300 * MIB],
+    with swarm.local(2, threads=1, max_memory=[18 * per, 18 * per],
                      chaos=[None, "crash_after=3"]) as client:
         ask = "What is the capital of France?"
         if where == "cli":

@@ -46,8 +46,9 @@ def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
 
 def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weights):
     per = block_bytes(weights)[0] + cache_bytes(weights.config, 2048)
-    total = per * weights.config.n_layers  # ~495 MiB: SmolLM2's float32 blocks and caches
-    offers = [120 * MIB, 220 * MIB, 220 * MIB]
+    total = per * weights.config.n_layers  # ~153 MiB: SmolLM2's Q4_1 blocks and caches
+    offers = [int(total * 0.3) // MIB * MIB, int(total * 0.5) // MIB * MIB,
+              int(total * 0.5) // MIB * MIB]
     assert all(m < total for m in offers) and sum(offers) > total
     with swarm.local(3, threads=1, max_memory=offers) as client:
         small, *big = client.worker_ids
@@ -75,10 +76,10 @@ def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weight
 
 
 def test_a_worker_that_over_claims_memory_fails_its_span_and_is_replaced(weights):
-    """It announces 4 GiB but holds 100 MiB: placed half the blocks (~250 MiB), it refuses
+    """It announces 4 GiB but holds 20 MiB: placed half the blocks (~77 MiB), it refuses
     them; the honest worker, with room for both halves, takes its span, and the text is the
     local forward's."""
-    with swarm.local(2, threads=1, max_memory=[100 * MIB, 600 * MIB],
+    with swarm.local(2, threads=1, max_memory=[20 * MIB, 600 * MIB],
                      chaos=[f"claim={4 << 30}", None]) as client:
         liar, honest = client.worker_ids
         model = SpanLlama(client, weights)
@@ -91,16 +92,16 @@ def test_a_worker_that_over_claims_memory_fails_its_span_and_is_replaced(weights
 
 
 def test_a_model_that_fits_no_placement_is_refused_up_front(weights, tmp_path):
-    with swarm.local(2, threads=1, max_memory=[150 * MIB, 150 * MIB]) as client:
-        with pytest.raises(PlacementError, match=r"the 2 workers offer 300\.0 MiB: .* short"):
+    with swarm.local(2, threads=1, max_memory=[50 * MIB, 50 * MIB]) as client:
+        with pytest.raises(PlacementError, match=r"the 2 workers offer 100\.0 MiB: .* short"):
             SpanLlama(client, weights)
         r = run_swarm("generate", client.uri, "What is the capital of France?",
                       env=subprocess_env(SWARM_HOME=str(tmp_path / "home")), timeout=180)
         assert r.returncode == 1, r.stderr
-        assert "offer 300.0 MiB" in r.stderr and "short" in r.stderr
+        assert "offer 100.0 MiB" in r.stderr and "short" in r.stderr
         assert "Traceback" not in r.stderr
         status, body = _chat(client, "What is the capital of France?")
-        assert status == 503 and "offer 300.0 MiB" in body["error"]["message"]
+        assert status == 503 and "offer 100.0 MiB" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("model", [b"short", "a" * 12, 12])
@@ -110,7 +111,7 @@ def test_a_span_call_naming_its_model_badly_is_refused(weights, model):
 
     c = SpanConfig.of(weights.config)
     x = np.zeros((1, c.d_model), np.float32)
-    flat = np.zeros(llama_span.layer_size(c), np.float32)
+    flat = llama_span.bundle(weights, 0, 1)
     params = {"first": 0, "count": 1, "config": c.params(), "seqs": [[1, 0, 1]], "drop": []}
     check_span_forward([x, flat], params | {"model": b"m" * 12})
     with pytest.raises(ValueError, match="model= is the first 12 bytes"):
