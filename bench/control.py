@@ -13,7 +13,7 @@ swarm the same way, runs `swarm status --json` once from an observer data dir (w
 remembers the members), SIGKILLs the coordinator and runs `swarm status --json` from that
 data dir back to back until one names another coordinator at a higher term:
   cli       SIGKILL -> that `swarm status` process's output
-  claim     the winner's own figure: its claim's catch-up read, CAS read and put
+  claim     the winner's own figure: its claim's reads (the CAS, catching up) and put
   rounds    claims it took (new term - old term: each failed claim burns one)
   suspected members that logged "suspecting it" of the member that went on to win
 The machine is shared: quote ratios and medians, not single runs.

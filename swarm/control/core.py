@@ -118,10 +118,9 @@ class Purpose(enum.Enum):
     """A sync STATE fetch: our coordinator's item, for a heartbeat we missed."""
     RIVALS = "rivals"
     """A coordinator's look for a rival's item (a batch of members)."""
-    CLAIM_CATCH_UP = "claim-catch-up"
-    """Before a failover claim: the suspected coordinator's item, for what we missed."""
     CLAIM_CAS = "claim-cas"
-    """A claim's CAS across the swarm: every member's item."""
+    """A claim's CAS across the swarm: every member's item (a failover claim also catches
+    up from the suspected coordinator's)."""
 
 
 # -- events: what the adapter tells the core --------------------------------------------------
@@ -699,7 +698,7 @@ class ControlCore:
                 self.controller.started(self.now)
                 self._hello()  # now, not after the first silent read: it lists us sooner
                 self._out.append(Started())
-        elif p is Purpose.CATCH_UP or p is Purpose.CLAIM_CATCH_UP:
+        elif p is Purpose.CATCH_UP:
             self._caught_up(read.known, states)
         elif p is Purpose.RIVALS:
             for state in self._counted(states):
@@ -710,8 +709,6 @@ class ControlCore:
             self._state_fetched()
         elif p is Purpose.RIVALS:
             self.sync.done(Fetch.RIVALS, self.now, True)
-        elif p is Purpose.CLAIM_CATCH_UP and self.role is Duty.CANDIDATE:
-            self._claim_cas(read.claim, read.began)
 
     def _on_ItemResolved(self, ev: ItemResolved) -> None:
         r = ev.read
@@ -1087,15 +1084,6 @@ class ControlCore:
     # -- claims and puts -------------------------------------------------------------------
 
     def _put_state(self, act: control.PutState) -> None:
-        st = self.controller.state
-        if act.claim and st is not None and act.state.prev == st.digest():
-            # A failover claim (a handoff carries its own, newer state): catch up first.
-            if st.coordinator != self.me and self.role is not Duty.STOPPED:
-                self._read(Purpose.CLAIM_CATCH_UP, (st.coordinator,), claim=act.state,
-                           began=self.now)
-                return
-            if self.role is not Duty.CANDIDATE:
-                return
         if act.claim:
             self._claim_cas(act.state, self.now)
         else:
@@ -1105,11 +1093,24 @@ class ControlCore:
             self._out.append(PutItem(act.state, False, self._pages(act.state)))
 
     def _claim_cas(self, claim: CoordinatorState, began: float) -> None:
-        """The CAS across the swarm: nobody entitled may hold this term (or a later one)."""
-        self._read(Purpose.CLAIM_CAS, tuple(self.records), claim=claim, began=began)
+        """The CAS across the swarm: nobody entitled may hold this term (or a later one).
+        The same read catches a failover claim up (a handoff carries its own, newer state):
+        the item of the coordinator we suspect shows what its heartbeats did not bring us.
+        One read, not a catch-up read before it: each is a round of DHT lookups, and the
+        members wait for the claim."""
+        peers = tuple(self.records)
+        st = self.controller.state
+        if st is not None and claim.prev == st.digest() and st.coordinator not in self.records \
+                and st.coordinator != self.me:
+            peers += (st.coordinator,)
+        self._read(Purpose.CLAIM_CAS, peers, claim=claim, began=began)
 
     def _cas(self, read: ReadStates, found: list[CoordinatorState]) -> None:
         c = self.controller
+        st = read.known
+        if c.role is Duty.CANDIDATE and st is not None and read.claim.prev == st.digest() \
+                and st.coordinator != self.me:
+            self._caught_up(st, found)  # a failover claim: what we missed first
         if c.role is not Duty.CANDIDATE:
             return  # what we missed settled it (a newer state, or our own block)
         top = c.claim_conflict(read.claim, found)
@@ -1188,6 +1189,9 @@ class ControlCore:
             msg = self._seal("hb", act.state.encode_item(), act.endorsement,
                              self._digest().encode())
             self._send(Send(act.to, msg, self._pages(act.state)))
+        elif isinstance(act, control.SendClaim):
+            self._send(Send(act.to, self._seal("claim", struct.pack(">Q", act.term))),
+                       retry=False)
         elif isinstance(act, control.SendHandoff):
             endorse = self._seal("endorse", Endorsement(act.state.term, act.to).encode())
             msg = self._seal("handoff", act.state.encode_item(), endorse)
@@ -1301,6 +1305,10 @@ class ControlCore:
                 self._guarded(inner, carried)
             if not deferred:
                 self._kick(env)
+        elif kind == "claim":  # the winner of a failover says its claim is under way
+            if len(env.body) != 8:
+                raise ProtocolError("a claim notice carries its term")
+            c.claim_notice(env.sender, struct.unpack(">Q", env.body)[0], now)
         elif kind == "bye":
             self._bye(env)
         elif kind == "hello":  # a member we do not list yet: read the topic soon

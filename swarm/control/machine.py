@@ -205,6 +205,17 @@ class SendHeartbeat:
 
 
 @dataclass(frozen=True)
+class SendClaim:
+    """Tell members that we claim ``term`` now: the claim (DHT reads and a put) may take
+    longer than the ``failover`` they would give us before suspecting us in turn."""
+
+    term: int
+    """The term we claim."""
+    to: tuple[PeerId, ...]
+    """Recipients."""
+
+
+@dataclass(frozen=True)
 class SendHandoff:
     """Offer the coordinator role (and ``state``, at term+1) to ``to``."""
 
@@ -301,7 +312,7 @@ class Left:
     """Why."""
 
 
-Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | ForwardUnblocks \
+Action = PutState | SendHeartbeat | SendClaim | SendHandoff | SendKick | ForwardBlocks | ForwardUnblocks \
     | RelayReport \
     | Disconnect | Persist | RoleChanged | Left
 
@@ -403,6 +414,11 @@ class Controller:
         self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
         self._collided = float("-inf")
+        self._claimant: tuple[PeerId, float] | None = None
+        """The member whose claim notice we took, and until when (monotonic) we wait for its
+        claim instead of ``failover`` (:meth:`claim_notice`)."""
+        self._notice_term = -1
+        """The term of the state we held when we took a claim notice: one per failover."""
         self.followed: Callable[[CoordinatorState], bool] = lambda state: False
         """Whether members other than its signer say they follow ``state`` (the core counts
         their announcements): a rival's item only its signer vouches for moves nobody."""
@@ -653,6 +669,26 @@ class Controller:
                 and (cur.coordinator, cur.term) == (sender, term):
             self.suspects.pop(sender, None)
             self.expected, self.last_heard = sender, now
+
+    def claim_notice(self, sender: PeerId, term: int, now: float) -> None:
+        """``sender`` says it claims ``term`` now. Taken from the member our election picks
+        once the coordinator we follow is set aside (the one we would wait for anyway), for
+        a term within reach: we wait up to ``Timing.claim`` for its claim instead of
+        ``failover``, so that a claim slowed by its DHT lookups is not taken for a dead
+        winner (a second claimant then claimed the same term, and the swarm settled one term
+        later, issue 48). One notice per failover: a winner that never finishes its claim
+        is suspected ``claim`` s after its notice at the latest."""
+        cur = self.state
+        held = cur.term if cur is not None else 0
+        if self.role is not Duty.FOLLOWER or sender == self.me or sender in self.blocked() \
+                or self._notice_term == held or not self.term < term <= self.term + MAX_TERM_STEP:
+            return
+        out = (self._candidates_out() - {sender}) | ({cur.coordinator} if cur else set())
+        if elect(self.view.values(), self.blocked(), out) != sender:
+            return
+        self._notice_term = held
+        self._claimant = (sender, now + self.timing.claim)
+        self.suspects.pop(sender, None)  # it spoke: alive
 
     def handoff_offer(self, state: CoordinatorState, sender: PeerId, now: float,
                       endorsement: bytes = b"") -> None:
@@ -1105,6 +1141,9 @@ class Controller:
             self.expected = None
         if now - self.last_heard <= self.timing.failover:
             return
+        if self._claimant is not None and self._claimant[0] == self.expected \
+                and now <= self._claimant[1]:
+            return  # its claim is under way (claim_notice)
         if self.expected is not None:
             self.suspects[self.expected] = now  # only what it does after this clears it
             log.log(logging.INFO if self.passive else logging.WARNING,
@@ -1130,6 +1169,9 @@ class Controller:
         self._pending_endorsement = b""
         self._predecessor = None
         self._set_state(Duty.CANDIDATE, now, why=f"claiming term {term}")
+        out = self.blocked() | {self.me}
+        self._actions.append(SendClaim(term, tuple(sorted(
+            (p for p in self.view if p not in out), key=lambda p: p.raw))))
         self._actions.append(PutState(new, claim=True))
 
     def _legitimate(self, state: CoordinatorState, endorsed_by: PeerId | None) -> bool:

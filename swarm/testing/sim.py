@@ -443,7 +443,8 @@ Adapter = PollingAdapter | SyncAdapter
 
 MESSAGE_KINDS = {"hb": "heartbeat", "kick": "heartbeat", "hello": "membership",
                  "bye": "membership",
-                 "handoff": "election", "liar": "state", "fwd": "state", "fwdauto": "state",
+                 "handoff": "election", "claim": "election", "liar": "state", "fwd": "state",
+                 "fwdauto": "state",
                  "cmd": "state"}
 """The traffic kind each control message counts under."""
 
