@@ -169,10 +169,17 @@ async def _answers(node: DHTNode, addr: tuple[str, int] | None, timeout: float =
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:
-    rec = await charter.fetch(node, uri.pubkey, uri.owner or None)
     sid = swarm_id(uri.pubkey)
+    # the charter and the member list at once: two lookups that do not wait on each other
+    # (``swarm status`` runs them on every call)
+    rec, anns = await asyncio.gather(charter.fetch(node, uri.pubkey, uri.owner or None),
+                                     node.get_peers(membership_topic(sid)),
+                                     return_exceptions=True)
+    for got in (rec, anns):
+        if isinstance(got, BaseException):
+            raise got
     members: list[tuple[MemberRecord, float]] = []
-    for ann in await node.get_peers(membership_topic(sid)):
+    for ann in anns:
         try:
             members.append((MemberRecord.decode(ann.record, ann.peer_id), ann.expires_at))
         except ProtocolError:
