@@ -98,6 +98,49 @@ def test_the_winner_tells_the_members_that_it_claims():
     assert notice == [SendClaim(2, tuple(sorted((_pid("b"), _pid("c")), key=lambda p: p.raw)))]
 
 
+def test_a_coordinator_that_speaks_before_the_claims_put_keeps_the_role():
+    """a suspected b (its heartbeats were late: a busy host) and, elected, began to claim
+    term 2; b's heartbeat arrives while the claim's CAS read is out. Nothing of the claim
+    can have landed: a drops it, follows b again, and term 2 stays free (the role moved for
+    nothing before). Once the put has gone out, b's word no longer drops it."""
+    c = _follower({"a": 4.0, "b": 3.0, "c": 1.0})
+    t = c.timing
+    state = c.state
+    _silent_until(c, t.failover + 0.1)
+    assert c.role is Duty.CANDIDATE and _pid("b") in c.suspects
+    assert c.heartbeat(state, _pid("b"), t.failover + 0.2)
+    assert c.role is Duty.FOLLOWER and _pid("b") not in c.suspects
+    assert c.coordinator == _pid("b") and c.term == 1
+    c.tick(t.failover + 0.3)
+    assert c.role is Duty.FOLLOWER
+    _silent_until(c, 3 * t.failover)  # silent again: a claims term 2, not 3
+    assert c.role is Duty.CANDIDATE and c._pending.term == 2
+    c.claim_put()
+    c.heartbeat(state, _pid("b"), 3 * t.failover + 0.1)
+    assert c.role is Duty.CANDIDATE
+
+
+def test_a_handoff_claim_is_not_dropped_by_the_handing_off_coordinators_heartbeat():
+    """A handoff's successor hears its predecessor's heartbeats while it takes over."""
+    c = _follower({"a": 4.0, "b": 3.0})
+    offer = c.state.successor(term=2, coordinator=_pid("a"))
+    c.handoff_offer(offer, _pid("b"), 0.5)
+    assert c.role is Duty.CANDIDATE
+    c.heartbeat(c.state, _pid("b"), 0.6)
+    assert c.role is Duty.CANDIDATE
+
+
+def test_a_member_that_just_started_waits_startup_for_the_first_heartbeat():
+    """The start grace does not shrink with ``failover``: the coordinator must hear of a
+    new member (its hello, a topic read) before its heartbeats come."""
+    c = _follower({"a": 1.0, "b": 4.0, "c": 3.0})
+    c.started(0.0)
+    _silent_until(c, c.timing.startup - 0.1)
+    assert not c.suspects
+    _silent_until(c, c.timing.startup + 0.2)
+    assert _pid("b") in c.suspects
+
+
 def test_a_failover_claim_reads_the_dht_once_before_its_put():
     """The claim's catch-up (the suspected coordinator's item) rides on its CAS read of
     every member's item: one round of lookups before the put, not two. The notice goes out
@@ -111,7 +154,7 @@ def test_a_failover_claim_reads_the_dht_once_before_its_put():
     acts = core.handle(cc.ViewRead(tuple((r, WALL + 600) for r in records)), NOW, WALL)
     [read] = [a for a in acts if isinstance(a, cc.ReadStates)]
     core.handle(cc.StatesRead(read, (state,)), NOW, WALL)
-    acts = core.handle(cc.Tick(), NOW + 2 * core.controller.timing.failover + 0.1, WALL)
+    acts = core.handle(cc.Tick(), NOW + core.controller.timing.startup + 0.1, WALL)
     assert core.role is Duty.CANDIDATE
     [send] = [a for a in acts if isinstance(a, cc.Send)]
     assert unseal(SWARM, send.payload).kind == "claim" and send.to == (b.peer_id,)

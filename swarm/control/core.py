@@ -515,11 +515,9 @@ class ControlCore:
         self.controller = Controller(self.me, swarm_id, now, timing, state,
                                      check_evidence=check_evidence, passive=passive)
         self.controller.followed = self._followed
-        self.sync = reads or Sync(now, SyncTiming(silence=timing.failover / 2), passive=passive)
-        """What to read from the DHT and when (heartbeat digests; fallback on silence). Silence
-        is judged at half the failover time, so that the view the election runs on is fresh
-        (a stale copy of the dead coordinator's announcement would un-suspect it when the
-        fresher one arrives)."""
+        self.sync = reads or Sync(now, SyncTiming(silence=timing.silence), passive=passive)
+        """What to read from the DHT and when (heartbeat digests; fallback on silence, judged
+        at :attr:`Timing.silence`)."""
         self.ownership = ownership
         """The verified charter commands are checked against."""
         self.charter_floor = charter_floor
@@ -1119,6 +1117,7 @@ class ControlCore:
                            beaten_by=top)
             return
         self._put_members = len(self.controller.view)
+        c.claim_put()
         self._out.append(PutItem(read.claim, True, self._pages(read.claim, again=True),
                                  read.began))
 

@@ -152,8 +152,19 @@ class Timing:
 
     heartbeat: float = 0.5
     """How often the coordinator sends its state to every member."""
-    failover: float = 2.0
-    """Silence after which a follower suspects the coordinator (also the startup grace)."""
+    failover: float = 1.25
+    """Silence after which a follower suspects the coordinator: two heartbeats and a half,
+    so one lost datagram and a late one are no death (issue 48: 2 s made a user wait about
+    8 s for a new coordinator). A suspicion is no verdict: the winner's claim is dropped if
+    the coordinator speaks before the claim's put (:meth:`Controller.alive`)."""
+    startup: float = 4.0
+    """How long a member that has just started waits for the coordinator's first heartbeat
+    before suspecting it: the coordinator hears of it first (its hello, then a topic
+    read), which a loaded host does not do within one ``failover``."""
+    first_election: float = 2.0
+    """How long a member that knows of no coordinator (a swarm's cold start) waits for one
+    before its election: the views fill meanwhile, so the first coordinator is the one the
+    election picks with every starting member in view (an incumbent keeps the role)."""
     claim: float = 5.0
     """How long a CAS claim of the next term (two DHT lookups) may take."""
     handoff: float = 3.0
@@ -177,6 +188,15 @@ class Timing:
     """The shortest gap between two new terms claimed because a coordinator nobody follows
     spoke at our term or holds a higher one (each claim reads every member's item: one
     datagram or one forged item must not buy that more often)."""
+
+    @property
+    def silence(self) -> float:
+        """No heartbeat for this long: a follower reads the DHT itself (the sync core's
+        ``silence``), so that the view its election runs on is fresh by ``failover`` (a
+        stale copy of the dead coordinator's announcement would un-suspect it when the
+        fresher one arrived). Half the failover, but never within a heartbeat and a half:
+        a beat a little late must not cost every member two lookups."""
+        return max(self.failover / 2, 1.5 * self.heartbeat)
 
 
 # -- actions: what the adapter must do --------------------------------------------------------
@@ -414,6 +434,8 @@ class Controller:
         self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
         self._collided = float("-inf")
+        self._claim_out = False
+        """Our pending claim's put has gone out (:meth:`claim_put`): it may land now."""
         self._claimant: tuple[PeerId, float] | None = None
         """The member whose claim notice we took, and until when (monotonic) we wait for its
         claim instead of ``failover`` (:meth:`claim_notice`)."""
@@ -590,6 +612,11 @@ class Controller:
                                                self.endorsement))
             self._predecessor = None
 
+    def claim_put(self) -> None:
+        """Our pending claim's put goes out now: from here it may land, so the coordinator
+        we suspected speaking again no longer drops it (a rival check settles that)."""
+        self._claim_out = True
+
     def claim_conflict(self, claim: CoordinatorState, states: Iterable[CoordinatorState],
                        ) -> CoordinatorState | None:
         """The CAS of a claim across the swarm: the highest state item that counts and
@@ -663,10 +690,21 @@ class Controller:
         """A heartbeat that ``sender`` signed at ``term`` came (its new state may still wait
         for its blocklist pages): the coordinator we follow at that term is alive, whatever
         we suspected. Its life does not wait on a DHT lookup: a slow page would otherwise
-        make us take a live coordinator for dead and follow whoever claims next."""
+        make us take a live coordinator for dead and follow whoever claims next. A failover
+        claim of ours whose put has not gone out yet is dropped: the suspicion was wrong
+        (a late heartbeat, a busy host), and a new term would move the role for nothing."""
         cur = self.state
-        if self.role is Duty.FOLLOWER and cur is not None \
-                and (cur.coordinator, cur.term) == (sender, term):
+        if cur is None or (cur.coordinator, cur.term) != (sender, term) or sender == self.me:
+            return
+        if self.role is Duty.CANDIDATE and self._predecessor is None and not self._claim_out:
+            # We suspected it, and it speaks before our claim's put went out: nothing of the
+            # claim can land, so it is dropped (its term stays free) and we follow it again.
+            log.info("%s speaks again: claim of term %d dropped before its put",
+                     sender.short(), self._pending.term if self._pending else -1)
+            self._pending = None
+            self.suspects.pop(sender, None)
+            self._set_state(Duty.FOLLOWER, now, why=f"{sender.short()} is alive")
+        elif self.role is Duty.FOLLOWER:
             self.suspects.pop(sender, None)
             self.expected, self.last_heard = sender, now
 
@@ -1001,8 +1039,9 @@ class Controller:
         longer than a failover: a restarted member suspected a live coordinator at once and
         took over, issue 33 finding 5). A coordinator to hear from gets one failover more:
         it hears of us (our hello, then its topic listing) before its heartbeats reach us."""
-        grace = self.timing.failover if self.expected not in (None, self.me) else 0.0
-        self.last_heard = now + grace
+        t = self.timing
+        wait = t.startup if self.expected not in (None, self.me) else t.first_election
+        self.last_heard = now + max(wait - t.failover, 0.0)
 
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
@@ -1031,6 +1070,7 @@ class Controller:
                 self.expected = self.state.coordinator
         elif new is Duty.CANDIDATE:
             self._deadline = now + self.timing.claim
+            self._claim_out = False
         elif new is Duty.COORDINATOR:
             self.expected = self.me
             if self._charter is not None and self.state is not None \
