@@ -193,3 +193,61 @@ def test_a_claim_slower_than_the_failover_is_one_round_in_a_simulated_swarm():
     assert sim.coordinator() is winner
     assert winner.controller.term == term + 1
     assert not suspected
+
+
+async def test_status_pings_the_voters_of_a_failover_beside_its_state_reads(monkeypatch):
+    """After a SIGKILL, the dead coordinator's record still votes for its state and the
+    new coordinator's members vote for theirs: ``swarm status`` counts only the voters whose
+    DHT node answers it, and the dead one's ping waits out its whole timeout. Those pings go
+    out with the state reads, not after them (each status call after a failover took a
+    second longer, issue 48); the new coordinator is named."""
+    import time
+
+    from dht import DHTNode
+    from swarm.control import charter, observer
+    from swarm.control.charter import state_salt
+    from tests.test_control_observer import SID
+
+    nodes = []
+    for _ in range(4):
+        node = DHTNode(PeerKey.generate(), validators=charter.validators())
+        await node.listen(0, "127.0.0.1")
+        if nodes:
+            await node.bootstrap([nodes[0].address])
+        nodes.append(node)
+    obs = DHTNode(PeerKey.generate(), None, rpc_timeout=1.0)
+    charter.register_validators(obs)
+    await obs.listen(0, "127.0.0.1")
+    await obs.bootstrap([nodes[1].address])
+    seen: list[str] = []
+    fetch, ping = charter.fetch_state, observer._answers
+
+    async def read(*args, **kwargs):
+        try:
+            return await fetch(*args, **kwargs)
+        finally:
+            seen.append("read")
+
+    async def answers(*args, **kwargs):
+        seen.append("ping")
+        return await ping(*args, **kwargs)
+
+    monkeypatch.setattr(charter, "fetch_state", read)
+    monkeypatch.setattr(observer, "_answers", answers)
+    try:
+        states = []
+        for node, term in ((nodes[0], 1), (nodes[1], 2)):
+            st = CoordinatorState(swarm=SID, term=term, seq=term, coordinator=node.peer_id)
+            await node.put_mutable(node.key, st.encode_item(), salt=state_salt(SID), seq=term)
+            states.append(st)
+        await nodes[0].stop()  # SIGKILL: its record stays
+        members = [(MemberRecord(n.peer_id, 1.0, dht=n.address,
+                                 follows=follows(st.term, st.coordinator)), time.time() + 60)
+                   for n, st in zip(nodes, (states[0], states[1], states[1], states[0]),
+                                    strict=True)]
+        got = await observer.counted_coordinator_state(obs, SID, members)
+        assert got is not None and (got.coordinator, got.term) == (nodes[1].peer_id, 2)
+        assert "ping" in seen and seen.index("ping") < seen.index("read"), seen
+    finally:
+        for n in (obs, *nodes):
+            await n.stop()

@@ -139,6 +139,21 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
         return {p: s if s is not None and s.swarm == sid else None
                 for p, s in zip(peers, got, strict=True)}
 
+    # Records that name different states to follow: the reachability of their members may
+    # decide (below), so their pings go out beside the reads (a dead member's ping waits out
+    # its whole timeout: after a failover, each status call waited it out after the reads).
+    voting = [r for r, _ in members if r.follows is not None]
+    pings = {r.peer_id: asyncio.ensure_future(_answers(node, r.dht)) for r in voting} \
+        if len({r.follows for r in voting}) > 1 else {}
+    try:
+        return await _counted(node, sid, members, view, read, pings)
+    finally:
+        for ping in pings.values():
+            ping.cancel()
+        await asyncio.gather(*pings.values(), return_exceptions=True)
+
+
+async def _counted(node, sid, members, view, read, pings) -> CoordinatorState | None:
     found = await read(list(view))
     for _ in range(STATE_READS - 1):
         again = rereads(view, found)
@@ -152,7 +167,8 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     contest = deciding_voters(states, view, voters)
     if contest:
         gone = {r.peer_id for r, ok in zip(contest, await asyncio.gather(
-            *(_answers(node, r.dht) for r in contest)), strict=True) if not ok}
+            *(pings.get(r.peer_id) or _answers(node, r.dht) for r in contest)), strict=True)
+            if not ok}
         voters = [r for r in voters if r.peer_id not in gone]
     return newest_counted(states, view, votes=followers(voters))
 
