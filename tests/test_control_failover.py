@@ -251,3 +251,18 @@ async def test_status_pings_the_voters_of_a_failover_beside_its_state_reads(monk
     finally:
         for n in (obs, *nodes):
             await n.stop()
+
+
+def test_status_does_not_load_the_webrtc_stack_unless_ice_servers_are_given():
+    """``swarm status`` runs again and again while a user waits for a failover; importing
+    aiortc to check ICE servers nobody gave cost it a third of its start."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    probe = ("import sys; from swarm.cli import main; main(['status', '--json', 'garbage']); "
+             "print('aiortc' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=120, check=False)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
