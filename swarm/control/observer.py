@@ -16,7 +16,8 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.core import (
+from swarm.control.election import candidate
+from swarm.control.follow import (
     REREAD_PAUSE,
     STATE_READS,
     deciding_voters,
@@ -24,7 +25,6 @@ from swarm.control.core import (
     newest_counted,
     rereads,
 )
-from swarm.control.election import candidate
 from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
 from swarm.members import MemberRecord, membership_topic, swarm_id
@@ -123,13 +123,13 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     """The coordinator state to follow among ``members``' items (the one most members say
     they follow, among those that count), with its whole blocklist: the core's own read
     (:func:`swarm.control.charter.fetch_state`) and rules
-    (:func:`swarm.control.core.newest_counted`, :func:`swarm.control.core.rereads`), as
+    (:func:`swarm.control.follow.newest_counted`, :func:`swarm.control.follow.rereads`), as
     newcomers and clients use. A member that left neither votes nor signs a state that counts
     (the core's view drops it too). While none counts, the items whose read came back empty
-    are read again (at most :data:`~swarm.control.core.STATE_READS` reads in all): one missed
+    are read again (at most :data:`~swarm.control.follow.STATE_READS` reads in all): one missed
     read of a busy coordinator's item is not "no coordinator". Where members vote for
     different states, only those whose DHT node answers this reader count
-    (:func:`~swarm.control.core.deciding_voters`): across a split, the other side's records
+    (:func:`~swarm.control.follow.deciding_voters`): across a split, the other side's records
     must not elect the coordinator it cut off."""
     members = [(r, e) for r, e in members if not r.left]
     view = {r.peer_id: candidate(r, e) for r, e in members}
