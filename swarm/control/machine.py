@@ -8,7 +8,9 @@ which checks the transition table, logs and runs the entry actions.
 Who may coordinate: the incumbent keeps the role until it leaves, fails or loses a term.
 A follower that hears no heartbeat for ``Timing.failover`` seconds suspects the coordinator
 and runs :func:`swarm.control.election.elect` over its view without it; the winner claims the next
-term, the others give it ``failover`` seconds to show up before suspecting it in turn.
+term, the others give it ``failover`` seconds to show up before suspecting it in turn, or up
+to ``claim`` seconds once it said that it claims (:meth:`Controller.claim_notice`). A
+winner's claim is dropped if the coordinator speaks again before the claim's put.
 A follower accepts a new coordinator's heartbeats when it is the same coordinator, when
 the previous coordinator endorsed it (handoff), or when it is the peer its own election
 picks once the old coordinator is set aside; commands from lower terms are refused
