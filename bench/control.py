@@ -16,6 +16,7 @@ data dir back to back until one names another coordinator at a higher term:
   claim     the winner's own figure: its claim's reads (the CAS, catching up) and put
   rounds    claims it took (new term - old term: each failed claim burns one)
   suspected members that logged "suspecting it" of the member that went on to win
+(claims that timed out or failed are listed with --json, and on stderr as each trial ends)
 The machine is shared: quote ratios and medians, not single runs.
 """
 
@@ -169,11 +170,14 @@ def cli_trial(workers: int) -> dict:
             m = re.search(r"claim of term (\d+) stored in ([\d.]+) s", line)
             if m and int(m.group(1)) == v2["term"]:
                 claim = float(m.group(2))
+        failed = [line.split("swarm.control: ")[-1] for n, p in procs.items() if n != name
+                  for at, line in p.timed if at > t0
+                  and re.search(r"claim of term \d+ (timed out|failed)", line)]
         suspected = sum(any(f"no heartbeat from {short}" in line and at > t0
                             for at, line in p.timed)
                         for n, p in procs.items() if n not in (name, winner))
         return {"cli": cli, "claim": claim, "rounds": v2["term"] - term,
-                "suspected": suspected, "status_s": statistics.median(polls),
+                "suspected": suspected, "failed": failed, "status_s": statistics.median(polls),
                 "polls": len(polls)}
     finally:
         for p in procs.values():
