@@ -57,8 +57,9 @@ BENCHES: dict[str, tuple[list[str], list[str], int, str]] = {
             "{public, cone, symmetric} x {same}, with and without TURN"),
     "identity": (["--n", "30"], ["--n", "10"], 300,
                  "owner ceremony timings with the software authenticator"),
-    "control": (["--rounds", "3"], ["--rounds", "1"], 600,
-                "control plane: join, failover after SIGKILL, handoff after SIGTERM"),
+    "control": (["--rounds", "3", "--trials", "10"], ["--rounds", "1", "--trials", "2"], 1500,
+                "control plane: join, failover after SIGKILL, handoff after SIGTERM; "
+                "failover as `swarm status` shows it (issue 48)"),
     "generate": (["--runs", "3"], ["--runs", "1", "--decode", "8"], 900,
                  "SmolLM2-135M prefill and decode tokens/s: llama.cpp (2 threads, and 1; "
                  "from .venv-llama, `make bench` builds it) vs the local numpy forward; one "
@@ -267,6 +268,11 @@ def render(r: dict, img: Path) -> tuple[str, list[tuple[str, str]]]:
     elif name == "control":
         s = d["summary"]
         md = [_records([{"measure (s)": k} | v for k, v in s.items()])]
+        if d.get("cli"):
+            c = d["cli"]
+            md += ["", f"Failover as `swarm status --json` shows it ({c['trials']} CLI trials): "
+                   f"median {c['median']:.2f} s, max {c['max']:.2f} s, one claim round in "
+                   f"{c['one_round']} of {c['trials']}."]
         _bars(img / "control.png", "control plane on loopback, seconds", list(s),
               {"median": [v["median"] for v in s.values()]}, "s")
         plots.append(("control.png", "join, failover and handoff times"))

@@ -252,7 +252,7 @@ class DHTNode(Server):
         wanted = list(dict.fromkeys(addrs + self._saved_neighbours))
         resolved = await asyncio.gather(*(self._resolve(a) for a in wanted))
         targets = [a for a in dict.fromkeys(r for r in resolved if r) if a != self._address]
-        seeds = [n for n in await asyncio.gather(*(self._ping_addr(a) for a in targets)) if n]
+        seeds = await self._ping_seeds(targets)
         if not seeds:
             if addrs:
                 raise LookupFailed(f"no bootstrap node answered ({len(targets)} tried)")
@@ -313,6 +313,34 @@ class DHTNode(Server):
             log.warning("cannot resolve %s: %s", host, exc)
             return None
         return (infos[0][4][0], port) if infos else None
+
+    async def _ping_seeds(self, targets: list[tuple[str, int]]) -> list[Node]:
+        """Ping the bootstrap targets; the nodes that answered. Once one has answered, the
+        others get the lookup's grace for a slow node; those still silent then (a member
+        that a data dir remembers, dead since) go on in the background, and a late answer
+        still joins the routing table. Waiting them out cost every start (each ``swarm
+        status`` after a member died) a whole RPC timeout."""
+        def answered(task: asyncio.Task) -> bool:
+            return task.done() and not task.cancelled() and task.exception() is None \
+                and task.result() is not None
+
+        tasks = [asyncio.ensure_future(self._ping_addr(a)) for a in targets]
+        pending = set(tasks)
+        try:
+            while pending and not any(answered(t) for t in tasks):
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if pending:
+                _, pending = await asyncio.wait(pending, timeout=GRACE * self._slow_after())
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            raise
+        for task in pending:
+            self.spawn(task)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+        return [t.result() for t in tasks if answered(t)]
 
     async def _ping_addr(self, addr: tuple[str, int]) -> Node | None:
         ok, data = await self.protocol.ping_any(addr)

@@ -130,9 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.data_dir_given = bool(args.data_dir or os.environ.get(ENV_HOME))
         args.data_dir = data_dir(args.data_dir)
         if hasattr(args, "ice_server"):  # networked commands: validated before any I/O
-            from swarm.links.ice import ice_servers
+            args.ice_servers = []
+            if args.ice_server or os.environ.get("SWARM_ICE_SERVERS", "").strip():
+                # (only then: the WebRTC stack costs `swarm status` a third of its start)
+                from swarm.links.ice import ice_servers
 
-            args.ice_servers = ice_servers(args.ice_server, os.environ)
+                args.ice_servers = ice_servers(args.ice_server, os.environ)
         code = int(args._run(args) or EXIT_OK)
         sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit
         return code

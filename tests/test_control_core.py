@@ -486,8 +486,8 @@ def test_a_coordinator_that_hands_off_and_leaves_says_bye_to_its_successor():
 
 def test_a_restarted_member_waits_from_its_start_to_suspect():
     """Finding 5: the core is built before the node starts (bootstrap, benchmark: longer
-    than a failover); its wait for the saved coordinator's heartbeats starts at Start, with
-    one failover more for the coordinator to hear of it."""
+    than a failover); its wait for the saved coordinator's heartbeats starts at Start, and
+    lasts ``Timing.startup`` (the coordinator hears of it first)."""
     me, coord = PeerKey.generate(), PeerKey.generate()
     saved = CoordinatorState(SWARM, 3, 7, coord.peer_id)
     core = cc.ControlCore(me, SWARM, NOW, state=saved)
@@ -495,11 +495,11 @@ def test_a_restarted_member_waits_from_its_start_to_suspect():
     core.handle(cc.Start(), late, WALL)
     core.handle(cc.ViewRead(((MemberRecord(me.peer_id, 1.0), WALL + 60),
                              (MemberRecord(coord.peer_id, 1.0), WALL + 60))), late, WALL)
-    failover = core.controller.timing.failover
+    startup = core.controller.timing.startup
     core.handle(cc.Tick(), late + cc.TICK, WALL)
-    core.handle(cc.Tick(), late + failover + 0.5, WALL)  # and one failover of grace more
+    core.handle(cc.Tick(), late + startup - 0.5, WALL)  # a failover and more
     assert not core.controller.suspects
-    core.handle(cc.Tick(), late + 2 * failover + 0.5, WALL)
+    core.handle(cc.Tick(), late + startup + 0.5, WALL)
     assert coord.peer_id in core.controller.suspects  # silence still counts after that
 
 
@@ -583,7 +583,8 @@ def test_a_client_that_gets_no_heartbeats_does_not_warn_about_their_silence(capl
                               passive=passive)
         core.handle(cc.Start(), NOW, WALL)
         core.handle(cc.ViewRead(((MemberRecord(coord.peer_id, 1.0), WALL + 60),)), NOW, WALL)
-        core.handle(cc.Tick(), NOW + 3 * core.controller.timing.failover, WALL)
+        t = core.controller.timing
+        core.handle(cc.Tick(), NOW + t.startup + t.failover, WALL)
         assert coord.peer_id in core.controller.suspects  # it still moves on by silence
         said = [r for r in caplog.records if "no heartbeat from" in r.getMessage()]
         assert [r.levelno for r in said] == [level], (passive, said)

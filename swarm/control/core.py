@@ -12,8 +12,8 @@ come back as events (a read's answer names the read it answers).
 
 Two adapters drive it: :class:`swarm.control.plane.ControlPlane` (asyncio, the real DHT and
 datagrams) and the simulator (:mod:`swarm.testing.sim`, a simulated clock, network and DHT).
-:func:`newest_counted` is the state read that observers (``swarm status``) share, and
-:func:`rereads` when they read the members' items again before saying nobody coordinates.
+Which state a reader with no state of its own follows (a newcomer, ``swarm status``) is
+:mod:`swarm.control.follow`'s (observers import it without this module's weight).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import enum
 import logging
 import math
 import struct
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -42,6 +42,14 @@ from identity.roles import Role
 from swarm.control import machine as control
 from swarm.control.charter import CharterError
 from swarm.control.election import Candidate, candidate
+from swarm.control.follow import (  # noqa: F401 (the readers' rule, kept here too)
+    REREAD_PAUSE,
+    STATE_READS,
+    deciding_voters,
+    followers,
+    newest_counted,
+    rereads,
+)
 from swarm.control.machine import (
     MAX_UNBLOCKED,
     CheckedCommand,
@@ -118,10 +126,9 @@ class Purpose(enum.Enum):
     """A sync STATE fetch: our coordinator's item, for a heartbeat we missed."""
     RIVALS = "rivals"
     """A coordinator's look for a rival's item (a batch of members)."""
-    CLAIM_CATCH_UP = "claim-catch-up"
-    """Before a failover claim: the suspected coordinator's item, for what we missed."""
     CLAIM_CAS = "claim-cas"
-    """A claim's CAS across the swarm: every member's item."""
+    """A claim's CAS across the swarm: every member's item (a failover claim also catches
+    up from the suspected coordinator's)."""
 
 
 # -- events: what the adapter tells the core --------------------------------------------------
@@ -411,70 +418,6 @@ Action = ReadView | ReadStates | ResolveItem | ReadCharter | PutItem | Send | No
     | Persist | RoleChanged | Left
 
 
-def followers(records: Iterable[MemberRecord]) -> Counter[tuple[int, bytes]]:
-    """How many members (one record each) say they follow each :func:`follows` key."""
-    return Counter(r.follows for r in records if r.follows is not None)
-
-
-def newest_counted(states: Iterable[CoordinatorState], view: dict[PeerId, Candidate],
-                   blocked: Iterable[PeerId] = (), floor: int | None = None,
-                   votes: Counter[tuple[int, bytes]] | None = None,
-                   ) -> CoordinatorState | None:
-    """The state item to follow among those that count (:func:`counted_states`), for a
-    reader that follows nobody yet (a newcomer, a client, ``swarm status``): the one most
-    members say they follow (``votes``, from :func:`followers`), the newest among equals.
-    Taking the newest alone let one eligible member capture every newcomer by putting its
-    own item one term above the coordinator's (issue 33, finding 1)."""
-    votes = votes or Counter()
-    return max(counted_states(states, view, blocked, floor),
-               key=lambda s: (votes[follows(s.term, s.coordinator)], s.term, s.seq),
-               default=None)
-
-
-def deciding_voters(states: Iterable[CoordinatorState], view: dict[PeerId, Candidate],
-                    records: Iterable[MemberRecord]) -> list[MemberRecord]:
-    """The records whose votes decide between the counted states (:func:`newest_counted`)
-    when more than one coordinator or term counts, else none: a reader that follows nobody
-    counts only those of them it can reach (their DHT node answers it).
-
-    A record is its member's last word until it expires (minutes): in a split, the other
-    side's records still vote for the coordinator it cut off, and a newcomer or ``swarm
-    status`` on this side would name that unreachable coordinator over the one its own side
-    elected. Whom a reader can reach, nobody can vote for from afar; an attacker can still
-    only add its own one vote (issue 33, finding 1)."""
-    keys = {follows(s.term, s.coordinator) for s in counted_states(states, view, ())}
-    if len(keys) < 2:
-        return []
-    return [r for r in records if r.follows in keys]
-
-
-STATE_READS = 3
-"""Reads of the members' coordinator-state items an observer makes, at most, before it says
-that nobody coordinates (see :func:`rereads`)."""
-REREAD_PAUSE = 0.3
-"""Seconds between two such reads: a busy host gets a moment to catch up."""
-
-
-def rereads(view: dict[PeerId, Candidate], found: dict[PeerId, CoordinatorState | None],
-            ) -> tuple[PeerId, ...]:
-    """The members whose coordinator-state item to read again, by peer id, before an observer
-    concludes that nobody coordinates: while none of the items in ``found`` (member -> what
-    its read returned) counts (:func:`newest_counted`), the members of ``view`` that may
-    coordinate and whose read came back empty; nothing once one counts.
-
-    One DHT read is no proof that an item is absent: a lookup stops waiting for a node that
-    answers late (a loaded host) soon after another one answered, and in a small swarm the
-    coordinator's own node may be the only one holding its newest item. A swarm that has a
-    coordinator has its item; "no coordinator" must not rest on one missed read of it. Once
-    an item counts, the members without one (workers that never coordinated) are not read
-    again."""
-    if newest_counted([s for s in found.values() if s is not None], view) is not None:
-        return ()
-    return tuple(sorted((p for p, s in found.items()
-                         if s is None and p in view and view[p].can_coordinate),
-                        key=lambda p: p.raw))
-
-
 def completed(item: StateItem, known: CoordinatorState | None) -> CoordinatorState | None:
     """``item``'s full state when no page needs fetching (nothing blocked, or ``known``
     holds the same blocklist), else None."""
@@ -516,11 +459,9 @@ class ControlCore:
         self.controller = Controller(self.me, swarm_id, now, timing, state,
                                      check_evidence=check_evidence, passive=passive)
         self.controller.followed = self._followed
-        self.sync = reads or Sync(now, SyncTiming(silence=timing.failover / 2), passive=passive)
-        """What to read from the DHT and when (heartbeat digests; fallback on silence). Silence
-        is judged at half the failover time, so that the view the election runs on is fresh
-        (a stale copy of the dead coordinator's announcement would un-suspect it when the
-        fresher one arrives)."""
+        self.sync = reads or Sync(now, SyncTiming(silence=timing.silence), passive=passive)
+        """What to read from the DHT and when (heartbeat digests; fallback on silence, judged
+        at :attr:`Timing.silence`)."""
         self.ownership = ownership
         """The verified charter commands are checked against."""
         self.charter_floor = charter_floor
@@ -699,7 +640,7 @@ class ControlCore:
                 self.controller.started(self.now)
                 self._hello()  # now, not after the first silent read: it lists us sooner
                 self._out.append(Started())
-        elif p is Purpose.CATCH_UP or p is Purpose.CLAIM_CATCH_UP:
+        elif p is Purpose.CATCH_UP:
             self._caught_up(read.known, states)
         elif p is Purpose.RIVALS:
             for state in self._counted(states):
@@ -710,8 +651,6 @@ class ControlCore:
             self._state_fetched()
         elif p is Purpose.RIVALS:
             self.sync.done(Fetch.RIVALS, self.now, True)
-        elif p is Purpose.CLAIM_CATCH_UP and self.role is Duty.CANDIDATE:
-            self._claim_cas(read.claim, read.began)
 
     def _on_ItemResolved(self, ev: ItemResolved) -> None:
         r = ev.read
@@ -1087,15 +1026,6 @@ class ControlCore:
     # -- claims and puts -------------------------------------------------------------------
 
     def _put_state(self, act: control.PutState) -> None:
-        st = self.controller.state
-        if act.claim and st is not None and act.state.prev == st.digest():
-            # A failover claim (a handoff carries its own, newer state): catch up first.
-            if st.coordinator != self.me and self.role is not Duty.STOPPED:
-                self._read(Purpose.CLAIM_CATCH_UP, (st.coordinator,), claim=act.state,
-                           began=self.now)
-                return
-            if self.role is not Duty.CANDIDATE:
-                return
         if act.claim:
             self._claim_cas(act.state, self.now)
         else:
@@ -1105,11 +1035,24 @@ class ControlCore:
             self._out.append(PutItem(act.state, False, self._pages(act.state)))
 
     def _claim_cas(self, claim: CoordinatorState, began: float) -> None:
-        """The CAS across the swarm: nobody entitled may hold this term (or a later one)."""
-        self._read(Purpose.CLAIM_CAS, tuple(self.records), claim=claim, began=began)
+        """The CAS across the swarm: nobody entitled may hold this term (or a later one).
+        The same read catches a failover claim up (a handoff carries its own, newer state):
+        the item of the coordinator we suspect shows what its heartbeats did not bring us.
+        One read, not a catch-up read before it: each is a round of DHT lookups, and the
+        members wait for the claim."""
+        peers = tuple(self.records)
+        st = self.controller.state
+        if st is not None and claim.prev == st.digest() and st.coordinator not in self.records \
+                and st.coordinator != self.me:
+            peers += (st.coordinator,)
+        self._read(Purpose.CLAIM_CAS, peers, claim=claim, began=began)
 
     def _cas(self, read: ReadStates, found: list[CoordinatorState]) -> None:
         c = self.controller
+        st = read.known
+        if c.role is Duty.CANDIDATE and st is not None and read.claim.prev == st.digest() \
+                and st.coordinator != self.me:
+            self._caught_up(st, found)  # a failover claim: what we missed first
         if c.role is not Duty.CANDIDATE:
             return  # what we missed settled it (a newer state, or our own block)
         top = c.claim_conflict(read.claim, found)
@@ -1118,6 +1061,7 @@ class ControlCore:
                            beaten_by=top)
             return
         self._put_members = len(self.controller.view)
+        c.claim_put()
         self._out.append(PutItem(read.claim, True, self._pages(read.claim, again=True),
                                  read.began))
 
@@ -1188,6 +1132,9 @@ class ControlCore:
             msg = self._seal("hb", act.state.encode_item(), act.endorsement,
                              self._digest().encode())
             self._send(Send(act.to, msg, self._pages(act.state)))
+        elif isinstance(act, control.SendClaim):
+            self._send(Send(act.to, self._seal("claim", struct.pack(">Q", act.term))),
+                       retry=False)
         elif isinstance(act, control.SendHandoff):
             endorse = self._seal("endorse", Endorsement(act.state.term, act.to).encode())
             msg = self._seal("handoff", act.state.encode_item(), endorse)
@@ -1301,6 +1248,10 @@ class ControlCore:
                 self._guarded(inner, carried)
             if not deferred:
                 self._kick(env)
+        elif kind == "claim":  # the winner of a failover says its claim is under way
+            if len(env.body) != 8:
+                raise ProtocolError("a claim notice carries its term")
+            c.claim_notice(env.sender, struct.unpack(">Q", env.body)[0], now)
         elif kind == "bye":
             self._bye(env)
         elif kind == "hello":  # a member we do not list yet: read the topic soon

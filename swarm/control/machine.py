@@ -8,7 +8,9 @@ which checks the transition table, logs and runs the entry actions.
 Who may coordinate: the incumbent keeps the role until it leaves, fails or loses a term.
 A follower that hears no heartbeat for ``Timing.failover`` seconds suspects the coordinator
 and runs :func:`swarm.control.election.elect` over its view without it; the winner claims the next
-term, the others give it ``failover`` seconds to show up before suspecting it in turn.
+term, the others give it ``failover`` seconds to show up before suspecting it in turn, or up
+to ``claim`` seconds once it said that it claims (:meth:`Controller.claim_notice`). A
+winner's claim is dropped if the coordinator speaks again before the claim's put.
 A follower accepts a new coordinator's heartbeats when it is the same coordinator, when
 the previous coordinator endorsed it (handoff), or when it is the peer its own election
 picks once the old coordinator is set aside; commands from lower terms are refused
@@ -153,7 +155,19 @@ class Timing:
     heartbeat: float = 0.5
     """How often the coordinator sends its state to every member."""
     failover: float = 2.0
-    """Silence after which a follower suspects the coordinator (also the startup grace)."""
+    """Silence after which a follower suspects the coordinator. A suspicion is no verdict:
+    the winner's claim is dropped if the coordinator speaks before the claim's put
+    (:meth:`Controller.alive`). (1.25 s was tried for issue 48: on loopback about half the
+    claims then took the members' whole DHT RPC timeout, 5 s, and timed out; cause not
+    found yet.)"""
+    startup: float = 4.0
+    """How long a member that has just started waits for the coordinator's first heartbeat
+    before suspecting it: the coordinator hears of it first (its hello, then a topic
+    read), which a loaded host does not do within one ``failover``."""
+    first_election: float = 2.0
+    """How long a member that knows of no coordinator (a swarm's cold start) waits for one
+    before its election: the views fill meanwhile, so the first coordinator is the one the
+    election picks with every starting member in view (an incumbent keeps the role)."""
     claim: float = 5.0
     """How long a CAS claim of the next term (two DHT lookups) may take."""
     handoff: float = 3.0
@@ -177,6 +191,15 @@ class Timing:
     """The shortest gap between two new terms claimed because a coordinator nobody follows
     spoke at our term or holds a higher one (each claim reads every member's item: one
     datagram or one forged item must not buy that more often)."""
+
+    @property
+    def silence(self) -> float:
+        """No heartbeat for this long: a follower reads the DHT itself (the sync core's
+        ``silence``), so that the view its election runs on is fresh by ``failover`` (a
+        stale copy of the dead coordinator's announcement would un-suspect it when the
+        fresher one arrived). Half the failover, but never within a heartbeat and a half:
+        a beat a little late must not cost every member two lookups."""
+        return max(self.failover / 2, 1.5 * self.heartbeat)
 
 
 # -- actions: what the adapter must do --------------------------------------------------------
@@ -202,6 +225,17 @@ class SendHeartbeat:
     """Recipients."""
     endorsement: bytes = b""
     """The handoff envelope our predecessor signed, when we took over by handoff."""
+
+
+@dataclass(frozen=True)
+class SendClaim:
+    """Tell members that we claim ``term`` now: the claim (DHT reads and a put) may take
+    longer than the ``failover`` they would give us before suspecting us in turn."""
+
+    term: int
+    """The term we claim."""
+    to: tuple[PeerId, ...]
+    """Recipients."""
 
 
 @dataclass(frozen=True)
@@ -301,7 +335,7 @@ class Left:
     """Why."""
 
 
-Action = PutState | SendHeartbeat | SendHandoff | SendKick | ForwardBlocks | ForwardUnblocks \
+Action = PutState | SendHeartbeat | SendClaim | SendHandoff | SendKick | ForwardBlocks | ForwardUnblocks \
     | RelayReport \
     | Disconnect | Persist | RoleChanged | Left
 
@@ -403,6 +437,13 @@ class Controller:
         self._charter: tuple[tuple[PeerId, ...], dict] | None = None
         self._actions: list[Action] = []
         self._collided = float("-inf")
+        self._claim_out = False
+        """Our pending claim's put has gone out (:meth:`claim_put`): it may land now."""
+        self._claimant: tuple[PeerId, float] | None = None
+        """The member whose claim notice we took, and until when (monotonic) we wait for its
+        claim instead of ``failover`` (:meth:`claim_notice`)."""
+        self._notice_term = -1
+        """The term of the state we held when we took a claim notice: one per failover."""
         self.followed: Callable[[CoordinatorState], bool] = lambda state: False
         """Whether members other than its signer say they follow ``state`` (the core counts
         their announcements): a rival's item only its signer vouches for moves nobody."""
@@ -574,6 +615,11 @@ class Controller:
                                                self.endorsement))
             self._predecessor = None
 
+    def claim_put(self) -> None:
+        """Our pending claim's put goes out now: from here it may land, so the coordinator
+        we suspected speaking again no longer drops it (a rival check settles that)."""
+        self._claim_out = True
+
     def claim_conflict(self, claim: CoordinatorState, states: Iterable[CoordinatorState],
                        ) -> CoordinatorState | None:
         """The CAS of a claim across the swarm: the highest state item that counts and
@@ -647,12 +693,43 @@ class Controller:
         """A heartbeat that ``sender`` signed at ``term`` came (its new state may still wait
         for its blocklist pages): the coordinator we follow at that term is alive, whatever
         we suspected. Its life does not wait on a DHT lookup: a slow page would otherwise
-        make us take a live coordinator for dead and follow whoever claims next."""
+        make us take a live coordinator for dead and follow whoever claims next. A failover
+        claim of ours whose put has not gone out yet is dropped: the suspicion was wrong
+        (a late heartbeat, a busy host), and a new term would move the role for nothing."""
         cur = self.state
-        if self.role is Duty.FOLLOWER and cur is not None \
-                and (cur.coordinator, cur.term) == (sender, term):
+        if cur is None or (cur.coordinator, cur.term) != (sender, term) or sender == self.me:
+            return
+        if self.role is Duty.CANDIDATE and self._predecessor is None and not self._claim_out:
+            # We suspected it, and it speaks before our claim's put went out: nothing of the
+            # claim can land, so it is dropped (its term stays free) and we follow it again.
+            log.info("%s speaks again: claim of term %d dropped before its put",
+                     sender.short(), self._pending.term if self._pending else -1)
+            self._pending = None
+            self.suspects.pop(sender, None)
+            self._set_state(Duty.FOLLOWER, now, why=f"{sender.short()} is alive")
+        elif self.role is Duty.FOLLOWER:
             self.suspects.pop(sender, None)
             self.expected, self.last_heard = sender, now
+
+    def claim_notice(self, sender: PeerId, term: int, now: float) -> None:
+        """``sender`` says it claims ``term`` now. Taken from the member our election picks
+        once the coordinator we follow is set aside (the one we would wait for anyway), for
+        a term within reach: we wait up to ``Timing.claim`` for its claim instead of
+        ``failover``, so that a claim slowed by its DHT lookups is not taken for a dead
+        winner (a second claimant then claimed the same term, and the swarm settled one term
+        later, issue 48). One notice per failover: a winner that never finishes its claim
+        is suspected ``claim`` s after its notice at the latest."""
+        cur = self.state
+        held = cur.term if cur is not None else 0
+        if self.role is not Duty.FOLLOWER or sender == self.me or sender in self.blocked() \
+                or self._notice_term == held or not self.term < term <= self.term + MAX_TERM_STEP:
+            return
+        out = (self._candidates_out() - {sender}) | ({cur.coordinator} if cur else set())
+        if elect(self.view.values(), self.blocked(), out) != sender:
+            return
+        self._notice_term = held
+        self._claimant = (sender, now + self.timing.claim)
+        self.suspects.pop(sender, None)  # it spoke: alive
 
     def handoff_offer(self, state: CoordinatorState, sender: PeerId, now: float,
                       endorsement: bytes = b"") -> None:
@@ -965,8 +1042,9 @@ class Controller:
         longer than a failover: a restarted member suspected a live coordinator at once and
         took over, issue 33 finding 5). A coordinator to hear from gets one failover more:
         it hears of us (our hello, then its topic listing) before its heartbeats reach us."""
-        grace = self.timing.failover if self.expected not in (None, self.me) else 0.0
-        self.last_heard = now + grace
+        t = self.timing
+        wait = t.startup if self.expected not in (None, self.me) else t.first_election
+        self.last_heard = now + max(wait - t.failover, 0.0)
 
     def leave(self, now: float) -> None:
         """Leave the swarm; a coordinator hands off first."""
@@ -995,6 +1073,7 @@ class Controller:
                 self.expected = self.state.coordinator
         elif new is Duty.CANDIDATE:
             self._deadline = now + self.timing.claim
+            self._claim_out = False
         elif new is Duty.COORDINATOR:
             self.expected = self.me
             if self._charter is not None and self.state is not None \
@@ -1105,6 +1184,9 @@ class Controller:
             self.expected = None
         if now - self.last_heard <= self.timing.failover:
             return
+        if self._claimant is not None and self._claimant[0] == self.expected \
+                and now <= self._claimant[1]:
+            return  # its claim is under way (claim_notice)
         if self.expected is not None:
             self.suspects[self.expected] = now  # only what it does after this clears it
             log.log(logging.INFO if self.passive else logging.WARNING,
@@ -1130,6 +1212,9 @@ class Controller:
         self._pending_endorsement = b""
         self._predecessor = None
         self._set_state(Duty.CANDIDATE, now, why=f"claiming term {term}")
+        out = self.blocked() | {self.me}
+        self._actions.append(SendClaim(term, tuple(sorted(
+            (p for p in self.view if p not in out), key=lambda p: p.raw))))
         self._actions.append(PutState(new, claim=True))
 
     def _legitimate(self, state: CoordinatorState, endorsed_by: PeerId | None) -> bool:

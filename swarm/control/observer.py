@@ -16,7 +16,8 @@ from dht import DHTNode
 from dht.errors import DHTError
 from identity import PeerId, PeerKey, Signed
 from swarm.control import charter
-from swarm.control.core import (
+from swarm.control.election import candidate
+from swarm.control.follow import (
     REREAD_PAUSE,
     STATE_READS,
     deciding_voters,
@@ -24,7 +25,6 @@ from swarm.control.core import (
     newest_counted,
     rereads,
 )
-from swarm.control.election import candidate
 from swarm.control.state import CoordinatorState, seal
 from swarm.errors import ProtocolError, RemoteError
 from swarm.members import MemberRecord, membership_topic, swarm_id
@@ -143,13 +143,13 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     """The coordinator state to follow among ``members``' items (the one most members say
     they follow, among those that count), with its whole blocklist: the core's own read
     (:func:`swarm.control.charter.fetch_state`) and rules
-    (:func:`swarm.control.core.newest_counted`, :func:`swarm.control.core.rereads`), as
+    (:func:`swarm.control.follow.newest_counted`, :func:`swarm.control.follow.rereads`), as
     newcomers and clients use. A member that left neither votes nor signs a state that counts
     (the core's view drops it too). While none counts, the items whose read came back empty
-    are read again (at most :data:`~swarm.control.core.STATE_READS` reads in all): one missed
+    are read again (at most :data:`~swarm.control.follow.STATE_READS` reads in all): one missed
     read of a busy coordinator's item is not "no coordinator". Where members vote for
     different states, only those whose DHT node answers this reader count
-    (:func:`~swarm.control.core.deciding_voters`): across a split, the other side's records
+    (:func:`~swarm.control.follow.deciding_voters`): across a split, the other side's records
     must not elect the coordinator it cut off."""
     members = [(r, e) for r, e in members if not r.left]
     view = {r.peer_id: candidate(r, e) for r, e in members}
@@ -159,6 +159,21 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
         return {p: s if s is not None and s.swarm == sid else None
                 for p, s in zip(peers, got, strict=True)}
 
+    # Records that name different states to follow: the reachability of their members may
+    # decide (below), so their pings go out beside the reads (a dead member's ping waits out
+    # its whole timeout: after a failover, each status call waited it out after the reads).
+    voting = [r for r, _ in members if r.follows is not None]
+    pings = {r.peer_id: asyncio.ensure_future(_answers(node, r.dht)) for r in voting} \
+        if len({r.follows for r in voting}) > 1 else {}
+    try:
+        return await _counted(node, sid, members, view, read, pings)
+    finally:
+        for ping in pings.values():
+            ping.cancel()
+        await asyncio.gather(*pings.values(), return_exceptions=True)
+
+
+async def _counted(node, sid, members, view, read, pings) -> CoordinatorState | None:
     found = await read(list(view))
     for _ in range(STATE_READS - 1):
         again = rereads(view, found)
@@ -172,7 +187,8 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     contest = deciding_voters(states, view, voters)
     if contest:
         gone = {r.peer_id for r, ok in zip(contest, await asyncio.gather(
-            *(_answers(node, r.dht) for r in contest)), strict=True) if not ok}
+            *(pings.get(r.peer_id) or _answers(node, r.dht) for r in contest)), strict=True)
+            if not ok}
         voters = [r for r in voters if r.peer_id not in gone]
     return newest_counted(states, view, votes=followers(voters))
 
@@ -189,10 +205,17 @@ async def _answers(node: DHTNode, addr: tuple[str, int] | None, timeout: float =
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:
-    rec = await charter.fetch(node, uri.pubkey, uri.owner or None)
     sid = swarm_id(uri.pubkey)
+    # the charter and the member list at once: two lookups that do not wait on each other
+    # (``swarm status`` runs them on every call)
+    rec, anns = await asyncio.gather(charter.fetch(node, uri.pubkey, uri.owner or None),
+                                     node.get_peers(membership_topic(sid)),
+                                     return_exceptions=True)
+    for got in (rec, anns):
+        if isinstance(got, BaseException):
+            raise got
     members: list[tuple[MemberRecord, float]] = []
-    for ann in await node.get_peers(membership_topic(sid)):
+    for ann in anns:
         try:
             members.append((MemberRecord.decode(ann.record, ann.peer_id), ann.expires_at))
         except ProtocolError:

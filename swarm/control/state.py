@@ -49,7 +49,7 @@ MAX_UNBLOCKS = 8
 that continues the chain refuses a forwarded block issued before one of them."""
 DOMAIN = b"swarm-control/v1\0"
 KINDS = ("hb", "handoff", "endorse", "kick", "cmd", "liar", "fwd", "fwdauto", "hello",
-         "bye")
+         "bye", "claim")
 
 
 @dataclass(frozen=True)
@@ -395,7 +395,8 @@ class SignedMessage:
     """A signed control message between peers."""
 
     kind: str
-    """One of KINDS: hb, handoff, endorse, kick, cmd, liar, fwd/fwdauto (forwarded blocks)."""
+    """One of KINDS: hb, handoff, endorse, kick, cmd, liar, fwd/fwdauto (forwarded blocks),
+    hello, bye, claim (a failover claim under way)."""
     sender: PeerId
     """Who signed it."""
     body: bytes

@@ -426,7 +426,7 @@ class PollingAdapter:
 class SyncAdapter:
     """Today's read policy: the sans-IO :class:`swarm.control.sync.Sync` core decides every
     DHT read (heartbeats carry its :class:`~swarm.control.sync.Digest`), timed as
-    :class:`swarm.control.core.ControlCore` times it (silence at half the failover)."""
+    :class:`swarm.control.core.ControlCore` times it (silence at ``Timing.silence``)."""
 
     name = "sync"
 
@@ -435,7 +435,7 @@ class SyncAdapter:
 
     def reads(self, m: Member, now: float) -> Sync:
         s = self.sim
-        return Sync(now, SyncTiming(silence=s.timing.failover / 2),
+        return Sync(now, SyncTiming(silence=s.timing.silence),
                     rng=random.Random(s.rng.random()))
 
 
@@ -443,7 +443,8 @@ Adapter = PollingAdapter | SyncAdapter
 
 MESSAGE_KINDS = {"hb": "heartbeat", "kick": "heartbeat", "hello": "membership",
                  "bye": "membership",
-                 "handoff": "election", "liar": "state", "fwd": "state", "fwdauto": "state",
+                 "handoff": "election", "claim": "election", "liar": "state", "fwd": "state",
+                 "fwdauto": "state",
                  "cmd": "state"}
 """The traffic kind each control message counts under."""
 
