@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from compute.errors import InvalidInput
-from compute.verify import check_projected, draw_vectors
+from compute.verify import check_projected, draw_vectors, project
 
 if TYPE_CHECKING:  # models.quant loads numba and gguf (about a second): on first use
     from models.quant import QTensor
@@ -420,10 +420,17 @@ def traced_products(c, layers: Sequence[Layer], rows: int) -> tuple[Products, np
 
 # -- the requester's side -------------------------------------------------------------------------
 
+def product_shape(w: QTensor | np.ndarray) -> tuple[int, int]:
+    """``[in, out]`` of a product by ``w``: a QTensor is stored ``[out, in]`` (as the file
+    keeps it), a plain float32 weight ``[in, out]`` (MiniLM's, multiplied as ``x @ w``)."""
+    return tuple(w.shape) if isinstance(w, np.ndarray) else tuple(w.shape[::-1])
+
+
 class Fingerprints:
     """Per weight (a models.quant.QTensor ``W``, ``[out, in]``): secret Gaussian vectors ``R``
     ([out, rounds], never sent), the fingerprint ``W.T @ R`` and ``W``'s squared column norms,
     from its dequantized rows in one streamed pass (QTensor.check_vectors: no float32 copy);
+    a plain float32 ``[in, out]`` weight (MiniLM's) gets ``W @ R`` and its row norms;
     each set serves ``reuse`` checks, then is drawn afresh (why reuse is safe enough, and its
     cost: SECURITY.md)."""
 
@@ -436,29 +443,33 @@ class Fingerprints:
         self.checks = 0
         self.refreshes = 0
 
-    def vectors(self, w: QTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def vectors(self, w: QTensor | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(R, W.T @ R, W's squared column norms)`` for one check of a product by ``w``."""
         entry = self._sets.get(id(w))
         if entry is None or entry[0] is not w or entry[4] >= self.reuse:
-            r = draw_vectors(w.shape[0], self.rounds)
-            br, norms2 = w.check_vectors(r)
+            if isinstance(w, np.ndarray):  # a float32 ``[in, out]`` weight (MiniLM's)
+                r = draw_vectors(w.shape[1], self.rounds)
+                br, norms2 = project(w, r)
+            else:
+                r = draw_vectors(w.shape[0], self.rounds)
+                br, norms2 = w.check_vectors(r)
             entry = self._sets[id(w)] = [w, r, br, norms2, 0]
             self.refreshes += 1
         entry[4] += 1
         self.checks += 1
         return entry[1], entry[2], entry[3]
 
-    def check(self, w: QTensor, x: np.ndarray, y: np.ndarray) -> bool:
+    def check(self, w: QTensor | np.ndarray, x: np.ndarray, y: np.ndarray) -> bool:
         """Whether ``y`` is ``x @ W.T`` within f32 rounding (compute.verify's threshold)."""
         r, br, norms2 = self.vectors(w)
-        return check_projected(x, y, r, br, norms2, w.shape[::-1])
+        return check_projected(x, y, r, br, norms2, product_shape(w))
 
-    def check_both(self, w: QTensor, xw: np.ndarray, x: np.ndarray, y: np.ndarray
+    def check_both(self, w: QTensor | np.ndarray, xw: np.ndarray, x: np.ndarray, y: np.ndarray
                    ) -> tuple[bool, bool]:
         """Whether ``y`` is ``xw @ W.T``, and whether it is ``x @ W.T``, each within f32
         rounding of that product (one set of vectors, one use of it)."""
         r, br, norms2 = self.vectors(w)
-        shape = w.shape[::-1]
+        shape = product_shape(w)
         return (check_projected(xw, y, r, br, norms2, shape),
                 check_projected(x, y, r, br, norms2, shape))
 

@@ -94,3 +94,13 @@ class TaskError(RemoteError):
 class ActorDiedError(RemoteError):
     """An actor's host was lost and ``max_restarts`` is used up (or a call was in flight and
     ``max_task_retries`` did not allow retrying it)."""
+
+
+class SpanLost(SwarmError):
+    """A span's worker was lost mid-generation and no live worker can take its blocks (or
+    the sequence's rebuilds are spent): the request fails, the message says why."""
+
+    def __init__(self, message: str, shortfall: int = 0) -> None:
+        super().__init__(message)
+        self.shortfall = shortfall
+        """Bytes a live worker would have to offer beyond what it has left (0: not memory)."""

@@ -41,7 +41,7 @@ from identity.keys import PeerId
 from models import span as llama_span
 from models.llama import Llama
 from models.span import Fingerprints, KVCache, Seq, SpanMismatch, TraceCheck, run_layers
-from swarm.errors import LinkClosed, SwarmError
+from swarm.errors import LinkClosed, SpanLost
 from swarm.placement import Need, Offer, PlacementError, place
 from swarm.runtime.actors import SPAN_MODEL_ID, LlamaSpanActor, SpanConfig
 from swarm.runtime.requester import Call, TaskFailure
@@ -56,16 +56,6 @@ is to have room for, beside the span's weights, when spans are placed."""
 MAX_REBUILDS = 8
 """Times one sequence's caches may be rebuilt on a replacement worker before its request
 fails (each rebuild re-sends and re-checks its whole past)."""
-
-
-class SpanLost(SwarmError):
-    """A span's worker was lost mid-generation and no live worker can take its blocks (or
-    the sequence's rebuilds are spent): the request fails, the message says why."""
-
-    def __init__(self, message: str, shortfall: int = 0) -> None:
-        super().__init__(message)
-        self.shortfall = shortfall
-        """Bytes a live worker would have to offer beyond what it has left (0: not memory)."""
 
 
 def _mib(n: int) -> str:

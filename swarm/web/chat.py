@@ -174,7 +174,7 @@ class ChatAPI:
     async def _run(self, request: web.Request, args: dict,
                    served: ServedModel) -> web.StreamResponse:
         from models.generate import GenerationError, Usage
-        from swarm.spans import SpanLost
+        from swarm.errors import SpanLost
 
         try:
             gen = await self._thread(served.generator)
