@@ -208,3 +208,35 @@ async def test_hang_chaos_is_stopped_and_the_job_completes_elsewhere():
         async with asyncio.timeout(60):           # its dispatch is stopped at the limit
             while host.kernels.timeouts < 1:
                 await asyncio.sleep(0.05)
+
+
+def test_reported_waits_for_a_report_an_outlived_attempt_starts_as_it_ends():
+    """A one-shot requester stops after :meth:`Requester.reported`. An attempt its job no
+    longer needed (a copy another beat, :meth:`Requester.outlive`) may find its answer wrong
+    and start a report as it ends, after ``reported`` began to wait: that report (which asks
+    the worker for its receipt) is waited for too. Before, ``reported`` waited only for the
+    tasks it saw when called, so the process closed its links under the receipt request and
+    the liar's wrong answer was rejected with nothing to prove (CI: the slow-liar test)."""
+    async def main() -> None:
+        req = Requester(PeerKey.generate().peer_id)
+        receipt_asked = asyncio.Event()
+        receipt = asyncio.get_running_loop().create_future()
+
+        async def report() -> None:  # as Requester._report: waits for the worker's receipt
+            receipt_asked.set()
+            await receipt
+
+        async def beaten_attempt() -> None:  # as _JobRun._attempt then _judge_beaten
+            await asyncio.sleep(0)
+            req._reports.spawn(report())
+
+        req.outlive(asyncio.ensure_future(beaten_attempt()), 5.0)
+        waiting = asyncio.ensure_future(req.reported(5.0))
+        await receipt_asked.wait()
+        await asyncio.sleep(0.05)  # reported() must still be waiting on the receipt
+        assert not waiting.done()
+        receipt.set_result(b"signed")
+        await asyncio.wait_for(waiting, 1.0)
+        await req.close()
+
+    asyncio.run(main())

@@ -47,8 +47,10 @@ def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
 def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weights):
     per = block_bytes(weights)[0] + cache_bytes(weights.config, 2048)
     total = per * weights.config.n_layers  # ~153 MiB: SmolLM2's Q4_1 blocks and caches
-    offers = [int(total * 0.3) // MIB * MIB, int(total * 0.5) // MIB * MIB,
-              int(total * 0.5) // MIB * MIB]
+    # room for 9, 11 and 11 of the 30 blocks: whatever speeds the workers measure (noisy
+    # under load), every placement that fits gives the small one 8 or 9 and the others 10+
+    offers = [int(9.5 * per) // MIB * MIB, int(11.5 * per) // MIB * MIB,
+              int(11.5 * per) // MIB * MIB]
     assert all(m < total for m in offers) and sum(offers) > total
     with swarm.local(3, threads=1, max_memory=offers) as client:
         small, *big = client.worker_ids

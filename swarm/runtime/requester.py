@@ -482,9 +482,12 @@ class Requester:
     async def reported(self, timeout: float) -> None:
         """Wait, at most ``timeout`` s, for rejected results still being reported (a report
         may wait for its receipt): a one-shot requester that stops right after its job must
-        not cut its evidence off."""
-        if self._reports:
-            await asyncio.wait(list(self._reports), timeout=timeout)
+        not cut its evidence off. Reports that start meanwhile (an outlived attempt that
+        finds its answer wrong as it ends) are waited for too."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._reports and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(list(self._reports), timeout=left)
 
     def accept(self, peer: PeerId, tasks: Iterable[int]) -> None:
         """Tell ``peer`` that its results to ``tasks``, sent without receipts, were accepted
