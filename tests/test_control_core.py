@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import replace
 
 import pytest
 
 from dht.items import MutableItem
-from identity import PeerId, PeerKey
+from identity import BlockCommand, Charter, PeerId, PeerKey, Role, verify_chain
+from identity.statements import Policy
 from swarm.control import core as cc
 from swarm.control.election import Candidate
 from swarm.control.machine import (
@@ -25,6 +27,7 @@ from swarm.control.state import BlockEntry, CoordinatorState, LiarReport, seal
 from swarm.errors import ProtocolError
 from swarm.members import MemberRecord, follows
 from swarm.testing.sim import Member, Sim, SyncAdapter
+from tests.identity_support import owner_key
 from tests.test_control_machine import SWARM, _pid, _stable
 
 NOW, WALL = 100.0, 1_800_000_000.0
@@ -739,3 +742,57 @@ def test_a_member_blocked_while_offline_stops_in_a_swarm_of_two():
     sim.loop.run_until(sim.loop.now + 15.0, lambda: victim.controller.role is Duty.STOPPED)
     assert victim.controller.role is Duty.STOPPED
     assert sim.coordinator() is coord and coord.controller.role is Duty.COORDINATOR
+
+
+def _owners_core(tmp_path, role: Duty):
+    """A core at term 1 with a verified charter, as ``role``; f (faster) and x are members;
+    the owner's signed block of x, sealed as the CLI sends it."""
+    owner, swarm_key = owner_key(tmp_path, "owner"), PeerKey.generate()
+    charter = Charter(swarm=swarm_key.public_bytes, counter=1, name="t",
+                      owners=(owner.credential,), policy=Policy(), admins=())
+    own = verify_chain([owner.sign(charter)], swarm_pubkey=swarm_key.peer_id, now=time.time())
+    key, f, x = PeerKey.generate(), _pid("f"), _pid("x")
+    core = cc.ControlCore(key, SWARM, NOW, ownership=own,
+                          state=CoordinatorState(SWARM, 1, 1, key.peer_id))
+    core.controller.role = role
+    core.controller.members([Candidate(key.peer_id, 1.0), Candidate(f, 1.0),
+                             Candidate(x, 0.5)], NOW)
+    wall = time.time()
+    cmd = BlockCommand(swarm=swarm_key.public_bytes, counter=int(wall * 1000), target=x,
+                       reason="test", role=Role.OWNER, term=1)
+    cli = PeerKey.generate()
+    msg = cc.MessageReceived(cli.peer_id, ("127.0.0.1", 9),
+                             seal(cli, SWARM, "cmd", owner.sign(cmd).encode()))
+    return core, f, x, msg, wall
+
+
+def test_an_owners_block_during_a_handoff_is_held_and_applied_once(tmp_path):
+    """Issue 48 (a CI flake of test_failover_block_and_full_restart): the coordinator's
+    benchmark came out slow, so it handed the role to a faster member; the owner's block
+    arrived meanwhile, was recorded by the replay guard and refused ("handing-off, not the
+    coordinator"), and the CLI sends once: lost. Now it is held, and applied (once) when the
+    offer times out and we coordinate again."""
+    core, f, x, msg, wall = _owners_core(tmp_path, Duty.COORDINATOR)
+    ctl = core.controller
+    ctl.members([Candidate(core.me, 1.0), Candidate(f, 10.0), Candidate(x, 0.5)], NOW)
+    core.handle(cc.Tick(), NOW, wall)
+    assert ctl.role is Duty.HANDING_OFF and ctl._successor == f
+    core.handle(msg, NOW + 0.1, wall)
+    assert x not in ctl.blocked()
+    core.handle(msg, NOW + 0.2, wall)  # a replay: the guard recorded the held one
+    now = NOW + ctl.timing.handoff + 1  # f never took over
+    acts = core.handle(cc.Tick(), now, wall + 4)
+    assert ctl.role is Duty.COORDINATOR and x in ctl.blocked()
+    assert any(isinstance(a, cc.PutItem) and x in a.state.blocked_ids for a in acts)
+    assert len(core.commands._seen) == 1
+
+
+def test_a_command_refused_by_a_follower_is_not_recorded_by_the_replay_guard(tmp_path):
+    """A refusal costs the sender a resend, not the command: the guard records only what
+    the coordinator applies or holds."""
+    core, _, x, msg, wall = _owners_core(tmp_path, Duty.FOLLOWER)
+    core.handle(msg, NOW, wall)
+    assert not core.commands._seen and x not in core.controller.blocked()
+    core.controller.role = Duty.COORDINATOR  # (the state machine's way there: elsewhere)
+    core.handle(msg, NOW + 0.1, wall)
+    assert x in core.controller.blocked()

@@ -430,6 +430,68 @@ def test_faster_newcomer_gets_the_role_by_handoff():
     assert sim.nodes["f"].term == 2 and sim.nodes["b"].role is Duty.FOLLOWER
 
 
+def _handing_off_with_the_offer_lost() -> Sim:
+    """b coordinates; f, a member that follows it, turns out faster (b's benchmark came out
+    slow under load in CI) and gets the role by handoff, but the offer is lost (the CI run's
+    successor refused it, "before our start read answered"): b waits ``handoff`` s in
+    HANDING_OFF."""
+    sim, _ = _stable({"a": 1.0, "b": 2.0, "x": 0.5})
+    sim.add("f", 1.5)
+    sim.run_until(lambda: sim.nodes["f"].coordinator == sim.ids["b"])
+    sim.lose["handoff"] = 1
+    sim.tflops["f"] = 10.0
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.HANDING_OFF)
+    assert sim.lose["handoff"] == 0
+    return sim
+
+
+def test_an_owner_command_during_a_failed_handoff_applies_when_we_coordinate_again():
+    """The CI failure of test_failover_block_and_full_restart: the owner's block reached the
+    coordinator while it handed off and was refused; the CLI sends once, so it was lost. b
+    holds it, and applies it when its offer times out and it coordinates again."""
+    sim = _handing_off_with_the_offer_lost()
+    sim.operator("b", "block", "x", at=100)
+    sim.operator("b", "kick", "a", at=100)
+    assert sim.ids["x"] not in sim.nodes["b"].blocked()  # held, not yet applied
+    sim.run_until(lambda: sim.nodes["b"].role is Duty.COORDINATOR,
+                  limit=sim.timing.handoff + 1)
+    assert sim.left.get("x") == "this peer is blocked"
+    assert sim.left.get("a") == "kicked: by the owner"
+    assert sim.ids["x"] in sim.persisted["b"].blocked_ids
+    assert sim.ids["x"] in sim.nodes["f"].blocked()
+    assert not [r for r in sim.refused if r[0] == "b"]
+
+
+def test_an_owner_command_during_a_handoff_is_forwarded_to_the_successor():
+    """The offer does reach f (late): f takes over at term 2 with a state that lacks the
+    block b held; b forwards it with its proof, and f applies it, once."""
+    sim = _handing_off_with_the_offer_lost()
+    b, f = sim.nodes["b"], sim.nodes["f"]
+    sim.operator("b", "block", "x", at=100)
+    sim.operator("b", "unblock", "a", at=100)  # nothing to undo at f: dropped
+    offer = b.state.successor(term=b.state.term + 1, coordinator=sim.ids["f"])
+    f.handoff_offer(offer, sim.ids["b"], sim.now, sim.ids["b"].raw)
+    sim._run("f")
+    sim.run_until(lambda: sim.agreed("f") and sim.ids["x"] in f.blocked(), limit=2)
+    assert f.term == 2 and b.role is Duty.FOLLOWER
+    assert sim.left.get("x") == "this peer is blocked"
+    assert ("f", "fwd") not in {(d, w) for d, w, _ in sim.refused}
+    for _ in range(int(3 * sim.timing.failover / DT)):
+        sim.step()
+    assert sim.ids["x"] in sim.persisted["a"].blocked_ids and f.term == 2
+
+
+def test_a_handing_off_coordinator_holds_only_a_few_commands():
+    sim = _handing_off_with_the_offer_lost()
+    b = sim.nodes["b"]
+    for i in range(control.MAX_HELD):
+        sim.operator("b", "kick", "a", at=100 + i)
+    assert b.refuses_command() == "this peer is handing-off, busy"
+    with pytest.raises(NotCoordinator, match="busy"):
+        sim.operator("b", "kick", "a", at=200)
+    assert Controller(_pid("z"), SWARM, 0.0).refuses_command() is not None
+
+
 def test_kick_disconnects_and_the_kicked_peer_leaves():
     sim, _ = _stable({"a": 1.0, "b": 3.0, "c": 2.0})
     sim.nodes["b"].command(CheckedCommand("kick", sim.ids["a"], "maintenance", "admin", 0), sim.now)

@@ -1320,6 +1320,8 @@ class ControlCore:
         role = verify_command(signed, self.ownership, now=wall,
                               coordinator=c.coordinator, min_term=c.term)
         cmd = signed.statement
+        if why := c.refuses_command():  # before the guard records it: a resend may apply
+            raise NotCoordinator(why)
         self.admit(signed, wall)
         kind = COMMANDS[type(cmd)]
         c.command(CheckedCommand(kind, cmd.target, cmd.reason, role.value, int(wall), cmd.term),

@@ -366,6 +366,10 @@ FORWARD_RETRIES = 3
 """Times a deposed coordinator forwards its owed blocks again to the same coordinator
 (``failover`` apart) when that coordinator's state still lacks them: a forward sent before
 a link is back, or to a coordinator busy handing off, is lost or refused."""
+MAX_HELD = 8
+"""Operator commands a coordinator holds while it hands off (applied if it coordinates
+again, forwarded to whoever took over if not); more are refused before the replay guard
+records them. Only commands whose proof and role the core verified get here."""
 
 
 class Controller:
@@ -427,6 +431,9 @@ class Controller:
         """Unblocks we applied as coordinator that the state which replaced ours does not show
         (it still blocks the peer, with a block issued before our unblock): peer -> (the
         unblock's time, since when); forwarded and applied again like :attr:`_owed`."""
+        self._held: list[CheckedCommand] = []
+        """Operator commands that arrived while we handed off (at most :data:`MAX_HELD`):
+        the CLI sends each once, so refusing it lost it (issue 48)."""
         self._owed_tries = 0
         self._owed_next = 0.0
         self._leave_reason = ""
@@ -776,8 +783,26 @@ class Controller:
             self._kicked[order.target] = now + self.timing.kick_max_age
             self._actions.append(Disconnect(order.target, f"kicked: {order.reason}", False))
 
+    def refuses_command(self) -> str | None:
+        """Why :meth:`command` would refuse an operator command now (None: it applies or
+        holds it). Asked before the replay guard records the command, so a refusal costs the
+        sender nothing but a resend."""
+        if self.state is None or self.role is Duty.HANDING_OFF and len(self._held) >= MAX_HELD:
+            return f"this peer is {self.role.value}, busy"
+        if self.role is not Duty.COORDINATOR and self.role is not Duty.HANDING_OFF:
+            return f"this peer is {self.role.value}, not the coordinator" \
+                + (f"; try {self.coordinator}" if self.coordinator else "")
+        return None
+
     def command(self, cmd: CheckedCommand, now: float) -> CoordinatorState:
-        """Apply an authorised operator command; only the coordinator does this."""
+        """Apply an authorised operator command; only the coordinator does this. While we
+        hand off it is held: applied if we coordinate again, forwarded if we do not."""
+        if self.role is Duty.HANDING_OFF and self.state is not None and cmd.by != "coordinator":
+            if len(self._held) >= MAX_HELD:
+                raise NotCoordinator(f"this peer is {self.role.value}, busy")
+            log.info("holding the %s of %s until our handoff ends", cmd.kind, cmd.target.short())
+            self._held.append(cmd)
+            return self.state
         if self.role is not Duty.COORDINATOR or self.state is None:
             raise NotCoordinator(f"this peer is {self.role.value}, not the coordinator"
                                  + (f"; try {self.coordinator}" if self.coordinator else ""))
@@ -1082,10 +1107,13 @@ class Controller:
                                                    policy=self._charter[1]), now)
             self._apply_owed(now)
             self._beat(now)
+            self._apply_held(now)
         elif new is Duty.HANDING_OFF:
             self._deadline = now + self.timing.handoff
         elif new is Duty.STOPPED:
             self._actions.append(Left(why or "stopped"))
+        if self._held and new is not Duty.COORDINATOR and new is not Duty.HANDING_OFF:
+            self._pass_held(now)  # a rival took over without a state we adopted
 
     def _forward_owed(self, now: float) -> None:
         """Forward the blocks we owe to the coordinator we follow: at once for a new one,
@@ -1110,6 +1138,34 @@ class Controller:
                 del self._owed_unblocks[peer]
         if self._owed_unblocks:
             self._actions.append(ForwardUnblocks(tuple(self._owed_unblocks), st.coordinator))
+
+    def _apply_held(self, now: float) -> None:
+        """Our handoff failed: apply the commands held meanwhile, in order (one that hands
+        off again, blocking or kicking us, holds the rest again)."""
+        held, self._held = self._held, []
+        for cmd in held:
+            try:
+                self.command(cmd, now)
+            except (NotCoordinator, StaleTerm, ProtocolError) as exc:
+                log.warning("held %s of %s not applied: %s", cmd.kind, cmd.target.short(), exc)
+
+    def _pass_held(self, now: float) -> None:
+        """Another coordinator took over while we held commands: we owe it the blocks and
+        unblocks (forwarded with their proofs, as a deposed coordinator's); a kick is lost
+        (its target is kicked again if the owner retries)."""
+        held, self._held = self._held, []
+        term = self.state.term if self.state is not None else self.term
+        for cmd in held:
+            if cmd.kind == "block":
+                entry = BlockEntry(cmd.target, cut_reason(cmd.reason), cmd.by, cmd.at)
+                self._owed[cmd.target] = (entry, term, now)
+                self._owed_unblocks.pop(cmd.target, None)
+            elif cmd.kind == "unblock":
+                self._owed.pop(cmd.target, None)
+                self._owed_unblocks[cmd.target] = (cmd.at, now)
+            else:
+                log.warning("%s of %s arrived while we handed off: not applied", cmd.kind,
+                            cmd.target.short())
 
     def _apply_owed(self, now: float) -> None:
         """We coordinate again while still owing blocks (their forward was lost, or its
@@ -1236,6 +1292,8 @@ class Controller:
         if old is None or old.term != state.term or old.coordinator != state.coordinator:
             log.info("following %s at term %d", state.coordinator.short(), state.term)
         newly = state.blocked_ids - (old.blocked_ids if old else frozenset())
+        if self._held and state.coordinator != self.me:
+            self._pass_held(now)  # before the forward below: the new coordinator gets them
         if old is not None and old.coordinator == self.me and state.coordinator != self.me \
                 and state.term > old.term and self.role is not Duty.HANDING_OFF:
             # Deposed: blocks the winner lacks were lost (it never saw them), not unblocked.
