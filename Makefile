@@ -97,13 +97,16 @@ $(RAY_STAMP):
 	touch $(RAY_STAMP)
 
 # llama.cpp, for bench/generate.py's reference rows and bench/llama_reference.py only: its own
-# venv (llama-cpp-python compiles from source: minutes), never a test dependency.
+# venv (llama-cpp-python compiles from source: minutes), never a test dependency. Built for
+# this CPU but without AMX: a VM may advertise amx_tile and still trap it (ggml's AMX buffer
+# then dies on 'invalid opcode' at the first eval, as it did here).
 LLAMA_VENV ?= .venv-llama
 LLAMA_STAMP := $(LLAMA_VENV)/.installed
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-tile -DCMAKE_CXX_FLAGS=-mno-amx-tile
 
 $(LLAMA_STAMP):
 	$(PYTHON) -m venv $(LLAMA_VENV)
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check llama-cpp-python numpy gguf
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir llama-cpp-python numpy gguf
 	touch $(LLAMA_STAMP)
 
 # sentence-transformers on torch (CPU), for bench/embed.py's reference rows and the fixture
