@@ -98,11 +98,14 @@ $(RAY_STAMP):
 
 # llama.cpp, for bench/generate.py's reference rows and bench/llama_reference.py only: its own
 # venv (llama-cpp-python compiles from source: minutes), never a test dependency. Built for
-# this CPU but without AMX: a VM may advertise amx_tile and still trap it (ggml's AMX buffer
-# then dies on 'invalid opcode' at the first eval, as it did here).
+# this machine's AVX-512 but not natively: this VM advertises amx_tile and traps it (the
+# native build's AMX buffer died on 'invalid opcode' at the first eval; -mno-amx-tile before
+# -march=native does not compile). Without AVX-512: make .venv-llama/.installed
+# LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON".
 LLAMA_VENV ?= .venv-llama
 LLAMA_STAMP := $(LLAMA_VENV)/.installed
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-tile -DCMAKE_CXX_FLAGS=-mno-amx-tile
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
 
 $(LLAMA_STAMP):
 	$(PYTHON) -m venv $(LLAMA_VENV)
