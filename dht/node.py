@@ -320,14 +320,20 @@ class DHTNode(Server):
         that a data dir remembers, dead since) go on in the background, and a late answer
         still joins the routing table. Waiting them out cost every start (each ``swarm
         status`` after a member died) a whole RPC timeout."""
-        def answered(task: asyncio.Task) -> bool:
-            return task.done() and not task.cancelled() and task.exception() is None \
-                and task.result() is not None
-
         tasks = [asyncio.ensure_future(self._ping_addr(a)) for a in targets]
+        await self._first_answer_then_grace(tasks)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+        return [t.result() for t in tasks if _answered(t)]
+
+    async def _first_answer_then_grace(self, tasks: list[asyncio.Task]) -> None:
+        """Wait until one of ``tasks`` answers (a result other than None), then the others
+        for ``GRACE`` times a slow answer's time; those still running go on in the background
+        (a dead peer's RPC timeout holds no caller). Cancelled, it cancels them all."""
         pending = set(tasks)
         try:
-            while pending and not any(answered(t) for t in tasks):
+            while pending and not any(_answered(t) for t in tasks):
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             if pending:
                 _, pending = await asyncio.wait(pending, timeout=GRACE * self._slow_after())
@@ -337,10 +343,6 @@ class DHTNode(Server):
             raise
         for task in pending:
             self.spawn(task)
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()
-        return [t.result() for t in tasks if answered(t)]
 
     async def _ping_addr(self, addr: tuple[str, int]) -> Node | None:
         ok, data = await self.protocol.ping_any(addr)
@@ -514,22 +516,8 @@ class DHTNode(Server):
                 return err
             return isinstance(data, dict) and data.get("ok") is True
 
-        def answered(task: asyncio.Task) -> bool:
-            return task.done() and task.exception() is None and task.result() is not None
-
         tasks = [asyncio.ensure_future(one(n, name, a)) for n, name, a in writes]
-        pending = set(tasks)
-        try:
-            while pending and not any(answered(t) for t in tasks):
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if pending:
-                _, pending = await asyncio.wait(pending, timeout=GRACE * self._slow_after())
-        except asyncio.CancelledError:
-            for task in tasks:
-                task.cancel()
-            raise
-        for task in pending:
-            self.spawn(task)
+        await self._first_answer_then_grace(tasks)
         results = [t.result() for t in tasks if t.done()]
         refusals = [r for r in results if isinstance(r, ItemError)]
         return sum(r is True for r in results), refusals
@@ -998,3 +986,9 @@ class DHTNode(Server):
         except LookupFailed as exc:
             log.info("re-put of %s failed: %s", pub.target.hex(), exc)
         self.store.remember_published(pub, now + self.republish_interval)
+
+
+def _answered(task: asyncio.Task) -> bool:
+    """Whether ``task`` finished with a result other than None."""
+    return task.done() and not task.cancelled() and task.exception() is None \
+        and task.result() is not None

@@ -20,6 +20,7 @@ from models import span as llama_span
 from models.llama import Llama
 from swarm.runtime.actors import LlamaSpanActor, SpanConfig, StaleCache, check_span_forward
 from swarm.spans import SpanLlama
+from tests.spans_support import chat, greedy
 
 pytestmark = [pytest.mark.system]
 
@@ -41,16 +42,6 @@ def weights():
 def want(weights):
     model = Llama(weights)
     return [greedy(model, p, TOKENS) for p in PROMPTS]
-
-
-def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
-    cache = model.new_cache()
-    logits = model.forward(ids, cache)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = model.forward([out[-1]], cache)
-    return out
 
 
 def greedy_batch(model: Llama, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -134,33 +125,10 @@ def test_a_span_worker_writing_nan_into_a_recorded_input_is_excluded(weights, wa
 
 
 def _chat(client, text: str, max_tokens: int) -> str:
-    """One non-streamed /v1/chat/completions from the member's own --http server."""
-    import json
-    import urllib.request
-    from pathlib import Path
-
-    from swarm.processes.member import openai_api
-    from swarm.web.server import SwarmInfo, WebServer
-
-    info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
-
-    async def start():
-        server = WebServer(client.node, info, "127.0.0.1", 0, api=openai_api(client.node))
-        await server.start()
-        return server
-
-    server = client._loop.run(start(), 30)
-    key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
-    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": text}]}
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
-                                 json.dumps(body).encode(), {"Authorization": f"Bearer {key}",
-                                                             "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return json.loads(r.read())["choices"][0]["message"]["content"]
-    finally:
-        client._loop.run(server.stop(), 30)
+    """One non-streamed /v1/chat/completions from the member's own --http server: its text."""
+    status, body = chat(client, text, max_tokens)
+    assert status == 200, body
+    return body["choices"][0]["message"]["content"]
 
 
 def test_a_worker_always_refusing_as_a_lost_cache_is_excluded(weights, want):

@@ -16,7 +16,7 @@ from models.llama import Llama
 from swarm.placement import Offer
 from swarm.spans import SpanLlama, SpanLost, block_bytes, cache_bytes
 from tests.conftest import run_swarm, subprocess_env
-from tests.test_spans_placement import _chat
+from tests.spans_support import chat, greedy
 
 pytestmark = [pytest.mark.system]
 
@@ -45,16 +45,6 @@ def per(weights) -> int:
 @pytest.fixture(scope="module")
 def want(weights):
     return greedy(Llama(weights), PROMPT, TOKENS)
-
-
-def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
-    cache = model.new_cache()
-    logits = model.forward(ids, cache)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = model.forward([out[-1]], cache)
-    return out
 
 
 def test_a_lost_span_goes_to_the_fastest_live_worker_with_room(weights, want, per):
@@ -108,7 +98,7 @@ def test_a_lost_span_nobody_can_take_fails_the_request_clearly(weights, tmp_path
             assert "cannot hold" in r.stderr and "mid-generation" in r.stderr
             assert "short" in r.stderr and "Traceback" not in r.stderr
         else:
-            status, body = _chat(client, ask, max_tokens=12)
+            status, body = chat(client, ask, max_tokens=12)
             assert status == 503, body
             assert "mid-generation" in body["error"]["message"]
             assert "short" in body["error"]["message"]

@@ -16,6 +16,7 @@ from models.llama import Llama
 from swarm.placement import PlacementError
 from swarm.spans import SpanLlama, block_bytes, cache_bytes
 from tests.conftest import run_swarm, subprocess_env
+from tests.spans_support import chat, greedy
 
 pytestmark = [pytest.mark.system]
 
@@ -32,16 +33,6 @@ def _one_blas_thread(one_blas_thread):
 @pytest.fixture(scope="module")
 def weights():
     return gguf_weights.load()
-
-
-def greedy(model: Llama, ids: list[int], n: int) -> list[int]:
-    cache = model.new_cache()
-    logits = model.forward(ids, cache)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = model.forward([out[-1]], cache)
-    return out
 
 
 def test_a_model_bigger_than_any_worker_runs_on_spans_that_fit_each_offer(weights):
@@ -102,7 +93,7 @@ def test_a_model_that_fits_no_placement_is_refused_up_front(weights, tmp_path):
         assert r.returncode == 1, r.stderr
         assert "offer 100.0 MiB" in r.stderr and "short" in r.stderr
         assert "Traceback" not in r.stderr
-        status, body = _chat(client, "What is the capital of France?")
+        status, body = chat(client, "What is the capital of France?")
         assert status == 503 and "offer 100.0 MiB" in body["error"]["message"]
 
 
@@ -118,39 +109,6 @@ def test_a_span_call_naming_its_model_badly_is_refused(weights, model):
     check_span_forward([x, flat], params | {"model": b"m" * 12})
     with pytest.raises(ValueError, match="model= is the first 12 bytes"):
         check_span_forward([x, flat], params | {"model": model})
-
-
-def _chat(client, text: str, max_tokens: int = 4) -> tuple[int, dict]:
-    """One /v1/chat/completions from a --http server on the client's node: (status, body)."""
-    import json
-    import urllib.error
-    import urllib.request
-    from pathlib import Path
-
-    from swarm.processes.member import openai_api
-    from swarm.web.server import SwarmInfo, WebServer
-
-    info = SwarmInfo(client.swarm_id, "local", "00" * 32, False, client.uri)
-
-    async def start():
-        server = WebServer(client.node, info, "127.0.0.1", 0, api=openai_api(client.node))
-        await server.start()
-        return server
-
-    server = client._loop.run(start(), 30)
-    key = (Path(client.node.config.data_dir) / "api-key").read_text().strip()
-    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": text}]}
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions",
-                                 json.dumps(body).encode(), {"Authorization": f"Bearer {key}",
-                                                             "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-    finally:
-        client._loop.run(server.stop(), 30)
 
 
 def test_offers_are_read_from_the_records_speeds_within_noise_count_as_equal():
