@@ -55,6 +55,9 @@ class KrpcMessage:
     """BEP 42: the address the sender saw us at, when it said."""
     v: bytes = b""
     """BEP 5's client version of the sender (:data:`CLIENT` for a swarm node)."""
+    ro: bool = False
+    """BEP 43: a query from a read-only node (top-level ``ro`` = 1), which answers no
+    queries itself and so is never added to a routing table."""
 
     @property
     def from_swarm(self) -> bool:
@@ -84,7 +87,7 @@ def decode(datagram: bytes) -> KrpcMessage:
         q, a = msg.get(b"q"), msg.get(b"a")
         if not isinstance(q, bytes) or not isinstance(a, dict):
             raise KrpcError("query without q or a")
-        return KrpcMessage(t, y, q=q, body=a, ip=ip, v=v)
+        return KrpcMessage(t, y, q=q, body=a, ip=ip, v=v, ro=msg.get(b"ro") == 1)
     if y == b"r":
         r = msg.get(b"r")
         if not isinstance(r, dict):
@@ -97,8 +100,12 @@ def decode(datagram: bytes) -> KrpcMessage:
     return KrpcMessage(t, y, error=(e[0], e[1].decode("utf-8", "replace")[:200]), ip=ip, v=v)
 
 
-def query(t: bytes, method: str, args: dict[str, Any]) -> bytes:
-    return bencode({b"t": t, b"y": b"q", b"q": method.encode(), b"a": args, b"v": CLIENT})
+def query(t: bytes, method: str, args: dict[str, Any], ro: bool = False) -> bytes:
+    """A query; ``ro`` marks it as a read-only node's (BEP 43)."""
+    msg = {b"t": t, b"y": b"q", b"q": method.encode(), b"a": args, b"v": CLIENT}
+    if ro:
+        msg[b"ro"] = 1
+    return bencode(msg)
 
 
 def response(t: bytes, body: dict[str, Any], to: tuple[str, int] | None = None) -> bytes:

@@ -112,7 +112,14 @@ def node_id_of(public_key: bytes) -> bytes:
 
 
 class DHTNode(Server):
-    """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``."""
+    """One DHT node. ``await listen()``, ``await bootstrap([...])``, use, ``await stop()``.
+
+    ``read_only`` (BEP 43, :mod:`dht.protocol`): for a process that only looks or writes
+    for a few seconds (``swarm status``, a one-shot submit, ``swarm dht get``): its queries
+    say so, other nodes never list it as a contact, and it answers no queries, so it leaves
+    no dead contact behind. Its own store is then nobody's copy: a write must land on
+    another node. Never for a member or a ``swarm dht serve`` node, which others must reach.
+    """
 
     protocol_class = DHTProtocol
 
@@ -124,7 +131,7 @@ class DHTNode(Server):
                  republish_interval: float = 3600.0, maintenance_interval: float = 60.0,
                  token_rotate: float = 300.0, max_items: int = MAX_ITEMS,
                  max_per_topic: int = MAX_PER_TOPIC, krpc: bool = False,
-                 require_bep42: bool = False) -> None:
+                 require_bep42: bool = False, read_only: bool = False) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if self.data_dir is not None:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -143,6 +150,7 @@ class DHTNode(Server):
         super().__init__(ksize=ksize, alpha=alpha, node_id=node_id, storage=self.store)
         self.rpc_timeout = rpc_timeout
         self.krpc = krpc
+        self.read_only = read_only
         self.require_bep42 = require_bep42
         self.slow_after = slow_after
         self.republish_interval = republish_interval
@@ -493,7 +501,10 @@ class DHTNode(Server):
         return reply.nodes, reply
 
     def _self_is_close(self, target: bytes, responses: list[tuple[Node, Any]]) -> bool:
-        """Whether this node belongs among the k closest to ``target`` that answered."""
+        """Whether this node belongs among the k closest to ``target`` that answered (never
+        a read-only node: nobody asks it)."""
+        if self.read_only:
+            return False
         if len(responses) < self.ksize:
             return True
         t = int.from_bytes(target, "big")

@@ -12,6 +12,16 @@ msgpack) and KRPC (a bencoded dict, first byte ``d``; :mod:`dht.krpc`). Both dec
 calls on :class:`dht.core.RequestCore`; this module only frames, dispatches and applies the
 per-address reply budget (:class:`dht.addresses.RoundTrips`). A node with ``krpc=True``
 also *sends* KRPC, so it can live among mainline nodes that know nothing of swarm.
+
+Read-only nodes (BEP 43): a node with ``read_only`` (a short-lived CLI process: ``swarm
+status``, a one-shot submit, ``swarm dht get``) marks every query it sends (KRPC: top-level
+``ro`` = 1; the swarm framing: a third element ``{"ro": 1}``) and answers no queries. A node
+receiving a marked query answers it but never adds, refreshes or challenges the sender as a
+contact, so it is never handed out in answers either: once the process exits, nobody's
+lookups wait out an RPC timeout on it. The flag is the sender's word and only about itself:
+it can keep its sender out of our table, never take anyone out of it (a spoofed ``ro``
+query changes no contact), and BEP 44 writes stay bound to the sender's address by the
+write token, not by the routing table.
 """
 
 from __future__ import annotations
@@ -26,7 +36,6 @@ from typing import Any, Protocol
 import umsgpack
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
-from rpcudp.exceptions import MalformedMessage
 from rpcudp.protocol import RPCProtocol
 
 from dht import errors, krpc
@@ -89,6 +98,7 @@ class ProtocolHost(Protocol):
     rpc_timeout: float
     require_bep42: bool
     krpc: bool
+    read_only: bool
     tokens: TokenIssuer
     replay: ReplayGuard
     stats: Stats
@@ -218,11 +228,7 @@ class DHTProtocol(KademliaProtocol):
         if name in PADDED and address not in self._known_by and not unproven:
             extra = (bytes(PAD_BYTES),)
         for attempt in range(2):
-            try:
-                send = RPCProtocol.__getattr__(self, name)
-                future = send(address, self.source_node.id, *args, *extra)
-            except MalformedMessage as exc:
-                raise DHTError(f"request {name} is too large for one datagram") from exc
+            future = self._send_swarm(address, name, (self.source_node.id, *args, *extra))
             clock = asyncio.get_running_loop().time
             started = clock()
             self.dht.stats.requests += 1
@@ -241,6 +247,24 @@ class DHTProtocol(KademliaProtocol):
                 return result
             extra = (cookie,)  # prove our address and ask again
         return result
+
+    def _send_swarm(self, address: tuple[str, int], name: str, args: tuple) -> asyncio.Future:
+        """Send one request in the swarm framing (rpcudp's, ``0x00 + id + [name, args]``);
+        a read-only node adds ``{"ro": 1}`` as a third element. The future gets (True,
+        reply) or, after the RPC timeout, (False, None)."""
+        body: list[Any] = [name, args]
+        if self.dht.read_only:
+            body.append({"ro": 1})
+        data = umsgpack.packb(body)
+        if len(data) > 8192:  # rpcudp's limit for one datagram
+            raise DHTError(f"request {name} is too large for one datagram")
+        msg_id = os.urandom(20)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        timer = loop.call_later(self._wait_timeout, self._timeout, msg_id)
+        self._outstanding[msg_id] = (future, timer)
+        self.transport.sendto(b"\x00" + msg_id + data, address)
+        return future
 
     async def call(self, node: Node, name: str, *args: Any) -> Any | None:
         """A request to a routing contact: the reply, or None (and the contact is dropped)."""
@@ -289,7 +313,7 @@ class DHTProtocol(KademliaProtocol):
         self._krpc_pending[t] = (future, timer, address)
         started = loop.time()
         self.dht.stats.requests += 1
-        self.transport.sendto(krpc.query(t, method, a), address)
+        self.transport.sendto(krpc.query(t, method, a, ro=self.dht.read_only), address)
         ok, msg = await future
         if not ok:
             return False, None
@@ -318,6 +342,8 @@ class DHTProtocol(KademliaProtocol):
             log.debug("undecodable datagram from %s", address)
             return
         if datagram[:1] == b"\x00":
+            if self.dht.read_only:
+                return  # BEP 43: a read-only node answers no queries
             await self._accept_request(datagram[1:21], data, address, len(datagram))
         elif datagram[:1] == b"\x01":
             self._accept_response(datagram[1:21], data, address)
@@ -369,6 +395,8 @@ class DHTProtocol(KademliaProtocol):
             if not future.done():
                 future.set_result((True, msg))
             return
+        if self.dht.read_only:
+            return  # BEP 43: a read-only node answers no queries
         out = self._krpc_answer(msg, tuple(address), len(datagram))
         if out is None or not self.round_trips.allows(address, len(datagram), len(out)):
             return  # (an error answer can be long too)
@@ -390,7 +418,8 @@ class DHTProtocol(KademliaProtocol):
         except Exception:
             log.exception("KRPC %r failed on a query from %s", msg.q[:20], sender)
             return krpc.error(msg.t, errors.SERVER, "server error")
-        self._welcome(sender, nodeid, krpc=True)
+        if not msg.ro:
+            self._welcome(sender, nodeid, krpc=True)
         body[b"id"] = self.source_node.id
         out = krpc.response(msg.t, body, sender)
         for group in self._TRIM:  # a reflection amplifier only for proven addresses
@@ -459,10 +488,12 @@ class DHTProtocol(KademliaProtocol):
         ``size`` is the request datagram's length: a large reply to an address that has not
         completed a round trip becomes ``{"retry": token}`` (``None``: no such check).
         """
-        if not (isinstance(data, list | tuple) and len(data) == 2 and isinstance(data[0], str)
-                and isinstance(data[1], list | tuple)):
+        if not (isinstance(data, list | tuple) and len(data) in (2, 3)
+                and isinstance(data[0], str) and isinstance(data[1], list | tuple)
+                and (len(data) == 2 or isinstance(data[2], dict))):
             return error_reply(errors.PROTOCOL, "malformed request")
-        name, args = data
+        name, args = data[0], data[1]
+        read_only = len(data) == 3 and data[2].get("ro") == 1
         if name not in REQUESTS:
             return error_reply(204, f"method unknown: {name[:40]}")
         target = self._retry_target(name, args)
@@ -474,6 +505,8 @@ class DHTProtocol(KademliaProtocol):
             return error_reply(errors.PROTOCOL, f"{name} takes {REQUESTS[name] + 1} arguments")
         if not is_node_id(args[0]):
             return error_reply(errors.PROTOCOL, "node id must be 20 bytes")
+        if not read_only:  # BEP 43: a read-only sender never becomes a contact
+            self._welcome(tuple(address), args[0])
         try:
             result = getattr(self, f"rpc_{name}")(tuple(address), *args)
             if inspect.isawaitable(result):
@@ -523,15 +556,12 @@ class DHTProtocol(KademliaProtocol):
         self.dht.spawn(verify())
 
     def rpc_ping(self, sender, nodeid):
-        self._welcome(sender, nodeid)
         return self.source_node.id
 
     def rpc_find_node(self, sender, nodeid, key):
-        self._welcome(sender, nodeid)
         return [node_to_wire(n) for n in self.core.find_node(sender, key, self.dht.clock())]
 
     def rpc_get(self, sender, nodeid, target):
-        self._welcome(sender, nodeid)
         answer = self.core.get(sender, target, self.dht.clock())
         reply: dict[str, Any] = {"token": answer.token,
                                  "nodes": [node_to_wire(n) for n in answer.nodes]}
@@ -542,7 +572,6 @@ class DHTProtocol(KademliaProtocol):
         return reply
 
     def rpc_put(self, sender, nodeid, token, kind, item, cas):
-        self._welcome(sender, nodeid)
         now = self.dht.clock()
         if kind == "m":
             self.core.put_mutable(sender, token, mutable_from_wire(item), cas, now)
@@ -553,35 +582,29 @@ class DHTProtocol(KademliaProtocol):
         return {"ok": True}
 
     def rpc_peers(self, sender, nodeid, info_hash):
-        self._welcome(sender, nodeid)
         answer = self.core.get_peers(sender, info_hash, self.dht.clock())
         return {"token": answer.token, "nodes": [node_to_wire(n) for n in answer.nodes],
                 "values": [list(v) for v in answer.values]}
 
     def rpc_announce_peer(self, sender, nodeid, token, info_hash, port):
-        self._welcome(sender, nodeid)
         self.core.announce_peer(sender, token, info_hash, port, self.dht.clock())
         return {"ok": True}
 
     def rpc_get_peers(self, sender, nodeid, topic, after):
-        self._welcome(sender, nodeid)
         answer = self.core.get_topic(sender, topic, after, self.dht.clock())
         return {"token": answer.token, "nodes": [node_to_wire(n) for n in answer.nodes],
                 "peers": [announcement_to_wire(a) for a in answer.page], "more": answer.more}
 
     def rpc_announce(self, sender, nodeid, token, topic, entry):
-        self._welcome(sender, nodeid)
         self.core.announce(sender, token, topic,
                            lambda t: announcement_from_wire(t, entry), self.dht.clock())
         return {"ok": True}
 
     def rpc_own(self, sender, nodeid, topic):
-        self._welcome(sender, nodeid)
         return {"peers": [announcement_to_wire(a)
                           for a in self.core.own(sender, topic, self.dht.clock())]}
 
     def rpc_message(self, sender, nodeid, envelope):
-        self._welcome(sender, nodeid)
         self.core.message((sender[0], sender[1]), Envelope.from_wire(envelope),
                           self.dht.clock())
         return {"ok": True}

@@ -966,7 +966,8 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
     ``target`` is a join URI (``magnet:?xs=urn:btpk:...``) or bootstrap ``HOST:PORT``
     addresses, in which case ``swarm`` (the 20-byte id, or 40 hex digits) names the swarm.
     Waits up to ``timeout`` seconds for ``min_workers`` workers to be linked. ``ice_servers``
-    (STUN/TURN for workers behind NATs) defaults to ``$SWARM_ICE_SERVERS``.
+    (STUN/TURN for workers behind NATs) defaults to ``$SWARM_ICE_SERVERS``. Its DHT node
+    is read-only (BEP 43): a requester is nobody's contact, so none is left dead behind it.
     """
     sid, peers = _parse_target(target)
     if sid is None:
@@ -985,7 +986,8 @@ def connect(target: str, *, swarm: bytes | str | None = None, data_dir: str | Pa
     base = Path(data_dir) if data_dir is not None else default_dir()
     temp = tempfile.mkdtemp(prefix="client-", dir=base)
     config = NodeConfig(Path(temp), sid, validators=validators(), roles=("requester",), bootstrap=tuple(peers),
-                        announce=False, dht_rpc_timeout=2.0, host=source_address(peers),
+                        announce=False, dht_rpc_timeout=2.0, dht_read_only=True,
+                        host=source_address(peers),
                         ice_servers=tuple(_ice_servers() if ice_servers is None else ice_servers),
                         relays=3)
     return _start_client(config, min_workers, timeout, [lambda: shutil.rmtree(temp, True)],

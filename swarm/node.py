@@ -171,6 +171,10 @@ class NodeConfig:
     """Announce a member record (a transient requester such as ``swarm submit`` does not)."""
     dht_rpc_timeout: float = 5.0
     """Seconds a DHT request waits for an answer (a dead node costs this per lookup)."""
+    dht_read_only: bool = False
+    """A read-only DHT node (BEP 43, :class:`dht.DHTNode`): for a transient requester
+    (``swarm submit``), which nobody must keep as a contact after it exits; never for a
+    member."""
     bench_sizes: tuple[int, ...] | None = None
     """Matrix sizes of the start-up benchmark behind the announced TFLOPS (None: compute's
     quick set, ~3 s)."""
@@ -239,7 +243,8 @@ class Node:
         self.key = key or PeerKey.load_or_create(data / KEY_FILE)
         self.peer_id: PeerId = self.key.peer_id
         self.dht = DHTNode(self.key, data / "dht", maintenance_interval=30.0,
-                           rpc_timeout=config.dht_rpc_timeout)
+                           rpc_timeout=config.dht_rpc_timeout,
+                           read_only=config.dht_read_only)
         for salt, validator in config.validators.items():
             self.dht.register_validator(salt, validator)  # refuse forged swarm items
         self.accept_peer: Callable[[PeerId], bool] = lambda peer: True

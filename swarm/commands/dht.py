@@ -214,7 +214,7 @@ async def _items(args: argparse.Namespace, addrs: list[tuple[str, int]]) -> int:
     else:
         pubkey = _hex(args.key, 32, "--key") if args.key else None
         target = _hex(args.target, 20, "--target") if args.target else None
-    node = DHTNode(rpc_timeout=2.0, krpc=True)
+    node = DHTNode(rpc_timeout=2.0, krpc=True, read_only=True)  # gone in seconds: BEP 43
     try:
         await node.listen(0, "0.0.0.0" if any(not _loopback(h) for h, _ in addrs)
                           else "127.0.0.1")

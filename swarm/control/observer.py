@@ -1,4 +1,5 @@
-"""Looking at a swarm from outside: a throwaway DHT node, no membership, no compute.
+"""Looking at a swarm from outside: a throwaway read-only DHT node (BEP 43: no member keeps
+it as a contact), no membership, no compute.
 
 ``swarm status`` reports what :func:`observe` finds; ``swarm kick|block|unblock`` use it
 to find the coordinator, then :func:`send_command` delivers a signed command to it and
@@ -38,7 +39,7 @@ async def dht_observer(uri: JoinURI, key: PeerKey | None = None):
     if not uri.peers:
         raise RemoteError("the URI names no bootstrap peer (x.pe=host:port); cannot reach "
                           "the swarm")
-    node = DHTNode(key or PeerKey.generate(), None, rpc_timeout=1.0)
+    node = DHTNode(key or PeerKey.generate(), None, rpc_timeout=1.0, read_only=True)
     charter.register_validators(node)
     await node.listen(0, source_address(uri.peers))
     try:
