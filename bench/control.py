@@ -123,9 +123,10 @@ def _status(uri: str, data_dir: Path, env: dict) -> dict | None:
     return json.loads(out.stdout)
 
 
-def cli_trial(workers: int) -> dict:
+def cli_trial(workers: int, logs: Path | None = None) -> dict:
     """Issue 48's failover: SIGKILL the coordinator, `swarm status --json` until it names
-    another coordinator at a higher term."""
+    another coordinator at a higher term. ``logs``: each process's stderr goes there, each
+    line with its time after the SIGKILL (``NAME.log``)."""
     root = Path(tempfile.mkdtemp(prefix="bench-control-cli-"))
     env = child_env()
     procs: dict[str, _Timed] = {}
@@ -183,6 +184,12 @@ def cli_trial(workers: int) -> dict:
         for p in procs.values():
             p.stop(signal.SIGKILL)
             p.popen.wait(10)
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            zero = locals().get("t0", 0.0)
+            for n, p in procs.items():
+                (logs / f"{n}.log").write_text("".join(f"{at - zero:+9.3f} {line}\n"
+                                                       for at, line in p.timed))
 
 
 def main() -> int:
@@ -192,11 +199,14 @@ def main() -> int:
                     help="CLI failover trials (0: none)")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="keep each CLI trial's process logs under LOGS/trial-N/")
     args = ap.parse_args()
     rounds = [one_round(args.workers) for _ in range(args.rounds)]
     trials = []
     for i in range(args.trials):
-        trials.append(cli_trial(args.workers))
+        trials.append(cli_trial(args.workers,
+                                args.logs / f"trial-{i + 1}" if args.logs else None))
         print(f"trial {i + 1}: {trials[-1]}", file=sys.stderr, flush=True)
     keys = ("join", "joined", "failover", "handoff")
     table = {k: {"median": statistics.median(r[k] for r in rounds),

@@ -335,6 +335,18 @@ class DHTNode(Server):
                 raise task.exception()
         return [t.result() for t in tasks if _answered(t)]
 
+    async def answering(self, addrs: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The addresses in ``addrs`` whose DHT node answers a ping, in the order given.
+        Once one has answered, the others get the lookup's grace for a slow node; one still
+        silent then counts as not answering (its ping goes on in the background). A member
+        that died since it announced (a SIGKILLed coordinator) held every ``swarm status``
+        for the whole RPC timeout."""
+        self._require_listening()
+        addrs = [(str(h), int(p)) for h, p in addrs]
+        tasks = [asyncio.ensure_future(self._ping_addr(a)) for a in addrs]
+        await self._first_answer_then_grace(tasks)
+        return [a for a, t in zip(addrs, tasks, strict=True) if _answered(t)]
+
     async def _first_answer_then_grace(self, tasks: list[asyncio.Task]) -> None:
         """Wait until one of ``tasks`` answers (a result other than None), then the others
         for ``GRACE`` times a slow answer's time; those still running go on in the background

@@ -178,11 +178,11 @@ async def test_the_observer_counts_no_departed_members_word(monkeypatch):
     async def fetch_state(node, peer, sid, known=None):
         return items.get(peer)
 
-    async def answers(node, addr, timeout=1.0):
-        return True
+    async def alive(node, addrs):
+        return {tuple(a) for a in addrs if a is not None}
 
     monkeypatch.setattr(observer.charter, "fetch_state", fetch_state)
-    monkeypatch.setattr(observer, "_answers", answers)  # every member reachable
+    monkeypatch.setattr(observer, "_alive", alive)  # every member reachable
     assert await observer.counted_coordinator_state(None, SWARM, members) == new
     # while it is still there (not left), its item counts as before
     members[0] = (replace(members[0][0], left=False), members[0][1])

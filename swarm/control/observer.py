@@ -164,14 +164,14 @@ async def counted_coordinator_state(node: DHTNode, sid: bytes,
     # decide (below), so their pings go out beside the reads (a dead member's ping waits out
     # its whole timeout: after a failover, each status call waited it out after the reads).
     voting = [r for r, _ in members if r.follows is not None]
-    pings = {r.peer_id: asyncio.ensure_future(_answers(node, r.dht)) for r in voting} \
-        if len({r.follows for r in voting}) > 1 else {}
+    pings = asyncio.ensure_future(_alive(node, [r.dht for r in voting])) \
+        if len({r.follows for r in voting}) > 1 else None
     try:
         return await _counted(node, sid, members, view, read, pings)
     finally:
-        for ping in pings.values():
-            ping.cancel()
-        await asyncio.gather(*pings.values(), return_exceptions=True)
+        if pings is not None:
+            pings.cancel()
+            await asyncio.gather(pings, return_exceptions=True)
 
 
 async def _counted(node, sid, members, view, read, pings) -> CoordinatorState | None:
@@ -186,23 +186,18 @@ async def _counted(node, sid, members, view, read, pings) -> CoordinatorState | 
     states = [s for s in found.values() if s is not None]
     voters = [r for r, _ in members]
     contest = deciding_voters(states, view, voters)
-    if contest:
-        gone = {r.peer_id for r, ok in zip(contest, await asyncio.gather(
-            *(pings.get(r.peer_id) or _answers(node, r.dht) for r in contest)), strict=True)
-            if not ok}
-        voters = [r for r in voters if r.peer_id not in gone]
+    if contest:  # (a member silent once the others answered counts as gone)
+        alive = await (pings if pings is not None else _alive(node, [r.dht for r in contest]))
+        voters = [r for r in voters if r.peer_id not in {
+            c.peer_id for c in contest if c.dht is None or tuple(c.dht) not in alive}]
     return newest_counted(states, view, votes=followers(voters))
 
 
-async def _answers(node: DHTNode, addr: tuple[str, int] | None, timeout: float = 1.0) -> bool:
-    """Whether a DHT node answers a ping at ``addr`` within ``timeout`` s."""
-    if addr is None:
-        return False
-    try:
-        ok, _ = await asyncio.wait_for(node.protocol.ping(addr, b""), timeout)
-    except (TimeoutError, OSError, DHTError):
-        return False
-    return bool(ok)
+async def _alive(node: DHTNode, addrs: list[tuple[str, int] | None]) -> set[tuple[str, int]]:
+    """The DHT addresses among ``addrs`` that answer a ping now; one still silent once the
+    others answered counts as gone (:meth:`dht.DHTNode.answering`: a dead member's ping
+    waited out its whole timeout in every ``swarm status`` after a failover)."""
+    return set(await node.answering(a for a in addrs if a is not None))
 
 
 async def observe(node: DHTNode, uri: JoinURI) -> View:
@@ -233,16 +228,17 @@ JOIN_PEERS = 4
 """Peers a fresh join URI names."""
 
 
-async def join_uri(node: DHTNode, uri: JoinURI, view: View, timeout: float = 2.0) -> JoinURI:
+async def join_uri(node: DHTNode, uri: JoinURI, view: View) -> JoinURI:
     """A fresh join URI: the swarm of ``uri``, naming up to :data:`JOIN_PEERS` live members
     whose DHT address answered a ping just now (freshest announcements first), or, when none
-    did, the bootstrap peers that answered; owner pin and name as in ``uri``."""
+    did, the bootstrap peers that answered; owner pin and name as in ``uri``. A member whose
+    announcement outlived it is left out once the others answered
+    (:meth:`dht.DHTNode.answering`), not waited for."""
     members = sorted(view.members, key=lambda m: -m[1])
-    candidates = list(dict.fromkeys(r.dht for r, _ in members if r.dht is not None))
+    candidates = list(dict.fromkeys(tuple(r.dht) for r, _ in members if r.dht is not None))
 
     for pool in (candidates, list(uri.peers)):
-        answered = await asyncio.gather(*(_answers(node, a, timeout) for a in pool))
-        alive = [a for a, ok in zip(pool, answered, strict=True) if ok]
+        alive = await node.answering(pool) if pool else []
         if alive:
             return JoinURI(uri.pubkey, uri.name, uri.salt, tuple(alive[:JOIN_PEERS]),
                            uri.owner)
