@@ -9,7 +9,8 @@ Each round starts a fresh swarm (`swarm publish` + N `swarm join` processes), me
             (an observer node in this process, polling)
   handoff   SIGTERM of the (new) coordinator -> its successor's term seen in the DHT
 and prints medians. Each CLI trial (issue 48's failover as a user sees it) starts a fresh
-swarm the same way, runs `swarm status --json` once from an observer data dir (which then
+swarm the same way, waits until every member's own view holds all members, runs
+`swarm status --json` once from an observer data dir (which then
 remembers the members), SIGKILLs the coordinator and runs `swarm status --json` from that
 data dir back to back until one names another coordinator at a higher term:
   cli       SIGKILL -> that `swarm status` process's output
@@ -123,6 +124,24 @@ def _status(uri: str, data_dir: Path, env: dict) -> dict | None:
     return json.loads(out.stdout)
 
 
+def _wait_views(procs: dict[str, _Timed], count: int, timeout: float) -> None:
+    """Until every member's own view ("N members in view") holds all ``count`` members: a
+    member that joined a moment before the SIGKILL may not list the last one yet, and the
+    failover it then runs is a join race (two claims of one term were seen), not the one
+    issue 48 measures."""
+    def settled(p: _Timed) -> bool:
+        with p.cond:
+            seen = [int(m.group(1)) for line in p.lines
+                    if (m := re.search(r"(\d+) members in view", line))]
+        return bool(seen) and seen[-1] == count
+
+    deadline = time.monotonic() + timeout
+    while not all(settled(p) for p in procs.values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the members' views never held every member")
+        time.sleep(0.05)
+
+
 def cli_trial(workers: int, logs: Path | None = None) -> dict:
     """Issue 48's failover: SIGKILL the coordinator, `swarm status --json` until it names
     another coordinator at a higher term. ``logs``: each process's stderr goes there, each
@@ -130,6 +149,7 @@ def cli_trial(workers: int, logs: Path | None = None) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-control-cli-"))
     env = child_env()
     procs: dict[str, _Timed] = {}
+    t0 = time.monotonic()  # the SIGKILL's time once it is sent: the logs count from it
     try:
         procs["pub"] = _Timed("pub", ["publish", "--name", "bench", "--owner-key",
                                       f"soft:{root / 'o.key'}", "--backend", "numpy", "-v"],
@@ -142,6 +162,7 @@ def cli_trial(workers: int, logs: Path | None = None) -> dict:
         for n in peers:
             if n != "pub":
                 procs[n].wait_for("joined swarm", 90)
+        _wait_views(procs, len(peers), 60)
         obs = root / "observer"
         deadline = time.monotonic() + 60
         while True:
@@ -186,9 +207,8 @@ def cli_trial(workers: int, logs: Path | None = None) -> dict:
             p.popen.wait(10)
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
-            zero = locals().get("t0", 0.0)
             for n, p in procs.items():
-                (logs / f"{n}.log").write_text("".join(f"{at - zero:+9.3f} {line}\n"
+                (logs / f"{n}.log").write_text("".join(f"{at - t0:+9.3f} {line}\n"
                                                        for at, line in p.timed))
 
 
