@@ -18,7 +18,10 @@ data dir back to back until one names another coordinator at a higher term:
   rounds    claims it took (new term - old term: each failed claim burns one)
   suspected members that logged "suspecting it" of the member that went on to win
 (claims that timed out or failed are listed with --json, and on stderr as each trial ends)
-The machine is shared: quote ratios and medians, not single runs.
+The machine is shared: quote ratios and medians, not single runs. The processes keep
+their bytecode in a temporary PYTHONPYCACHEPREFIX, as an installed swarm has it: with
+PYTHONDONTWRITEBYTECODE (set on the project's CI machines) each `swarm status` compiled ~70
+modules from source, about a quarter of its run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import statistics
@@ -222,6 +226,8 @@ def main() -> int:
     ap.add_argument("--logs", type=Path, default=None,
                     help="keep each CLI trial's process logs under LOGS/trial-N/")
     args = ap.parse_args()
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # child_env() copies os.environ
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="bench-control-pyc-"))
     rounds = [one_round(args.workers) for _ in range(args.rounds)]
     trials = []
     for i in range(args.trials):
