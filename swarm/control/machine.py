@@ -161,7 +161,7 @@ class Timing:
     claims then took the members' whole DHT RPC timeout, 5 s, and timed out. The trials'
     logs showed the cause: the claim's lookups waited on the DHT nodes of `swarm status`
     processes that had exited, which every member kept as contacts; CLI nodes are read-only
-    now (BEP 43) and claims took 0.01-0.10 s in 50 trials at 2.0 s. 1.25 s was not tried
+    now (BEP 43) and claims took 0.01-0.11 s in 60 trials at 2.0 s. 1.25 s was not tried
     again: with claims that fast, a coordinator suspected falsely (a loaded host's late
     heartbeat) has little time to speak before the put drops the claim.)"""
     startup: float = 4.0
