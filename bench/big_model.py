@@ -1,0 +1,138 @@
+"""A model no single worker can hold, on workers that each hold a part: issue 46's demo.
+
+    make qwen-1.5b-model     # once: the 1.1 GB Qwen2.5-Coder-1.5B file
+    python bench/big_model.py [--model qwen2.5-1.5b] [--workers 3] [--max-memory 450M]
+                              [--tokens 12] [--json]
+
+Starts `swarm publish` and ``--workers`` `swarm join --max-memory M` processes on loopback
+(none may hold the file: it is larger than M), then `swarm generate URI "What is the capital
+of France?" --model MODEL --json` as a user would. Prints where each span of blocks ran, the
+answer, and each worker's memory: its RSS once joined (its baseline), its peak RSS over the
+whole run (VmHWM), and whether the peak stayed under M plus that baseline, as the issue asks.
+Exits 1 when the answer lacks "Paris", a worker hosted nothing, or a peak went over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from swarm.commands.demo_run import SwarmProcess, child_env  # noqa: E402
+
+QUESTION = "What is the capital of France?"
+
+
+def memory(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of ``pid`` in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def parse_size(text: str) -> int:
+    from swarm.commands.join import _size
+
+    return _size(text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-1.5b", metavar="PATH|NAME")
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--max-memory", default="450M")
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from models import catalog
+
+    path, _ = catalog.resolve(args.model)
+    limit = parse_size(args.max_memory) / 2**20
+    root = Path(tempfile.mkdtemp(prefix="bench-big-"))
+    env = child_env()
+    procs: dict[str, SwarmProcess] = {}
+    try:
+        procs["pub"] = SwarmProcess("pub", ["publish", "--name", "big", "--owner-key",
+                                            f"soft:{root / 'o.key'}", "--backend", "numpy"],
+                                    root, env)
+        uri = procs["pub"].first_stdout_line(120)
+        for i in range(args.workers):
+            procs[f"w{i}"] = SwarmProcess(f"w{i}", [
+                "join", uri, "--yes", "--backend", "numpy", "--threads", "1",
+                "--max-memory", args.max_memory], root, env)
+        peers = {n: procs[n].wait_for("peer: ", 120).split()[1] for n in procs if n != "pub"}
+        for n in peers:
+            procs[n].wait_for("joined swarm", 120)
+        baseline = {n: memory(procs[n].popen.pid)["VmRSS"] for n in peers}
+        started = time.monotonic()
+        gen = subprocess.run(
+            [sys.executable, "-P", "-m", "swarm", "generate", uri, QUESTION, "--model",
+             str(path), "--max-tokens", str(args.tokens), "--min-workers", str(args.workers),
+             "--json", "--data-dir", str(root / "requester")],
+            capture_output=True, text=True, env=env, timeout=3600)
+        seconds = time.monotonic() - started
+        if gen.returncode != 0:
+            print(gen.stderr[-3000:], file=sys.stderr)
+            return gen.returncode
+        answer = json.loads(gen.stdout)
+        mem = {n: memory(procs[n].popen.pid) for n in peers}
+    finally:
+        for p in procs.values():
+            p.stop()
+        for p in procs.values():
+            try:
+                p.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+        shutil.rmtree(root, ignore_errors=True)
+    hosted: dict[str, list] = {n: [] for n in peers}
+    by_peer = {v: n for n, v in peers.items()}
+    for s in answer["spans"]:
+        name = next((n for p, n in by_peer.items() if s["worker"] and
+                     (s["worker"].startswith(p) or p.startswith(s["worker"]))), None)
+        if name is not None:
+            hosted[name].append(s["layers"])
+    rows = [{"worker": n, "blocks": " ".join(f"{a}-{b}" for a, b in hosted[n]) or "-",
+             "baseline_MiB": round(baseline[n]), "peak_MiB": round(mem[n]["VmHWM"]),
+             "rss_after_MiB": round(mem[n]["VmRSS"]),
+             "limit_MiB": round(limit + baseline[n]),
+             "under": mem[n]["VmHWM"] <= limit + baseline[n]} for n in peers]
+    ok = "Paris" in answer["text"] and all(r["under"] and r["blocks"] != "-" for r in rows)
+    out = {"model": answer["model"], "file_bytes": path.stat().st_size,
+           "max_memory": args.max_memory, "answer": answer["text"],
+           "tokens": answer["usage"]["completion_tokens"], "seconds": round(seconds, 1),
+           "checked_calls": answer["checked_calls"], "rejected": answer["rejected"],
+           "workers": rows, "ok": ok}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        con = Console()
+        con.print(f"{out['model']} ({out['file_bytes'] / 2**30:.2f} GiB) on {args.workers} "
+                  f"workers of --max-memory {args.max_memory}: {out['answer']!r} "
+                  f"({out['tokens']} tokens in {out['seconds']} s, {out['checked_calls']} "
+                  f"span calls checked, {out['rejected']} rejected)")
+        t = Table(title="each worker's memory (MiB)")
+        for col in rows[0]:
+            t.add_column(col)
+        for r in rows:
+            t.add_row(*(str(v) for v in r.values()))
+        con.print(t)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
