@@ -97,23 +97,22 @@ def main() -> int:
                 p.popen.kill()
         shutil.rmtree(root, ignore_errors=True)
     hosted: dict[str, list] = {n: [] for n in peers}
-    by_peer = {v: n for n, v in peers.items()}
-    for s in answer["spans"]:
-        name = next((n for p, n in by_peer.items() if s["worker"] and
-                     (s["worker"].startswith(p) or p.startswith(s["worker"]))), None)
-        if name is not None:
-            hosted[name].append(s["layers"])
+    names = {p: n for n, p in peers.items()}
+    for s in answer["spans"]:  # a span on no worker named here counts under "?"
+        hosted.setdefault(names.get(s["worker"], "?"), []).append(s["layers"])
+    covered = sorted(b for spans in hosted.values() for a, z in spans for b in range(a, z + 1))
     rows = [{"worker": n, "blocks": " ".join(f"{a}-{b}" for a, b in hosted[n]) or "-",
              "baseline_MiB": round(baseline[n]), "peak_MiB": round(mem[n]["VmHWM"]),
              "rss_after_MiB": round(mem[n]["VmRSS"]),
              "limit_MiB": round(limit + baseline[n]),
              "under": mem[n]["VmHWM"] <= limit + baseline[n]} for n in peers]
-    ok = "Paris" in answer["text"] and all(r["under"] and r["blocks"] != "-" for r in rows)
+    ok = "Paris" in answer["text"] and all(r["under"] and r["blocks"] != "-" for r in rows) \
+        and "?" not in hosted and covered == list(range(len(covered)))
     out = {"model": answer["model"], "file_bytes": path.stat().st_size,
            "max_memory": args.max_memory, "answer": answer["text"],
            "tokens": answer["usage"]["completion_tokens"], "seconds": round(seconds, 1),
            "checked_calls": answer["checked_calls"], "rejected": answer["rejected"],
-           "workers": rows, "ok": ok}
+           "spans": answer["spans"], "workers": rows, "ok": ok}
     if args.json:
         print(json.dumps(out, indent=1))
     else:

@@ -84,6 +84,12 @@ class _Unsigned:
     """Its inputs' and outputs' bytes, reserved in the store while kept."""
 
 
+KEEP_MAPPED = 64 << 20
+"""A received shared-memory object this large is stored as mapped (the sender's sealed
+segment, copy-on-write) instead of copied: the copy held it twice while it ran, and a span
+bundle's copy took a worker of ``--max-memory 450M`` about 130 MB over its offer (issue 46).
+At most ``--max-memory`` / 64 MiB such objects, one descriptor each."""
+
 class ActorHost:
     """Serves RunTask/PutObject/CancelTask on any number of links."""
 
@@ -168,9 +174,12 @@ class ActorHost:
         if oid.raw != msg.oid:
             log.warning("object %s does not match its content; dropped", msg.oid[:6].hex())
             return
-        if shm.mapped(arr):  # a private copy: a mapping holds a descriptor while it lives,
-            arr = np.array(arr)  # and stored objects live up to --max-memory's worth of
-            # them (issue 34: one descriptor, or two, per object of 1 MiB or more)
+        if shm.mapped(arr):
+            if arr.nbytes >= KEEP_MAPPED:
+                shm.settle(arr)  # stored as mapped: the one descriptor the mapping holds
+            else:  # a private copy: a mapping holds a descriptor while it lives, and stored
+                arr = np.array(arr)  # objects live up to --max-memory's worth of them
+                # (issue 34: one descriptor, or two, per object of 1 MiB or more)
         self.store.put(wire.restore_precision(arr) if wire.precision_of(arr) else arr, oid)
         self.stats.objects_received += 1
         self.stats.bytes_received += arr.nbytes
