@@ -15,6 +15,10 @@ and for the requester's own (within the f32 rounding of that product: SECURITY.m
 (``report_lying_peer``: proven on the spot under ``swarm.local()``, judged by the coordinator
 otherwise), the worker gets no more spans, and the step is redone elsewhere.
 
+Weights where they are: a worker that announces the model's file (``swarm join --model``)
+makes its span's bundle from its own copy (swarm.runtime.local_bundles) instead of being sent
+it; the bundle is still named by the requester's content address, so the bytes are the same.
+
 Faults: the requester keeps, per sequence and span, every input row it sent. A worker that dies
 (or refuses, or lies) has its span re-placed, by swarm.placement's rule, on a live worker whose
 offer has room for it beside the spans it already holds (the fastest such, the most room among
@@ -251,7 +255,13 @@ class SpanLlama(Llama):
             return host
         if self._assigned[k] not in live:
             self._assigned[k] = self._replace(k, live)
-        host = self._hosts[k] = _Host(self._assigned[k], self._client.new_instance())
+        peer = self._assigned[k]
+        record = self._client.offers().get(peer)
+        if record is not None and self._model in record.models:
+            # it holds the file: it makes the span's bundle from its own copy (checked by
+            # content address there; if it cannot, it asks and the bundle is sent)
+            self._client.held_by(peer, self._bundles[k])
+        host = self._hosts[k] = _Host(peer, self._client.new_instance())
         return host
 
     def _replace(self, k: int, live: list[PeerId]) -> PeerId:

@@ -131,11 +131,12 @@ def left_event(reason: str, exit_code: int) -> dict[str, Any]:
 
 
 def add_model_option(p: argparse.ArgumentParser) -> None:
-    """``--model`` (repeatable) for a member that serves chat on ``--http``."""
+    """``--model`` (repeatable): a model file the member holds, and serves with ``--http``."""
     p.add_argument("--model", action="append", default=[], metavar="PATH|NAME",
-                   help="a chat model /v1/chat/completions serves with --http (repeatable): "
-                   "a .gguf file (llama or qwen2 architecture) or a known model: smollm2 "
-                   "(default), qwen2.5-0.5b")
+                   help="a model file this member holds (repeatable): a .gguf file (llama or "
+                   "qwen2 architecture) or a known model: smollm2 (default), qwen2.5-0.5b, "
+                   "qwen2.5-1.5b. It is announced, the spans of it this member hosts are read "
+                   "from it instead of sent, and with --http /v1/chat/completions serves it")
 
 
 def chat_models(args: argparse.Namespace) -> list:
@@ -146,8 +147,6 @@ def chat_models(args: argparse.Namespace) -> list:
 
     if not args.model:
         return []
-    if not args.http:
-        raise ConfigError("--model names what the chat API serves: it needs --http")
     from models.catalog import describe
     from models.gguf_file import ModelMissing, WeightsError
 

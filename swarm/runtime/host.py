@@ -45,6 +45,7 @@ from swarm.runtime.hostcore import (  # noqa: F401 - the limits, re-exported for
     HostStats,
 )
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner
+from swarm.runtime.local_bundles import LocalBundles
 from swarm.runtime.objects import ObjectStore, object_id
 from swarm.runtime.protocol import (
     CancelTask,
@@ -104,8 +105,11 @@ class ActorHost:
         key: PeerKey | None = None,
         kernel_time_limit: float = KERNEL_TIME_LIMIT,
         clock: Callable[[], float] = time.perf_counter,
+        local_bundles: LocalBundles | None = None,
     ) -> None:
         self.backend = backend
+        self.local_bundles = local_bundles
+        """Span bundles made from the model files this worker holds (``--model``)."""
         self.key = key or PeerKey.generate()
         self.kernels = KernelRunner(kernel_time_limit)
         """User kernels run in a child process that a time limit can stop."""
@@ -226,6 +230,12 @@ class ActorHost:
     async def _execute(self, call: Call) -> None:
         """Carry out the core's plan for ``call``: run it, send its answer."""
         msg, link = call.msg, call.link
+        build = self.local_bundles.wanted(msg, self.store) if self.local_bundles else None
+        if build is not None:  # the span's weights from our own file, not the requester
+            flat = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.local_bundles.make, build)
+            if flat is not None:
+                self.store.put(flat, build.oid)
         plan = self.core.plan(call)
         if isinstance(plan, Crash):
             log.warning("SWARM_CHAOS: crashing as asked (crash_after)")
