@@ -2,14 +2,19 @@
 
     make qwen-1.5b-model     # once: the 1.1 GB Qwen2.5-Coder-1.5B file
     python bench/big_model.py [--model qwen2.5-1.5b] [--workers 3] [--max-memory 450M]
-                              [--tokens 12] [--json]
+                              [--tokens 12] [--compare 32] [--json]
 
-Starts `swarm publish` and ``--workers`` `swarm join --max-memory M` processes on loopback
-(none may hold the file: it is larger than M), then `swarm generate URI "What is the capital
-of France?" --model MODEL --json` as a user would. Prints where each span of blocks ran, the
-answer, and each worker's memory: its RSS once joined (its baseline), its peak RSS over the
-whole run (VmHWM), and whether the peak stayed under M plus that baseline, as the issue asks.
-Exits 1 when the answer lacks "Paris", a worker hosted nothing, or a peak went over.
+Starts `swarm publish --max-memory 1M --http ... --model MODEL` (it offers nothing, so it
+hosts no span; it serves the chat API) and ``--workers`` `swarm join --max-memory M`
+processes on loopback (none may hold the file: it is larger than M), then asks "What is the
+capital of France?" as a user would: `swarm generate URI ... --model MODEL --json`, and
+/v1/chat/completions of the publisher through the `openai` client. With ``--compare N``, a
+requester in this process also decodes 5 prompts x N greedy tokens over the spans and the
+same with the local forward, and counts the tokens that differ. Prints where each span of
+blocks ran, the answers, and each worker's memory: its RSS once joined (its baseline), its
+peak RSS over the whole run (VmHWM), and whether the peak stayed under M plus that
+baseline, as the issue asks. Exits 1 when an answer lacks "Paris", a worker hosted nothing,
+a peak went over, or a compared token differs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,53 @@ sys.path.insert(0, str(ROOT))
 from swarm.commands.demo_run import SwarmProcess, child_env  # noqa: E402
 
 QUESTION = "What is the capital of France?"
+PROMPTS = ["What is the capital of France?", "Write a Python function that reverses a string.",
+           "Explain what a hash table is in one sentence.", "List three prime numbers.",
+           "Translate 'good morning' into Spanish."]
+
+
+def wait_text(proc: SwarmProcess, text: str, timeout: float) -> str:
+    """The first stderr line of ``proc`` containing ``text``."""
+    deadline = time.monotonic() + timeout
+    with proc.cond:
+        while True:
+            for line in proc.lines:
+                if text in line:
+                    return line
+            if time.monotonic() > deadline or proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name}: no {text!r} line; stderr:\n"
+                                   + "\n".join(proc.lines[-20:]))
+            proc.cond.wait(0.2)
+
+
+def compare(uri: str, path: Path, workers: int, tokens: int, data_dir: Path) -> dict:
+    """5 prompts x ``tokens`` greedy tokens over the spans and with the local forward."""
+    import numpy as np
+
+    import swarm
+    from models.generate import generator
+
+    gen = generator(str(path))
+
+    def greedy(model, ids: list[int]) -> list[int]:
+        cache = model.new_cache(len(ids) + tokens + 1)
+        logits = model.forward(ids, cache)
+        out = []
+        for _ in range(tokens):
+            out.append(int(np.argmax(logits)))
+            logits = model.forward([out[-1]], cache)
+        return out
+
+    prompts = [gen.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
+    want = [greedy(gen.model, p) for p in prompts]
+    with swarm.connect(uri, min_workers=workers, data_dir=data_dir, timeout=120) as client:
+        spans = client.span_model(str(path))
+        got = [greedy(spans, p) for p in prompts]
+        st = spans.take_stats()
+    differ = sum(a != b for w, g in zip(want, got, strict=True)
+                 for a, b in zip(w, g, strict=True))
+    return {"prompts": len(prompts), "tokens_each": tokens, "tokens_differing": differ,
+            "checked_calls": st.calls, "rejected": st.rejected}
 
 
 def memory(pid: int) -> dict[str, float]:
@@ -42,9 +94,9 @@ def memory(pid: int) -> dict[str, float]:
 
 
 def parse_size(text: str) -> int:
-    from swarm.commands.join import _size
+    from swarm.commands._common import memory_size
 
-    return _size(text)
+    return memory_size(text)
 
 
 def main() -> int:
@@ -53,6 +105,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--max-memory", default="450M")
     ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--compare", type=int, default=0, metavar="N",
+                    help="also compare 5 prompts x N greedy tokens with the local forward")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from models import catalog
@@ -64,9 +118,12 @@ def main() -> int:
     procs: dict[str, SwarmProcess] = {}
     try:
         procs["pub"] = SwarmProcess("pub", ["publish", "--name", "big", "--owner-key",
-                                            f"soft:{root / 'o.key'}", "--backend", "numpy"],
-                                    root, env)
+                                            f"soft:{root / 'o.key'}", "--backend", "numpy",
+                                            "--max-memory", "1M", "--http", "127.0.0.1:0",
+                                            "--model", str(path)], root, env)
         uri = procs["pub"].first_stdout_line(120)
+        url = wait_text(procs["pub"], "join from a browser: ", 120).split(
+            "join from a browser: ", 1)[1].strip()
         for i in range(args.workers):
             procs[f"w{i}"] = SwarmProcess(f"w{i}", [
                 "join", uri, "--yes", "--backend", "numpy", "--threads", "1",
@@ -86,6 +143,16 @@ def main() -> int:
             print(gen.stderr[-3000:], file=sys.stderr)
             return gen.returncode
         answer = json.loads(gen.stdout)
+        import openai
+
+        key = (root / "pub" / "api-key").read_text().strip()
+        api = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0,
+                            timeout=1800)
+        chat = api.chat.completions.create(
+            model=answer["model_id"], max_tokens=args.tokens, temperature=0,
+            messages=[{"role": "user", "content": QUESTION}]).choices[0].message.content
+        checked = compare(uri, path, args.workers, args.compare, root / "compare") \
+            if args.compare else None
         mem = {n: memory(procs[n].popen.pid) for n in peers}
     finally:
         for p in procs.values():
@@ -106,10 +173,12 @@ def main() -> int:
              "rss_after_MiB": round(mem[n]["VmRSS"]),
              "limit_MiB": round(limit + baseline[n]),
              "under": mem[n]["VmHWM"] <= limit + baseline[n]} for n in peers]
-    ok = "Paris" in answer["text"] and all(r["under"] and r["blocks"] != "-" for r in rows) \
-        and "?" not in hosted and covered == list(range(len(covered)))
+    ok = "Paris" in answer["text"] and "Paris" in chat and all(r["under"] and r["blocks"] != "-" for r in rows) \
+        and "?" not in hosted and covered == list(range(len(covered))) \
+        and (checked is None or checked["tokens_differing"] == 0)
     out = {"model": answer["model"], "file_bytes": path.stat().st_size,
-           "max_memory": args.max_memory, "answer": answer["text"],
+           "max_memory": args.max_memory, "answer": answer["text"], "chat_answer": chat,
+           "compared": checked,
            "tokens": answer["usage"]["completion_tokens"], "seconds": round(seconds, 1),
            "checked_calls": answer["checked_calls"], "rejected": answer["rejected"],
            "spans": answer["spans"], "workers": rows, "ok": ok}
@@ -124,6 +193,11 @@ def main() -> int:
                   f"workers of --max-memory {args.max_memory}: {out['answer']!r} "
                   f"({out['tokens']} tokens in {out['seconds']} s, {out['checked_calls']} "
                   f"span calls checked, {out['rejected']} rejected)")
+        con.print(f"/v1/chat/completions: {chat!r}")
+        if checked:
+            con.print(f"greedy tokens over the spans against the local forward: "
+                      f"{checked['prompts']} prompts x {checked['tokens_each']}, "
+                      f"{checked['tokens_differing']} differ")
         t = Table(title="each worker's memory (MiB)")
         for col in rows[0]:
             t.add_column(col)
