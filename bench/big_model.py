@@ -73,6 +73,7 @@ def compare(uri: str, path: Path, workers: int, tokens: int, data_dir: Path) -> 
 
     prompts = [gen.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
     want = [greedy(gen.model, p) for p in prompts]
+    data_dir.mkdir(parents=True, exist_ok=True)
     with swarm.connect(uri, min_workers=workers, data_dir=data_dir, timeout=120) as client:
         spans = client.span_model(str(path))
         got = [greedy(spans, p) for p in prompts]
