@@ -9,6 +9,12 @@ Each sequence keeps its own cache, sampler and stops, so its tokens are the ones
 get alone (greedy: the same; the batch only shares the weight products). A reader that stops
 reading (closes its iterator) leaves the batch at the next step. A forward that fails fails
 the sequences of that step, each told the error.
+
+A forward that runs its blocks on several workers in turn (swarm.spans: one span each) says how
+many ``lanes`` it takes: that many batches then run side by side, each in its own thread and at
+its own step, so that while one lane's step is on the second span the next lane's is on the
+first, and every worker computes at once (pipelining, as Petals and GPipe do across stages).
+A new sequence joins the lane with the fewest; each lane is a continuous batch as above.
 """
 
 from __future__ import annotations
@@ -49,14 +55,17 @@ class BatchStats:
 
 
 class Batcher:
-    """The batch of one forward (``model``: a models.llama.Llama, or a SpanLlama)."""
+    """The batch of one forward (``model``: a models.llama.Llama, or a SpanLlama), in as many
+    lanes as the forward takes (its ``lanes``, else one)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self.lanes = max(1, int(getattr(model, "lanes", 1)))
         self.stats = BatchStats()
         self._lock = threading.Lock()
         self._joining: list[_Seq] = []
-        self._running = False
+        self._sizes: dict[int, int] = {}
+        """Each running lane's sequences (the lanes' threads, by number)."""
 
     def stream(self, ids: list[int], decode: Any) -> Iterator[Any]:
         """Run ``ids`` (a checked prompt and its models.generate.Decode: Generator.prepare)
@@ -64,9 +73,11 @@ class Batcher:
         seq = _Seq(list(ids), decode)
         with self._lock:
             self._joining.append(seq)
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._loop, name="batch", daemon=True).start()
+            lane = next((i for i in range(self.lanes) if i not in self._sizes), None)
+            if lane is not None:  # a lane more, up to the forward's (each takes its share)
+                self._sizes[lane] = 0
+                threading.Thread(target=self._loop, args=(lane,), name=f"batch-{lane}",
+                                 daemon=True).start()
         return self._read(seq)
 
     @staticmethod
@@ -82,22 +93,39 @@ class Batcher:
         finally:
             seq.left.set()
 
-    def _loop(self) -> None:
+    def _take(self, lane: int, active: list[_Seq]) -> list[_Seq] | None:
+        """The sequences that join ``lane`` at its next step (its share of the waiting ones:
+        the lanes end up even), or None when it is to end (nothing left to run)."""
+        with self._lock:
+            waiting = len(self._joining)
+            total = sum(self._sizes.values()) - self._sizes[lane] + len(active) + waiting
+            share = min(MAX_BATCH, -(-total // len(self._sizes)))
+            room = max(0, share - len(active))
+            joining, self._joining = self._joining[:room], self._joining[room:]
+            joining = [s for s in joining if not s.left.is_set()]
+            if not active and not joining:
+                if self._joining:
+                    return []  # those it took had left: it takes again
+                del self._sizes[lane]
+                return None
+            self._sizes[lane] = len(active) + len(joining)
+            return joining
+
+    def _loop(self, lane: int) -> None:
         active: list[_Seq] = []
         while True:
-            with self._lock:
-                active = [s for s in active if not s.left.is_set()]
-                room = MAX_BATCH - len(active)
-                joining, self._joining = self._joining[:room], self._joining[room:]
-                joining = [s for s in joining if not s.left.is_set()]
-                if not active and not joining and not self._joining:
-                    self._running = False
-                    return
+            active = [s for s in active if not s.left.is_set()]
+            joining = self._take(lane, active)
+            if joining is None:
+                return
             if active and joining:
-                self.stats.joined_running += len(joining)
+                with self._lock:
+                    self.stats.joined_running += len(joining)
             for s in joining:
                 s.cache = self.model.new_cache(s.decode.capacity(s.ids))
             batch = active + joining
+            if not batch:
+                continue
             items = [([s.last], s.cache) for s in active] + [(s.ids, s.cache) for s in joining]
             try:
                 with _blas().limit(limits=1, user_api="blas"):
@@ -107,8 +135,9 @@ class Batcher:
                     s.pieces.put(exc)
                 active = []
                 continue
-            self.stats.steps += 1
-            self.stats.widest = max(self.stats.widest, len(batch))
+            with self._lock:
+                self.stats.steps += 1
+                self.stats.widest = max(self.stats.widest, len(batch))
             active = []
             for s, lg in zip(batch, logits, strict=True):
                 try:

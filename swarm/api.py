@@ -545,6 +545,15 @@ class Client:
             peer, call, instance=instance, seq=seq, report=report), timeout)
         return call, reply
 
+    def held_by(self, peer: PeerId, ref: ObjectRef) -> None:
+        """``peer`` can make ``ref`` itself (it announced the model file the ref comes from):
+        calls to it naming ``ref`` do not send it first. A worker that cannot make it answers
+        that it is missing, and it is sent then (one round trip lost, nothing else)."""
+        if ref.owner is not self:
+            raise ValueError("this ObjectRef belongs to another client")
+        self._loop.loop.call_soon_threadsafe(self._node.requester.store.add_holder, ref.id,
+                                             peer.raw)
+
     def accept(self, peer: PeerId, task: int) -> None:
         """``peer``'s result to ``task`` was checked and used: it may let it go."""
         self._loop.loop.call_soon_threadsafe(self._node.requester.accept, peer, [task])
@@ -1068,14 +1077,17 @@ class LocalSwarm(Client):
 def local(workers: int = 2, *, threads: int | None = None,
           chaos: str | Sequence[str | None] | None = None, timeout: float = 60.0,
           data_dir: str | Path | None = None,
-          max_memory: int | Sequence[int] | None = None) -> LocalSwarm:
+          max_memory: int | Sequence[int] | None = None,
+          models: Sequence[Sequence[str | Path]] | None = None) -> LocalSwarm:
     """Start an embedded swarm: this process's client node plus ``workers`` worker processes.
 
     Everything goes through the real paths: the workers join the client's DHT node,
     announce themselves, and the client links to them over TLS. ``threads`` caps each
     worker's BLAS threads (default: cores // workers, at least 1). ``chaos`` is a
     ``SWARM_CHAOS`` value for every worker, or a list with one per worker; ``max_memory``
-    the bytes each worker offers (``--max-memory``: one for all, or one per worker).
+    the bytes each worker offers (``--max-memory``: one for all, or one per worker);
+    ``models`` the GGUF files each worker holds (``--model``: one list per worker), whose
+    spans it makes from its own file rather than receive.
     """
     if not isinstance(workers, int) or not 0 <= workers <= 64:
         raise ValueError("workers must be an int between 0 and 64")
@@ -1088,6 +1100,9 @@ def local(workers: int = 2, *, threads: int | None = None,
         [max_memory or 4 << 30] * workers
     if len(memory) != workers or not all(type(m) is int and m >= 1 << 20 for m in memory):
         raise ValueError("max_memory= is one int of at least 1 MiB, or one per worker")
+    held = [list(m) for m in models] if models is not None else [[] for _ in range(workers)]
+    if len(held) != workers:
+        raise ValueError("models= needs one list of files per worker")
     from swarm.runtime.chaos import parse as parse_chaos
 
     for c in chaos_list:
@@ -1131,7 +1146,8 @@ def local(workers: int = 2, *, threads: int | None = None,
                 [sys.executable, "-P", "-m", "swarm.processes.worker", "--swarm-id", sid.hex(),
                  "--bootstrap", f"{host}:{port}", "--data-dir", str(root / f"worker{i}"),
                  "--backend", "numpy", "--threads", str(threads), "--dht-timeout", "1",
-                 "--bench-size", "256", "--max-memory", str(memory[i]), "--exit-with-parent"],
+                 "--bench-size", "256", "--max-memory", str(memory[i]), "--exit-with-parent",
+                 *(a for f in held[i] for a in ("--model", str(f)))],
                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=wenv, text=True))
         ids = [_read_ready(p, timeout) for p in procs]
         if workers:

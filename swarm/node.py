@@ -88,6 +88,7 @@ from swarm.runtime.chaos import ChaosSpec
 from swarm.runtime.evidence import DeliveredEvidence, Evidence, check_evidence
 from swarm.runtime.host import ActorHost
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT
+from swarm.runtime.local_bundles import LocalBundles
 from swarm.runtime.protocol import EvidenceAck, EvidenceMsg, PutObject
 from swarm.runtime.requester import EvidencePackage, Requester
 
@@ -160,6 +161,9 @@ class NodeConfig:
     store_capacity: int = 4 << 30
     models: tuple[str, ...] = ()
     """Content addresses of the model files this worker holds (``--model``; announced)."""
+    model_files: tuple[str, ...] = ()
+    """Their paths, in the same order: span bundles are made from them rather than received
+    (swarm.runtime.local_bundles)."""
     kernel_time_limit: float = KERNEL_TIME_LIMIT
     """Seconds one user WGSL kernel dispatch may run before it is stopped."""
     """Object store cap in bytes."""
@@ -459,8 +463,10 @@ class Node:
                 compute.benchmark, cfg.bench_sizes, cfg.bench_budget_s,
                 quick=cfg.bench_sizes is None, backends=[backend.name], threads=cfg.threads)
             self.tflops = compute.measured_tflops(result)
+            held = {model_id(a): p for a, p in zip(cfg.models, cfg.model_files, strict=True)}
             self.host = ActorHost(backend, store_capacity=cfg.store_capacity, chaos=cfg.chaos,
-                                  key=self.key, kernel_time_limit=cfg.kernel_time_limit)
+                                  key=self.key, kernel_time_limit=cfg.kernel_time_limit,
+                                  local_bundles=LocalBundles(held) if held else None)
         if cfg.listen or (cfg.listen is None and "worker" in cfg.roles):
             self.server = await tls.listen(self.key, cfg.host, cfg.link_port,
                                            on_link=self._serve, accept=self._accepts)

@@ -15,6 +15,10 @@ and for the requester's own (within the f32 rounding of that product: SECURITY.m
 (``report_lying_peer``: proven on the spot under ``swarm.local()``, judged by the coordinator
 otherwise), the worker gets no more spans, and the step is redone elsewhere.
 
+Weights where they are: a worker that announces the model's file (``swarm join --model``)
+makes its span's bundle from its own copy (swarm.runtime.local_bundles) instead of being sent
+it; the bundle is still named by the requester's content address, so the bytes are the same.
+
 Faults: the requester keeps, per sequence and span, every input row it sent. A worker that dies
 (or refuses, or lies) has its span re-placed, by swarm.placement's rule, on a live worker whose
 offer has room for it beside the spans it already holds (the fastest such, the most room among
@@ -29,9 +33,12 @@ keep it going for ever).
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +142,8 @@ class SpanStats:
     """Replacement caches rebuilt from the kept inputs."""
     bytes_out: int = 0
     bytes_in: int = 0
+    most_in_flight: int = 0
+    """The most span calls out at once (over 1: lanes ran spans side by side)."""
 
 
 class SpanLlama(Llama):
@@ -172,9 +181,21 @@ class SpanLlama(Llama):
         self._finished: set[int] = set()
         self.fingerprints = Fingerprints()
         self.stats = SpanStats()
+        self._span_locks = [threading.Lock() for _ in range(n)]
+        self._lock = threading.RLock()  # the stats, the sequence ids, and the sets of hosts
+        self._flying = 0
+
+    @property
+    def lanes(self) -> int:
+        """Batches this forward runs side by side (models.batching): one per span, so that
+        while one lane's step is on span k another's is on span k-1, and every worker
+        computes at once (pipelining). Each span takes one lane at a time (its worker keeps
+        one instance's calls in order)."""
+        return len(self.plan)
 
     def take_stats(self) -> SpanStats:
-        stats, self.stats = self.stats, SpanStats()
+        with self._lock:
+            stats, self.stats = self.stats, SpanStats()
         return stats
 
     def hosts(self) -> list[PeerId | None]:
@@ -191,13 +212,23 @@ class SpanLlama(Llama):
         return x
 
     def _hist(self, cache: KVCache) -> _History:
-        h = self._history.get(cache)
-        if h is None:
-            h = self._history[cache] = _History(next(self._sids))
-            weakref.finalize(cache, self._finished.add, h.sid)
-        return h
+        with self._lock:
+            h = self._history.get(cache)
+            if h is None:
+                h = self._history[cache] = _History(next(self._sids))
+                weakref.finalize(cache, self._finish, h.sid)
+            return h
+
+    def _finish(self, sid: int) -> None:
+        with self._lock:
+            self._finished.add(sid)
 
     def _span(self, k: int, x: np.ndarray, seqs: list[Seq]) -> np.ndarray:
+        """Span ``k`` over one batch's rows, one lane at a time."""
+        with self._span_locks[k]:
+            return self._span_locked(k, x, seqs)
+
+    def _span_locked(self, k: int, x: np.ndarray, seqs: list[Seq]) -> np.ndarray:
         bounds = np.cumsum([0] + [s.end - s.begin for s in seqs])
         hists = [self._hist(s.cache) for s in seqs]
         for h, s, lo, hi in zip(hists, seqs, bounds[:-1], bounds[1:], strict=True):
@@ -224,7 +255,13 @@ class SpanLlama(Llama):
             return host
         if self._assigned[k] not in live:
             self._assigned[k] = self._replace(k, live)
-        host = self._hosts[k] = _Host(self._assigned[k], self._client.new_instance())
+        peer = self._assigned[k]
+        record = self._client.offers().get(peer)
+        if record is not None and self._model in record.models:
+            # it holds the file: it makes the span's bundle from its own copy (checked by
+            # content address there; if it cannot, it asks and the bundle is sent)
+            self._client.held_by(peer, self._bundles[k])
+        host = self._hosts[k] = _Host(peer, self._client.new_instance())
         return host
 
     def _replace(self, k: int, live: list[PeerId]) -> PeerId:
@@ -280,30 +317,31 @@ class SpanLlama(Llama):
             send, check_seqs = x, seqs
             params_seqs = [[h.sid, s.begin, s.end - s.begin]
                            for h, s in zip(hists, seqs, strict=True)]
-        drop = sorted(host.sids & self._finished)[:256]
+        with self._lock:
+            drop = sorted(host.sids & self._finished)[:256]
         params = {"first": first, "count": count, "config": self._span_config,
                   "seqs": params_seqs, "drop": drop, "model": self._model}
         client = self._client
         started = time.perf_counter()
         try:
-            call, reply = self._call(k, host, send, params).result(CALL_TIMEOUT + 10)
+            with self._flight():
+                call, reply = self._call(k, host, send, params).result(CALL_TIMEOUT + 10)
         except (LinkClosed, TaskFailure, TimeoutError) as exc:
-            self.stats.rejected += 1
             # a cache the worker no longer holds is rebuilt there (a fresh instance, every
             # sequence from position 0); a rebuild it cannot follow, or any other refusal,
             # is a worker lost or refusing: replace it
-            if rebuild or not (isinstance(exc, TaskFailure) and exc.kind == "stale"):
-                self._excluded.add(host.peer)
-            self._hosts[k] = None
-            self._forget_finished()
+            self._drop_host(k, host, exclude=rebuild or not (
+                isinstance(exc, TaskFailure) and exc.kind == "stale"))
             return None
-        host.sids -= set(drop)
-        self._forget_finished()
-        self.stats.remote += time.perf_counter() - started
-        self.stats.worker += reply.compute
-        self.stats.calls += 1
-        self.stats.bytes_out += send.nbytes
-        self.stats.bytes_in += sum(o.nbytes for o in reply.outputs)
+        with self._lock:
+            host.sids -= set(drop)
+            self._forget_finished()
+            st = self.stats
+            st.remote += time.perf_counter() - started
+            st.worker += reply.compute
+            st.calls += 1
+            st.bytes_out += send.nbytes
+            st.bytes_in += sum(o.nbytes for o in reply.outputs)
         started = time.perf_counter()
         try:
             check = TraceCheck(self.config, self._local[k], reply.outputs[0]
@@ -312,28 +350,50 @@ class SpanLlama(Llama):
             out = run_layers(self.config, self._local[k], send, check_seqs, check,
                              cache_first=first)
         except SpanMismatch as exc:
-            self.stats.checks += time.perf_counter() - started
-            self.stats.rejected += 1
+            with self._lock:
+                self.stats.checks += time.perf_counter() - started
             reason = f"llama_span layers {first}..{first + count - 1}: {exc}"
             self._report(host.peer, call, reply, reason, exc.signed_lie)
-            self._excluded.add(host.peer)
-            self._hosts[k] = None
-            self._forget_finished()
+            self._drop_host(k, host, exclude=True)
             return None
-        self.stats.checks += time.perf_counter() - started
         client.accept(host.peer, reply.task)
-        host.sids |= {h.sid for h in hists}
+        with self._lock:
+            self.stats.checks += time.perf_counter() - started
+            host.sids |= {h.sid for h in hists}
+            if rebuild:
+                self.stats.rebuilt += any(s.begin for s in seqs)
         if rebuild:
-            self.stats.rebuilt += any(s.begin for s in seqs)
             ends = np.cumsum([s.end for s in seqs])
             out = np.concatenate([out[e - (s.end - s.begin):e] for s, e in
                                   zip(seqs, ends, strict=True)])
         return out
 
+    def _drop_host(self, k: int, host: _Host, *, exclude: bool) -> None:
+        """Span ``k``'s call on ``host`` failed: the next try places it afresh (``exclude``:
+        never on that worker again)."""
+        with self._lock:
+            self.stats.rejected += 1
+            if exclude:
+                self._excluded.add(host.peer)
+            self._hosts[k] = None
+            self._forget_finished()
+
+    @contextmanager
+    def _flight(self) -> Iterator[None]:
+        """Counts the span calls out at once (SpanStats.most_in_flight)."""
+        with self._lock:
+            self._flying += 1
+            self.stats.most_in_flight = max(self.stats.most_in_flight, self._flying)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._flying -= 1
+
     def _forget_finished(self) -> None:
         """Keep a finished sequence's id only while a current host still holds its cache: one
         host dropping it must not make the others keep theirs, and a replaced host's ids
-        would otherwise stay here for good."""
+        would otherwise stay here for good (called under ``_lock``)."""
         held = set().union(*(h.sids for h in self._hosts if h is not None))
         self._finished &= held
 

@@ -77,7 +77,7 @@ def _submit(d, a: str, b: str = "ok.npy") -> list[str]:
 BAD: dict[str, list[list[str]]] = {
     "demo": [["--workers", "x"]],
     "publish": [["--name", "x", "--bootstrap", "garbage"], ["--name", "x", "--policy", "a=b"],
-                ["--name", "x", "--http", "nope"]],
+                ["--name", "x", "--http", "nope"], ["--name", "x", "--max-memory", "lots"]],
     "join": [["garbage", "--yes"], ["magnet:?xs=urn:btpk:12", "--yes"], [URI, "--max-memory", "1k"]],
     "submit": [["garbage", "matmul", "a.npy", "b.npy", "-o", "c.npy"]],
     "generate": [[URI, "hi", "--max-tokens", "x"], [URI, "hi", "--timeout", "0"],

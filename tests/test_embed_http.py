@@ -154,8 +154,11 @@ def test_a_published_member_serves_embeddings(tmp_path):
         line = pub.wait_line(lambda s: "join from a browser: " in s, 90)
         url = line.split("join from a browser: ", 1)[1].strip()
         up = json.loads(pub.wait_line(lambda s: s.startswith("{"), 30, "out"))
-        cluster.start("w1", "join", up["uri"], "--yes", "--backend", "numpy", "--threads", "1",
-                      "-vv")
+        w1 = cluster.start("w1", "join", up["uri"], "--yes", "--backend", "numpy",
+                           "--threads", "1", "-vv")
+        # joined: its keys are written (the count of secrets below needs them) and the API
+        # has a worker (under load its start once outlasted every call below)
+        w1.wait_line(lambda s: "joined swarm" in s, 120)
         key = (tmp_path / "pub" / "api-key").read_text().strip()
         api = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0,
                             timeout=180)

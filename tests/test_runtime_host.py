@@ -363,6 +363,48 @@ async def test_objects_received_through_shared_memory_keep_no_descriptor():
         await host.close()
 
 
+async def test_a_large_object_received_through_shared_memory_is_stored_without_a_copy():
+    """Issue 46: a worker copied every object received through shared memory, so a span
+    bundle was held twice while it was copied (a worker of --max-memory 450M peaked ~130 MB
+    over its offer). One of KEEP_MAPPED bytes or more is stored as the mapping it came in
+    (the sender's sealed segment, copy-on-write), keeping one descriptor; smaller ones are
+    still copied."""
+    from swarm.links import shm, tls
+    from swarm.runtime.host import KEEP_MAPPED
+    from tests.links_helpers import mapping_at, memfds
+
+    if not shm.supported():
+        pytest.skip("no shared memory here")
+    host = ActorHost(compute.get_backend("numpy"), store_capacity=2 * KEEP_MAPPED)
+    me = PeerKey.generate()
+    links: asyncio.Queue = asyncio.Queue()
+    server = await tls.listen(host.key, on_link=links.put_nowait)
+    dialer = await tls.connect(me, "127.0.0.1", server.port, expect=host.key.peer_id)
+    listener = await asyncio.wait_for(links.get(), 5)
+    serving = asyncio.create_task(host.serve(listener))
+    try:
+        big = np.arange(KEEP_MAPPED, dtype=np.uint8)
+        small = np.full(1 << 20, 7, np.uint8)
+        before = memfds()
+        for x in (big, small):
+            await dialer.send(PutObject(object_id(x).raw, x))
+        async with asyncio.timeout(30):
+            while len(host.store) < 2 or dialer.shm is None or dialer.shm.waiting:
+                await asyncio.sleep(0.01)
+        assert dialer.shm.sent == 2                             # both by shared memory
+        kept = host.store.get(object_id(big))
+        assert np.array_equal(kept, big)
+        assert mapping_at(kept.__array_interface__["data"][0]).startswith("/memfd:swarm-shm")
+        copy = host.store.get(object_id(small))
+        assert not mapping_at(copy.__array_interface__["data"][0]).startswith("/memfd:")
+        assert memfds() - before <= 2                           # the big one's, at most
+    finally:
+        await dialer.close()
+        await asyncio.wait_for(serving, 5)
+        await server.close()
+        await host.close()
+
+
 async def test_a_requesters_slow_tasks_hold_another_requester_for_one_task_not_all():
     """Issue 45, finding 8, on the worker itself: each task here takes 0.3 s (the chaos delay
     stands for a kernel running to a short time limit); five from one requester held the

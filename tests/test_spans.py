@@ -79,6 +79,27 @@ def test_greedy_tokens_through_two_spans_equal_the_local_forward(weights, want):
         assert_finished_sequences_dropped(model)
 
 
+def test_lanes_keep_both_span_workers_computing_at_once(weights):
+    """Issue 46, pipelining: sequences streamed together from a forward over two spans run in
+    two lanes, each at its own step, so one lane's step is on the second worker while the
+    other's is on the first (calls to both out at once); each sequence gets the tokens it
+    gets alone from the local forward."""
+    from models.batching import batcher
+    from models.generate import generator
+
+    local = generator()
+    want = [[p.token for p in local.stream(ids, max_tokens=TOKENS)] for ids in PROMPTS]
+    with swarm.local(2, threads=1) as client:
+        model = SpanLlama(client, weights)
+        assert model.lanes == 2
+        gen = local.using(model)
+        streams = [gen.stream_batched(ids, max_tokens=TOKENS) for ids in PROMPTS]
+        assert [[p.token for p in s] for s in streams] == want
+        stats = model.take_stats()
+        assert stats.rejected == 0 and stats.most_in_flight == 2
+        assert batcher(gen).stats.widest == 1  # one sequence a lane, not one batch of two
+
+
 def assert_finished_sequences_dropped(model: SpanLlama) -> None:
     """Issue 45, finding 9: each finished sequence's cache is dropped at every span's host
     (the first host to drop it had made the requester forget it, so the other spans' hosts

@@ -126,3 +126,58 @@ def test_offers_are_read_from_the_records_speeds_within_noise_count_as_equal():
                                          Offer(b, 200 * MIB, 0.0135),
                                          Offer(c, 300 * MIB, 0.03),
                                          Offer(d, 0, MIN_SPEED)]
+
+
+def test_a_worker_holding_the_model_file_makes_its_span_from_it(weights):
+    """Issue 46, weights where they are: a worker started with the model's file (`--model`)
+    announces it and makes its span's bundle from its own copy; only the worker without the
+    file is sent one. The tokens are the local forward's (the bundle is the one the requester
+    named by content address, whoever made it)."""
+    want = greedy(Llama(weights), PROMPT, TOKENS)
+    with swarm.local(2, threads=1, models=[[gguf_weights.default_path()], []]) as client:
+        holder, other = client.worker_ids
+        assert client.offers()[holder].models and not client.offers()[other].models
+        model = SpanLlama(client, weights)
+        assert set(model.placement.workers()) == {holder, other}
+        assert greedy(model, PROMPT, TOKENS) == want
+        assert client.node.requester.objects_sent == 1  # the other worker's bundle only
+        assert model.take_stats().rejected == 0
+
+
+def test_a_span_the_workers_file_does_not_match_is_sent_and_never_made_again(tmp_path):
+    """The bundle a call names is used only if the worker's own copy gives the same content
+    address: another file under the model id the call names (a different copy, or a requester
+    naming a model it does not run) is not used, nothing is lost (the worker asks for the
+    bundle), and that span is not made again."""
+    import msgpack
+
+    from models import span as llama_span
+    from swarm.runtime.local_bundles import LocalBundles
+    from swarm.runtime.objects import ObjectStore, object_id
+    from swarm.runtime.protocol import RunTask, TaskArg
+    from tests.gguf_support import write_tiny
+
+    mine = write_tiny(tmp_path / "mine.gguf", "llama", "Q8_0", seed=1, layers=3)
+    theirs = write_tiny(tmp_path / "theirs.gguf", "llama", "Q8_0", seed=2, layers=3)
+    model = b"m" * 12
+    want = llama_span.bundle(gguf_weights.read(gguf_weights.open_file(mine)), 1, 2)
+
+    def call(actor="llama_span", first=1, count=2, name=model) -> RunTask:
+        params = msgpack.packb({"model": name, "first": first, "count": count})
+        return RunTask(1, actor, 1, 0, "forward", [TaskArg(array=np.zeros((1, 4), np.float32)),
+                                                  TaskArg(oid=object_id(want).raw)], params)
+
+    store = ObjectStore(1 << 30)
+    right = LocalBundles({model: mine})
+    build = right.wanted(call(), store)
+    assert build is not None and np.array_equal(right.make(build), want) and right.made == 1
+    for refused in (call(actor="matmul"), call(name=b"x" * 12), call(count=0)):
+        assert right.wanted(refused, store) is None
+    store.put(want)
+    assert right.wanted(call(), store) is None  # held already: nothing to make
+    wrong = LocalBundles({model: theirs})
+    build = wrong.wanted(call(), ObjectStore(1 << 30))
+    assert build is not None and wrong.make(build) is None and wrong.made == 0
+    assert wrong.wanted(call(), ObjectStore(1 << 30)) is None  # not made again
+    past_end = wrong.wanted(call(first=2, count=2), ObjectStore(1 << 30))
+    assert past_end is not None and wrong.make(past_end) is None

@@ -130,12 +130,30 @@ def left_event(reason: str, exit_code: int) -> dict[str, Any]:
     return {"event": "left", "reason": reason, "exit_code": exit_code}
 
 
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def memory_size(text: str) -> int:
+    """``--max-memory``'s value: bytes, or a number with K, M, G or T (binary units)."""
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    mult = _UNITS.get(t[-1:], 1)
+    num = t[:-1] if t[-1:] in _UNITS else t
+    try:
+        value = int(float(num) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2G, 512M)") from None
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError("--max-memory must be at least 1M")
+    return value
+
+
 def add_model_option(p: argparse.ArgumentParser) -> None:
-    """``--model`` (repeatable) for a member that serves chat on ``--http``."""
+    """``--model`` (repeatable): a model file the member holds, and serves with ``--http``."""
     p.add_argument("--model", action="append", default=[], metavar="PATH|NAME",
-                   help="a chat model /v1/chat/completions serves with --http (repeatable): "
-                   "a .gguf file (llama or qwen2 architecture) or a known model: smollm2 "
-                   "(default), qwen2.5-0.5b")
+                   help="a model file this member holds (repeatable): a .gguf file (llama or "
+                   "qwen2 architecture) or a known model: smollm2 (default), qwen2.5-0.5b, "
+                   "qwen2.5-1.5b. It is announced, the spans of it this member hosts are read "
+                   "from it instead of sent, and with --http /v1/chat/completions serves it")
 
 
 def chat_models(args: argparse.Namespace) -> list:
@@ -146,8 +164,6 @@ def chat_models(args: argparse.Namespace) -> list:
 
     if not args.model:
         return []
-    if not args.http:
-        raise ConfigError("--model names what the chat API serves: it needs --http")
     from models.catalog import describe
     from models.gguf_file import ModelMissing, WeightsError
 

@@ -14,6 +14,7 @@ from swarm.commands._common import (
     interrupted_exit,
     left_event,
     member_event,
+    memory_size,
     print_json,
 )
 
@@ -28,22 +29,6 @@ which it locks while it runs: a second instance on the default dir gets its own 
 own identity; `data dir: PATH` on stderr says which). Exit status: 0 after SIGTERM, 130 after
 SIGINT (Ctrl-C), 3 when kicked or blocked.
 """
-
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def _size(text: str) -> int:
-    t = text.strip().lower().rstrip("ib").rstrip("b")
-    mult = _UNITS.get(t[-1:], 1)
-    num = t[:-1] if t[-1:] in _UNITS else t
-    try:
-        value = int(float(num) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2G, 512M)") from None
-    if value < 1 << 20:
-        raise argparse.ArgumentTypeError("--max-memory must be at least 1M")
-    return value
-
 
 def configure(p: argparse.ArgumentParser) -> None:
     from swarm.commands._network import add_network_options, rate
@@ -62,7 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="compute backend (auto: the fastest that validates)")
     p.add_argument("--port", type=int, default=0, help="DHT UDP port (default: any free)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind and announce")
-    p.add_argument("--max-memory", type=_size, default=4 << 30, metavar="SIZE",
+    p.add_argument("--max-memory", type=memory_size, default=4 << 30, metavar="SIZE",
                    help="cap on cached task data, e.g. 2G (default 4G)")
     p.add_argument("--threads", type=int, default=None, help="BLAS threads for numpy")
     p.add_argument("--no-coordinate", action="store_true",

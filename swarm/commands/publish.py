@@ -14,6 +14,7 @@ from swarm.commands._common import (
     interrupted_exit,
     left_event,
     member_event,
+    memory_size,
     open_owner_key,
     print_json,
 )
@@ -51,6 +52,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "tab signaling and the live status panel (port 0: any free one)")
     add_model_option(p)
     p.add_argument("--backend", default="auto", choices=["auto", "wgpu", "numpy"])
+    p.add_argument("--max-memory", type=memory_size, default=4 << 30, metavar="SIZE",
+                   help="cap on what it holds for others (task data, model spans), e.g. "
+                   "450M (default 4G); announced as its offer")
     add_json_option(p, 'one object per line instead of the URI: {"event": '
                        '"published", "uri", "peer", "owner", ...} once up, {"event": "left", '
                        '"reason", "exit_code"} at exit')
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                          host=args.host, publication=pub, ready=ready,
                                          ice_servers=args.ice_servers,
                                          relay_data=args.relay_data, http=http,
-                                         models=models))
+                                         models=models, store_capacity=args.max_memory))
     print(f"swarm publish: left ({reason})", file=sys.stderr)
     if args.json:
         print_json(left_event(reason, INTERRUPTED_CODE if reason == member.INTERRUPTED else 0))

@@ -90,7 +90,8 @@ async def serve(uri: JoinURI, data_dir: Path, *, backend: str = "auto", port: in
     node = Node(NodeConfig(data_dir=data_dir, swarm_id=sid, validators=charter.validators(), host=host, dht_port=port,
                            bootstrap=tuple(uri.peers), hints=seen, backend=backend, threads=threads,
                            store_capacity=store_capacity,
-                           models=tuple(m.address for m in models), chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
+                           models=tuple(m.address for m in models),
+                           model_files=tuple(str(m.path) for m in models), chaos=parse_chaos(os.environ.get(CHAOS_ENV)),
                            roles=("worker",) if coordinate else ("worker", NO_COORDINATE),
                            ice_servers=tuple(ice_servers), relays=3, relay_data=relay_data))
     control = ControlPlane(node, uri.pubkey, data_dir, timing=timing,

@@ -59,10 +59,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-memory", type=int, default=4 << 30, metavar="BYTES",
                    help="cap on what it holds for others (announced as its offer)")
     p.add_argument("--role", action="append", default=None, choices=["worker", "requester"])
+    p.add_argument("--model", action="append", default=[], metavar="PATH",
+                   help="a GGUF file this worker holds: announced, and the spans it hosts "
+                   "are made from it instead of received (repeatable)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the parent process exits (embedded local swarms)")
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
+
+
+def _models(paths: list[str]) -> dict[str, tuple[str, ...]]:
+    """NodeConfig's ``models`` and ``model_files`` for ``--model`` files (ConfigError for a
+    file that is not a model this code runs)."""
+    from models.catalog import describe
+    from models.gguf_file import WeightsError
+
+    try:
+        refs = [describe(p) for p in paths]
+    except WeightsError as exc:
+        raise ConfigError(str(exc)) from None
+    return {"models": tuple(r.address for r in refs),
+            "model_files": tuple(str(r.path) for r in refs)}
 
 
 async def run_node(config: NodeConfig, ready: Callable[[Node], None] | None = None,
@@ -108,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             roles=tuple(args.role or ["worker"]), host=args.host, dht_port=args.dht_port,
             link_port=args.link_port, bootstrap=tuple(args.bootstrap), backend=args.backend,
             threads=args.threads, chaos=chaos, dht_rpc_timeout=args.dht_timeout,
-            store_capacity=args.max_memory,
+            store_capacity=args.max_memory, **_models(args.model),
             bench_sizes=tuple(args.bench_size) if args.bench_size else None,
             validators=validators())
     except ConfigError as exc:

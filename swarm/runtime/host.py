@@ -45,6 +45,7 @@ from swarm.runtime.hostcore import (  # noqa: F401 - the limits, re-exported for
     HostStats,
 )
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner
+from swarm.runtime.local_bundles import LocalBundles
 from swarm.runtime.objects import ObjectStore, object_id
 from swarm.runtime.protocol import (
     CancelTask,
@@ -84,6 +85,12 @@ class _Unsigned:
     """Its inputs' and outputs' bytes, reserved in the store while kept."""
 
 
+KEEP_MAPPED = 64 << 20
+"""A received shared-memory object this large is stored as mapped (the sender's sealed
+segment, copy-on-write) instead of copied: the copy held it twice while it ran, and a span
+bundle's copy took a worker of ``--max-memory 450M`` about 130 MB over its offer (issue 46).
+At most ``--max-memory`` / 64 MiB such objects, one descriptor each."""
+
 class ActorHost:
     """Serves RunTask/PutObject/CancelTask on any number of links."""
 
@@ -98,8 +105,11 @@ class ActorHost:
         key: PeerKey | None = None,
         kernel_time_limit: float = KERNEL_TIME_LIMIT,
         clock: Callable[[], float] = time.perf_counter,
+        local_bundles: LocalBundles | None = None,
     ) -> None:
         self.backend = backend
+        self.local_bundles = local_bundles
+        """Span bundles made from the model files this worker holds (``--model``)."""
         self.key = key or PeerKey.generate()
         self.kernels = KernelRunner(kernel_time_limit)
         """User kernels run in a child process that a time limit can stop."""
@@ -168,9 +178,12 @@ class ActorHost:
         if oid.raw != msg.oid:
             log.warning("object %s does not match its content; dropped", msg.oid[:6].hex())
             return
-        if shm.mapped(arr):  # a private copy: a mapping holds a descriptor while it lives,
-            arr = np.array(arr)  # and stored objects live up to --max-memory's worth of
-            # them (issue 34: one descriptor, or two, per object of 1 MiB or more)
+        if shm.mapped(arr):
+            if arr.nbytes >= KEEP_MAPPED:
+                shm.settle(arr)  # stored as mapped: the one descriptor the mapping holds
+            else:  # a private copy: a mapping holds a descriptor while it lives, and stored
+                arr = np.array(arr)  # objects live up to --max-memory's worth of them
+                # (issue 34: one descriptor, or two, per object of 1 MiB or more)
         self.store.put(wire.restore_precision(arr) if wire.precision_of(arr) else arr, oid)
         self.stats.objects_received += 1
         self.stats.bytes_received += arr.nbytes
@@ -217,6 +230,12 @@ class ActorHost:
     async def _execute(self, call: Call) -> None:
         """Carry out the core's plan for ``call``: run it, send its answer."""
         msg, link = call.msg, call.link
+        build = self.local_bundles.wanted(msg, self.store) if self.local_bundles else None
+        if build is not None:  # the span's weights from our own file, not the requester
+            flat = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.local_bundles.make, build)
+            if flat is not None:
+                self.store.put(flat, build.oid)
         plan = self.core.plan(call)
         if isinstance(plan, Crash):
             log.warning("SWARM_CHAOS: crashing as asked (crash_after)")

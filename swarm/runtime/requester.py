@@ -211,6 +211,8 @@ class Requester:
         """Tasks at each peer: calls pending plus :class:`Slot` s booked (the window), and
         the jobs waiting for a freed slot, oldest first (:meth:`_slot_freed`)."""
         self._puts: dict[tuple[PeerId, ObjectId], asyncio.Future] = {}
+        self.objects_sent = 0
+        """Objects sent to workers (PutObject), for tests and benchmarks."""
         self._ids = itertools.count(1)
         self._jobs: set[_JobRun] = set()
         """Jobs running now (woken when the worker set changes)."""
@@ -350,6 +352,7 @@ class Requester:
                 async with self._shared(link, [arg.array]):
                     await link.send(PutObject(arg.oid.raw, arg.array))
                 self.store.add_holder(arg.oid, peer.raw)
+                self.objects_sent += 1
                 if report is not None:
                     report.bytes_out += arg.array.nbytes
                 fut.set_result(None)
