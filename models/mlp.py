@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compute.verify import ROUNDS, check_product, draw_vectors, project
+from compute.verify import ROUNDS, draw_vectors, judge
 
 MAX_LAYERS = 16
 MAX_WIDTH = 1 << 16
@@ -324,9 +324,17 @@ class StepWeights:
             made = [layer_check(j, w) for j, (w, _) in enumerate(self.layers)]
         if len(made) != len(self.layers):
             raise ValueError(f"{len(made)} layers' checks for {len(self.layers)} layers")
-        self.forward = [f for f, _, _ in made]
-        self.backward = [b for _, b, _ in made]
-        self.grads = [g for _, _, g in made]
+        self.forward = [_sides_of(f) for f, _, _ in made]
+        self.backward = [None if b is None else _sides_of(b) for _, b, _ in made]
+        self.grads = [np.ascontiguousarray(g.T) for _, _, g in made]
+        """Each layer's ``dW`` check vectors, transposed (``rᵀ``)."""
+
+
+def _sides_of(check: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A weight's ``(r, b @ r, b's row norms²)`` as :func:`models.mlp_loops.product_sides`
+    takes them: ``(rᵀ, (b @ r)ᵀ, row norms²)``, C-contiguous."""
+    r, br, norms2 = check
+    return np.ascontiguousarray(r.T), np.ascontiguousarray(br.T), norms2
 
 
 class TraceCheck:
@@ -349,22 +357,19 @@ class TraceCheck:
 
     def __call__(self, kind: str, layer: int, left: np.ndarray, right: np.ndarray
                  ) -> np.ndarray:
+        from models.mlp_loops import gradient_sides, product_sides
+
         out = self.views[(kind, layer)]
         step = self.step
         t0 = time.thread_time()
-        if kind == "z":
-            r, br, norms2 = step.forward[layer]
-            ok = check_product(left, right, out, r, norms2, br=br, output_unit=self.unit,
-                               serial=True)
-        elif kind == "da":  # (check_product reads only Wᵀ's shape when given its br)
-            r, br, norms2 = step.backward[layer]
-            ok = check_product(left, right.T, out, r, norms2, br=br, output_unit=self.unit,
-                               serial=True)
-        else:  # dW = Aᵀ dZ: dZ is this block's own, its side is made here
-            r = step.grads[layer]
-            br, norms2 = project(right, r, serial=True)
-            ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br,
-                               output_unit=self.unit, serial=True)
+        if kind == "dw":  # dW = Aᵀ dZ: dZ is this block's own, its side is made here
+            shape = right.shape
+            sides = gradient_sides(left, right, step.grads[layer], out)
+        else:  # "z": A @ W; "da": dZ @ Wᵀ (b is Wᵀ, its side made from W: layer_check)
+            rt, brt, norms2 = (step.forward if kind == "z" else step.backward)[layer]
+            shape = (brt.shape[1], rt.shape[1])
+            sides = product_sides(left, brt, norms2, out, rt)
+        ok = judge(*sides, shape, output_unit=self.unit)
         self.seconds += time.thread_time() - t0
         if not ok:
             raise TraceMismatch(kind, layer, "the output is not the pass's input times the "
