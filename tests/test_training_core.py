@@ -448,3 +448,33 @@ def test_a_small_error_in_any_products_last_row_is_refused(kind):
         with pytest.raises(mlp.TraceMismatch) as caught:
             mlp.check_block(mlp.StepWeights(params, sizes), x, y, bad)
         assert (caught.value.kind, caught.value.layer) == (kind, layer)
+
+
+def test_a_learning_rate_set_while_it_runs_is_used_from_the_next_step():
+    """``job.set_lr`` from another thread (here the run's own step callback, after step 5):
+    the first 5 steps are the unchanged run's, and from step 6 on the parameters move by the
+    new rate alone (no momentum: each step moves them by ``lr * g``)."""
+    from swarm.training import TrainJob
+
+    data = small_data()
+    cfg = TrainConfig(model=mlp.spec_text(SIZES), epochs=2, batch=16, lr=0.05, momentum=0.0,
+                      seed=2)
+    whole = Trainer(cfg, data)
+    train(whole, local_compute(SIZES))
+    at_5: dict[str, np.ndarray] = {}
+    jobs: list[TrainJob] = []
+
+    def on_step(p) -> None:
+        if p.step == 5:
+            jobs[0].set_lr(1e-9)
+            at_5["params"] = jobs[0].trainer.params.copy()
+
+    jobs.append(TrainJob(Trainer(cfg, data), local_compute(SIZES), on_step))
+    job = jobs[0].start()
+    result = job.result(120)
+    assert result.losses[:5] == whole.losses[:5] and len(result.losses) == len(whole.losses)
+    assert job.trainer.lr == 1e-9
+    moved = np.abs(job.trainer.params - at_5["params"]).max()
+    assert moved < 1e-6 < np.abs(whole.params - at_5["params"]).max(), moved
+    with pytest.raises(ValueError, match="lr"):
+        job.set_lr(0.0)
