@@ -286,7 +286,7 @@ def gradient_sides(a: np.ndarray, dz: np.ndarray, rt: np.ndarray, c: np.ndarray
     cr = np.empty((c.shape[0], rounds), np.float32)
     c2 = np.empty(c.shape[0])
     _out_side(c, rt, cr, c2)
-    return zt.T, q, cr, c2
+    return np.ascontiguousarray(zt.T), q, cr, c2
 
 
 @_jit
