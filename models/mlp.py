@@ -57,7 +57,13 @@ PRECISIONS = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
 product's output as it computes it and goes on from the rounded value (:func:`round_to`), so
 the trainer, which recomputes every input from the outputs it received, gets exactly the
 worker's inputs; each output is then within its format's rounding of the product of its
-input, which the check allows for (``compute.verify.judge``'s ``output_unit``)."""
+input, which the check allows for (``compute.verify.judge``'s ``output_unit``, and
+:data:`SUBNORMAL_ROUNDING` for the format's smallest values)."""
+SUBNORMAL_ROUNDING = {"f32": 0.0, "f16": 2.0**-25, "bf16": 2.0**-134}
+"""How far a format's rounding (:func:`round_to`: to nearest, subnormals kept) may move an
+element below its smallest normal value: half its subnormals' spacing, whatever the element's
+size (``output_unit`` covers a fraction of the element only: in f16, whose subnormals start
+below 6.1e-5, honest ``dW`` rows of small values failed the check 2 times in 3)."""
 
 Products = Callable[[str, int, np.ndarray, np.ndarray], np.ndarray]
 """``products(kind, layer, left, right)``: ``"z"``: ``left @ right`` (activations times the
@@ -352,6 +358,10 @@ class TraceCheck:
         self.step = step
         self.views = trace_views(trace, step.sizes, rows)
         self.unit = PRECISIONS[precision]
+        self.floor = (SUBNORMAL_ROUNDING[precision] / self.unit) ** 2 if self.unit else 0.0
+        """Per element of a row, what its squared norm gains so that the threshold allows
+        each element :data:`SUBNORMAL_ROUNDING` on top (``judge`` scales the norms by
+        ``output_unit²``: a row of ``n`` gains ``n * SUBNORMAL_ROUNDING²`` of variance)."""
         self.seconds = 0.0
         """Thread time spent in the checks so far."""
 
@@ -369,7 +379,10 @@ class TraceCheck:
             rt, brt, norms2 = (step.forward if kind == "z" else step.backward)[layer]
             shape = (brt.shape[1], rt.shape[1])
             sides = product_sides(left, brt, norms2, out, rt)
-        ok = judge(*sides, shape, output_unit=self.unit)
+        z, q, cr, c2 = sides
+        if self.floor:
+            c2 = c2 + out.shape[1] * self.floor
+        ok = judge(z, q, cr, c2, shape, output_unit=self.unit)
         self.seconds += time.thread_time() - t0
         if not ok:
             raise TraceMismatch(kind, layer, "the output is not the pass's input times the "

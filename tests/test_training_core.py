@@ -478,3 +478,26 @@ def test_a_learning_rate_set_while_it_runs_is_used_from_the_next_step():
     assert moved < 1e-6 < np.abs(whole.params - at_5["params"]).max(), moved
     with pytest.raises(ValueError, match="lr"):
         job.set_lr(0.0)
+
+
+def test_an_honest_f16_trace_of_subnormal_values_passes_and_a_lie_among_them_does_not():
+    """f16's subnormals (below 6.1e-5) are rounded to a fixed spacing, not to a fraction of
+    the value: with inputs that small most of ``dW``'s elements are subnormal, and the
+    check (which allowed only a fraction of each element) refused such honest blocks 2 times
+    in 3 (tests/test_training_swarm.py's f16 run failed on it). Now every check passes, and
+    an element off by 1e-5 is still refused."""
+    params = mlp.init_params(SIZES, 6)
+    rng = np.random.default_rng(6)
+    x = rng.random((16, SIZES[0]), dtype=np.float32) * np.float32(1e-4)
+    y = rng.integers(0, SIZES[-1], 16)
+    trace = mlp.traced(params, SIZES, x, y, "f16")
+    dw = mlp.trace_views(trace, SIZES, 16)[("dw", 0)]
+    assert np.mean((dw != 0) & (np.abs(dw) < 2.0**-14)) > 0.5
+    for _ in range(60):
+        mlp.check_block(mlp.StepWeights(params, SIZES), x, y, trace, "f16")
+    for row in (0, 7, 19):
+        wrong = trace.copy()
+        mlp.trace_views(wrong, SIZES, 16)[("dw", 0)][row, 3] += np.float32(1e-5)
+        with pytest.raises(mlp.TraceMismatch, match="layer 0 dw"):
+            mlp.check_block(mlp.StepWeights(params, SIZES), x, y, mlp.round_to(wrong, "f16"),
+                            "f16")
