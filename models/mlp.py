@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compute.verify import ROUNDS, check_product, draw_vectors, project
+from compute.verify import ROUNDS, draw_vectors, judge
 
 MAX_LAYERS = 16
 MAX_WIDTH = 1 << 16
@@ -57,7 +57,13 @@ PRECISIONS = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
 product's output as it computes it and goes on from the rounded value (:func:`round_to`), so
 the trainer, which recomputes every input from the outputs it received, gets exactly the
 worker's inputs; each output is then within its format's rounding of the product of its
-input, which the check allows for (``compute.verify.judge``'s ``output_unit``)."""
+input, which the check allows for (``compute.verify.judge``'s ``output_unit``, and
+:data:`SUBNORMAL_ROUNDING` for the format's smallest values)."""
+SUBNORMAL_ROUNDING = {"f32": 0.0, "f16": 2.0**-25, "bf16": 2.0**-134}
+"""How far a format's rounding (:func:`round_to`: to nearest, subnormals kept) may move an
+element below its smallest normal value: half its subnormals' spacing, whatever the element's
+size (``output_unit`` covers a fraction of the element only: in f16, whose subnormals start
+below 6.1e-5, honest ``dW`` rows of small values failed the check 2 times in 3)."""
 
 Products = Callable[[str, int, np.ndarray, np.ndarray], np.ndarray]
 """``products(kind, layer, left, right)``: ``"z"``: ``left @ right`` (activations times the
@@ -324,9 +330,17 @@ class StepWeights:
             made = [layer_check(j, w) for j, (w, _) in enumerate(self.layers)]
         if len(made) != len(self.layers):
             raise ValueError(f"{len(made)} layers' checks for {len(self.layers)} layers")
-        self.forward = [f for f, _, _ in made]
-        self.backward = [b for _, b, _ in made]
-        self.grads = [g for _, _, g in made]
+        self.forward = [_sides_of(f) for f, _, _ in made]
+        self.backward = [None if b is None else _sides_of(b) for _, b, _ in made]
+        self.grads = [np.ascontiguousarray(g.T) for _, _, g in made]
+        """Each layer's ``dW`` check vectors, transposed (``rᵀ``)."""
+
+
+def _sides_of(check: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A weight's ``(r, b @ r, b's row norms²)`` as :func:`models.mlp_loops.product_sides`
+    takes them: ``(rᵀ, (b @ r)ᵀ, row norms²)``, C-contiguous."""
+    r, br, norms2 = check
+    return np.ascontiguousarray(r.T), np.ascontiguousarray(br.T), norms2
 
 
 class TraceCheck:
@@ -344,27 +358,31 @@ class TraceCheck:
         self.step = step
         self.views = trace_views(trace, step.sizes, rows)
         self.unit = PRECISIONS[precision]
+        self.floor = (SUBNORMAL_ROUNDING[precision] / self.unit) ** 2 if self.unit else 0.0
+        """Per element of a row, what its squared norm gains so that the threshold allows
+        each element :data:`SUBNORMAL_ROUNDING` on top (``judge`` scales the norms by
+        ``output_unit²``: a row of ``n`` gains ``n * SUBNORMAL_ROUNDING²`` of variance)."""
         self.seconds = 0.0
         """Thread time spent in the checks so far."""
 
     def __call__(self, kind: str, layer: int, left: np.ndarray, right: np.ndarray
                  ) -> np.ndarray:
+        from models.mlp_loops import gradient_sides, product_sides
+
         out = self.views[(kind, layer)]
         step = self.step
         t0 = time.thread_time()
-        if kind == "z":
-            r, br, norms2 = step.forward[layer]
-            ok = check_product(left, right, out, r, norms2, br=br, output_unit=self.unit,
-                               serial=True)
-        elif kind == "da":  # (check_product reads only Wᵀ's shape when given its br)
-            r, br, norms2 = step.backward[layer]
-            ok = check_product(left, right.T, out, r, norms2, br=br, output_unit=self.unit,
-                               serial=True)
-        else:  # dW = Aᵀ dZ: dZ is this block's own, its side is made here
-            r = step.grads[layer]
-            br, norms2 = project(right, r, serial=True)
-            ok = check_product(np.ascontiguousarray(left.T), right, out, r, norms2, br=br,
-                               output_unit=self.unit, serial=True)
+        if kind == "dw":  # dW = Aᵀ dZ: dZ is this block's own, its side is made here
+            shape = right.shape
+            sides = gradient_sides(left, right, step.grads[layer], out)
+        else:  # "z": A @ W; "da": dZ @ Wᵀ (b is Wᵀ, its side made from W: layer_check)
+            rt, brt, norms2 = (step.forward if kind == "z" else step.backward)[layer]
+            shape = (brt.shape[1], rt.shape[1])
+            sides = product_sides(left, brt, norms2, out, rt)
+        z, q, cr, c2 = sides
+        if self.floor:
+            c2 = c2 + out.shape[1] * self.floor
+        ok = judge(z, q, cr, c2, shape, output_unit=self.unit)
         self.seconds += time.thread_time() - t0
         if not ok:
             raise TraceMismatch(kind, layer, "the output is not the pass's input times the "

@@ -356,3 +356,148 @@ def test_the_weights_fingerprints_are_their_products_and_norms():
     assert np.allclose(wtr, w64.T @ rb, rtol=1e-5, atol=1e-4)
     assert np.allclose(rows2, (w64 * w64).sum(axis=1)) and np.allclose(cols2, (w64 * w64).sum(0))
     assert mlp_loops.fingerprints(w, rf, None)[2:] == (None, None)
+
+
+def test_the_fingerprints_float32_norms_never_exceed_the_exact_ones():
+    """models.mlp_loops sums squares in float32 and hands on lower bounds (within 2 n u of
+    the exact sums): a threshold made of them refuses whatever exact norms refuse. Odd rows
+    (the pairs' tail), values that underflow when squared, and a weight whose squares
+    overflow float32 (redone in float64: still exact)."""
+    from models import mlp_loops
+
+    rng = np.random.default_rng(8)
+    rf = rng.standard_normal((33, 4)).astype(np.float32)
+    rb = rng.standard_normal((71, 4)).astype(np.float32)
+    w = rng.standard_normal((71, 33)).astype(np.float32)
+    w[3] *= np.float32(1e-21)  # squares below float32's normal range
+    w[5, :4] = np.float32(3e-45)
+    for weight in (w, w * np.float32(1e15)):
+        w64 = weight.astype(np.float64)
+        wr, rows2, wtr, cols2 = mlp_loops.fingerprints(weight, rf, rb)
+        for got, exact, n in ((rows2, (w64 * w64).sum(axis=1), 33),
+                              (cols2, (w64 * w64).sum(axis=0), 71)):
+            assert got.dtype == np.float64 and np.all(got <= exact)
+            assert np.all(got >= exact * (1 - 2.5 * n * 2.0**-24) - 1e-40)
+        assert np.allclose(wr, w64 @ rf, rtol=1e-5, atol=1e-4 * np.abs(w64).max())
+        assert np.allclose(wtr, w64.T @ rb, rtol=1e-5, atol=1e-4 * np.abs(w64).max())
+        forward_only = mlp_loops.fingerprints(weight, rf, None)[1]
+        assert np.all(forward_only <= (w64 * w64).sum(axis=1))
+        np.testing.assert_allclose(forward_only, rows2, rtol=1e-5)
+    huge = w.copy()
+    huge[7, 7] = np.float32(1e30)  # its square overflows float32: the float64 sums, exact
+    h64 = huge.astype(np.float64)
+    _, rows2, _, cols2 = mlp_loops.fingerprints(huge, rf, rb)
+    assert np.allclose(rows2, (h64 * h64).sum(axis=1), rtol=1e-12)
+    assert np.allclose(cols2, (h64 * h64).sum(axis=0), rtol=1e-12)
+
+
+def test_a_products_sides_are_compute_verify_s_and_its_norms_lower_bounds():
+    """models.mlp_loops' check sides against compute.verify's pass (the products within
+    float32 rounding, the output's norms never above the exact ones; a row whose squares
+    overflow or are NaN summed in float64)."""
+    from compute.verify import _pass
+    from models import mlp_loops
+
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((9, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 31)).astype(np.float32)
+    r = rng.standard_normal((31, 4)).astype(np.float32)
+    c = a @ b
+    c[2] = np.float32(1e25)  # overflows when squared
+    c[4, 0] = np.nan
+    br, bn2 = _pass(b, r, None)
+    z, q, cr, c2 = mlp_loops.product_sides(a, np.ascontiguousarray(br.T), bn2, c,
+                                            np.ascontiguousarray(r.T))
+    wz, wq = _pass(a, br, bn2)
+    wcr, wc2 = _pass(c, r, None)
+    np.testing.assert_allclose(z, wz, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(q, wq, rtol=1e-12)
+    ok = np.isfinite(wcr).all(axis=1)
+    np.testing.assert_allclose(cr[ok], wcr[ok], rtol=1e-4, atol=1e-3)
+    c64 = c.astype(np.float64)
+    exact = (c64 * c64).sum(axis=1)
+    assert np.isnan(c2[4]) and c2[2] == pytest.approx(exact[2], rel=1e-12)
+    fine = np.isfinite(exact)
+    assert np.all(c2[fine] <= exact[fine]) and np.all(c2[fine] >= exact[fine] * (1 - 1e-5))
+    # a weight's gradient aᵀ @ dz, from a as it is
+    dz = rng.standard_normal((9, 31)).astype(np.float32)
+    g = a.T @ dz
+    z, q, cr, c2 = mlp_loops.gradient_sides(a, dz, np.ascontiguousarray(r.T), g)
+    dbr, dn2 = _pass(dz, r, None)
+    wz, wq = _pass(np.ascontiguousarray(a.T), dbr, dn2)
+    np.testing.assert_allclose(z, wz, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(q, wq, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["z", "da", "dw"])
+def test_a_small_error_in_any_products_last_row_is_refused(kind):
+    """Odd widths (the compiled passes' pairs leave a last row alone) and an error of 1% of
+    the product's rms in one element of its last row: refused (the checks' threshold, not
+    only gross errors), and the honest trace passes."""
+    sizes = (21, 15, 13, 5)
+    rng = np.random.default_rng(10)
+    params = mlp.init_params(sizes, 10)
+    x = rng.random((11, sizes[0]), dtype=np.float32)
+    y = rng.integers(0, sizes[-1], 11)
+    trace = mlp.traced(params, sizes, x, y)
+    mlp.check_block(mlp.StepWeights(params, sizes), x, y, trace)
+    for layer in (1, 2) if kind == "da" else (0, 1, 2):
+        bad = trace.copy()
+        view = mlp.trace_views(bad, sizes, len(y))[(kind, layer)]
+        view[-1, -1] += 0.01 * np.sqrt(np.mean(view.astype(np.float64) ** 2))
+        with pytest.raises(mlp.TraceMismatch) as caught:
+            mlp.check_block(mlp.StepWeights(params, sizes), x, y, bad)
+        assert (caught.value.kind, caught.value.layer) == (kind, layer)
+
+
+def test_a_learning_rate_set_while_it_runs_is_used_from_the_next_step():
+    """``job.set_lr`` from another thread (here the run's own step callback, after step 5):
+    the first 5 steps are the unchanged run's, and from step 6 on the parameters move by the
+    new rate alone (no momentum: each step moves them by ``lr * g``)."""
+    from swarm.training import TrainJob
+
+    data = small_data()
+    cfg = TrainConfig(model=mlp.spec_text(SIZES), epochs=2, batch=16, lr=0.05, momentum=0.0,
+                      seed=2)
+    whole = Trainer(cfg, data)
+    train(whole, local_compute(SIZES))
+    at_5: dict[str, np.ndarray] = {}
+    jobs: list[TrainJob] = []
+
+    def on_step(p) -> None:
+        if p.step == 5:
+            jobs[0].set_lr(1e-9)
+            at_5["params"] = jobs[0].trainer.params.copy()
+
+    jobs.append(TrainJob(Trainer(cfg, data), local_compute(SIZES), on_step))
+    job = jobs[0].start()
+    result = job.result(120)
+    assert result.losses[:5] == whole.losses[:5] and len(result.losses) == len(whole.losses)
+    assert job.trainer.lr == 1e-9
+    moved = np.abs(job.trainer.params - at_5["params"]).max()
+    assert moved < 1e-6 < np.abs(whole.params - at_5["params"]).max(), moved
+    with pytest.raises(ValueError, match="lr"):
+        job.set_lr(0.0)
+
+
+def test_an_honest_f16_trace_of_subnormal_values_passes_and_a_lie_among_them_does_not():
+    """f16's subnormals (below 6.1e-5) are rounded to a fixed spacing, not to a fraction of
+    the value: with inputs that small most of ``dW``'s elements are subnormal, and the
+    check (which allowed only a fraction of each element) refused such honest blocks 2 times
+    in 3 (tests/test_training_swarm.py's f16 run failed on it). Now every check passes, and
+    an element off by 1e-5 is still refused."""
+    params = mlp.init_params(SIZES, 6)
+    rng = np.random.default_rng(6)
+    x = rng.random((16, SIZES[0]), dtype=np.float32) * np.float32(1e-4)
+    y = rng.integers(0, SIZES[-1], 16)
+    trace = mlp.traced(params, SIZES, x, y, "f16")
+    dw = mlp.trace_views(trace, SIZES, 16)[("dw", 0)]
+    assert np.mean((dw != 0) & (np.abs(dw) < 2.0**-14)) > 0.5
+    for _ in range(60):
+        mlp.check_block(mlp.StepWeights(params, SIZES), x, y, trace, "f16")
+    for row in (0, 7, 19):
+        wrong = trace.copy()
+        mlp.trace_views(wrong, SIZES, 16)[("dw", 0)][row, 3] += np.float32(1e-5)
+        with pytest.raises(mlp.TraceMismatch, match="layer 0 dw"):
+            mlp.check_block(mlp.StepWeights(params, SIZES), x, y, mlp.round_to(wrong, "f16"),
+                            "f16")
