@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from safetensors.numpy import load_file
 
 import swarm
 from swarm.cli import EXIT_USAGE, main
-from tests.conftest import run_swarm, subprocess_env
+from tests.conftest import run_swarm, subprocess_env, swarm_cmd
 
 DEAD = "127.0.0.1:9"
 URI = f"magnet:?xs=urn:btpk:{'ab' * 32}&x.op={'cd' * 16}&x.pe={DEAD}"
@@ -101,3 +102,58 @@ def test_a_run_on_a_local_swarm_writes_its_weights_and_report_and_resumes(tmp_pa
         # last one ended
         resumed = json.loads(again.stdout)["epochs"]
         assert resumed[0]["epoch"] == 3 and resumed[0]["loss"] < report["epochs"][0]["loss"]
+        # on a terminal: a progress bar with the step, the epoch, the loss and samples/s,
+        # drawn on stderr (stdout carries the result; the bar's frames went there before)
+        rc, out, tty = on_a_terminal(swarm_cmd("train", client.uri, *args[:-3],
+                                               "-o", str(tmp_path / "m3.st")), env, 240)
+        assert rc == 0, tty[-2000:]
+        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty)  # the terminal's colours and moves
+        assert re.search(r"train \S* +\d+/\d+ epoch \d+ loss \d+\.\d{4} \d+ samples/s", plain), \
+            plain[-2000:]
+        assert "samples/s" not in out
+
+
+def on_a_terminal(cmd: list[str], env: dict[str, str], timeout: float
+                  ) -> tuple[int, str, str]:
+    """Run ``cmd`` with its stderr on a pseudo-terminal (120 columns): exit code, stdout,
+    and what the terminal showed."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=slave, env={**env, "TERM": "xterm", "COLUMNS": "120"})
+    os.close(slave)
+    shown = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = proc.stdout.read() if proc.wait(max(1.0, deadline - time.monotonic())) \
+            is not None else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+        os.close(master)
+    return proc.returncode, out.decode() if isinstance(out, bytes) else out, \
+        shown.decode(errors="replace")

@@ -102,6 +102,16 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title:
     console.print(table)
 
 
+def progress_bar(*columns: Any):
+    """A rich progress bar on stderr (stdout carries the command's result: a redirected
+    stdout got the bar's frames), erased when done. Callers draw it only where stderr is a
+    terminal."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    return Progress(*columns, console=Console(stderr=True), transient=True)
+
+
 def member_event(event: str, ready: Any) -> dict[str, Any]:
     """The JSON line `publish --json` and `join --json` print once the member is up, from
     a :class:`swarm.processes.member.Ready`."""

@@ -149,15 +149,16 @@ def _run_with_progress(embedder, texts: list[str], batch: int, quiet: bool):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
 
-    progress = Progress(TextColumn("embed"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[rate]} sentences/s"), TextColumn("ETA"),
-                        TimeRemainingColumn(), TimeElapsedColumn(), transient=True)
+    from swarm.commands._common import progress_bar
+
+    progress = progress_bar(TextColumn("embed"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]} sentences/s"), TextColumn("ETA"),
+                            TimeRemainingColumn(), TimeElapsedColumn())
     task = progress.add_task("embed", total=len(texts), rate="-")
     with progress:
         def update(done: int) -> None:

@@ -238,10 +238,12 @@ def _run_with_progress(client, a, b, opts, quiet: bool):
     if quiet or not sys.stderr.isatty():
         fut = client._loop.submit(client._matmul(a, b, opts))
     else:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-        progress = Progress(TextColumn("matmul"), BarColumn(), TextColumn("{task.completed}/"
-                            "{task.total} shards"), TimeElapsedColumn(), transient=True)
+        from swarm.commands._common import progress_bar
+
+        progress = progress_bar(TextColumn("matmul"), BarColumn(), TextColumn(
+            "{task.completed}/{task.total} shards"), TimeElapsedColumn())
         task = progress.add_task("matmul", total=None)
         progress.start()
 

@@ -153,16 +153,16 @@ def _run_with_progress(client, data, config, resume, quiet: bool, started):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
     )
 
-    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("epoch {task.fields[epoch]}"),
-                   TextColumn("loss {task.fields[loss]}"),
-                   TextColumn("{task.fields[rate]} samples/s"), TimeElapsedColumn(),
-                   transient=True)
+    from swarm.commands._common import progress_bar
+
+    bar = progress_bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("epoch {task.fields[epoch]}"),
+                       TextColumn("loss {task.fields[loss]}"),
+                       TextColumn("{task.fields[rate]} samples/s"), TimeElapsedColumn())
     total = -(-len(data.y) // config.batch) * config.epochs
     task = bar.add_task("train", total=total, epoch=1, loss="-", rate="-")
 
