@@ -36,6 +36,8 @@ def supported(head_dim: int) -> bool:
 def rms_norm(x, w, eps, out):
     """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w``; the mean summed in float64."""
     n, d = x.shape
+    if w.shape[0] != d or out.shape != x.shape:
+        raise ValueError("rms_norm: operands of mismatched sizes")
     for i in range(n):
         s = 0.0
         for j in range(d):
@@ -50,6 +52,8 @@ def rms_norm(x, w, eps, out):
 def swiglu(gate, up, out):
     """``out = silu(gate) * up``, silu(g) = g / (1 + exp(-g)) (-0 for very negative g)."""
     n, f = gate.shape
+    if up.shape != gate.shape or out.shape != gate.shape:
+        raise ValueError("swiglu: operands of mismatched sizes")
     one = np.float32(1.0)
     for i in range(n):
         for j in range(f):
@@ -81,8 +85,15 @@ def attend(q, k, v, ck, cv, begin, cos, sin, neox, scl, out):
     scaled by ``scl``, softmax) to the cached positions ``[0, begin + t]`` of its KV head
     (heads grouped as models.span.run_layers groups them); ``out`` [n, heads * hd]."""
     n = q.shape[0]
-    nkv, _, hd = ck.shape
+    nkv, capacity, hd = ck.shape
     nh = q.shape[1] // hd
+    # numba does not check bounds: every size is checked here, before anything is written
+    if hd % LANES or nh == 0 or nkv == 0 or nh % nkv \
+            or q.shape[1] != nh * hd or k.shape != (n, nkv * hd) or v.shape != k.shape \
+            or cv.shape != ck.shape or out.shape != q.shape or begin < 0 \
+            or begin + n > capacity or cos.shape[0] < n or sin.shape != cos.shape \
+            or cos.shape[1] != hd // 2:
+        raise ValueError("attend: operands of mismatched sizes")
     group = nh // nkv
     half = hd // 2
     chunks = hd // LANES

@@ -78,3 +78,21 @@ def test_rms_norm_and_swiglu_equal_numpy():
         want = g64 / (1 + np.exp(-g64)) * up
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)
+
+
+def test_mismatched_sizes_are_refused_before_anything_is_written():
+    """numba checks no bounds: a position past the cache or a short operand is refused."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 4 * 16)).astype(np.float32)
+    k = rng.standard_normal((2, 2 * 16)).astype(np.float32)
+    ck = np.zeros((2, 8, 16), np.float32)
+    cos, sin = np.ones((2, 8), np.float32), np.zeros((2, 8), np.float32)
+    out = np.empty_like(q)
+    for begin, kk, cc in ((7, k, ck), (0, k[:1], ck), (0, k, ck[:, :, :8].copy())):
+        with pytest.raises(ValueError, match="mismatched"):
+            dk.attend(q, kk, kk, cc, cc.copy(), begin, cos, sin, False, np.float32(0.25), out)
+    assert not ck.any()
+    with pytest.raises(ValueError, match="mismatched"):
+        dk.rms_norm(q, np.ones(8, np.float32), 1e-5, out)
+    with pytest.raises(ValueError, match="mismatched"):
+        dk.swiglu(q, q[:1], out)
