@@ -6,7 +6,8 @@ chat model (50k-150k strings and merges) takes 6-13 s on this project's 2-core m
 first open of a file writes what it read (JSON, no pickle) under the cache directory, named by
 the file's BLAKE3 digest, and later opens read that instead. The digest itself (a full read of a
 file that may be a gigabyte) is cached too, by the file's path, size, mtime and inode, so a
-file is hashed once until it changes.
+file is hashed once until it changes. What this module's older versions left there, and digests
+of files gone or changed, are removed on the first open in a process (:func:`prune_cache`).
 
 A file is refused with :class:`WeightsError` (a clear message, nothing written) when it is not
 a GGUF, when it is truncated (a tensor's bytes reach past its end), when its architecture is not
@@ -18,7 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,13 @@ import numpy as np
 CACHE_ENV = "SWARM_MODEL_CACHE"
 """Overrides where parsed headers and file digests are kept (default: the user cache)."""
 CACHE_FORMAT = 3  # bump when what a cached header holds changes
+_OWN_ENTRY = re.compile(r"[0-9a-f]{64}\.(?:h(\d+)\.json|v\d+)")
+"""Names this module's versions have written under the cache root: ``<address>.h<N>.json``
+(parsed headers) and ``<address>.v<N>`` (float32 ``.npy`` copies of the weights, from when
+the weights were dequantized at load; nothing reads them now)."""
+PARTIAL_AGE_S = 24 * 3600
+"""A ``.partial-`` file (a write cut short) older than this is no one's write in progress."""
+_pruned: set[Path] = set()
 GGUF_MAGIC = b"GGUF"
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
@@ -126,6 +137,7 @@ def open_file(path: Path | str) -> ModelFile:
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise WeightsError(f"{path.name}: not a GGUF file (no GGUF magic at its start)")
+    prune_cache()
     address = file_address(path)
     cached = cache_root() / f"{address}.h{CACHE_FORMAT}.json"
     try:
@@ -157,6 +169,60 @@ def file_address(path: Path) -> str:
     address = hash_file(path)
     _write_atomic(entry, json.dumps({"key": key, "address": address}))
     return address
+
+
+def prune_cache(root: Path | None = None) -> list[Path]:
+    """Remove what nothing will read again from the cache (once per process and root):
+    headers of another :data:`CACHE_FORMAT`, float32 weight copies of older versions
+    (``<address>.v<N>``: half a gigabyte for SmolLM2), digests of files that are gone or have
+    changed since (their key can never match again), and writes cut short a day ago. Anything
+    else under the root (an assembled model file, wheels) is left alone. Returns what went."""
+    root = cache_root() if root is None else root
+    if root in _pruned:
+        return []
+    _pruned.add(root)
+    gone: list[Path] = []
+
+    def remove(p: Path) -> None:
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            gone.append(p)
+        except OSError:
+            pass  # another process's sweep, or a read-only cache: harmless
+
+    now = time.time()
+    for folder in (root, root / "addresses"):
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.name.startswith(".partial-"):
+                try:
+                    if now - p.stat().st_mtime > PARTIAL_AGE_S:
+                        remove(p)
+                except OSError:
+                    pass
+            elif folder == root and (m := _OWN_ENTRY.fullmatch(p.name)):
+                if m.group(1) is None or int(m.group(1)) != CACHE_FORMAT:
+                    remove(p)
+            elif folder != root and p.suffix == ".json" and _stale_address(p):
+                remove(p)
+    return gone
+
+
+def _stale_address(entry: Path) -> bool:
+    """Whether a cached digest's file is gone or changed (:func:`file_address`'s key)."""
+    try:
+        key = json.loads(entry.read_text())["key"]
+        name, size, mtime, ino = key.split("\0")
+        st = Path(name).stat()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True  # unreadable, or its file is gone
+    return key != f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
 
 
 def hash_file(path: Path) -> str:

@@ -24,6 +24,8 @@ from models.span import (
     Seq,
     apply_rope,
     biases,
+    layer_products,
+    model_layers,
     rms_norm,
     rope_tables,
     run_layers,
@@ -43,6 +45,7 @@ class Llama:
         self._head = weights.weight(weights.head)  # [d, vocab] as an operand
         self._layers = [{p: weights.weight(f"blk.{i}.{p}.weight") for p in PARTS}
                         for i in range(self.config.n_layers)]
+        self._quantized = model_layers(weights, 0, self.config.n_layers)
 
     def matrices(self) -> list:
         """Every weight the executor will be handed (for ``Executor.prepare``)."""
@@ -55,6 +58,14 @@ class Llama:
         """Blocks ``[first, first + count)`` over the residual stream ``x`` (the executor
         computes their products); a subclass runs them elsewhere (swarm.spans)."""
         w = self.weights
+        if type(self.executor) is LocalExecutor:  # the kernels here, as a span's worker
+            # runs them (models.span.layer_products): no Product and Weight per product
+            layers = self._quantized[first:first + count]
+
+            def products(j: int, pairs: list) -> list[np.ndarray]:
+                return layer_products(layers[j], pairs)
+
+            return run_layers(self.config, layers, x, seqs, products, cache_first=first)
         layers = [Layer(w.layer(i, "attn_norm"), w.layer(i, "ffn_norm"), self._layers[i],
                         biases(w, i)) for i in range(first, first + count)]
 

@@ -256,24 +256,18 @@ class QTensor:
         """What a Freivalds check of ``y = x @ W.T`` takes from the weight, for check vectors
         ``r`` float32 ``[out, k]``: ``W.T @ r`` (float32 ``[in, k]``) and ``W``'s squared
         column norms (float64 ``[in]``): compute.verify.check_product's ``br`` and
-        ``b_norms2`` for ``b = W.T``. One pass over the rows, a float32 tile at a time."""
-        r = np.asarray(r, dtype=np.float32)
+        ``b_norms2`` for ``b = W.T``. One pass over the rows, each decoded once and added
+        into both sums (models.quant_kernels ``check_sums``: a tile through BLAS plus float64
+        squares in numpy took 4-5x as long, and a requester redraws every weight's vectors
+        each :attr:`models.span.Fingerprints.REUSE` checks)."""
+        r = np.ascontiguousarray(r, dtype=np.float32)
         out, n_in = self.shape
         if r.ndim != 2 or r.shape[0] != out:
             raise ValueError(f"r is [{out}, k], got {list(r.shape)}")
-        rows = max(1, min(out, TILE_BYTES // (4 * n_in)))
-        tile = np.empty((rows, n_in), np.float32)
-        br = np.zeros((n_in, r.shape[1]), np.float32)
+        brt = np.zeros((r.shape[1], n_in), np.float32)
         norms2 = np.zeros(n_in)
-        decode = self._kernels().dequantize_range
-        for t0 in range(0, out, rows):
-            t1 = min(out, t0 + rows)
-            w = tile[:t1 - t0]
-            decode(self.data, t0, t1, w)
-            br += w.T @ r[t0:t1]
-            w64 = w.astype(np.float64)
-            norms2 += np.einsum("ij,ij->j", w64, w64)
-        return br, norms2
+        self._kernels().check_sums(self.data, r, brt, norms2, np.empty(n_in, np.float32))
+        return np.ascontiguousarray(brt.T), norms2
 
     def _kernels(self):
         return qk.kernels(self._code)

@@ -288,8 +288,26 @@ def kernels(qt: int) -> SimpleNamespace:
             _decode_row(qt, data[o], buf)
             dot_row(buf, x, y, o)
 
+    @_jit
+    def check_sums(data, r, brt, norms2, buf):
+        """A Freivalds check's sums from every row ``o`` of ``data``, decoded once into
+        ``buf`` (float32 [in]): ``brt[c] += r[o, c] * W[o]`` (float32 [rounds, in]) and
+        ``norms2 += W[o]**2`` (float64 [in]). Element-wise over the row, so the compiler
+        vectorizes it without reordering any sum (rows are added in order)."""
+        n_in = buf.shape[0]
+        for o in range(data.shape[0]):
+            _decode_row(qt, data[o], buf)
+            for c in range(r.shape[1]):
+                s = r[o, c]
+                acc = brt[c]
+                for j in range(n_in):
+                    acc[j] += buf[j] * s
+            for j in range(n_in):
+                v = np.float64(buf[j])
+                norms2[j] += v * v
+
     return SimpleNamespace(dequantize_range=dequantize_range, matvec=matvec,
-                           matmul_few=matmul_few)
+                           matmul_few=matmul_few, check_sums=check_sums)
 
 
 @_jit

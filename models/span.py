@@ -282,14 +282,31 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
     return out
 
 
+def _kernels():
+    """models.decode_kernels (numba: imported on first use, as models.quant is)."""
+    from models import decode_kernels
+
+    return decode_kernels
+
+
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
-    return (x * scale) * w
+    """``x / sqrt(mean(x^2) + eps) * w`` per row of float32 ``x`` (1-D or 2-D)."""
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim not in (1, 2):
+        scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
+        return (x * scale) * w
+    x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    out = np.empty(x2.shape, np.float32)
+    _kernels().rms_norm(x2, np.ascontiguousarray(w, np.float32), float(eps), out)
+    return out.reshape(x.shape)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x: silu -> -0
-        return x / (1.0 + np.exp(-x))
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """``silu(gate) * up`` (float32 [rows, d_ff]) in one compiled pass."""
+    gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
+    out = np.empty(gate.shape, np.float32)
+    _kernels().swiglu(gate, up, out)
+    return out
 
 
 class KVCache:
@@ -369,6 +386,9 @@ def run_layers(c, layers: Sequence[Layer], x: np.ndarray, seqs: Sequence[Seq],
     group = nh // nkv
     scale = np.float32(1.0 / np.sqrt(hd))
     bounds = np.cumsum([0] + [s.end - s.begin for s in seqs])
+    kernels = _kernels()
+    fused = kernels.supported(hd) and max(s.end - s.begin for s in seqs) <= kernels.ROWS
+    neox = c.rope_style == "neox"
     for j, lw in enumerate(layers):
         ci = cache_first + j
         h = rms_norm(x, lw.attn_norm, c.norm_eps)
@@ -380,6 +400,12 @@ def run_layers(c, layers: Sequence[Layer], x: np.ndarray, seqs: Sequence[Seq],
         attn = np.empty_like(q_all)
         for s, lo, hi in zip(seqs, bounds[:-1], bounds[1:], strict=True):
             n, cache = hi - lo, s.cache
+            if fused:  # decode: one compiled call (models.decode_kernels)
+                kernels.attend(np.ascontiguousarray(q_all[lo:hi]),
+                               np.ascontiguousarray(k_all[lo:hi]),
+                               np.ascontiguousarray(v_all[lo:hi]), cache.k[ci], cache.v[ci],
+                               s.begin, s.cos, s.sin, neox, scale, attn[lo:hi])
+                continue
             q = apply_rope(q_all[lo:hi].reshape(n, nh, hd), s.cos, s.sin, c.rope_style)
             k = apply_rope(k_all[lo:hi].reshape(n, nkv, hd), s.cos, s.sin, c.rope_style)
             cache.k[ci, :, s.begin:s.end] = k.transpose(1, 0, 2)
@@ -397,7 +423,7 @@ def run_layers(c, layers: Sequence[Layer], x: np.ndarray, seqs: Sequence[Seq],
         x = x + o
         h = rms_norm(x, lw.ffn_norm, c.norm_eps)
         gate, up = products(j, [("ffn_gate", h), ("ffn_up", h)])
-        (down,) = products(j, [("ffn_down", silu(gate) * up)])
+        (down,) = products(j, [("ffn_down", swiglu(gate, up))])
         x = x + down
     return x
 
@@ -472,11 +498,16 @@ class Fingerprints:
     def check_both(self, w: QTensor | np.ndarray, xw: np.ndarray, x: np.ndarray, y: np.ndarray
                    ) -> tuple[bool, bool]:
         """Whether ``y`` is ``xw @ W.T``, and whether it is ``x @ W.T``, each within f32
-        rounding of that product (one set of vectors, one use of it)."""
+        rounding of that product (one set of vectors, one use of it). When ``xw`` and ``x``
+        are the same bits (an honest worker's recorded input is the requester's own: the
+        same steps on the same values) the two checks are one predicate on the same
+        operands, so it runs once: half the cost of checking an honest span."""
         r, br, norms2 = self.vectors(w)
         shape = product_shape(w)
-        return (check_projected(xw, y, r, br, norms2, shape),
-                check_projected(x, y, r, br, norms2, shape))
+        signed = check_projected(xw, y, r, br, norms2, shape)
+        if xw.shape == x.shape and xw.dtype == x.dtype and xw.tobytes() == x.tobytes():
+            return signed, signed
+        return signed, check_projected(x, y, r, br, norms2, shape)
 
 
 class TraceCheck:

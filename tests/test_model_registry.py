@@ -187,6 +187,40 @@ def test_a_file_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
     assert a == real(path)
 
 
+def test_dead_cache_versions_are_removed_and_live_entries_kept(tmp_path, cache):
+    """What older versions left (a float32 weight copy ``<address>.v2``, a header of another
+    format), digests of files gone or changed, and a write cut short a day ago are removed at
+    the first open; the current header, a live digest and files that are not the cache's own
+    (an assembled model) stay."""
+    path = write_tiny(tmp_path / "m.gguf", "llama", "F32")
+    gone_file = write_tiny(tmp_path / "gone.gguf", "llama", "F32", seed=7)
+    live = gguf_file.open_file(path)
+    old_address = gguf_file.open_file(gone_file).address
+    gone_file.unlink()
+    gguf_file._pruned.clear()  # a new process
+    a = "ab" * 32
+    (cache / f"{a}.v2").mkdir()
+    (cache / f"{a}.v2" / "blk.0.attn_q.weight.npy").write_bytes(b"\0" * 4096)
+    (cache / f"{a}.h2.json").write_text("{}")
+    (cache / "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf").write_bytes(b"GGUF")
+    (cache / "notes.v2").write_text("not ours")
+    partial = cache / ".partial-abc"
+    partial.write_text("{")
+    old = partial.stat().st_mtime - 2 * gguf_file.PARTIAL_AGE_S
+    os.utime(partial, (old, old))
+    (cache / ".partial-now").write_text("{")  # another process's write in progress
+    addresses = sorted((cache / "addresses").iterdir())
+    assert len(addresses) == 2
+    gguf_file.open_file(path)
+    left = sorted(p.name for p in cache.iterdir())
+    assert left == sorted([".partial-now", "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf", "addresses",
+                           "notes.v2", f"{live.address}.h3.json",
+                           f"{old_address}.h3.json"]), left
+    (kept,) = (cache / "addresses").iterdir()
+    assert gguf_file._stale_address(kept) is False
+    assert gguf_file.open_file(path).address == live.address
+
+
 def test_a_prompt_over_the_context_is_refused(tmp_path):
     gen = generator(write_tiny(tmp_path / "m.gguf", "llama", "F32", context=32))
     with pytest.raises(GenerationError, match="context is 32 tokens"):
