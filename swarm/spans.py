@@ -116,12 +116,35 @@ class _Host:
     """Sequences whose cache this instance holds (rebuilt from position 0 otherwise)."""
 
 
+class _Rows:
+    """One sequence's rows sent to one span, in a buffer that doubles as it fills (appending
+    each step's row to a fresh copy of the past cost each step the whole context)."""
+
+    def __init__(self, width: int) -> None:
+        self._buf = np.empty((16, width), np.float32)
+        self.n = 0
+
+    def keep(self, begin: int, rows: np.ndarray) -> None:
+        """``rows`` at positions ``begin`` on (what followed them is dropped)."""
+        end = begin + rows.shape[0]
+        if end > self._buf.shape[0]:
+            grown = np.empty((max(end, 2 * self._buf.shape[0]), self._buf.shape[1]),
+                             np.float32)
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
+        self._buf[begin:end] = rows
+        self.n = end
+
+    def rows(self) -> np.ndarray:
+        return self._buf[:self.n]
+
+
 @dataclass
 class _History:
     """One sequence's rows as sent to each span (for rebuilding a replacement's cache)."""
 
     sid: int
-    inputs: dict[int, np.ndarray] = field(default_factory=dict)
+    inputs: dict[int, _Rows] = field(default_factory=dict)
     rebuilds: int = 0
     """Times its caches were rebuilt on a replacement (at most :data:`MAX_REBUILDS`)."""
 
@@ -232,11 +255,11 @@ class SpanLlama(Llama):
         bounds = np.cumsum([0] + [s.end - s.begin for s in seqs])
         hists = [self._hist(s.cache) for s in seqs]
         for h, s, lo, hi in zip(hists, seqs, bounds[:-1], bounds[1:], strict=True):
-            past = h.inputs.get(k, np.empty((0, x.shape[1]), np.float32))[:s.begin]
-            if past.shape[0] != s.begin:
-                raise ValueError(f"sequence {h.sid}: the requester kept {past.shape[0]} "
+            kept = h.inputs.setdefault(k, _Rows(x.shape[1]))
+            if kept.n < s.begin:
+                raise ValueError(f"sequence {h.sid}: the requester kept {kept.n} "
                                  f"inputs of span {k}, not {s.begin}")
-            h.inputs[k] = np.concatenate([past, x[lo:hi]])
+            kept.keep(s.begin, x[lo:hi])
         tries = len(self._client.workers()) + 2  # each failed try drops a worker or a cache
         for _ in range(tries):
             out = self._try(k, self._place(k), x, seqs, hists)
@@ -310,7 +333,7 @@ class SpanLlama(Llama):
                         raise SpanLost(f"sequence {h.sid}: its caches were rebuilt "
                                        f"{h.rebuilds} times on replacement workers; giving up")
                     h.rebuilds += 1
-            send = np.ascontiguousarray(np.concatenate([h.inputs[k] for h in hists]))
+            send = np.ascontiguousarray(np.concatenate([h.inputs[k].rows() for h in hists]))
             check_seqs = [Seq.span(s.cache, 0, s.end) for s in seqs]
             params_seqs = [[h.sid, 0, s.end] for h, s in zip(hists, seqs, strict=True)]
         else:
