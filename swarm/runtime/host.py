@@ -46,7 +46,7 @@ from swarm.runtime.hostcore import (  # noqa: F401 - the limits, re-exported for
 )
 from swarm.runtime.kernels import KERNEL_TIME_LIMIT, KernelRunner
 from swarm.runtime.local_bundles import LocalBundles
-from swarm.runtime.objects import ObjectStore, object_id
+from swarm.runtime.objects import ObjectId, ObjectStore, object_id
 from swarm.runtime.protocol import (
     CancelTask,
     Draining,
@@ -172,6 +172,9 @@ class ActorHost:
         self.core.draining = value
 
     async def _put(self, msg: PutObject) -> None:
+        if len(msg.oid) == 32 and self.store.get(ObjectId(msg.oid)) is not None:
+            return  # held already: its bytes are not read (hashing a mapped copy paged it in:
+            # each new requester of a span sent its bundle again, ~300 MB for 1.5B's spans)
         arr = msg.array
         loop = asyncio.get_running_loop()
         oid = await loop.run_in_executor(None, object_id, arr)
