@@ -451,7 +451,7 @@ def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a, np.float32).tobytes()).decode()
 
 
-def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
+def test_a_tabs_mlp_traces_pass_the_trainers_check(pages):
     """The tab's MLP block (mlp.js on its JavaScript matmul, and on WebGPU's tiled kernel) in
     the layout of a native worker's trace, and every product passes the trainer's check on
     trained weights: its
@@ -461,7 +461,7 @@ def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
     from models.data import load_mnist
     from swarm.training import Control, TrainConfig, Trainer, local_compute, train
 
-    cluster, host, pub, url, b = tabs
+    cluster, host, pub, url, b = pages  # its tab never joins: the shared testbed
     page = b.page()
     page.goto(url)
     data = load_mnist()
