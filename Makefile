@@ -19,7 +19,8 @@ COMPILE_TREE := $(PY) -m compileall -q -j 0 swarm dht identity compute models te
 
 # Two pytest workers, one test file each at a time (a module's shared fixtures stay in one
 # process): the process tests mostly wait on timers (7 s of CPU in 29 s of wall), so two run
-# side by side even on 2 cores. PYTEST_JOBS= runs the suite in one process.
+# side by side even on 2 cores. The files go out longest first (tests/file_costs.py), so the
+# two end together. PYTEST_JOBS= runs the suite in one process.
 PYTEST_JOBS ?= -n 2 --dist loadfile
 
 # The NAT system tests (tests/system/test_nat*.py) need these commands (Debian packages).

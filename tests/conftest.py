@@ -82,19 +82,22 @@ def pytest_make_collect_report(collector):
     _ci_fails_skip(outcome.get_result())
 
 
-# --- the order of files: the slow ones first (issue 43) ------------------------------------
-# `make test` runs two xdist workers, one file at a time each: a slow file started last would
-# run alone at the end. Files with a test marked system or slow go first; the order inside a
-# file and among the others is kept (both workers must collect the same order).
+# --- the order of files: longest first (issue 43) ----------------------------------------
+# `make test` runs two xdist workers, one whole file at a time each: a long file started last
+# would run alone at the end. The files go longest first by tests/file_costs.py's estimates.
+# xdist would sort them again by how many tests each has (its --loadscope-reorder default),
+# which put the one-test, 50 s files last: that is turned off here, for any command line.
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    slow = {item.path for item in items
-            if item.get_closest_marker("system") or item.get_closest_marker("slow")}
-    first = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.path, i)
-    items.sort(key=lambda item: (item.path not in slow, first[item.path]))
+    from tests.file_costs import longest_first
+
+    longest_first(items)
 
 
 @pytest.fixture

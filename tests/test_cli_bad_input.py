@@ -43,6 +43,11 @@ def files(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
+    from models.gguf_file import CACHE_ENV, cache_root
+
+    # the model cache stays the run's own: under a fresh HOME each `generate` case parsed
+    # SmolLM2's GGUF header and hashed the file again (10-20 s each, four cases, in CI)
+    monkeypatch.setenv(CACHE_ENV, str(cache_root()))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SWARM_HOME", str(tmp_path / "data"))
     monkeypatch.delenv("SWARM_BOOTSTRAP", raising=False)

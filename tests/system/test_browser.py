@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -445,7 +446,12 @@ def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwri
             b.close()
 
 
-def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
+def _b64(a: np.ndarray) -> str:
+    """``a``'s float32 bytes in base64, for page.evaluate."""
+    return base64.b64encode(np.ascontiguousarray(a, np.float32).tobytes()).decode()
+
+
+def test_a_tabs_mlp_traces_pass_the_trainers_check(pages):
     """The tab's MLP block (mlp.js on its JavaScript matmul, and on WebGPU's tiled kernel) in
     the layout of a native worker's trace, and every product passes the trainer's check on
     trained weights: its
@@ -455,7 +461,7 @@ def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
     from models.data import load_mnist
     from swarm.training import Control, TrainConfig, Trainer, local_compute, train
 
-    cluster, host, pub, url, b = tabs
+    cluster, host, pub, url, b = pages  # its tab never joins: the shared testbed
     page = b.page()
     page.goto(url)
     data = load_mnist()
@@ -463,22 +469,32 @@ def test_a_tabs_mlp_traces_pass_the_trainers_check(tabs):
     control = Control()
     train(t, local_compute(t.sizes), control,
           lambda p: control.stop.set() if p.step >= 60 else None)
+    # the operands go in and the traces (2 M floats) come back as base64 float32 bytes: as
+    # JSON numbers through playwright they took 50 s of the test's 55 on loaded cores
     traces = page.evaluate("""async ([x, rows, flat, sizes, labels]) => {
       const { mlpTrace } = await import('/static/mlp.js');
       const { matmulCPU } = await import('/static/cpu.js');
       const { gpuBackend } = await import('/static/gpu.js');
+      const f32 = (s) => new Float32Array(Uint8Array.from(atob(s), (c) => c.charCodeAt(0)).buffer);
+      const b64 = (f) => {
+        const u = new Uint8Array(f.buffer, f.byteOffset, f.byteLength);
+        let s = '';
+        for (let i = 0; i < u.length; i += 0x8000) s += String.fromCharCode(...u.subarray(i, i + 0x8000));
+        return btoa(s);
+      };
+      x = f32(x); flat = f32(flat);
       const gpu = await gpuBackend('/kernel/matmul_tiled.wgsl');
       const out = [];
       for (let i = 0; i < labels.length; i += rows) {
         const js = async (a, m, k, b, n) => matmulCPU(a, m, k, b, n);
         const t = await mlpTrace(i % (2 * rows) ? gpu.matmul : js,
-          new Float32Array(x.slice(i * sizes[0], (i + rows) * sizes[0])), rows,
+          x.slice(i * sizes[0], (i + rows) * sizes[0]), rows,
           new Float32Array(flat), sizes, labels.slice(i, i + rows));
-        out.push(Array.from(t));
+        out.push(b64(t));
       }
       return out;
-    }""", [data.x[:160].ravel().tolist(), 8, t.params.tolist(), list(t.sizes),
-           data.y[:160].tolist()])
+    }""", [_b64(data.x[:160]), 8, _b64(t.params), list(t.sizes), data.y[:160].tolist()])
+    traces = [np.frombuffer(base64.b64decode(s), np.float32) for s in traces]
     step = mlp.StepWeights(t.params, t.sizes)
     for i, trace in enumerate(traces):  # even blocks: JavaScript, odd: WebGPU
         x, y = data.x[i * 8:(i + 1) * 8], data.y[i * 8:(i + 1) * 8]
