@@ -17,11 +17,13 @@ COMPILE_TREE := $(PY) -m compileall -q -j 0 swarm dht identity compute models te
 
 .PHONY: demo test soak lint bench clean nat-tools browser qwen-model qwen-1.5b-model
 
-# Two pytest workers, one test file each at a time (a module's shared fixtures stay in one
-# process): the process tests mostly wait on timers (7 s of CPU in 29 s of wall), so two run
-# side by side even on 2 cores. The files go out longest first (tests/file_costs.py), so the
-# two end together. PYTEST_JOBS= runs the suite in one process.
-PYTEST_JOBS ?= -n 2 --dist loadfile
+# Three pytest workers, one test file each at a time (a module's shared fixtures stay in one
+# process): the process tests mostly wait on timers (7 s of CPU in 29 s of wall; with two
+# workers the run used ~66% of the 2 cores), so three run side by side even on 2 cores (CI9,
+# under others' load 10-13: 948 s of pytest with three, where CI8 took 1,847 s with two at a
+# like load). The files go out longest first (tests/file_costs.py), so they end together.
+# PYTEST_JOBS= runs the suite in one process.
+PYTEST_JOBS ?= -n 3 --dist loadfile
 
 # The NAT system tests (tests/system/test_nat*.py) need these commands (Debian packages).
 NAT_TOOLS := iptables:iptables turnserver:coturn conntrack:conntrack

@@ -392,10 +392,12 @@ SLOWED = {"SWARM_CHAOS": "delay=100"}
 step's 400 KB of parameters through its relay first, would otherwise always be copied."""
 
 
-def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwright):
+@pytest.mark.parametrize("epochs", [2, pytest.param(10, marks=pytest.mark.soak)])
+def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwright, epochs):
     """Issue 47: a tab is a training rank: it computes MLP blocks (mlp.js, the trace in a
     native worker's layout), each checked as a native worker's, and the run with 2 native
-    workers and the tab learns MNIST past 0.92 (2 epochs here; bench/train.py runs 10)."""
+    workers and the tab learns MNIST past 0.92 (2 epochs in CI; the issue's 10 under `make
+    soak`)."""
     browser.require()
     with Net() as net, closing(NetCluster(tmp_path, net)) as cluster:
         host = net.host("a")
@@ -412,7 +414,7 @@ def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwri
             out = tmp_path / "model.safetensors"
             proc = subprocess.Popen(host.wrap(swarm_cmd(
                 "train", cluster.uri, "--data", "mnist", "--model", "mlp:784-128-10",
-                "--epochs", "2", "--batch", "32", "--lr", "0.05", "--seed", "0",
+                "--epochs", str(epochs), "--batch", "32", "--lr", "0.05", "--seed", "0",
                 "--min-workers", "3", "--timeout", "120", "-o", str(out), "--json",
                 "--http", "127.0.0.1:0")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL, text=True, env=subprocess_env())
@@ -431,11 +433,12 @@ def test_a_tab_trains_mnist_beside_two_workers_past_92_percent(tmp_path, playwri
                 node_panel.wait_for_function(
                     "(document.body.dataset.training || '').split(',')[0].split(':')"
                     ".every((n) => +n >= 2)", timeout=120_000)
-                stdout, stderr = proc.communicate(timeout=360)
+                stdout, stderr = proc.communicate(timeout=180 * epochs)
             finally:
                 proc.kill()
             assert proc.returncode == 0, stderr[-2000:]
             report = json.loads(stdout)
+            assert len(report["epochs"]) == epochs
             assert report["test_accuracy"] >= 0.92 and report["rejected"] == 0, report
             ranks = {r["peer"]: r for r in report["ranks"]}
             assert tab in ranks and ranks[tab]["samples"] > 0, (report, b.console[-20:])
