@@ -83,7 +83,7 @@ def pytest_make_collect_report(collector):
 
 
 # --- the order of files: longest first (issue 43) ----------------------------------------
-# `make test` runs two xdist workers, one whole file at a time each: a long file started last
+# `make test` runs three xdist workers, one whole file at a time each: a long file started last
 # would run alone at the end. The files go longest first by tests/file_costs.py's estimates.
 # xdist would sort them again by how many tests each has (its --loadscope-reorder default),
 # which put the one-test, 50 s files last: that is turned off here, for any command line.
