@@ -1,8 +1,8 @@
 """The order `make test` hands test files to its xdist workers: longest first.
 
-`make test` runs two workers that each take the next whole file (``--dist loadfile``). A long
-file that starts last runs alone at the end while the other worker idles; handing them out
-longest first (LPT scheduling) lets the two end together, the short files filling the gaps.
+`make test` runs three workers that each take the next whole file (``--dist loadfile``). A
+long file that starts last runs alone at the end while the others idle; handing them out
+longest first (LPT scheduling) lets them end together, the short files filling the gaps.
 xdist's own order (files with the most tests first) is turned off in tests/conftest.py: it
 started the one-test, 50 s files last.
 
@@ -30,6 +30,7 @@ FILE_SECONDS: dict[str, int] = {
     "tests/test_control_system.py": 161,
     "tests/test_runtime_untrusted_cli.py": 138,
     "tests/test_dht_network.py": 127,
+    "tests/test_dht_readonly.py": 20,
     "tests/test_control_core.py": 122,
     "tests/test_models_quant.py": 122,
     "tests/test_newcomer.py": 101,
