@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LLAMA_PYTHON = os.environ.get("SWARM_BENCH_LLAMA_PYTHON", ".venv-llama/bin/python")
 TOP = 8
 
-# Runs in the llama.cpp venv. stdin: {"model", "sequences", "top", "f32"}; stdout: JSON, per
+# Runs in the llama.cpp venv. stdin: {"model", "sequences", "top", "f32", "bench"}; stdout: JSON, per
 # sequence the top ids and logits at every position.
 LLAMA_SCRIPT = r"""
 import json, sys, tempfile
@@ -57,24 +57,8 @@ import llama_cpp
 
 job = json.load(sys.stdin)
 model, top = job["model"], job["top"]
-
-
-def write_f32_gguf(src, dst):
-    import gguf
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(dst, str(reader.fields["general.architecture"].contents()))
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
-            continue
-        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.asarray(gguf.quants.dequantize(t.data, t.tensor_type),
-                                             dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+sys.path.insert(0, job["bench"])
+from llama_reference import write_f32_gguf  # the dequantized F32 copy, one writer of it
 
 
 def run(path, **kw):
@@ -140,7 +124,8 @@ def llama_top(model: str, seqs: list[list[int]], f32: bool) -> dict:
         raise SystemExit(f"no llama.cpp venv at {py} (make bench creates it; or set "
                          "SWARM_BENCH_LLAMA_PYTHON)")
     with tempfile.TemporaryFile("w+") as job:
-        json.dump({"model": model, "sequences": seqs, "top": TOP, "f32": f32}, job)
+        json.dump({"model": model, "sequences": seqs, "top": TOP, "f32": f32,
+                   "bench": str(ROOT / "bench")}, job)
         job.seek(0)
         res = subprocess.run([str(py), "-c", LLAMA_SCRIPT], stdin=job, capture_output=True,
                              text=True, timeout=1800)
